@@ -1,0 +1,246 @@
+//! The gRPC face: Envoy's `RateLimitService` and `sluice.v1.RateLimiter`, both thin conversions between protobuf
+//! messages and the decision core's types. Errors become gRPC statuses here and nowhere else.
+
+use std::sync::Arc;
+
+use prost_types::{value::Kind, ListValue, Struct, Value};
+use tonic::{Request, Response, Status};
+
+use crate::limiter::{self, AppliedLimit, Code, Decision, LimitError, Limiter, Report};
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::proto::sluice::v1 as sluice;
+use crate::rules::Unit;
+use crate::store::{Store, StoreError};
+
+use rls::rate_limit_response::{rate_limit::Unit as PbUnit, Code as PbCode, DescriptorStatus, RateLimit};
+
+/// `envoy.service.ratelimit.v3.RateLimitService`.
+pub struct EnvoyService<S> {
+    limiter: Arc<Limiter<S>>,
+}
+
+/// `sluice.v1.RateLimiter`.
+pub struct SluiceService<S> {
+    limiter: Arc<Limiter<S>>,
+}
+
+impl<S> EnvoyService<S> {
+    pub fn new(limiter: Arc<Limiter<S>>) -> Self {
+        EnvoyService { limiter }
+    }
+}
+
+impl<S> SluiceService<S> {
+    pub fn new(limiter: Arc<Limiter<S>>) -> Self {
+        SluiceService { limiter }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> rls::rate_limit_service_server::RateLimitService for EnvoyService<S> {
+    #[tracing::instrument(name = "envoy.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        should_rate_limit(&self.limiter, request.into_inner()).await
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
+    #[tracing::instrument(name = "sluice.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        should_rate_limit(&self.limiter, request.into_inner()).await
+    }
+
+    #[tracing::instrument(name = "sluice.GetRemaining", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn get_remaining(
+        &self,
+        request: Request<sluice::GetRemainingRequest>,
+    ) -> Result<Response<sluice::GetRemainingResponse>, Status> {
+        let request = request.into_inner();
+        let cost = request.cost.unwrap_or(1);
+        let core = to_core(request.domain, request.descriptors, 0);
+        let reports = self.limiter.get_remaining(&core, cost).await.map_err(to_status)?;
+        Ok(Response::new(sluice::GetRemainingResponse {
+            descriptors: reports.into_iter().map(to_remaining).collect(),
+        }))
+    }
+}
+
+async fn should_rate_limit<S: Store>(
+    limiter: &Limiter<S>,
+    request: rls::RateLimitRequest,
+) -> Result<Response<rls::RateLimitResponse>, Status> {
+    let core = to_core(request.domain, request.descriptors, request.hits_addend);
+    let decision = limiter.should_rate_limit(&core).await.map_err(to_status)?;
+    Ok(Response::new(to_response(decision)))
+}
+
+/// The one place where errors become gRPC statuses. Store details stay in the logs.
+pub fn to_status(error: LimitError) -> Status {
+    match error {
+        LimitError::InvalidArgument(message) => Status::invalid_argument(message),
+        LimitError::Store(StoreError::Timeout(after)) => {
+            Status::unavailable(format!("rate limit store timed out after {after:?}"))
+        }
+        LimitError::Store(_) => Status::unavailable("rate limit store unavailable"),
+    }
+}
+
+/// Moves the request's strings into the core's types without copying them.
+pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> limiter::Request {
+    limiter::Request {
+        domain,
+        hits_addend,
+        descriptors: descriptors
+            .into_iter()
+            .map(|d| limiter::Descriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit_override: d.limit.map(|o| limiter::Override {
+                    requests_per_unit: o.requests_per_unit,
+                    unit: o.unit,
+                }),
+                hits_addend: d.hits_addend,
+            })
+            .collect(),
+    }
+}
+
+pub fn to_response(decision: Decision) -> rls::RateLimitResponse {
+    rls::RateLimitResponse {
+        overall_code: code(decision.overall) as i32,
+        statuses: decision
+            .statuses
+            .into_iter()
+            .map(|s| DescriptorStatus {
+                code: code(s.code) as i32,
+                current_limit: s.limit.map(current_limit),
+                limit_remaining: s.remaining,
+                duration_until_reset: s.reset_after_us.map(whole_seconds),
+                quota: None,
+            })
+            .collect(),
+        dynamic_metadata: merge_metadata(&decision.metadata),
+        ..Default::default()
+    }
+}
+
+fn code(code: Code) -> PbCode {
+    match code {
+        Code::Ok => PbCode::Ok,
+        Code::OverLimit => PbCode::OverLimit,
+    }
+}
+
+fn unit(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn current_limit(applied: AppliedLimit) -> RateLimit {
+    RateLimit {
+        name: applied.name.as_deref().unwrap_or_default().to_string(),
+        requests_per_unit: applied.limit.requests,
+        unit: unit(applied.limit.unit) as i32,
+    }
+}
+
+/// Envoy's status reports whole seconds, rounded up, so a live window never reads as 0 (as the reference does).
+fn whole_seconds(us: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: us.div_ceil(1_000_000).max(1) as i64,
+        nanos: 0,
+    }
+}
+
+fn exact(us: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (us / 1_000_000) as i64,
+        nanos: ((us % 1_000_000) * 1_000) as i32,
+    }
+}
+
+fn to_remaining(report: Report) -> sluice::DescriptorRemaining {
+    match report {
+        Report::NoRule => sluice::DescriptorRemaining::default(),
+        Report::Unlimited => sluice::DescriptorRemaining {
+            matched: true,
+            unlimited: true,
+            ..Default::default()
+        },
+        Report::Limited { limit, state } => sluice::DescriptorRemaining {
+            matched: true,
+            unlimited: false,
+            limit: Some(sluice::Limit {
+                name: limit.name.as_deref().unwrap_or_default().to_string(),
+                requests_per_unit: limit.limit.requests,
+                unit: unit(limit.limit.unit) as i32,
+                unit_multiplier: limit.limit.multiplier,
+                algorithm: limit.limit.algorithm.name().to_string(),
+            }),
+            remaining: state.remaining,
+            reset_after: Some(exact(state.reset_after_us)),
+            retry_after: state.retry_after_us.map(exact),
+            never: state.retry_after_us.is_none(),
+        },
+    }
+}
+
+/// Merges rule metadata maps into one `Struct`; a later rule's key wins.
+fn merge_metadata(maps: &[Arc<serde_yaml_ng::Mapping>]) -> Option<Struct> {
+    if maps.is_empty() {
+        return None;
+    }
+    let mut merged = Struct::default();
+    for map in maps {
+        if let Kind::StructValue(s) = yaml_to_value(&serde_yaml_ng::Value::Mapping((**map).clone())) {
+            merged.fields.extend(s.fields);
+        }
+    }
+    Some(merged)
+}
+
+fn yaml_to_value(v: &serde_yaml_ng::Value) -> Kind {
+    use serde_yaml_ng::Value as Y;
+    match v {
+        Y::Null => Kind::NullValue(0),
+        Y::Bool(b) => Kind::BoolValue(*b),
+        Y::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Y::String(s) => Kind::StringValue(s.clone()),
+        Y::Sequence(items) => Kind::ListValue(ListValue {
+            values: items
+                .iter()
+                .map(|i| Value {
+                    kind: Some(yaml_to_value(i)),
+                })
+                .collect(),
+        }),
+        Y::Mapping(map) => Kind::StructValue(Struct {
+            fields: map
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        k.as_str()?.to_string(),
+                        Value {
+                            kind: Some(yaml_to_value(v)),
+                        },
+                    ))
+                })
+                .collect(),
+        }),
+        Y::Tagged(t) => yaml_to_value(&t.value),
+    }
+}

@@ -1,0 +1,267 @@
+//! The configuration files as written: the envoyproxy/ratelimit YAML format, one domain per file, plus sluice's
+//! extensions under `rate_limit`.
+//!
+//! This module owns reading and shape-checking only. Every key is checked (unknown keys and non-string keys are
+//! errors, as in the reference), and every error names the file and the path inside it. Meaning — units, limits,
+//! duplicates, `replaces` — is checked when [`crate::rules`] compiles these raw types into a matcher.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+/// One configuration file: a domain and its descriptor tree.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDomain {
+    #[serde(default)]
+    pub domain: String,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+/// One node of the descriptor tree.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDescriptor {
+    #[serde(default)]
+    pub key: String,
+    pub value: Option<String>,
+    pub rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+    #[serde(default)]
+    pub shadow_mode: bool,
+    #[serde(default)]
+    pub detailed_metric: bool,
+    #[serde(default)]
+    pub value_to_metric: bool,
+    #[serde(default)]
+    pub share_threshold: bool,
+    #[serde(default)]
+    pub quota_mode: bool,
+    pub metadata: Option<serde_yaml_ng::Mapping>,
+}
+
+/// The limit of one node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    pub unit: Option<String>,
+    #[serde(default)]
+    pub requests_per_unit: u32,
+    #[serde(default)]
+    pub unlimited: bool,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub replaces: Vec<RawReplaces>,
+    /// sluice extension: the counting algorithm (`fixed_window` by default).
+    pub algorithm: Option<String>,
+    /// sluice extension: the window is this many units long (1 by default).
+    pub unit_multiplier: Option<u32>,
+}
+
+/// One entry of `replaces`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplaces {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A configuration file that was read and shape-checked.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    pub path: PathBuf,
+    pub domain: RawDomain,
+}
+
+/// Why a configuration could not be loaded. Every message names the file, and the path inside it when there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config '{}': cannot read: {source}", file.display())]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config '{}': no *.yaml or *.yml files in the directory", dir.display())]
+    NoFiles { dir: PathBuf },
+    #[error("config '{}': {message}", file.display())]
+    Yaml { file: PathBuf, message: String },
+    #[error("config '{}': {path}: {message}", file.display())]
+    Invalid {
+        file: PathBuf,
+        path: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(file: &Path, path: &str, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            file: file.to_path_buf(),
+            path: if path.is_empty() {
+                "(top level)".to_string()
+            } else {
+                path.to_string()
+            },
+            message: message.into(),
+        }
+    }
+}
+
+/// Reads a configuration: a single file, or every `*.yaml`/`*.yml` file of a directory (not recursive, in name
+/// order, hidden files skipped). Kubernetes ConfigMap mounts (`..data` symlinks) read as a plain directory.
+pub fn load(path: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
+    let read_err = |source| ConfigError::Read {
+        file: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(read_err)?;
+    if !meta.is_dir() {
+        return Ok(vec![load_file(path)?]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(read_err)? {
+        let file = entry.map_err(read_err)?.path();
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let is_yaml = file
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "yaml" || e == "yml");
+        if is_yaml && !name.starts_with('.') && file.is_file() {
+            files.push(file);
+        }
+    }
+    if files.is_empty() {
+        return Err(ConfigError::NoFiles {
+            dir: path.to_path_buf(),
+        });
+    }
+    files.sort();
+    files.iter().map(|f| load_file(f)).collect()
+}
+
+/// Reads and shape-checks one file.
+pub fn load_file(file: &Path) -> Result<ConfigFile, ConfigError> {
+    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+        file: file.to_path_buf(),
+        source,
+    })?;
+    parse(file, &text)
+}
+
+/// Shape-checks the text of one file; `file` only names it in errors.
+pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+    let yaml_err = |e: serde_yaml_ng::Error| ConfigError::Yaml {
+        file: file.to_path_buf(),
+        message: e.to_string(),
+    };
+    let value: Value = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    if value.is_null() {
+        return Err(ConfigError::invalid(file, "", "the file is empty"));
+    }
+    check_keys(file, &value, &mut String::new())?;
+    let domain: RawDomain = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    Ok(ConfigFile {
+        path: file.to_path_buf(),
+        domain,
+    })
+}
+
+/// Rejects mapping keys that are not strings anywhere in the document (serde would otherwise accept an integer key
+/// as a field index). `metadata` values are free-form but their keys must be strings too.
+fn check_keys(file: &Path, value: &Value, path: &mut String) -> Result<(), ConfigError> {
+    match value {
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                let Value::String(k) = k else {
+                    return Err(ConfigError::invalid(
+                        file,
+                        path,
+                        format!("key is not a string: {}", describe(k)),
+                    ));
+                };
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                check_keys(file, v, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                check_keys(file, v, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Tagged(tagged) => check_keys(file, &tagged.value, path)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn describe(v: &Value) -> String {
+    serde_yaml_ng::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(text: &str) -> Result<ConfigFile, ConfigError> {
+        parse(Path::new("t.yaml"), text)
+    }
+
+    #[test]
+    fn reads_the_reference_format() {
+        let f = parse_str(
+            "domain: edge\ndescriptors:\n  - key: a\n    value: b\n    rate_limit: {unit: Second, requests_per_unit: 3, name: x}\n    descriptors:\n      - key: c\n",
+        )
+        .unwrap();
+        assert_eq!(f.domain.domain, "edge");
+        assert_eq!(f.domain.descriptors[0].descriptors[0].key, "c");
+        let rl = f.domain.descriptors[0].rate_limit.as_ref().unwrap();
+        assert_eq!(rl.requests_per_unit, 3);
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_path() {
+        let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 4}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.yaml"), "{e}");
+        assert!(e.contains("descriptors[0].rate_limit"), "{e}");
+        assert!(e.contains("burst"), "{e}");
+    }
+
+    #[test]
+    fn non_string_key_is_rejected() {
+        let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    1: b\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("descriptors[0]: key is not a string: 1"), "{e}");
+    }
+
+    #[test]
+    fn invalid_yaml_and_empty_file() {
+        let e = parse_str("domain: [edge\n").unwrap_err().to_string();
+        assert!(e.starts_with("config 't.yaml': "), "{e}");
+        let e = parse_str("  \n").unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn negative_limit_is_a_type_error_with_path() {
+        let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("descriptors[0].rate_limit.requests_per_unit"), "{e}");
+    }
+}

@@ -1,0 +1,27 @@
+//! sluice: a rate-limit decision service, wire-compatible with Envoy's rate limit service.
+//!
+//! The pieces, in the order a request meets them:
+//!
+//! - [`config`]: the envoyproxy/ratelimit YAML files as written (raw serde types, every key checked).
+//! - [`rules`]: those files compiled into an immutable matcher per domain; invalid configurations stop here.
+//! - [`api`]: the gRPC services (Envoy's `RateLimitService`, `sluice.v1.RateLimiter`), thin conversions that
+//!   hand plain requests to the core and map its errors to gRPC statuses in one place.
+//! - [`limiter`]: the decision core, `should_rate_limit` and `get_remaining`; it knows no gRPC and no Redis.
+//! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation.
+//! - [`clock`]: injected time, read once per request.
+//! - [`metrics`], [`http`], [`telemetry`]: Prometheus counters, the HTTP endpoints, logs.
+//! - [`server`]: assembly, listeners and graceful shutdown.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod limiter;
+pub mod metrics;
+pub mod proto;
+pub mod rules;
+pub mod server;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,159 @@
+//! The `sluice` binary: parses the command line, sets up logs, and runs the server or checks a configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use sluice::limiter::LimiterSettings;
+use sluice::metrics::Metrics;
+use sluice::rules::RuleSet;
+use sluice::server::{self, Settings};
+use sluice::store::redis::RedisSettings;
+use sluice::telemetry::{self, LogFormat};
+
+/// A rate-limit decision service, wire-compatible with Envoy's rate limit service.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the gRPC rate limit services and the HTTP endpoints.
+    Serve(ServeArgs),
+    /// Validate a configuration and print its domains and rules; exit 1 with the error otherwise.
+    Check {
+        /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: PathBuf,
+    /// Address of the gRPC server.
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Address of the HTTP server (/metrics, /healthz, /readyz).
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Redis URL (redis://, rediss://, redis-cluster://, redis-sentinel://). Without it counters live in memory.
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Bound on every Redis call, in milliseconds.
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    redis_timeout_ms: u64,
+    /// Redis connections, each pipelining many calls.
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
+    redis_pool_size: u64,
+    /// Prefix of every counter key; may not contain '{' or '}'.
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:", value_parser = parse_prefix)]
+    key_prefix: String,
+    /// Answer OK whatever the limits say (statuses still report OVER_LIMIT).
+    #[arg(long, env = "SLUICE_SHADOW_MODE")]
+    shadow_mode: bool,
+    /// Merge the `metadata` of the rules that passed into the response's dynamic_metadata.
+    #[arg(long, env = "SLUICE_RESPONSE_METADATA")]
+    response_metadata: bool,
+    /// A hit is "near the limit" in metrics when the count after it exceeds this share of the limit.
+    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
+    near_limit_ratio: f64,
+    /// Seconds in-flight calls may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "SLUICE_GRACE_PERIOD_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    grace_period_secs: u64,
+    /// Log line format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn parse_prefix(s: &str) -> Result<String, String> {
+    sluice::store::check_prefix(s).map(|()| s.to_string())
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("'{s}' is not a ratio between 0 and 1")),
+    }
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Check { config } => check(&config),
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn check(config: &std::path::Path) -> ExitCode {
+    let compiled = sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::new(0.8)));
+    match compiled {
+        Ok(rules) => {
+            print!("{}", rules.summary());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    telemetry::init(args.log_format);
+    let settings = Settings {
+        config: args.config,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        redis: args.redis_url.map(|url| RedisSettings {
+            url,
+            timeout: Duration::from_millis(args.redis_timeout_ms),
+            pool_size: args.redis_pool_size as usize,
+        }),
+        limiter: LimiterSettings {
+            key_prefix: args.key_prefix,
+            shadow_mode: args.shadow_mode,
+            response_metadata: args.response_metadata,
+        },
+        near_limit_ratio: args.near_limit_ratio,
+        grace_period: Duration::from_secs(args.grace_period_secs),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server::run(settings, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "sluice stopped");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

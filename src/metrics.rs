@@ -1,0 +1,205 @@
+//! Prometheus metrics: names, labels, and the handles the hot path increments.
+//!
+//! Each server owns its own recorder (no global recorder), so two servers in one process — as in the tests — never
+//! share counters. Per-rule handles are registered once when the rules compile, so a decision increments atomics
+//! and allocates nothing; only rules that opt into request values in labels (`detailed_metric`,
+//! `value_to_metric`) register series per request. Unknown domains share one label, so clients cannot create series.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+/// RPC requests by domain, RPC and result (`ok`, `over_limit`, `invalid_argument`, `unavailable`).
+pub const REQUESTS: &str = "sluice_requests_total";
+/// Hits counted against a rule (each hit weighs its cost).
+pub const RULE_HITS: &str = "sluice_rule_hits_total";
+/// Hits that were within the rule's limit.
+pub const RULE_WITHIN_LIMIT: &str = "sluice_rule_within_limit_total";
+/// Hits that were over the rule's limit (shadow-mode rules included).
+pub const RULE_OVER_LIMIT: &str = "sluice_rule_over_limit_total";
+/// Hits within the limit that brought the count above `near_limit_ratio` of it.
+pub const RULE_NEAR_LIMIT: &str = "sluice_rule_near_limit_total";
+/// Over-limit hits of shadow-mode rules, answered OK.
+pub const RULE_SHADOW_MODE: &str = "sluice_rule_shadow_mode_total";
+/// Latency of one store call (all counters of one request), by store and operation.
+pub const STORE_DURATION: &str = "sluice_store_call_duration_seconds";
+/// Store calls that failed, by store and kind (`timeout`, `connection`, `script`, `other`).
+pub const STORE_ERRORS: &str = "sluice_store_errors_total";
+
+/// The label value standing for every domain the configuration does not define.
+pub const UNKNOWN_DOMAIN: &str = "(unknown)";
+
+const BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
+
+/// The metrics of one server.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    near_limit_ratio: f64,
+    unknown_domain: DomainStats,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Request counters of one domain.
+#[derive(Debug, Clone)]
+pub struct DomainStats {
+    pub should_ok: Counter,
+    pub should_over_limit: Counter,
+    pub should_unavailable: Counter,
+    pub remaining_ok: Counter,
+    pub remaining_unavailable: Counter,
+}
+
+/// Hit counters of one rule (or one detailed label of it).
+#[derive(Debug, Clone)]
+pub struct RuleStats {
+    pub hits: Counter,
+    pub within_limit: Counter,
+    pub over_limit: Counter,
+    pub near_limit: Counter,
+    pub shadow_mode: Counter,
+}
+
+impl Metrics {
+    /// `near_limit_ratio`: a hit is "near" the limit when the count after it exceeds `floor(limit * ratio)`.
+    pub fn new(near_limit_ratio: f64) -> Metrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(STORE_DURATION.to_string()),
+                BUCKETS,
+            )
+            .map(PrometheusBuilder::build_recorder)
+            .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+        let handle = recorder.handle();
+        let unknown_domain = domain_stats(&recorder, UNKNOWN_DOMAIN);
+        Metrics {
+            inner: Arc::new(Inner {
+                recorder,
+                handle,
+                near_limit_ratio,
+                unknown_domain,
+            }),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        self.inner.handle.render()
+    }
+
+    pub fn near_limit_ratio(&self) -> f64 {
+        self.inner.near_limit_ratio
+    }
+
+    pub fn domain_stats(&self, domain: &str) -> DomainStats {
+        domain_stats(&self.inner.recorder, domain)
+    }
+
+    /// The stats of requests to domains the configuration does not define.
+    pub fn unknown_domain(&self) -> &DomainStats {
+        &self.inner.unknown_domain
+    }
+
+    /// The counters of a rule path (`domain.key_value.key`).
+    pub fn rule_stats(&self, domain: &str, rule: &str) -> RuleStats {
+        let counter = |name: &'static str| {
+            let labels = vec![
+                Label::new("domain", domain.to_string()),
+                Label::new("rule", rule.to_string()),
+            ];
+            self.counter(name, labels)
+        };
+        RuleStats {
+            hits: counter(RULE_HITS),
+            within_limit: counter(RULE_WITHIN_LIMIT),
+            over_limit: counter(RULE_OVER_LIMIT),
+            near_limit: counter(RULE_NEAR_LIMIT),
+            shadow_mode: counter(RULE_SHADOW_MODE),
+        }
+    }
+
+    /// Records one store call.
+    pub fn store_call(&self, store: &'static str, op: &'static str, elapsed: Duration) {
+        let labels = vec![Label::from_static_parts("store", store), Label::from_static_parts("op", op)];
+        let histogram: Histogram = self
+            .inner
+            .recorder
+            .register_histogram(&Key::from_parts(STORE_DURATION, labels), &METADATA);
+        histogram.record(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed store call.
+    pub fn store_error(&self, store: &'static str, kind: &'static str) {
+        let labels = vec![Label::from_static_parts("store", store), Label::from_static_parts("kind", kind)];
+        self.counter(STORE_ERRORS, labels).increment(1);
+    }
+
+    /// Counts a request rejected before it reached a domain (bad input).
+    pub fn invalid_request(&self, rpc: &'static str) {
+        let labels = vec![
+            Label::from_static_parts("domain", UNKNOWN_DOMAIN),
+            Label::from_static_parts("rpc", rpc),
+            Label::from_static_parts("result", "invalid_argument"),
+        ];
+        self.counter(REQUESTS, labels).increment(1);
+    }
+
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.inner
+            .recorder
+            .register_counter(&Key::from_parts(name, labels), &METADATA)
+    }
+}
+
+fn domain_stats(recorder: &PrometheusRecorder, domain: &str) -> DomainStats {
+    let counter = |rpc: &'static str, result: &'static str| {
+        let labels = vec![
+            Label::new("domain", domain.to_string()),
+            Label::from_static_parts("rpc", rpc),
+            Label::from_static_parts("result", result),
+        ];
+        recorder.register_counter(&Key::from_parts(REQUESTS, labels), &METADATA)
+    };
+    DomainStats {
+        should_ok: counter("should_rate_limit", "ok"),
+        should_over_limit: counter("should_rate_limit", "over_limit"),
+        should_unavailable: counter("should_rate_limit", "unavailable"),
+        remaining_ok: counter("get_remaining", "ok"),
+        remaining_unavailable: counter("get_remaining", "unavailable"),
+    }
+}
+
+impl RuleStats {
+    /// Records one decided hit of `cost` against a rule of `limit` whose count is now `used`.
+    pub fn record(&self, cost: u64, limit: u32, used: u64, allowed: bool, shadow: bool, ratio: f64) {
+        self.hits.increment(cost);
+        if allowed {
+            self.within_limit.increment(cost);
+            let near = (f64::from(limit) * ratio).floor() as u64;
+            if used > near {
+                self.near_limit.increment(cost);
+            }
+        } else {
+            self.over_limit.increment(cost);
+            if shadow {
+                self.shadow_mode.increment(cost);
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Assembly and lifecycle: loads the configuration, picks the store, binds the gRPC and HTTP listeners, serves until
+//! the shutdown future resolves, then drains in-flight calls within a bounded grace period.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::api::{EnvoyService, SluiceService};
+use crate::clock::SystemClock;
+use crate::config::{self, ConfigError};
+use crate::limiter::{Limiter, LimiterSettings};
+use crate::metrics::Metrics;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
+use crate::rules::RuleSet;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::{Store, StoreError};
+
+/// Everything `sluice serve` is told.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A YAML file or a directory of them.
+    pub config: PathBuf,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// `None`: the in-memory store.
+    pub redis: Option<RedisSettings>,
+    pub limiter: LimiterSettings,
+    pub near_limit_ratio: f64,
+    /// How long in-flight calls may take to finish after a shutdown signal.
+    pub grace_period: Duration,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// Loads the configuration and serves until `shutdown` resolves.
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
+    let metrics = Metrics::new(settings.near_limit_ratio);
+    let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
+    tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
+    let grpc = bind(settings.grpc_addr).await?;
+    let http = bind(settings.http_addr).await?;
+    let clock = Arc::new(SystemClock);
+    match &settings.redis {
+        None => {
+            tracing::info!("store: in memory");
+            let limiter = Limiter::new(rules, MemoryStore::new(), clock, metrics, settings.limiter);
+            serve(Arc::new(limiter), grpc, http, shutdown, settings.grace_period).await
+        }
+        Some(redis) => {
+            let store = RedisStore::connect(redis).await?;
+            tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
+            let limiter = Limiter::new(rules, store, clock, metrics, settings.limiter);
+            serve(Arc::new(limiter), grpc, http, shutdown, settings.grace_period).await
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves gRPC (both rate limit services, health, reflection) and HTTP on bound listeners until `shutdown`
+/// resolves, then stops accepting and gives in-flight calls `grace` to finish.
+pub async fn serve<S: Store>(
+    limiter: Arc<Limiter<S>>,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    grace: Duration,
+) -> Result<(), ServerError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter"] {
+        health.set_service_status(service, ServingStatus::Serving).await;
+    }
+    fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
+        b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    }
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
+
+    let (stop, stopped) = watch::channel(false);
+    let signal = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let grpc_addr = grpc.local_addr().ok();
+    let http_addr = http.local_addr().ok();
+    let grpc_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(RateLimitServiceServer::new(EnvoyService::new(limiter.clone())))
+        .add_service(RateLimiterServer::new(SluiceService::new(limiter.clone())))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
+    let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
+    let mut grpc_task = tokio::spawn(grpc_server);
+    let mut http_task = tokio::spawn(async move { http_server.await });
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
+
+    tokio::select! {
+        () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
+        r = &mut grpc_task => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
+        r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
+    }
+    let _ = stop.send(true);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter"] {
+        health.set_service_status(service, ServingStatus::NotServing).await;
+    }
+    match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await {
+        Ok(_) => tracing::info!("drained; stopped"),
+        Err(_) => tracing::warn!(grace = ?grace, "grace period over; closing the connections still open"),
+    }
+    Ok(())
+}
