@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use prost_types::{value::Kind, ListValue, Struct, Value};
+use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
 use crate::limiter::{self, AppliedLimit, Code, Decision, LimitError, Limiter, Report};
@@ -13,7 +13,9 @@ use crate::proto::sluice::v1 as sluice;
 use crate::rules::Unit;
 use crate::store::{Store, StoreError};
 
-use rls::rate_limit_response::{rate_limit::Unit as PbUnit, Code as PbCode, DescriptorStatus, RateLimit};
+use rls::rate_limit_response::{
+    Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
+};
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 pub struct EnvoyService<S> {
@@ -66,7 +68,11 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let request = request.into_inner();
         let cost = request.cost.unwrap_or(1);
         let core = to_core(request.domain, request.descriptors, 0);
-        let reports = self.limiter.get_remaining(&core, cost).await.map_err(to_status)?;
+        let reports = self
+            .limiter
+            .get_remaining(&core, cost)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(sluice::GetRemainingResponse {
             descriptors: reports.into_iter().map(to_remaining).collect(),
         }))
@@ -94,7 +100,11 @@ pub fn to_status(error: LimitError) -> Status {
 }
 
 /// Moves the request's strings into the core's types without copying them.
-pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> limiter::Request {
+pub fn to_core(
+    domain: String,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits_addend: u32,
+) -> limiter::Request {
     limiter::Request {
         domain,
         hits_addend,
@@ -206,7 +216,8 @@ fn merge_metadata(maps: &[Arc<serde_yaml_ng::Mapping>]) -> Option<Struct> {
     }
     let mut merged = Struct::default();
     for map in maps {
-        if let Kind::StructValue(s) = yaml_to_value(&serde_yaml_ng::Value::Mapping((**map).clone())) {
+        if let Kind::StructValue(s) = yaml_to_value(&serde_yaml_ng::Value::Mapping((**map).clone()))
+        {
             merged.fields.extend(s.fields);
         }
     }

@@ -262,6 +262,9 @@ mod tests {
         let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("descriptors[0].rate_limit.requests_per_unit"), "{e}");
+        assert!(
+            e.contains("descriptors[0].rate_limit.requests_per_unit"),
+            "{e}"
+        );
     }
 }

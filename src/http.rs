@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
 
 use crate::limiter::Limiter;
 use crate::store::Store;
@@ -23,7 +23,10 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
 
 async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         limiter.metrics().render(),
     )
 }

@@ -219,7 +219,9 @@ impl<S: Store> Limiter<S> {
                 Target::Unlimited(_) => Status::UNLIMITED,
                 Target::Limited { limit, rule, .. } => {
                     let Some((outcome, hit)) = outcomes.next() else {
-                        return Err(StoreError::Other("store returned too few outcomes".into()).into());
+                        return Err(
+                            StoreError::Other("store returned too few outcomes".into()).into()
+                        );
                     };
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
                     let quota = rule.is_some_and(|r| r.quota_mode);
@@ -256,7 +258,11 @@ impl<S: Store> Limiter<S> {
                 }
             };
             if self.settings.response_metadata && status.code == Code::Ok {
-                if let Target::Limited { rule: Some(rule), .. } | Target::Unlimited(rule) = target {
+                if let Target::Limited {
+                    rule: Some(rule), ..
+                }
+                | Target::Unlimited(rule) = target
+                {
                     metadata.extend(rule.metadata.clone());
                 }
             }
@@ -278,7 +284,11 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Reports each descriptor's limit and what is left of it, and when a hit of `cost` would pass. Read-only.
-    pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {
+    pub async fn get_remaining(
+        &self,
+        request: &Request,
+        cost: u64,
+    ) -> Result<Vec<Report>, LimitError> {
         validate(request).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
@@ -315,7 +325,9 @@ impl<S: Store> Limiter<S> {
                             name: rule.and_then(|r| r.name.clone()),
                         },
                         state: states.next().ok_or_else(|| {
-                            LimitError::Store(StoreError::Other("store returned too few states".into()))
+                            LimitError::Store(StoreError::Other(
+                                "store returned too few states".into(),
+                            ))
                         })?,
                     },
                 })
@@ -361,7 +373,9 @@ impl<S: Store> Limiter<S> {
         descriptor: &Descriptor,
     ) -> std::borrow::Cow<'a, RuleStats> {
         let Some(domain) = domain else {
-            return std::borrow::Cow::Owned(self.metrics.rule_stats(crate::metrics::UNKNOWN_DOMAIN, ""));
+            return std::borrow::Cow::Owned(
+                self.metrics.rule_stats(crate::metrics::UNKNOWN_DOMAIN, ""),
+            );
         };
         match rule {
             Some(rule) if !rule.dynamic_label => std::borrow::Cow::Borrowed(&rule.stats),
@@ -380,8 +394,14 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn record_store_call(&self, op: &'static str, started: std::time::Instant, error: Option<&StoreError>) {
-        self.metrics.store_call(self.store.name(), op, started.elapsed());
+    fn record_store_call(
+        &self,
+        op: &'static str,
+        started: std::time::Instant,
+        error: Option<&StoreError>,
+    ) {
+        self.metrics
+            .store_call(self.store.name(), op, started.elapsed());
         if let Some(e) = error {
             self.metrics.store_error(self.store.name(), e.kind());
             tracing::warn!(store = self.store.name(), op, error = %e, "store call failed");

@@ -92,7 +92,8 @@ fn main() -> ExitCode {
 }
 
 fn check(config: &std::path::Path) -> ExitCode {
-    let compiled = sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::new(0.8)));
+    let compiled =
+        sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::new(0.8)));
     match compiled {
         Ok(rules) => {
             print!("{}", rules.summary());
@@ -143,7 +144,7 @@ fn serve(args: ServeArgs) -> ExitCode {
 
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let term = async {
         match signal(SignalKind::terminate()) {
             Ok(mut s) => {

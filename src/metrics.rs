@@ -136,7 +136,10 @@ impl Metrics {
 
     /// Records one store call.
     pub fn store_call(&self, store: &'static str, op: &'static str, elapsed: Duration) {
-        let labels = vec![Label::from_static_parts("store", store), Label::from_static_parts("op", op)];
+        let labels = vec![
+            Label::from_static_parts("store", store),
+            Label::from_static_parts("op", op),
+        ];
         let histogram: Histogram = self
             .inner
             .recorder
@@ -146,7 +149,10 @@ impl Metrics {
 
     /// Counts one failed store call.
     pub fn store_error(&self, store: &'static str, kind: &'static str) {
-        let labels = vec![Label::from_static_parts("store", store), Label::from_static_parts("kind", kind)];
+        let labels = vec![
+            Label::from_static_parts("store", store),
+            Label::from_static_parts("kind", kind),
+        ];
         self.counter(STORE_ERRORS, labels).increment(1);
     }
 
@@ -187,7 +193,15 @@ fn domain_stats(recorder: &PrometheusRecorder, domain: &str) -> DomainStats {
 
 impl RuleStats {
     /// Records one decided hit of `cost` against a rule of `limit` whose count is now `used`.
-    pub fn record(&self, cost: u64, limit: u32, used: u64, allowed: bool, shadow: bool, ratio: f64) {
+    pub fn record(
+        &self,
+        cost: u64,
+        limit: u32,
+        used: u64,
+        allowed: bool,
+        shadow: bool,
+        ratio: f64,
+    ) {
         self.hits.increment(cost);
         if allowed {
             self.within_limit.increment(cost);

@@ -210,7 +210,10 @@ pub struct Match<'a> {
 impl Domain {
     /// Finds the rule for a descriptor's entries, one entry per level: exact value, then wildcards in config order,
     /// then the key alone. The rule is the one on the node the last entry lands on; no backtracking.
-    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
+    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(
+        &'a self,
+        entries: &[(K, V)],
+    ) -> Option<Match<'a>> {
         let mut node = &self.root;
         let mut shared = Vec::new();
         for (depth, (key, value)) in entries.iter().enumerate() {
@@ -280,7 +283,11 @@ impl RuleSet {
         for file in files {
             let raw = &file.domain;
             if raw.domain.is_empty() {
-                return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
+                return Err(ConfigError::invalid(
+                    &file.path,
+                    "domain",
+                    "domain is empty",
+                ));
             }
             if let Some(first) = origin.insert(raw.domain.clone(), &file.path) {
                 return Err(ConfigError::invalid(
@@ -378,7 +385,12 @@ fn describe(rule: &Rule) -> String {
     let mut s = match &rule.limit {
         None => "unlimited".to_string(),
         Some(l) if l.multiplier == 1 => {
-            format!("{} per {} ({})", l.requests, l.unit.name(), l.algorithm.name())
+            format!(
+                "{} per {} ({})",
+                l.requests,
+                l.unit.name(),
+                l.algorithm.name()
+            )
         }
         Some(l) => format!(
             "{} per {} {}s ({})",
@@ -441,9 +453,7 @@ impl Compiler<'_> {
             let mut node = Node {
                 segment: Arc::from(segment.as_str()),
                 value_to_metric: raw.value_to_metric,
-                shared_value: wildcard
-                    .filter(|_| raw.share_threshold)
-                    .map(Arc::from),
+                shared_value: wildcard.filter(|_| raw.share_threshold).map(Arc::from),
                 ..Node::default()
             };
             if let Some(rl) = &raw.rate_limit {
@@ -451,7 +461,13 @@ impl Compiler<'_> {
                 self.rules += 1;
             }
             let child_path = format!("{here}.descriptors");
-            self.level(&mut node, &raw.descriptors, &child_path, &node_label, dynamic)?;
+            self.level(
+                &mut node,
+                &raw.descriptors,
+                &child_path,
+                &node_label,
+                dynamic,
+            )?;
 
             let duplicate = || {
                 self.err(
@@ -468,7 +484,11 @@ impl Compiler<'_> {
                     branches.any = Some(Box::new(node));
                 }
                 Some(v) if v.contains('*') => {
-                    if branches.wildcards.iter().any(|(_, n)| n.segment == node.segment) {
+                    if branches
+                        .wildcards
+                        .iter()
+                        .any(|(_, n)| n.segment == node.segment)
+                    {
                         return Err(duplicate());
                     }
                     branches.wildcards.push((Pattern::new(v), node));
@@ -500,7 +520,11 @@ impl Compiler<'_> {
                 }
             }
             if rl.algorithm.is_some() || rl.unit_multiplier.is_some() {
-                let field = if rl.algorithm.is_some() { "algorithm" } else { "unit_multiplier" };
+                let field = if rl.algorithm.is_some() {
+                    "algorithm"
+                } else {
+                    "unit_multiplier"
+                };
                 return Err(self.err(&at(field), "does not apply to an unlimited rule"));
             }
             None
@@ -517,7 +541,10 @@ impl Compiler<'_> {
             let algorithm = match rl.algorithm.as_deref() {
                 None => Algorithm::FixedWindow,
                 Some(a) => Algorithm::from_name(a).ok_or_else(|| {
-                    self.err(&at("algorithm"), format!("unknown algorithm '{a}' (expected fixed_window)"))
+                    self.err(
+                        &at("algorithm"),
+                        format!("unknown algorithm '{a}' (expected fixed_window)"),
+                    )
                 })?,
             };
             let multiplier = rl.unit_multiplier.unwrap_or(1);
@@ -527,7 +554,10 @@ impl Compiler<'_> {
             if unit.seconds() * u64::from(multiplier) > MAX_WINDOW_SECONDS {
                 return Err(self.err(
                     &at("unit_multiplier"),
-                    format!("a window of {multiplier} {}s is longer than 100 years", unit.name()),
+                    format!(
+                        "a window of {multiplier} {}s is longer than 100 years",
+                        unit.name()
+                    ),
                 ));
             }
             Some(Limit {
@@ -595,7 +625,10 @@ mod tests {
     fn load_errors_name_file_and_path() {
         let cases = [
             ("descriptors: []\n", "'d.yaml': domain: domain is empty"),
-            ("domain: d\ndescriptors: [{key: ''}]\n", "descriptors[0].key: descriptor key is empty"),
+            (
+                "domain: d\ndescriptors: [{key: ''}]\n",
+                "descriptors[0].key: descriptor key is empty",
+            ),
             (
                 "domain: d\ndescriptors: [{key: a, value: b}, {key: a, value: b}]\n",
                 "descriptors[1]: duplicate descriptor 'd.a_b'",
@@ -645,7 +678,10 @@ mod tests {
         let e = compile(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"), "{e}");
+        assert!(
+            e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -56,7 +56,10 @@ pub enum ServerError {
 }
 
 /// Loads the configuration and serves until `shutdown` resolves.
-pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
+pub async fn run(
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
     let metrics = Metrics::new(settings.near_limit_ratio);
     let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
     tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
@@ -67,13 +70,27 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
         None => {
             tracing::info!("store: in memory");
             let limiter = Limiter::new(rules, MemoryStore::new(), clock, metrics, settings.limiter);
-            serve(Arc::new(limiter), grpc, http, shutdown, settings.grace_period).await
+            serve(
+                Arc::new(limiter),
+                grpc,
+                http,
+                shutdown,
+                settings.grace_period,
+            )
+            .await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
             let limiter = Limiter::new(rules, store, clock, metrics, settings.limiter);
-            serve(Arc::new(limiter), grpc, http, shutdown, settings.grace_period).await
+            serve(
+                Arc::new(limiter),
+                grpc,
+                http,
+                shutdown,
+                settings.grace_period,
+            )
+            .await
         }
     }
 }
@@ -94,10 +111,18 @@ pub async fn serve<S: Store>(
     grace: Duration,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter"] {
-        health.set_service_status(service, ServingStatus::Serving).await;
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "sluice.v1.RateLimiter",
+    ] {
+        health
+            .set_service_status(service, ServingStatus::Serving)
+            .await;
     }
-    fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
+    fn reflection(
+        b: tonic_reflection::server::Builder<'static>,
+    ) -> tonic_reflection::server::Builder<'static> {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     }
@@ -116,13 +141,16 @@ pub async fn serve<S: Store>(
     let http_addr = http.local_addr().ok();
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(RateLimitServiceServer::new(EnvoyService::new(limiter.clone())))
+        .add_service(RateLimitServiceServer::new(EnvoyService::new(
+            limiter.clone(),
+        )))
         .add_service(RateLimiterServer::new(SluiceService::new(limiter.clone())))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
-    let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
+    let http_server =
+        axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
@@ -133,12 +161,20 @@ pub async fn serve<S: Store>(
         r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
     }
     let _ = stop.send(true);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter"] {
-        health.set_service_status(service, ServingStatus::NotServing).await;
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "sluice.v1.RateLimiter",
+    ] {
+        health
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
     }
     match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await {
         Ok(_) => tracing::info!("drained; stopped"),
-        Err(_) => tracing::warn!(grace = ?grace, "grace period over; closing the connections still open"),
+        Err(_) => {
+            tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
+        }
     }
     Ok(())
 }

@@ -73,11 +73,19 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Applies every hit of one request and returns one outcome per hit, in order.
-    fn hit(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
+    fn hit(
+        &self,
+        now_us: u64,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
 
     /// Reads the counters of `hits` (their `cost` is the hypothetical cost) without creating, changing or extending
     /// anything.
-    fn peek(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Remaining>, StoreError>> + Send;
+    fn peek(
+        &self,
+        now_us: u64,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Remaining>, StoreError>> + Send;
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -206,7 +214,9 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Checks a key prefix: it may not contain hash-tag braces.
 pub fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.contains(['{', '}']) {
-        return Err(format!("key prefix '{prefix}' may not contain '{{' or '}}'"));
+        return Err(format!(
+            "key prefix '{prefix}' may not contain '{{' or '}}'"
+        ));
     }
     Ok(())
 }
@@ -242,8 +252,16 @@ mod tests {
 
     #[test]
     fn windows_differ_only_after_the_tag() {
-        let a = CounterKey::builder("", "d").entry("k", "v").window("fixed_window", 1_000_000, 5_000_000);
-        let b = CounterKey::builder("", "d").entry("k", "v").window("fixed_window", 1_000_000, 6_000_000);
+        let a = CounterKey::builder("", "d").entry("k", "v").window(
+            "fixed_window",
+            1_000_000,
+            5_000_000,
+        );
+        let b = CounterKey::builder("", "d").entry("k", "v").window(
+            "fixed_window",
+            1_000_000,
+            6_000_000,
+        );
         assert_ne!(a, b);
         assert_eq!(a.0[..18], b.0[..18]);
     }

@@ -1,1 +1,10 @@
+//! Integration tests against real components: `redis-server` processes, sluice servers over TCP, the built binary.
+//! One test binary; each concern in its own module.
 
+#[macro_use]
+mod harness;
+
+mod cli;
+mod contract;
+mod grpc;
+mod semantics;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{fixed_window, Hit, Outcome, Remaining, Store, StoreError};
+use super::{Hit, Outcome, Remaining, Store, StoreError, fixed_window};
 
 const SHARDS: usize = 64;
 const SWEEP_EVERY_US: u64 = 1_000_000;
@@ -92,7 +92,8 @@ impl Store for MemoryStore {
                 let used = if hit.cost == 0 {
                     Self::current(&shard, key, now_us)
                 } else {
-                    let expires_at_us = fixed_window::window_start(now_us, hit.window_us) + hit.window_us;
+                    let expires_at_us =
+                        fixed_window::window_start(now_us, hit.window_us) + hit.window_us;
                     match shard.counters.get_mut(key) {
                         Some(c) if c.expires_at_us > now_us => {
                             c.used = c.used.saturating_add(hit.cost);
@@ -108,7 +109,11 @@ impl Store for MemoryStore {
                         }
                     }
                 };
-                fixed_window::outcome(used, hit.limit, fixed_window::reset_after(now_us, hit.window_us))
+                fixed_window::outcome(
+                    used,
+                    hit.limit,
+                    fixed_window::reset_after(now_us, hit.window_us),
+                )
             })
             .collect();
         Ok(outcomes)
@@ -118,8 +123,17 @@ impl Store for MemoryStore {
         Ok(hits
             .iter()
             .map(|hit| {
-                let used = Self::current(&self.shard(hit.key.as_str(), now_us), hit.key.as_str(), now_us);
-                fixed_window::remaining(used, hit.limit, hit.cost, fixed_window::reset_after(now_us, hit.window_us))
+                let used = Self::current(
+                    &self.shard(hit.key.as_str(), now_us),
+                    hit.key.as_str(),
+                    now_us,
+                );
+                fixed_window::remaining(
+                    used,
+                    hit.limit,
+                    hit.cost,
+                    fixed_window::reset_after(now_us, hit.window_us),
+                )
             })
             .collect())
     }

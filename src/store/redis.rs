@@ -14,7 +14,7 @@ use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
-use super::{fixed_window, Hit, Outcome, Remaining, Store, StoreError};
+use super::{Hit, Outcome, Remaining, Store, StoreError, fixed_window};
 
 const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 
@@ -39,7 +39,9 @@ pub struct RedisStore {
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore").field("timeout", &self.timeout).finish_non_exhaustive()
+        f.debug_struct("RedisStore")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -47,8 +49,13 @@ impl RedisStore {
     /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
     /// reconnecting and `/readyz` says unready until it answers.
     pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
-        let config = Config::from_url(&settings.url)
-            .map_err(|e| StoreError::Other(format!("invalid redis url '{}': {}", settings.url, e.details())))?;
+        let config = Config::from_url(&settings.url).map_err(|e| {
+            StoreError::Other(format!(
+                "invalid redis url '{}': {}",
+                settings.url,
+                e.details()
+            ))
+        })?;
         let timeout = settings.timeout;
         let pool = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = timeout)
@@ -64,7 +71,9 @@ impl RedisStore {
         pool.connect();
         match tokio::time::timeout(Duration::from_secs(2), pool.wait_for_connect()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background")
+            }
             Err(_) => tracing::warn!("redis did not answer within 2s; retrying in the background"),
         }
         Ok(RedisStore {
@@ -74,7 +83,10 @@ impl RedisStore {
         })
     }
 
-    async fn bounded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         tokio::time::timeout(self.timeout, call)
             .await
             .unwrap_or(Err(StoreError::Timeout(self.timeout)))
@@ -89,7 +101,9 @@ impl RedisStore {
             let pipeline = client.pipeline();
             for &i in &pending {
                 let hit = &hits[i];
-                let ttl_ms = fixed_window::reset_after(now_us, hit.window_us).div_ceil(1_000).max(1);
+                let ttl_ms = fixed_window::reset_after(now_us, hit.window_us)
+                    .div_ceil(1_000)
+                    .max(1);
                 let args: Vec<Value> = vec![
                     Value::from(self.fixed_window.sha1().clone()),
                     Value::Integer(1),
@@ -116,7 +130,9 @@ impl RedisStore {
         }
         results
             .into_iter()
-            .map(|r| r.ok_or_else(|| StoreError::Script("script still missing after reload".into())))
+            .map(|r| {
+                r.ok_or_else(|| StoreError::Script("script still missing after reload".into()))
+            })
             .collect()
     }
 
@@ -145,9 +161,11 @@ fn is_noscript(e: &FredError) -> bool {
 fn classify(e: FredError) -> StoreError {
     match e.kind() {
         ErrorKind::Timeout => StoreError::Connection(format!("timeout: {}", e.details())),
-        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Routing | ErrorKind::Cluster | ErrorKind::Sentinel => {
-            StoreError::Connection(e.details().to_string())
-        }
+        ErrorKind::IO
+        | ErrorKind::Canceled
+        | ErrorKind::Routing
+        | ErrorKind::Cluster
+        | ErrorKind::Sentinel => StoreError::Connection(e.details().to_string()),
         _ if is_noscript(&e) || e.details().starts_with("ERR Error running script") => {
             StoreError::Script(e.details().to_string())
         }
@@ -173,7 +191,11 @@ impl Store for RedisStore {
             .iter()
             .zip(used)
             .map(|(hit, used)| {
-                fixed_window::outcome(as_count(used), hit.limit, fixed_window::reset_after(now_us, hit.window_us))
+                fixed_window::outcome(
+                    as_count(used),
+                    hit.limit,
+                    fixed_window::reset_after(now_us, hit.window_us),
+                )
             })
             .collect())
     }
@@ -188,7 +210,10 @@ impl Store for RedisStore {
                 let _: () = pipeline.get(hit.key.as_str()).await.map_err(classify)?;
             }
             let values: Vec<Result<Option<i64>, FredError>> = pipeline.try_all().await;
-            values.into_iter().map(|v| v.map_err(classify)).collect::<Result<Vec<_>, _>>()
+            values
+                .into_iter()
+                .map(|v| v.map_err(classify))
+                .collect::<Result<Vec<_>, _>>()
         };
         let values = self.bounded(read).await?;
         Ok(hits
@@ -196,7 +221,12 @@ impl Store for RedisStore {
             .zip(values)
             .map(|(hit, used)| {
                 let used = as_count(used.unwrap_or(0));
-                fixed_window::remaining(used, hit.limit, hit.cost, fixed_window::reset_after(now_us, hit.window_us))
+                fixed_window::remaining(
+                    used,
+                    hit.limit,
+                    hit.cost,
+                    fixed_window::reset_after(now_us, hit.window_us),
+                )
             })
             .collect())
     }

@@ -1,0 +1,181 @@
+//! The `sluice` binary's `check` command: reference-style configuration directories are accepted, and every load
+//! error is rejected with a message naming the file and the path inside it.
+
+use std::path::Path;
+use std::process::Command;
+
+fn check(dir: &Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--config"])
+        .arg(dir)
+        .output()
+        .expect("the sluice binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn accepts_a_directory_of_reference_files() {
+    let dir = dir_with(&[
+        (
+            "edge.yaml",
+            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: SECOND\n      requests_per_unit: 10\n  - key: path\n    value: /login\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 5, name: login}\n  - key: path\n    value: /api/*\n    descriptors:\n      - key: user\n        rate_limit: {unit: hour, requests_per_unit: 1000, replaces: [{name: login}]}\n  - key: tier\n    value: internal\n    rate_limit: {unlimited: true}\n",
+        ),
+        (
+            "internal.yml",
+            "domain: internal\ndescriptors:\n  - key: service\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+        ),
+        ("README.txt", "not a config"),
+        (".hidden.yaml", "this is: [not: valid"),
+    ]);
+    let (ok, stdout, stderr) = check(dir.path());
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("2 file(s), 2 domain(s), 5 rule(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("edge.path_/login: 5 per minute (fixed_window), name login, shadow mode"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("domain internal"), "{stdout}");
+}
+
+#[test]
+fn rejects_every_load_error_naming_file_and_path() {
+    let cases: &[(&str, &str)] = &[
+        ("descriptors: []\n", "domain: domain is empty"),
+        (
+            "domain: d\ndescriptors:\n  - value: x\n",
+            "descriptors[0].key: descriptor key is empty",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n  - key: b\n    descriptors:\n      - key: c\n        value: v\n      - key: c\n        value: v\n",
+            "descriptors[1].descriptors[1]: duplicate descriptor 'd.b.c_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "descriptors[0].rate_limit.unit: unknown unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: hour}\n",
+            "descriptors[0].rate_limit.unit: a rule cannot be unlimited and have a unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1, replaces: [{name: ''}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name: replaces entry is empty",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1, name: me, replaces: [{name: me}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name: a rule cannot replace itself ('me')",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n   value: b\n",
+            "did not find expected",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    colour: red\n",
+            "descriptors[0]: unknown field `colour`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    7: b\n",
+            "descriptors[0]: key is not a string: 7",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: -5}\n",
+            "descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-5`, expected u32",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 99999999999}\n",
+            "descriptors[0].rate_limit.requests_per_unit: invalid value",
+        ),
+    ];
+    for (text, want) in cases {
+        let dir = dir_with(&[("a-ok.yaml", "domain: fine\n"), ("b-bad.yaml", text)]);
+        let (ok, _, stderr) = check(dir.path());
+        assert!(!ok, "{text} was accepted");
+        assert!(stderr.contains("b-bad.yaml"), "file not named: {stderr}");
+        assert!(stderr.contains(want), "want {want:?} in {stderr}");
+    }
+    let dir = dir_with(&[
+        ("one.yaml", "domain: same\n"),
+        ("two.yaml", "domain: same\n"),
+    ]);
+    let (ok, _, stderr) = check(dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("'")
+            && stderr.contains("two.yaml': domain: domain 'same' is also defined in"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_flags_and_env_are_named() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            "deploy/config",
+            "--grpc-addr",
+            "nowhere",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--grpc-addr"), "{err}");
+    let (code, err) = run(
+        &["serve", "--config", "deploy/config"],
+        &[("SLUICE_KEY_PREFIX", "a{b")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--key-prefix") && err.contains("may not contain"),
+        "{err}"
+    );
+    let (code, err) = run(
+        &["serve", "--config", "deploy/config"],
+        &[("SLUICE_NEAR_LIMIT_RATIO", "2")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("not a ratio"), "{err}");
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            "/nonexistent/sluice.yaml",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("config '/nonexistent/sluice.yaml': cannot read"),
+        "{err}"
+    );
+}

@@ -1,0 +1,323 @@
+//! The services over real gRPC and HTTP, backed by a real Redis: round trips, read-only GetRemaining, errors on
+//! the wire, store failures, script reloads, health and shutdown.
+
+use std::time::Duration;
+
+use sluice::proto::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::sluice::v1::GetRemainingRequest;
+use sluice::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
+use tonic::Code as GrpcCode;
+
+use crate::harness::{
+    RedisServer, ReplyGate, TestServer, limiter, memory, redis_store, redis_store_with,
+};
+
+const CONFIG: &str = "
+domain: edge
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: b
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: c
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn three() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![
+            descriptor("a", "1"),
+            descriptor("b", "2"),
+            descriptor("c", "3"),
+        ],
+        hits_addend: 0,
+    }
+}
+
+async fn envoy_client(server: &TestServer) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connects")
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["--raw", "INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(['=', ',']).nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
+    let redis = RedisServer::start();
+    let gate = ReplyGate::start(redis.port).await;
+    let (l, _) = limiter(
+        CONFIG,
+        redis_store_with(&gate.url(), Duration::from_secs(10)).await,
+    );
+    let server = TestServer::start(l).await;
+    let mut client = envoy_client(&server).await;
+    // The first call loads the script (NOSCRIPT, SCRIPT LOAD, retry); measure a steady-state call.
+    client.should_rate_limit(three()).await.unwrap();
+    let calls = evalsha_calls(&redis);
+
+    // Hold every reply back: the request can only get all three EVALSHAs to Redis if it sends them without waiting
+    // for any answer, i.e. in one round trip.
+    gate.hold();
+    let call = tokio::spawn(async move { client.should_rate_limit(three()).await });
+    let mut sent = 0;
+    for _ in 0..200 {
+        sent = evalsha_calls(&redis) - calls;
+        if sent >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        sent, 3,
+        "all three EVALSHAs reached Redis before any reply came back"
+    );
+    gate.release();
+    let response = call.await.unwrap().unwrap().into_inner();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    assert_eq!(
+        response
+            .statuses
+            .iter()
+            .map(|s| s.limit_remaining)
+            .collect::<Vec<_>>(),
+        [3, 3, 3]
+    );
+    assert_eq!(
+        evalsha_calls(&redis) - calls,
+        3,
+        "one EVALSHA per counter, nothing else"
+    );
+    for (key, _, ttl) in redis.snapshot() {
+        assert!(ttl > 0, "{key} has no TTL");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_remaining_leaves_redis_unchanged() {
+    let redis = RedisServer::start();
+    let (l, _) = limiter(CONFIG, redis_store(&redis.url()).await);
+    let server = TestServer::start(l).await;
+    let mut envoy = envoy_client(&server).await;
+    envoy.should_rate_limit(three()).await.unwrap();
+    let before = redis.snapshot();
+    assert_eq!(before.len(), 3);
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let request = GetRemainingRequest {
+        domain: "edge".into(),
+        descriptors: vec![
+            descriptor("a", "1"),
+            descriptor("b", "2"),
+            descriptor("c", "3"),
+            descriptor("a", "new"),
+        ],
+        cost: Some(2),
+    };
+    let answer = client.get_remaining(request).await.unwrap().into_inner();
+    assert_eq!(answer.descriptors.len(), 4);
+    assert!(answer.descriptors.iter().all(|d| d.matched));
+    assert_eq!(answer.descriptors[0].remaining, 4);
+    assert_eq!(answer.descriptors[3].remaining, 5);
+    assert_eq!(
+        answer.descriptors[0].limit.as_ref().unwrap().algorithm,
+        "fixed_window"
+    );
+    let after = redis.snapshot();
+    // TTLs tick down in real time between the two snapshots; compare keys and values exactly and TTLs to within
+    // the time taken, never above what they were.
+    assert_eq!(
+        before.iter().map(|(k, v, _)| (k, v)).collect::<Vec<_>>(),
+        after.iter().map(|(k, v, _)| (k, v)).collect::<Vec<_>>(),
+        "no key created or changed"
+    );
+    for ((k, _, t0), (_, _, t1)) in before.iter().zip(&after) {
+        assert!(t1 <= t0 && t0 - t1 < 2_000, "{k}: TTL {t0} -> {t1}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_argument_on_the_wire() {
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let mut client = envoy_client(&server).await;
+    let mut no_key = three();
+    no_key.descriptors[1].entries[0].key.clear();
+    let mut bad_override = three();
+    bad_override.descriptors[0].limit = Some(Default::default());
+    let cases = [
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                ..three()
+            },
+            "domain is empty",
+        ),
+        (
+            RateLimitRequest {
+                descriptors: vec![],
+                ..three()
+            },
+            "no descriptors",
+        ),
+        (no_key, "descriptors[1].entries[0].key is empty"),
+        (
+            bad_override,
+            "descriptors[0].limit.unit 0 is not a valid unit",
+        ),
+    ];
+    for (request, want) in cases {
+        let status = client.should_rate_limit(request).await.unwrap_err();
+        assert_eq!(status.code(), GrpcCode::InvalidArgument);
+        assert!(status.message().contains(want), "{}", status.message());
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn store_failures_are_unavailable_and_scripts_reload() {
+    let redis = RedisServer::start();
+    let port = redis.port;
+    let (l, _) = limiter(
+        CONFIG,
+        redis_store_with(&redis.url(), Duration::from_millis(200)).await,
+    );
+    let server = TestServer::start(l).await;
+    let mut client = envoy_client(&server).await;
+    client.should_rate_limit(three()).await.unwrap();
+    assert_eq!(server.http_get("/readyz").await.0, 200);
+
+    // Scripts flushed: the next call reloads and succeeds.
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let response = client
+        .should_rate_limit(three())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.statuses[0].limit_remaining, 3);
+
+    // Redis gone: UNAVAILABLE within the timeout, and not ready.
+    redis.stop();
+    let started = std::time::Instant::now();
+    let status = client.should_rate_limit(three()).await.unwrap_err();
+    assert_eq!(status.code(), GrpcCode::Unavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "bounded by the store timeout"
+    );
+    let (code, body) = server.http_get("/readyz").await;
+    assert_eq!(code, 503, "{body}");
+
+    // Redis back on the same port (empty, no scripts): ready again, answers again.
+    let redis = RedisServer::start_on(port);
+    let mut ready = false;
+    for _ in 0..100 {
+        if server.http_get("/readyz").await.0 == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "ready again once Redis is back");
+    let response = client
+        .should_rate_limit(three())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.statuses[0].limit_remaining, 4,
+        "a fresh Redis starts from zero"
+    );
+    let text = server.http_get("/metrics").await.1;
+    assert!(
+        text.contains(r#"sluice_store_errors_total{store="redis""#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"sluice_requests_total{domain="edge",rpc="should_rate_limit",result="unavailable"} 1"#
+        ),
+        "{text}"
+    );
+    drop(redis);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn health_metrics_and_graceful_shutdown() {
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let mut client = envoy_client(&server).await;
+    let response = client
+        .should_rate_limit(three())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    let status = &response.statuses[0];
+    assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 5);
+    assert_eq!(status.limit_remaining, 4);
+    assert!(status.duration_until_reset.as_ref().unwrap().seconds >= 1);
+
+    assert_eq!(server.http_get("/healthz").await.0, 200);
+    assert_eq!(server.http_get("/readyz").await.0, 200);
+    let (code, text) = server.http_get("/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        text.contains(r#"sluice_rule_hits_total{domain="edge",rule="edge.a"} 1"#),
+        "{text}"
+    );
+
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "sluice.v1.RateLimiter",
+    ] {
+        let answer = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            answer.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    }
+    // Shutdown with a client connection open still returns within the grace period.
+    tokio::time::timeout(Duration::from_secs(5), server.shutdown())
+        .await
+        .expect("drains and stops");
+}
