@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every check sluice has, on a fresh machine as on a developer's: installs what is missing (redis-server and
+# redis-cli from Debian, rustfmt and clippy, the Python test dependencies into .venv), then runs the format check,
+# clippy with warnings as errors, the Rust tests and the Python tests (interop from Envoy's official stubs, and a
+# real Envoy in front of sluice).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+# The Python dependencies are reinstalled only when requirements.txt changes.
+requirements=tests/python/requirements.txt
+stamp=.venv/.requirements.sha256
+if [ ! -x .venv/bin/python ] || ! sha256sum --status -c "$stamp" 2>/dev/null; then
+  echo "== installing Python test dependencies into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r "$requirements"
+  sha256sum "$requirements" >"$stamp"
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --locked
+echo "== python tests"
+cargo build --locked --bin sluice
+SLUICE_BIN="$PWD/target/debug/sluice" .venv/bin/python -m pytest tests/python -q
