@@ -32,15 +32,22 @@ STARTUP_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on right now.
 
-    The kernel picks it; the socket is closed before the port is handed to a child process, so another process
-    could in theory take it in between. Ephemeral ports are handed out round-robin, which makes that rare.
+    The kernel picks them; the sockets are closed before the ports are handed to a child process, so another
+    process could in theory take one in between. Ephemeral ports are handed out round-robin, which makes that rare,
+    and sluice's startup retries on fresh ports if it happens.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
@@ -77,12 +84,17 @@ def _tail(path: Path, limit: int = 4000) -> str:
     return text[-limit:] if text else "<no output>"
 
 
+class SluiceExited(Exception):
+    def __init__(self, code: int, output: str):
+        super().__init__(f"sluice exited with code {code} before it was healthy:\n{output}")
+        self.output = output
+
+
 class Sluice:
     """One `sluice serve` process with its in-memory store, on free ports of 127.0.0.1."""
 
     def __init__(self, binary: Path, config: Path, workdir: Path):
-        self.grpc_port = free_port()
-        self.http_port = free_port()
+        self.grpc_port, self.http_port = free_ports(2)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log_path = workdir / f"sluice-{self.grpc_port}.log"
         # A file rather than a pipe: nobody reads the pipe while the test runs, and a full pipe would block the server.
@@ -114,7 +126,7 @@ class Sluice:
 
     def _healthy(self) -> bool:
         if self.proc.poll() is not None:
-            pytest.fail(f"sluice exited with code {self.proc.returncode} before it was healthy:\n{self.output}")
+            raise SluiceExited(self.proc.returncode, self.output)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz", timeout=1) as r:
                 return r.status == 200
@@ -150,9 +162,23 @@ def running_sluice(binary: Path, config: Path, workdir: Path) -> Iterator[Sluice
     On the way out the process gets SIGTERM and must exit 0 within a few seconds: that is the check of graceful
     shutdown. When the block raised, the process is still stopped (killed if need be) and the error goes on.
     """
-    server = Sluice(binary, config, workdir)
+    attempts = 3
+    for attempt in range(1, attempts + 1):
+        server = Sluice(binary, config, workdir)
+        try:
+            server.wait_healthy()
+        except SluiceExited as e:
+            server.stop()
+            exited = e
+        except BaseException:
+            server.stop()
+            raise
+        else:
+            break
+        # Another process took a port between free_ports() and sluice's bind: try again on fresh ones.
+        if "cannot listen" not in exited.output or attempt == attempts:
+            pytest.fail(str(exited))
     try:
-        server.wait_healthy()
         yield server
     except BaseException:
         server.stop()
@@ -212,7 +238,10 @@ def sluice_stubs(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamesp
         pytest.fail(f"protoc failed on proto/sluice/v1/sluice.proto: {' '.join(args)}")
     generated = out / "sluice" / "v1" / "sluice_pb2.py"
     imports = generated.read_text()
-    for module in ("envoy.service.ratelimit.v3 import rls_pb2", "envoy.extensions.common.ratelimit.v3 import ratelimit_pb2"):
+    for module in (
+        "envoy.service.ratelimit.v3 import rls_pb2",
+        "envoy.extensions.common.ratelimit.v3 import ratelimit_pb2",
+    ):
         assert f"from {module}" in imports, f"generated sluice_pb2 does not import `{module}`"
 
     sys.path.insert(0, str(out))

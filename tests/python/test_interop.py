@@ -50,6 +50,12 @@ descriptors:
     shadow_mode: true
     rate_limit: {{unit: day, requests_per_unit: 1, name: trial}}
 
+  # A rule that takes the place of another matched in the same request.
+  - key: team
+    rate_limit: {{unit: day, requests_per_unit: 1, name: team}}
+  - key: region
+    rate_limit: {{unit: day, requests_per_unit: 10, name: region, replaces: [{{name: team}}]}}
+
   # sluice's extensions under rate_limit: a two-day window and an explicit algorithm.
   - key: batch
     rate_limit: {{unit: day, unit_multiplier: 2, requests_per_unit: 5, algorithm: fixed_window}}
@@ -118,7 +124,9 @@ def sluice_rls(channel, sluice_stubs):
 
 
 @pytest.fixture(params=["envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter"])
-def should_rate_limit(request, envoy_rls, sluice_rls) -> Callable[[rls_pb2.RateLimitRequest], rls_pb2.RateLimitResponse]:
+def should_rate_limit(
+    request, envoy_rls, sluice_rls
+) -> Callable[[rls_pb2.RateLimitRequest], rls_pb2.RateLimitResponse]:
     """ShouldRateLimit through either service: both must give the same answers to the same Envoy messages."""
     stub = envoy_rls if request.param.startswith("envoy.") else sluice_rls
     return lambda req: stub.ShouldRateLimit(req, timeout=RPC_TIMEOUT_S)
@@ -230,7 +238,9 @@ def test_one_descriptor_over_the_limit_rejects_the_request(should_rate_limit):
 
 
 def test_unknown_domain_is_ok_with_empty_statuses(should_rate_limit):
-    resp = should_rate_limit(rls_request(descriptor(("client", "alice")), descriptor(("path", "/login")), domain="nowhere"))
+    resp = should_rate_limit(
+        rls_request(descriptor(("client", "alice")), descriptor(("path", "/login")), domain="nowhere")
+    )
     assert resp.overall_code == OK
     assert len(resp.statuses) == 2
     for status in resp.statuses:
@@ -262,7 +272,9 @@ def test_shadow_mode_rule_over_the_limit_answers_ok(should_rate_limit):
 
 
 def test_request_hits_addend_is_the_cost_of_each_descriptor(should_rate_limit):
-    resp = should_rate_limit(rls_request(descriptor(("client", "frank")), descriptor(("client", "gina")), hits_addend=2))
+    resp = should_rate_limit(
+        rls_request(descriptor(("client", "frank")), descriptor(("client", "gina")), hits_addend=2)
+    )
     assert [s.limit_remaining for s in resp.statuses] == [1, 1]
     resp = should_rate_limit(rls_request(descriptor(("client", "frank")), hits_addend=2))
     assert resp.overall_code == OVER_LIMIT
@@ -290,9 +302,8 @@ def test_descriptor_hits_addend_overrides_the_request_and_zero_only_checks(shoul
 
 def test_limit_override_is_used_instead_of_the_configuration(should_rate_limit):
     def limited(requests_per_unit, unit, *entries):
-        return descriptor(
-            *entries, limit=ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=requests_per_unit, unit=unit)
-        )
+        override = ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=requests_per_unit, unit=unit)
+        return descriptor(*entries, limit=override)
 
     # A key with no rule at all is limited by the override.
     adhoc = limited(2, ratelimit_unit_pb2.DAY, ("tenant", "acme"))
@@ -310,15 +321,39 @@ def test_limit_override_is_used_instead_of_the_configuration(should_rate_limit):
     assert_limited(resp.statuses[0], OK, 1, Unit.YEAR, 0, window_s=365 * DAY_S)
 
 
-def test_limit_override_with_unknown_unit_is_invalid_argument(should_rate_limit):
+def test_limit_override_of_zero_rejects_every_hit(should_rate_limit):
+    zero = descriptor(
+        ("tenant", "closed"),
+        limit=ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=0, unit=ratelimit_unit_pb2.DAY),
+    )
+    resp = should_rate_limit(rls_request(zero))
+    assert resp.overall_code == OVER_LIMIT
+    assert_limited(resp.statuses[0], OVER_LIMIT, 0, Unit.DAY, 0)
+
+
+# UNKNOWN, then numbers outside envoy.type.v3.RateLimitUnit (7 is WEEK only in the response's Unit).
+@pytest.mark.parametrize("unit", [ratelimit_unit_pb2.UNKNOWN, 7, 99], ids=["UNKNOWN", "7", "99"])
+def test_limit_override_with_invalid_unit_is_invalid_argument(should_rate_limit, unit):
     bad = descriptor(
         ("tenant", "acme"),
-        limit=ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=5, unit=ratelimit_unit_pb2.UNKNOWN),
+        limit=ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(requests_per_unit=5, unit=unit),
     )
     with pytest.raises(grpc.RpcError) as err:
         should_rate_limit(rls_request(bad))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details()
+
+
+def test_replaced_rule_is_neither_counted_nor_reported(should_rate_limit):
+    # `region` names `team` in its replaces: when both match in one request, only `region` applies.
+    for remaining in (9, 8):
+        resp = should_rate_limit(rls_request(descriptor(("team", "red")), descriptor(("region", "eu"))))
+        assert resp.overall_code == OK
+        assert_no_rule(resp.statuses[0])
+        assert_limited(resp.statuses[1], OK, 10, Unit.DAY, remaining, name="region")
+    # Alone, `team` applies, and the replaced hits above were not counted.
+    resp = should_rate_limit(rls_request(descriptor(("team", "red"))))
+    assert_limited(resp.statuses[0], OK, 1, Unit.DAY, 0, name="team")
 
 
 @pytest.mark.parametrize(
