@@ -1,22 +1,29 @@
--- fixed_window.lua: one hit against an epoch-aligned fixed window.
+-- fixed_window.lua: at most `limit` hits per epoch-aligned window of `window` us.
 --
--- KEYS[1]  the counter of the current window; its name holds the window start, so a new window is a new key
--- ARGV[1]  cost: the hits to add; 0 reads the count without writing anything
--- ARGV[2]  ttl_ms: milliseconds until the window ends, the counter's lifetime
---
--- Returns the count after the hit (for a cost of 0, the current count; 0 when the counter does not exist).
---
--- Invariants:
--- * INCRBY and the first hit's PEXPIRE run in one atomic script: a counter never exists without a TTL.
--- * The TTL is set once, on the hit that creates the counter, and never extended.
--- * A cost of 0 never creates a key.
--- * Like the reference, a hit is counted even when it goes over the limit; the caller compares the count.
-local cost = tonumber(ARGV[1])
-if cost == 0 then
-  return tonumber(redis.call('GET', KEYS[1]) or '0')
+-- State: a hash {w = start of the window it counts, n = hits counted in it}. A hash from another window counts as
+-- empty. The key expires when its window ends.
+-- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
+-- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference).
+
+A.fixed_window = {}
+
+function A.fixed_window.check(key, now, cost, limit, window)
+  local start = now - now % window
+  local f = redis.call('HMGET', key, 'w', 'n')
+  local n = 0
+  if tonumber(f[1]) == start then n = tonumber(f[2]) end
+  local reset = start + window - now
+  local s = { start = start, n = n, used0 = n, used = n + cost, reset0 = reset, reset1 = reset }
+  s.ok = n + cost <= limit
+  s.rem0 = max0(limit - n)
+  s.rem1 = max0(limit - n - cost)
+  if cost > limit then s.retry = -1 elseif s.ok then s.retry = 0 else s.retry = reset end
+  return s
 end
-local used = redis.call('INCRBY', KEYS[1], cost)
-if used == cost then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+
+function A.fixed_window.commit(key, s, now, cost)
+  if cost == 0 then return '' end
+  redis.call('HSET', key, 'w', s.start, 'n', s.n + cost)
+  if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
+  return ''
 end
-return used

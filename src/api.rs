@@ -13,9 +13,7 @@ use crate::proto::sluice::v1 as sluice;
 use crate::rules::Unit;
 use crate::store::{Store, StoreError};
 
-use rls::rate_limit_response::{
-    Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
-};
+use rls::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 pub struct EnvoyService<S> {
@@ -25,6 +23,8 @@ pub struct EnvoyService<S> {
 /// `sluice.v1.RateLimiter`.
 pub struct SluiceService<S> {
     limiter: Arc<Limiter<S>>,
+    /// `Reset` is refused unless set, and then needs `authorization: Bearer <token>`.
+    admin_token: Option<Arc<str>>,
 }
 
 impl<S> EnvoyService<S> {
@@ -34,8 +34,32 @@ impl<S> EnvoyService<S> {
 }
 
 impl<S> SluiceService<S> {
-    pub fn new(limiter: Arc<Limiter<S>>) -> Self {
-        SluiceService { limiter }
+    pub fn new(limiter: Arc<Limiter<S>>, admin_token: Option<Arc<str>>) -> Self {
+        SluiceService { limiter, admin_token }
+    }
+
+    /// Checks the admin token in the call's metadata, comparing in constant time.
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(token) = &self.admin_token else {
+            return Err(Status::permission_denied(
+                "Reset is disabled: the server has no admin token",
+            ));
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let same =
+            given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated(
+                "Reset needs the admin token as 'authorization: Bearer <token>'",
+            ))
+        }
     }
 }
 
@@ -68,13 +92,38 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let request = request.into_inner();
         let cost = request.cost.unwrap_or(1);
         let core = to_core(request.domain, request.descriptors, 0);
-        let reports = self
-            .limiter
-            .get_remaining(&core, cost)
-            .await
-            .map_err(to_status)?;
+        let reports = self.limiter.get_remaining(&core, cost).await.map_err(to_status)?;
         Ok(Response::new(sluice::GetRemainingResponse {
             descriptors: reports.into_iter().map(to_remaining).collect(),
+        }))
+    }
+
+    #[tracing::instrument(name = "sluice.Release", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn release(
+        &self,
+        request: Request<sluice::ReleaseRequest>,
+    ) -> Result<Response<sluice::ReleaseResponse>, Status> {
+        let request = request.into_inner();
+        let core = to_core(request.domain, request.descriptors, 0);
+        let released = self
+            .limiter
+            .release(&core, &request.lease_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(sluice::ReleaseResponse {
+            released: u32::try_from(released).unwrap_or(u32::MAX),
+        }))
+    }
+
+    #[tracing::instrument(name = "sluice.Reset", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn reset(&self, request: Request<sluice::ResetRequest>) -> Result<Response<sluice::ResetResponse>, Status> {
+        self.authorize(&request)?;
+        let request = request.into_inner();
+        let core = to_core(request.domain, request.descriptors, 0);
+        let deleted = self.limiter.reset(&core).await.map_err(to_status)?;
+        tracing::info!(domain = %core.domain, deleted, "reset");
+        Ok(Response::new(sluice::ResetResponse {
+            deleted: u32::try_from(deleted).unwrap_or(u32::MAX),
         }))
     }
 }
@@ -100,11 +149,7 @@ pub fn to_status(error: LimitError) -> Status {
 }
 
 /// Moves the request's strings into the core's types without copying them.
-pub fn to_core(
-    domain: String,
-    descriptors: Vec<RateLimitDescriptor>,
-    hits_addend: u32,
-) -> limiter::Request {
+pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> limiter::Request {
     limiter::Request {
         domain,
         hits_addend,
@@ -123,6 +168,7 @@ pub fn to_core(
 }
 
 pub fn to_response(decision: Decision) -> rls::RateLimitResponse {
+    let dynamic_metadata = dynamic_metadata(&decision);
     rls::RateLimitResponse {
         overall_code: code(decision.overall) as i32,
         statuses: decision
@@ -136,9 +182,62 @@ pub fn to_response(decision: Decision) -> rls::RateLimitResponse {
                 quota: None,
             })
             .collect(),
-        dynamic_metadata: merge_metadata(&decision.metadata),
+        dynamic_metadata,
         ..Default::default()
     }
+}
+
+/// The response's `dynamic_metadata`: the passing rules' `metadata` (when switched on), and under `sluice` what the
+/// caller needs to hand back or to find its work: `lease_id` for `Release`, and `queued` entries
+/// (`{descriptor, stream, entry_id}`) appended to `queue` limits.
+fn dynamic_metadata(decision: &Decision) -> Option<Struct> {
+    let mut merged = merge_metadata(&decision.metadata);
+    if decision.lease.is_none() && decision.queued.is_empty() {
+        return merged;
+    }
+    let text = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    };
+    let mut fields = std::collections::BTreeMap::new();
+    if let Some(lease) = &decision.lease {
+        fields.insert("lease_id".to_string(), text(lease));
+    }
+    if !decision.queued.is_empty() {
+        let entries = decision
+            .queued
+            .iter()
+            .map(|q| Value {
+                kind: Some(Kind::StructValue(Struct {
+                    fields: [
+                        (
+                            "descriptor".to_string(),
+                            Value {
+                                kind: Some(Kind::NumberValue(q.descriptor as f64)),
+                            },
+                        ),
+                        ("stream".to_string(), text(&q.stream)),
+                        ("entry_id".to_string(), text(&q.entry_id)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                })),
+            })
+            .collect();
+        fields.insert(
+            "queued".to_string(),
+            Value {
+                kind: Some(Kind::ListValue(ListValue { values: entries })),
+            },
+        );
+    }
+    let sluice = Value {
+        kind: Some(Kind::StructValue(Struct { fields })),
+    };
+    merged
+        .get_or_insert_with(Struct::default)
+        .fields
+        .insert("sluice".to_string(), sluice);
+    merged
 }
 
 fn code(code: Code) -> PbCode {
@@ -191,7 +290,13 @@ fn to_remaining(report: Report) -> sluice::DescriptorRemaining {
             unlimited: true,
             ..Default::default()
         },
-        Report::Limited { limit, state } => sluice::DescriptorRemaining {
+        Report::Limited {
+            limit,
+            remaining,
+            reset_after_us,
+            retry_after_us,
+            records,
+        } => sluice::DescriptorRemaining {
             matched: true,
             unlimited: false,
             limit: Some(sluice::Limit {
@@ -200,11 +305,13 @@ fn to_remaining(report: Report) -> sluice::DescriptorRemaining {
                 unit: unit(limit.limit.unit) as i32,
                 unit_multiplier: limit.limit.multiplier,
                 algorithm: limit.limit.algorithm.name().to_string(),
+                burst: limit.limit.capacity(),
             }),
-            remaining: state.remaining,
-            reset_after: Some(exact(state.reset_after_us)),
-            retry_after: state.retry_after_us.map(exact),
-            never: state.retry_after_us.is_none(),
+            remaining,
+            reset_after: Some(exact(reset_after_us)),
+            retry_after: retry_after_us.map(exact),
+            never: retry_after_us.is_none(),
+            records,
         },
     }
 }
@@ -216,8 +323,7 @@ fn merge_metadata(maps: &[Arc<serde_yaml_ng::Mapping>]) -> Option<Struct> {
     }
     let mut merged = Struct::default();
     for map in maps {
-        if let Kind::StructValue(s) = yaml_to_value(&serde_yaml_ng::Value::Mapping((**map).clone()))
-        {
+        if let Kind::StructValue(s) = yaml_to_value(&serde_yaml_ng::Value::Mapping((**map).clone())) {
             merged.fields.extend(s.fields);
         }
     }

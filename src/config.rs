@@ -28,6 +28,8 @@ pub struct RawDescriptor {
     pub key: String,
     pub value: Option<String>,
     pub rate_limit: Option<RawRateLimit>,
+    /// sluice extension: several limits on one node, all decided together (instead of `rate_limit`).
+    pub rate_limits: Option<Vec<RawRateLimit>>,
     #[serde(default)]
     pub descriptors: Vec<RawDescriptor>,
     #[serde(default)]
@@ -59,6 +61,20 @@ pub struct RawRateLimit {
     pub algorithm: Option<String>,
     /// sluice extension: the window is this many units long (1 by default).
     pub unit_multiplier: Option<u32>,
+    /// sluice extension: bucket capacity of `token_bucket` and `leaky_bucket`.
+    pub burst: Option<u32>,
+    /// sluice extension: keep the last values of a request entry that hit this limit.
+    pub record: Option<RawRecord>,
+}
+
+/// `record`: which request entry's value to keep, and how many of the latest.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRecord {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub size: u32,
 }
 
 /// One entry of `replaces`.
@@ -80,10 +96,7 @@ pub struct ConfigFile {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config '{}': cannot read: {source}", file.display())]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
+    Read { file: PathBuf, source: std::io::Error },
     #[error("config '{}': no *.yaml or *.yml files in the directory", dir.display())]
     NoFiles { dir: PathBuf },
     #[error("config '{}': {message}", file.display())]
@@ -233,9 +246,11 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_and_path() {
-        let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 4}\n")
-            .unwrap_err()
-            .to_string();
+        let e = parse_str(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 4}\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("t.yaml"), "{e}");
         assert!(e.contains("descriptors[0].rate_limit"), "{e}");
         assert!(e.contains("burst"), "{e}");
@@ -259,12 +274,11 @@ mod tests {
 
     #[test]
     fn negative_limit_is_a_type_error_with_path() {
-        let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("descriptors[0].rate_limit.requests_per_unit"),
-            "{e}"
-        );
+        let e = parse_str(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("descriptors[0].rate_limit.requests_per_unit"), "{e}");
     }
 }

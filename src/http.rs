@@ -23,10 +23,7 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
 
 async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         limiter.metrics().render(),
     )
 }

@@ -11,10 +11,13 @@
 //! - [`clock`]: injected time, read once per request.
 //! - [`metrics`], [`http`], [`telemetry`]: Prometheus counters, the HTTP endpoints, logs.
 //! - [`server`]: assembly, listeners and graceful shutdown.
+//! - [`bench`]: `sluice bench`, a load generator that drives either API over real gRPC connections and reports
+//!   throughput, checked answers and latency percentiles.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod http;

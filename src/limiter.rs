@@ -4,15 +4,17 @@
 //! Per request it reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
 //! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
-use crate::rules::{Algorithm, Domain, Limit, Rule, RuleSet, Unit};
-use crate::store::{CounterKey, Hit, Remaining, Store, StoreError};
+use crate::rules::{Algorithm, Domain, Limit, Rule, RuleSet, Tier, Unit};
+use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome, TierSpec};
 
 /// A rate limit request, as Envoy sends it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,6 +55,15 @@ pub struct AppliedLimit {
     pub name: Option<Arc<str>>,
 }
 
+impl From<&Tier> for AppliedLimit {
+    fn from(tier: &Tier) -> Self {
+        AppliedLimit {
+            limit: tier.limit,
+            name: tier.name.clone(),
+        }
+    }
+}
+
 /// The answer for one descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -88,6 +99,20 @@ pub struct Decision {
     pub statuses: Vec<Status>,
     /// The `metadata` of the rules whose descriptors passed, when response metadata is on.
     pub metadata: Vec<Arc<serde_yaml_ng::Mapping>>,
+    /// The lease this request holds in `concurrency` limits, to hand back with `Release`.
+    pub lease: Option<String>,
+    /// The entries this request appended to `queue` limits.
+    pub queued: Vec<Queued>,
+}
+
+/// An entry appended to a `queue` limit's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    /// The request descriptor's index.
+    pub descriptor: usize,
+    /// The stream's key, where workers read.
+    pub stream: String,
+    pub entry_id: String,
 }
 
 /// What GetRemaining reports for one descriptor.
@@ -96,8 +121,16 @@ pub enum Report {
     NoRule,
     Unlimited,
     Limited {
+        /// The most constrained limit.
         limit: AppliedLimit,
-        state: Remaining,
+        /// What is left of it now.
+        remaining: u64,
+        /// Time until it is full again, in microseconds.
+        reset_after_us: u64,
+        /// Time until a hit of the asked cost fits every limit; `None`: never.
+        retry_after_us: Option<u64>,
+        /// Recorded entry values, newest first (`record`).
+        records: Vec<String>,
     },
 }
 
@@ -146,10 +179,16 @@ enum Target<'a> {
     NoRule,
     Unlimited(&'a Rule),
     Limited {
-        limit: Limit,
+        tiers: Cow<'a, [Tier]>,
         rule: Option<&'a Rule>,
         shared: Vec<(usize, &'a str)>,
     },
+}
+
+impl Target<'_> {
+    fn has(&self, algorithm: Algorithm) -> bool {
+        matches!(self, Target::Limited { tiers, .. } if tiers.iter().any(|t| t.limit.algorithm == algorithm))
+    }
 }
 
 impl<S: Store> Limiter<S> {
@@ -187,7 +226,7 @@ impl<S: Store> Limiter<S> {
         self.rules.store(Arc::new(rules));
     }
 
-    /// Decides a request, counting each descriptor's hit against its limit.
+    /// Decides a request, counting each descriptor's hit against its limits.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimitError> {
         validate(request).inspect_err(|_| self.metrics.invalid_request("should_rate_limit"))?;
         let now_us = self.clock.now_us();
@@ -195,74 +234,90 @@ impl<S: Store> Limiter<S> {
         let domain = rules.domain(&request.domain);
         let stats = self.domain_stats(domain);
         let targets = resolve(domain, request);
+        let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
 
         let mut hits = Vec::with_capacity(targets.len());
         for (descriptor, target) in request.descriptors.iter().zip(&targets) {
-            if let Target::Limited { limit, shared, .. } = target {
-                let cost = cost(request, descriptor).min(u64::from(limit.requests) + 1);
-                hits.push(self.hit(&request.domain, descriptor, limit, shared, cost, now_us));
+            if let Target::Limited { tiers, rule, shared } = target {
+                let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
+                let cost = cost(request, descriptor).min(capacity + 1);
+                let mut hit = self.hit(request, descriptor, tiers, *rule, shared, cost);
+                hit.lease = lease.clone().unwrap_or_default();
+                hits.push(hit);
             }
         }
         let started = std::time::Instant::now();
         let outcomes = self.store.hit(now_us, &hits).await;
         self.record_store_call("hit", started, outcomes.as_ref().err());
         let outcomes = outcomes.inspect_err(|_| stats.should_unavailable.increment(1))?;
+        if outcomes.len() != hits.len() {
+            return Err(StoreError::Other("store returned the wrong number of outcomes".into()).into());
+        }
 
         let ratio = self.metrics.near_limit_ratio();
-        let mut outcomes = outcomes.into_iter().zip(&hits);
+        let mut outcomes = outcomes.iter().zip(&hits);
         let mut statuses = Vec::with_capacity(targets.len());
         let mut metadata = Vec::new();
+        let mut queued = Vec::new();
+        let mut leased = false;
         let (mut over, mut quota_total, mut quota_over) = (false, 0usize, 0usize);
-        for (descriptor, target) in request.descriptors.iter().zip(&targets) {
+        for (index, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             let status = match target {
                 Target::NoRule => Status::NO_RULE,
                 Target::Unlimited(_) => Status::UNLIMITED,
-                Target::Limited { limit, rule, .. } => {
+                Target::Limited { tiers, rule, .. } => {
                     let Some((outcome, hit)) = outcomes.next() else {
-                        return Err(
-                            StoreError::Other("store returned too few outcomes".into()).into()
-                        );
+                        return Err(StoreError::Other("store returned too few outcomes".into()).into());
                     };
+                    let (i, tier) = constraining(outcome);
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
-                    let quota = rule.is_some_and(|r| r.quota_mode);
                     if hit.cost > 0 {
                         self.rule_stats(domain, *rule, descriptor).record(
                             hit.cost,
-                            limit.requests,
-                            outcome.used,
-                            outcome.allowed,
+                            tiers[i].limit.capacity(),
+                            tier.used,
+                            outcome.admitted,
                             shadow,
                             ratio,
                         );
                     }
-                    let code = match (outcome.allowed, shadow) {
-                        (true, _) | (false, true) => Code::Ok,
-                        (false, false) => Code::OverLimit,
+                    for (spec, t) in hit.tiers.iter().zip(&outcome.tiers) {
+                        match (spec.algorithm, &t.id) {
+                            (Algorithm::Queue, Some(id)) => queued.push(Queued {
+                                descriptor: index,
+                                stream: spec.key.as_str().to_string(),
+                                entry_id: id.clone(),
+                            }),
+                            (Algorithm::Concurrency, Some(_)) => leased = true,
+                            _ => {}
+                        }
+                    }
+                    let code = if outcome.admitted || shadow {
+                        Code::Ok
+                    } else {
+                        Code::OverLimit
                     };
-                    if quota {
+                    if rule.is_some_and(|r| r.quota_mode) {
+                        // A quota status reports OVER_LIMIT but decides the request only together with the others.
                         quota_total += 1;
                         quota_over += usize::from(code == Code::OverLimit);
-                        // A quota status reports OVER_LIMIT but decides the request only together with the others.
                     } else {
                         over |= code == Code::OverLimit;
                     }
                     Status {
                         code,
-                        limit: Some(AppliedLimit {
-                            limit: *limit,
-                            name: rule.and_then(|r| r.name.clone()),
-                        }),
-                        remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
-                        reset_after_us: Some(outcome.reset_after_us),
+                        limit: Some(AppliedLimit::from(&tiers[i])),
+                        remaining: if outcome.admitted {
+                            u32::try_from(tier.remaining).unwrap_or(u32::MAX)
+                        } else {
+                            0
+                        },
+                        reset_after_us: Some(tier.reset_after_us),
                     }
                 }
             };
             if self.settings.response_metadata && status.code == Code::Ok {
-                if let Target::Limited {
-                    rule: Some(rule), ..
-                }
-                | Target::Unlimited(rule) = target
-                {
+                if let Target::Limited { rule: Some(rule), .. } | Target::Unlimited(rule) = target {
                     metadata.extend(rule.metadata.clone());
                 }
             }
@@ -280,15 +335,14 @@ impl<S: Store> Limiter<S> {
             overall,
             statuses,
             metadata,
+            lease: lease.filter(|_| leased),
+            queued,
         })
     }
 
-    /// Reports each descriptor's limit and what is left of it, and when a hit of `cost` would pass. Read-only.
-    pub async fn get_remaining(
-        &self,
-        request: &Request,
-        cost: u64,
-    ) -> Result<Vec<Report>, LimitError> {
+    /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
+    /// every limit. Read-only.
+    pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {
         validate(request).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
@@ -300,16 +354,17 @@ impl<S: Store> Limiter<S> {
             .iter()
             .zip(&targets)
             .filter_map(|(descriptor, target)| match target {
-                Target::Limited { limit, shared, .. } => {
-                    Some(self.hit(&request.domain, descriptor, limit, shared, cost, now_us))
+                Target::Limited { tiers, rule, shared } => {
+                    let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
+                    Some(self.hit(request, descriptor, tiers, *rule, shared, cost.min(capacity + 1)))
                 }
                 _ => None,
             })
             .collect();
         let started = std::time::Instant::now();
-        let states = self.store.peek(now_us, &hits).await;
-        self.record_store_call("peek", started, states.as_ref().err());
-        let mut states = states
+        let outcomes = self.store.peek(now_us, &hits).await;
+        self.record_store_call("peek", started, outcomes.as_ref().err());
+        let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?
             .into_iter();
         stats.remaining_ok.increment(1);
@@ -319,31 +374,75 @@ impl<S: Store> Limiter<S> {
                 Ok(match target {
                     Target::NoRule => Report::NoRule,
                     Target::Unlimited(_) => Report::Unlimited,
-                    Target::Limited { limit, rule, .. } => Report::Limited {
-                        limit: AppliedLimit {
-                            limit,
-                            name: rule.and_then(|r| r.name.clone()),
-                        },
-                        state: states.next().ok_or_else(|| {
-                            LimitError::Store(StoreError::Other(
-                                "store returned too few states".into(),
-                            ))
-                        })?,
-                    },
+                    Target::Limited { tiers, .. } => {
+                        let outcome = outcomes.next().ok_or_else(|| {
+                            LimitError::Store(StoreError::Other("store returned too few states".into()))
+                        })?;
+                        let (i, tier) = outcome
+                            .tiers
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, t)| (t.remaining, std::cmp::Reverse(t.reset_after_us)))
+                            .ok_or_else(|| LimitError::Store(StoreError::Other("no tier state".into())))?;
+                        let never = outcome.tiers.iter().any(|t| t.retry_after_us.is_none());
+                        Report::Limited {
+                            limit: AppliedLimit::from(&tiers[i]),
+                            remaining: tier.remaining,
+                            reset_after_us: tier.reset_after_us,
+                            retry_after_us: if never {
+                                None
+                            } else {
+                                outcome.tiers.iter().filter_map(|t| t.retry_after_us).max()
+                            },
+                            records: outcome.records,
+                        }
+                    }
                 })
             })
             .collect()
     }
 
-    fn hit(
-        &self,
-        domain: &str,
-        descriptor: &Descriptor,
-        limit: &Limit,
-        shared: &[(usize, &str)],
-        cost: u64,
-        now_us: u64,
-    ) -> Hit {
+    /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.
+    pub async fn release(&self, request: &Request, lease: &str) -> Result<u64, LimitError> {
+        validate(request).inspect_err(|_| self.metrics.invalid_request("release"))?;
+        if lease.is_empty() {
+            self.metrics.invalid_request("release");
+            return Err(LimitError::InvalidArgument("lease_id is empty".into()));
+        }
+        let keys = self.keys(request, |t| t.limit.algorithm == Algorithm::Concurrency, false);
+        Ok(self.store.release(&keys, lease).await?)
+    }
+
+    /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to.
+    pub async fn reset(&self, request: &Request) -> Result<u64, LimitError> {
+        validate(request).inspect_err(|_| self.metrics.invalid_request("reset"))?;
+        let keys = self.keys(request, |_| true, true);
+        Ok(self.store.reset(&keys).await?)
+    }
+
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`.
+    fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
+        let rules = self.rules.load();
+        let targets = resolve(rules.domain(&request.domain), request);
+        let mut keys = Vec::new();
+        for (descriptor, target) in request.descriptors.iter().zip(&targets) {
+            if let Target::Limited { tiers, rule, shared } = target {
+                let id = self.identity(&request.domain, descriptor, shared);
+                keys.extend(
+                    tiers
+                        .iter()
+                        .filter(|t| select(t))
+                        .map(|t| id.tier(t.limit.algorithm, t.limit.window_us())),
+                );
+                if records && rule.is_some_and(|r| r.record.is_some()) {
+                    keys.push(id.records());
+                }
+            }
+        }
+        keys
+    }
+
+    fn identity(&self, domain: &str, descriptor: &Descriptor, shared: &[(usize, &str)]) -> crate::store::Identity {
         let mut key = CounterKey::builder(&self.settings.key_prefix, domain);
         for (depth, (k, v)) in descriptor.entries.iter().enumerate() {
             let value = shared
@@ -352,11 +451,47 @@ impl<S: Store> Limiter<S> {
                 .map_or(v.as_str(), |(_, pattern)| pattern);
             key = key.entry(k, value);
         }
+        key.finish()
+    }
+
+    fn hit(
+        &self,
+        request: &Request,
+        descriptor: &Descriptor,
+        tiers: &[Tier],
+        rule: Option<&Rule>,
+        shared: &[(usize, &str)],
+        cost: u64,
+    ) -> Hit {
+        let id = self.identity(&request.domain, descriptor, shared);
+        let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
+        let record = rule.and_then(|r| r.record.as_ref()).and_then(|record| {
+            // The recorded entry may sit in this descriptor or in another one of the same request.
+            let value = std::iter::once(descriptor)
+                .chain(&request.descriptors)
+                .flat_map(|d| &d.entries)
+                .find(|(k, _)| **k == *record.key)?;
+            Some(RecordSpec {
+                key: id.records(),
+                size: record.size,
+                value: value.1.clone(),
+            })
+        });
         Hit {
-            key: key.window(limit.algorithm.name(), limit.window_us(), now_us),
-            limit: u64::from(limit.requests),
-            window_us: limit.window_us(),
+            tiers: tiers
+                .iter()
+                .map(|t| TierSpec {
+                    key: id.tier(t.limit.algorithm, t.limit.window_us()),
+                    algorithm: t.limit.algorithm,
+                    limit: u64::from(t.limit.requests),
+                    window_us: t.limit.window_us(),
+                    burst: u64::from(t.limit.burst),
+                })
+                .collect(),
             cost,
+            lease: String::new(),
+            fields: if queue { descriptor.entries.clone() } else { Vec::new() },
+            record,
         }
     }
 
@@ -371,15 +506,13 @@ impl<S: Store> Limiter<S> {
         domain: Option<&'a Domain>,
         rule: Option<&'a Rule>,
         descriptor: &Descriptor,
-    ) -> std::borrow::Cow<'a, RuleStats> {
+    ) -> Cow<'a, RuleStats> {
         let Some(domain) = domain else {
-            return std::borrow::Cow::Owned(
-                self.metrics.rule_stats(crate::metrics::UNKNOWN_DOMAIN, ""),
-            );
+            return Cow::Owned(self.metrics.rule_stats(crate::metrics::UNKNOWN_DOMAIN, ""));
         };
         match rule {
-            Some(rule) if !rule.dynamic_label => std::borrow::Cow::Borrowed(&rule.stats),
-            Some(_) => std::borrow::Cow::Owned(
+            Some(rule) if !rule.dynamic_label => Cow::Borrowed(&rule.stats),
+            Some(_) => Cow::Owned(
                 self.metrics
                     .rule_stats(&domain.name, &domain.detailed_label(&descriptor.entries)),
             ),
@@ -389,19 +522,13 @@ impl<S: Store> Limiter<S> {
                     label.push('.');
                     label.push_str(k);
                 }
-                std::borrow::Cow::Owned(self.metrics.rule_stats(&domain.name, &label))
+                Cow::Owned(self.metrics.rule_stats(&domain.name, &label))
             }
         }
     }
 
-    fn record_store_call(
-        &self,
-        op: &'static str,
-        started: std::time::Instant,
-        error: Option<&StoreError>,
-    ) {
-        self.metrics
-            .store_call(self.store.name(), op, started.elapsed());
+    fn record_store_call(&self, op: &'static str, started: std::time::Instant, error: Option<&StoreError>) {
+        self.metrics.store_call(self.store.name(), op, started.elapsed());
         if let Some(e) = error {
             self.metrics.store_error(self.store.name(), e.kind());
             tracing::warn!(store = self.store.name(), op, error = %e, "store call failed");
@@ -409,11 +536,37 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+/// The tier that decides a descriptor's status: when admitted, the one with the least left (then the longest
+/// reset); when denied, the one that frees up last.
+fn constraining(outcome: &Outcome) -> (usize, &TierOutcome) {
+    let tiers = outcome.tiers.iter().enumerate();
+    let chosen = if outcome.admitted {
+        tiers.min_by_key(|(_, t)| (t.remaining, std::cmp::Reverse(t.reset_after_us)))
+    } else {
+        tiers
+            .filter(|(_, t)| !t.ok)
+            .max_by_key(|(_, t)| t.retry_after_us.unwrap_or(u64::MAX))
+    };
+    chosen.unwrap_or((0, &outcome.tiers[0]))
+}
+
+/// A lease id unique across processes and time: 128 bits from the process's random hasher keys, a counter and the
+/// clock. Not a secret: releasing needs the descriptors too.
+fn new_lease() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static STATE: RandomState = RandomState::new());
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let (a, b) = STATE.with(|s| (s.hash_one((seq, nanos, 1u8)), s.hash_one((seq, nanos, 2u8))));
+    format!("{a:016x}{b:016x}")
+}
+
 /// The cost of a descriptor's hit: its own `hits_addend` if present (0 = check only), else the request's, 0 = 1.
 fn cost(request: &Request, descriptor: &Descriptor) -> u64 {
-    descriptor
-        .hits_addend
-        .unwrap_or(u64::from(request.hits_addend.max(1)))
+    descriptor.hits_addend.unwrap_or(u64::from(request.hits_addend.max(1)))
 }
 
 /// Rejects what Envoy's protocol forbids, naming the offending field.
@@ -457,12 +610,10 @@ fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<'a>>
             if let Some(o) = d.limit_override {
                 let unit = Unit::from_override(o.unit).unwrap_or(Unit::Second);
                 return Target::Limited {
-                    limit: Limit {
-                        requests: o.requests_per_unit,
-                        unit,
-                        multiplier: 1,
-                        algorithm: Algorithm::FixedWindow,
-                    },
+                    tiers: Cow::Owned(vec![Tier {
+                        limit: Limit::fixed(o.requests_per_unit, unit),
+                        name: None,
+                    }]),
                     rule: None,
                     shared: Vec::new(),
                 };
@@ -475,24 +626,23 @@ fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<'a>>
                     .get_or_insert_with(HashSet::new)
                     .extend(m.rule.replaces.iter().map(|n| &**n));
             }
-            match m.rule.limit {
-                None => Target::Unlimited(m.rule),
-                Some(limit) => Target::Limited {
-                    limit,
+            if m.rule.tiers.is_empty() {
+                Target::Unlimited(m.rule)
+            } else {
+                Target::Limited {
+                    tiers: Cow::Borrowed(&m.rule.tiers),
                     rule: Some(m.rule),
                     shared: m.shared,
-                },
+                }
             }
         })
         .collect();
     if let Some(replaced) = replaced {
         for target in &mut targets {
-            let name = match target {
-                Target::Limited { rule: Some(r), .. } | Target::Unlimited(r) => r.name.as_deref(),
-                _ => None,
-            };
-            if name.is_some_and(|n| replaced.contains(n)) {
-                *target = Target::NoRule;
+            if let Target::Limited { rule: Some(r), .. } | Target::Unlimited(r) = target {
+                if r.is_replaced(&replaced) {
+                    *target = Target::NoRule;
+                }
             }
         }
     }

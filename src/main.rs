@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use sluice::limiter::LimiterSettings;
 use sluice::metrics::Metrics;
 use sluice::rules::RuleSet;
-use sluice::server::{self, Settings};
+use sluice::server::{self, ServeOptions, Settings};
 use sluice::store::redis::RedisSettings;
 use sluice::telemetry::{self, LogFormat};
 
@@ -31,6 +31,8 @@ enum Command {
         #[arg(long, env = "SLUICE_CONFIG")]
         config: PathBuf,
     },
+    /// Run a load against a sluice server and report throughput and latency.
+    Bench(sluice::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -68,6 +70,9 @@ struct ServeArgs {
     /// Seconds in-flight calls may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SLUICE_GRACE_PERIOD_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     grace_period_secs: u64,
+    /// Enables the Reset RPC for callers presenting this token (`authorization: Bearer <token>`).
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Log line format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -88,12 +93,12 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check { config } => check(&config),
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => sluice::bench::main(args),
     }
 }
 
 fn check(config: &std::path::Path) -> ExitCode {
-    let compiled =
-        sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::new(0.8)));
+    let compiled = sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::new(0.8)));
     match compiled {
         Ok(rules) => {
             print!("{}", rules.summary());
@@ -116,6 +121,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             url,
             timeout: Duration::from_millis(args.redis_timeout_ms),
             pool_size: args.redis_pool_size as usize,
+            server_time: true,
         }),
         limiter: LimiterSettings {
             key_prefix: args.key_prefix,
@@ -123,7 +129,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             response_metadata: args.response_metadata,
         },
         near_limit_ratio: args.near_limit_ratio,
-        grace_period: Duration::from_secs(args.grace_period_secs),
+        serve: ServeOptions {
+            grace_period: Duration::from_secs(args.grace_period_secs),
+            admin_token: args.admin_token.filter(|t| !t.is_empty()),
+        },
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

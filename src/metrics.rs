@@ -193,15 +193,7 @@ fn domain_stats(recorder: &PrometheusRecorder, domain: &str) -> DomainStats {
 
 impl RuleStats {
     /// Records one decided hit of `cost` against a rule of `limit` whose count is now `used`.
-    pub fn record(
-        &self,
-        cost: u64,
-        limit: u32,
-        used: u64,
-        allowed: bool,
-        shadow: bool,
-        ratio: f64,
-    ) {
+    pub fn record(&self, cost: u64, limit: u32, used: u64, allowed: bool, shadow: bool, ratio: f64) {
         self.hits.increment(cost);
         if allowed {
             self.within_limit.increment(cost);

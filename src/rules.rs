@@ -81,53 +81,126 @@ impl Unit {
     }
 }
 
-/// How a limit counts hits.
+/// How a limit counts hits. Each has one Lua script in `lua/` and the same logic in the in-memory store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Epoch-aligned fixed windows, the reference's only algorithm.
     FixedWindow,
+    /// The two-window weighted counter.
+    SlidingWindow,
+    /// Exactly at most N in any interval of the window's length.
+    SlidingLog,
+    /// Continuous refill at `requests_per_unit` per window into a bucket of `burst`.
+    TokenBucket,
+    /// The token bucket with a default burst of 1: evenly spaced hits.
+    LeakyBucket,
+    /// At most N in flight; a lease per admitted hit, released or expiring after the window.
+    Concurrency,
+    /// At most N waiting entries in a Redis Stream that workers drain.
+    Queue,
 }
 
 impl Algorithm {
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+        Algorithm::Queue,
+    ];
+
     pub fn from_name(name: &str) -> Option<Algorithm> {
-        match name {
-            "fixed_window" => Some(Algorithm::FixedWindow),
-            _ => None,
-        }
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+            Algorithm::Queue => "queue",
         }
+    }
+
+    fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
     }
 }
 
-/// A finite limit: at most `requests` hits per window of `multiplier` units.
+/// The most hits a `sliding_log` limit may allow per window: each admitted hit is one sorted-set member.
+pub const MAX_LOG_LIMIT: u32 = 10_000;
+
+/// The most values `record` may keep per counter.
+pub const MAX_RECORDS: u32 = 1_000;
+
+/// A finite limit: at most `requests` hits per window of `multiplier` units, counted by `algorithm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     pub requests: u32,
     pub unit: Unit,
     pub multiplier: u32,
     pub algorithm: Algorithm,
+    /// Bucket capacity (`token_bucket`, `leaky_bucket`); equals `requests` for the other algorithms.
+    pub burst: u32,
 }
 
 impl Limit {
+    /// A fixed-window limit, as the reference and Envoy's overrides know them.
+    pub fn fixed(requests: u32, unit: Unit) -> Limit {
+        Limit {
+            requests,
+            unit,
+            multiplier: 1,
+            algorithm: Algorithm::FixedWindow,
+            burst: requests,
+        }
+    }
+
     /// The window length in microseconds.
     pub fn window_us(&self) -> u64 {
         self.unit.seconds() * u64::from(self.multiplier) * 1_000_000
     }
+
+    /// The most hits that can ever pass at once: the bucket for buckets, the limit otherwise.
+    pub fn capacity(&self) -> u32 {
+        if self.algorithm.is_bucket() {
+            self.burst
+        } else {
+            self.requests
+        }
+    }
 }
 
-/// The `rate_limit` of one node of the tree.
+/// One limit of a rule, with its own name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub limit: Limit,
+    pub name: Option<Arc<str>>,
+}
+
+/// `record`: keep the last `size` values of the request entry `key` that hit a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Arc<str>,
+    pub size: u32,
+}
+
+/// The `rate_limit` (or `rate_limits`) of one node of the tree.
 #[derive(Debug)]
 pub struct Rule {
-    /// `None` for `unlimited: true`.
-    pub limit: Option<Limit>,
+    /// The limits, all decided together; empty for `unlimited: true`.
+    pub tiers: Box<[Tier]>,
+    /// The rule's name (its first named limit), reported and matched by `replaces`.
     pub name: Option<Arc<str>>,
     pub replaces: Box<[Arc<str>]>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
+    pub record: Option<Record>,
     /// The rule's own metric label, e.g. `edge.path_/login.user` (no request values).
     pub path: Arc<str>,
     /// The metric label must be built from the request (`detailed_metric` or `value_to_metric` on the way).
@@ -135,6 +208,16 @@ pub struct Rule {
     pub detailed_metric: bool,
     pub metadata: Option<Arc<serde_yaml_ng::Mapping>>,
     pub stats: RuleStats,
+}
+
+impl Rule {
+    /// Whether any of the rule's names is in `replaced`.
+    pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
+        self.name
+            .iter()
+            .chain(self.tiers.iter().filter_map(|t| t.name.as_ref()))
+            .any(|n| replaced.contains(&**n))
+    }
 }
 
 /// A node of a domain's tree: an optional rule and the next level.
@@ -210,10 +293,7 @@ pub struct Match<'a> {
 impl Domain {
     /// Finds the rule for a descriptor's entries, one entry per level: exact value, then wildcards in config order,
     /// then the key alone. The rule is the one on the node the last entry lands on; no backtracking.
-    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(
-        &'a self,
-        entries: &[(K, V)],
-    ) -> Option<Match<'a>> {
+    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
         let mut node = &self.root;
         let mut shared = Vec::new();
         for (depth, (key, value)) in entries.iter().enumerate() {
@@ -234,11 +314,7 @@ impl Domain {
         let mut label = String::from(&*self.name);
         let mut node = &self.root;
         for (key, value) in entries {
-            let Some(next) = node
-                .children
-                .get(key.as_ref())
-                .and_then(|b| b.find(value.as_ref()))
-            else {
+            let Some(next) = node.children.get(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
                 break;
             };
             node = next;
@@ -283,21 +359,13 @@ impl RuleSet {
         for file in files {
             let raw = &file.domain;
             if raw.domain.is_empty() {
-                return Err(ConfigError::invalid(
-                    &file.path,
-                    "domain",
-                    "domain is empty",
-                ));
+                return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
             }
             if let Some(first) = origin.insert(raw.domain.clone(), &file.path) {
                 return Err(ConfigError::invalid(
                     &file.path,
                     "domain",
-                    format!(
-                        "domain '{}' is also defined in '{}'",
-                        raw.domain,
-                        first.display()
-                    ),
+                    format!("domain '{}' is also defined in '{}'", raw.domain, first.display()),
                 ));
             }
             let mut compiler = Compiler {
@@ -310,13 +378,7 @@ impl RuleSet {
                 segment: Arc::from(raw.domain.as_str()),
                 ..Node::default()
             };
-            compiler.level(
-                &mut root,
-                &raw.descriptors,
-                "descriptors",
-                &raw.domain,
-                false,
-            )?;
+            compiler.level(&mut root, &raw.descriptors, "descriptors", &raw.domain, false)?;
             rules += compiler.rules;
             domains.insert(
                 raw.domain.as_str().into(),
@@ -382,23 +444,11 @@ impl Domain {
 }
 
 fn describe(rule: &Rule) -> String {
-    let mut s = match &rule.limit {
-        None => "unlimited".to_string(),
-        Some(l) if l.multiplier == 1 => {
-            format!(
-                "{} per {} ({})",
-                l.requests,
-                l.unit.name(),
-                l.algorithm.name()
-            )
-        }
-        Some(l) => format!(
-            "{} per {} {}s ({})",
-            l.requests,
-            l.multiplier,
-            l.unit.name(),
-            l.algorithm.name()
-        ),
+    let mut s = if rule.tiers.is_empty() {
+        "unlimited".to_string()
+    } else {
+        let tiers: Vec<String> = rule.tiers.iter().map(describe_tier).collect();
+        tiers.join(" and ")
     };
     if let Some(name) = &rule.name {
         s.push_str(&format!(", name {name}"));
@@ -409,6 +459,24 @@ fn describe(rule: &Rule) -> String {
     if rule.quota_mode {
         s.push_str(", quota mode");
     }
+    if let Some(r) = &rule.record {
+        s.push_str(&format!(", records last {} '{}'", r.size, r.key));
+    }
+    s
+}
+
+fn describe_tier(tier: &Tier) -> String {
+    let l = &tier.limit;
+    let per = if l.multiplier == 1 {
+        l.unit.name().to_string()
+    } else {
+        format!("{} {}s", l.multiplier, l.unit.name())
+    };
+    let mut s = format!("{} per {per} ({}", l.requests, l.algorithm.name());
+    if l.algorithm.is_bucket() {
+        s.push_str(&format!(", burst {}", l.burst));
+    }
+    s.push(')');
     s
 }
 
@@ -456,25 +524,12 @@ impl Compiler<'_> {
                 shared_value: wildcard.filter(|_| raw.share_threshold).map(Arc::from),
                 ..Node::default()
             };
-            if let Some(rl) = &raw.rate_limit {
-                node.rule = Some(self.rule(raw, rl, &here, &node_label, dynamic)?);
-                self.rules += 1;
-            }
+            node.rule = self.rule(raw, &here, &node_label, dynamic)?;
+            self.rules += usize::from(node.rule.is_some());
             let child_path = format!("{here}.descriptors");
-            self.level(
-                &mut node,
-                &raw.descriptors,
-                &child_path,
-                &node_label,
-                dynamic,
-            )?;
+            self.level(&mut node, &raw.descriptors, &child_path, &node_label, dynamic)?;
 
-            let duplicate = || {
-                self.err(
-                    &here,
-                    format!("duplicate descriptor '{node_label}' at this level"),
-                )
-            };
+            let duplicate = || self.err(&here, format!("duplicate descriptor '{node_label}' at this level"));
             let branches = parent.children.entry(raw.key.as_str().into()).or_default();
             match raw.value.as_deref() {
                 None | Some("") => {
@@ -484,11 +539,7 @@ impl Compiler<'_> {
                     branches.any = Some(Box::new(node));
                 }
                 Some(v) if v.contains('*') => {
-                    if branches
-                        .wildcards
-                        .iter()
-                        .any(|(_, n)| n.segment == node.segment)
-                    {
+                    if branches.wildcards.iter().any(|(_, n)| n.segment == node.segment) {
                         return Err(duplicate());
                     }
                     branches.wildcards.push((Pattern::new(v), node));
@@ -504,93 +555,199 @@ impl Compiler<'_> {
         Ok(())
     }
 
-    fn rule(
-        &self,
-        raw: &RawDescriptor,
-        rl: &RawRateLimit,
-        here: &str,
-        label: &str,
-        dynamic: bool,
-    ) -> Result<Rule, ConfigError> {
-        let at = |field: &str| format!("{here}.rate_limit.{field}");
-        let limit = if rl.unlimited {
-            if let Some(unit) = &rl.unit {
-                if Unit::from_name(unit).is_some() {
-                    return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
-                }
-            }
-            if rl.algorithm.is_some() || rl.unit_multiplier.is_some() {
-                let field = if rl.algorithm.is_some() {
-                    "algorithm"
-                } else {
-                    "unit_multiplier"
-                };
-                return Err(self.err(&at(field), "does not apply to an unlimited rule"));
-            }
-            None
-        } else {
-            let unit = match rl.unit.as_deref() {
-                None => return Err(self.err(&at("unit"), "unit is missing (or set unlimited: true)")),
-                Some(u) => Unit::from_name(u).ok_or_else(|| {
-                    self.err(
-                        &at("unit"),
-                        format!("unknown unit '{u}' (expected second, minute, hour, day, week, month or year)"),
-                    )
-                })?,
-            };
-            let algorithm = match rl.algorithm.as_deref() {
-                None => Algorithm::FixedWindow,
-                Some(a) => Algorithm::from_name(a).ok_or_else(|| {
-                    self.err(
-                        &at("algorithm"),
-                        format!("unknown algorithm '{a}' (expected fixed_window)"),
-                    )
-                })?,
-            };
-            let multiplier = rl.unit_multiplier.unwrap_or(1);
-            if multiplier == 0 {
-                return Err(self.err(&at("unit_multiplier"), "must be at least 1"));
-            }
-            if unit.seconds() * u64::from(multiplier) > MAX_WINDOW_SECONDS {
+    fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
+        let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
                 return Err(self.err(
-                    &at("unit_multiplier"),
-                    format!(
-                        "a window of {multiplier} {}s is longer than 100 years",
-                        unit.name()
-                    ),
+                    &format!("{here}.rate_limits"),
+                    "use either rate_limit or rate_limits, not both",
                 ));
             }
-            Some(Limit {
-                requests: rl.requests_per_unit,
-                unit,
-                multiplier,
-                algorithm,
-            })
+            (Some(one), None) => (vec![one], format!("{here}.rate_limit")),
+            (None, Some(list)) => {
+                if list.is_empty() {
+                    return Err(self.err(&format!("{here}.rate_limits"), "the list of limits is empty"));
+                }
+                (list.iter().collect(), format!("{here}.rate_limits"))
+            }
         };
-        let name = rl.name.as_deref().filter(|n| !n.is_empty()).map(Arc::from);
-        let mut replaces = Vec::with_capacity(rl.replaces.len());
-        for (j, r) in rl.replaces.iter().enumerate() {
-            let at = format!("{here}.rate_limit.replaces[{j}].name");
-            if r.name.is_empty() {
-                return Err(self.err(&at, "replaces entry is empty"));
+        let several = raw.rate_limits.is_some();
+        let mut tiers = Vec::with_capacity(raws.len());
+        let mut replaces = Vec::new();
+        let mut record = None;
+        let mut unlimited = false;
+        for (i, rl) in raws.iter().enumerate() {
+            let at = if several { format!("{base}[{i}]") } else { base.clone() };
+            let tier = self.tier(rl, &at)?;
+            for (j, r) in rl.replaces.iter().enumerate() {
+                let at = format!("{at}.replaces[{j}].name");
+                if r.name.is_empty() {
+                    return Err(self.err(&at, "replaces entry is empty"));
+                }
+                if rl.name.as_deref() == Some(r.name.as_str()) {
+                    return Err(self.err(&at, format!("a rule cannot replace itself ('{}')", r.name)));
+                }
+                replaces.push(Arc::from(r.name.as_str()));
             }
-            if rl.name.as_deref() == Some(r.name.as_str()) {
-                return Err(self.err(&at, format!("a rule cannot replace itself ('{}')", r.name)));
+            if let Some(r) = &rl.record {
+                if record.is_some() {
+                    return Err(self.err(&format!("{at}.record"), "only one limit of a rule may keep records"));
+                }
+                if r.key.is_empty() {
+                    return Err(self.err(&format!("{at}.record.key"), "the entry key to record is empty"));
+                }
+                if r.size == 0 || r.size > MAX_RECORDS {
+                    return Err(self.err(
+                        &format!("{at}.record.size"),
+                        format!("must be between 1 and {MAX_RECORDS}"),
+                    ));
+                }
+                record = Some(Record {
+                    key: Arc::from(r.key.as_str()),
+                    size: r.size,
+                });
             }
-            replaces.push(Arc::from(r.name.as_str()));
+            match tier {
+                None if several => {
+                    return Err(self.err(
+                        &format!("{at}.unlimited"),
+                        "an unlimited limit cannot be combined with others",
+                    ));
+                }
+                None => unlimited = true,
+                Some(t) => {
+                    if let Some(other) = tiers.iter().position(|o: &Tier| {
+                        o.limit.algorithm == t.limit.algorithm && o.limit.window_us() == t.limit.window_us()
+                    }) {
+                        return Err(self.err(
+                            &at,
+                            format!("same algorithm and window as {base}[{other}]; merge them into one limit"),
+                        ));
+                    }
+                    tiers.push(t);
+                }
+            }
         }
-        Ok(Rule {
-            limit,
+        let name = if unlimited {
+            raws[0].name.as_deref().filter(|n| !n.is_empty()).map(Arc::from)
+        } else {
+            tiers.iter().find_map(|t| t.name.clone())
+        };
+        Ok(Some(Rule {
+            tiers: tiers.into(),
             name,
             replaces: replaces.into(),
             shadow_mode: raw.shadow_mode,
             quota_mode: raw.quota_mode,
+            record,
             path: Arc::from(label),
             dynamic_label: dynamic || raw.detailed_metric,
             detailed_metric: raw.detailed_metric,
             metadata: raw.metadata.clone().map(Arc::new),
             stats: self.metrics.rule_stats(self.domain, label),
-        })
+        }))
+    }
+
+    /// One limit; `None` for `unlimited: true`.
+    fn tier(&self, rl: &RawRateLimit, base: &str) -> Result<Option<Tier>, ConfigError> {
+        let at = |field: &str| format!("{base}.{field}");
+        let name = rl.name.as_deref().filter(|n| !n.is_empty()).map(Arc::from);
+        if rl.unlimited {
+            if let Some(unit) = &rl.unit {
+                if Unit::from_name(unit).is_some() {
+                    return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
+                }
+            }
+            for (field, set) in [
+                ("algorithm", rl.algorithm.is_some()),
+                ("unit_multiplier", rl.unit_multiplier.is_some()),
+                ("burst", rl.burst.is_some()),
+                ("record", rl.record.is_some()),
+            ] {
+                if set {
+                    return Err(self.err(&at(field), "does not apply to an unlimited rule"));
+                }
+            }
+            return Ok(None);
+        }
+        let unit = match rl.unit.as_deref() {
+            None => return Err(self.err(&at("unit"), "unit is missing (or set unlimited: true)")),
+            Some(u) => Unit::from_name(u).ok_or_else(|| {
+                self.err(
+                    &at("unit"),
+                    format!("unknown unit '{u}' (expected second, minute, hour, day, week, month or year)"),
+                )
+            })?,
+        };
+        let algorithm = match rl.algorithm.as_deref() {
+            None => Algorithm::FixedWindow,
+            Some(a) => Algorithm::from_name(a).ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                self.err(
+                    &at("algorithm"),
+                    format!("unknown algorithm '{a}' (expected {})", names.join(", ")),
+                )
+            })?,
+        };
+        let multiplier = rl.unit_multiplier.unwrap_or(1);
+        if multiplier == 0 {
+            return Err(self.err(&at("unit_multiplier"), "must be at least 1"));
+        }
+        let window_s = unit.seconds() * u64::from(multiplier);
+        if window_s > MAX_WINDOW_SECONDS {
+            return Err(self.err(
+                &at("unit_multiplier"),
+                format!("a window of {multiplier} {}s is longer than 100 years", unit.name()),
+            ));
+        }
+        let requests = rl.requests_per_unit;
+        let burst = match (algorithm, rl.burst) {
+            (Algorithm::TokenBucket, None) => requests,
+            (Algorithm::LeakyBucket, None) => 1,
+            (a, Some(_)) if !a.is_bucket() => {
+                return Err(self.err(
+                    &at("burst"),
+                    format!("burst applies to token_bucket and leaky_bucket, not {}", a.name()),
+                ));
+            }
+            (_, Some(b)) => b,
+            (_, None) => requests,
+        };
+        if algorithm.is_bucket() {
+            if requests == 0 {
+                return Err(self.err(
+                    &at("requests_per_unit"),
+                    format!("must be at least 1 for {} (the refill rate)", algorithm.name()),
+                ));
+            }
+            if burst == 0 {
+                return Err(self.err(&at("burst"), "must be at least 1"));
+            }
+            let interval = (window_s * 1_000_000).div_ceil(u64::from(requests));
+            if u64::from(burst) * interval > MAX_WINDOW_SECONDS * 1_000_000 {
+                return Err(self.err(&at("burst"), "the bucket takes longer than 100 years to fill"));
+            }
+        }
+        if algorithm == Algorithm::SlidingLog && requests > MAX_LOG_LIMIT {
+            return Err(self.err(
+                &at("requests_per_unit"),
+                format!(
+                    "{requests} is too many for sliding_log (at most {MAX_LOG_LIMIT}: it stores every hit); \
+                     use sliding_window"
+                ),
+            ));
+        }
+        Ok(Some(Tier {
+            limit: Limit {
+                requests,
+                unit,
+                multiplier,
+                algorithm,
+                burst,
+            },
+            name,
+        }))
     }
 }
 
@@ -678,10 +835,7 @@ mod tests {
         let e = compile(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")])
             .unwrap_err()
             .to_string();
-        assert!(
-            e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"),
-            "{e}"
-        );
+        assert!(e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"), "{e}");
     }
 
     #[test]
@@ -715,10 +869,7 @@ descriptors:
         )])
         .unwrap();
         let d = rules.domain("d").unwrap();
-        let name = |entries: &[(&str, &str)]| {
-            d.find(entries)
-                .and_then(|m| m.rule.name.as_deref().map(str::to_string))
-        };
+        let name = |entries: &[(&str, &str)]| d.find(entries).and_then(|m| m.rule.name.as_deref().map(str::to_string));
         assert_eq!(name(&[("k", "exact")]).as_deref(), Some("exact"));
         assert_eq!(name(&[("k", "extra")]).as_deref(), Some("wild1"));
         assert_eq!(name(&[("k", "eel")]).as_deref(), Some("wild2"));

@@ -35,8 +35,16 @@ pub struct Settings {
     pub redis: Option<RedisSettings>,
     pub limiter: LimiterSettings,
     pub near_limit_ratio: f64,
+    pub serve: ServeOptions,
+}
+
+/// How the listeners behave.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
     /// How long in-flight calls may take to finish after a shutdown signal.
     pub grace_period: Duration,
+    /// Enables `sluice.v1.RateLimiter/Reset` for callers that present it.
+    pub admin_token: Option<String>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -45,10 +53,7 @@ pub enum ServerError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -56,10 +61,7 @@ pub enum ServerError {
 }
 
 /// Loads the configuration and serves until `shutdown` resolves.
-pub async fn run(
-    settings: Settings,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServerError> {
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
     let metrics = Metrics::new(settings.near_limit_ratio);
     let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
     tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
@@ -70,27 +72,13 @@ pub async fn run(
         None => {
             tracing::info!("store: in memory");
             let limiter = Limiter::new(rules, MemoryStore::new(), clock, metrics, settings.limiter);
-            serve(
-                Arc::new(limiter),
-                grpc,
-                http,
-                shutdown,
-                settings.grace_period,
-            )
-            .await
+            serve(Arc::new(limiter), grpc, http, shutdown, &settings.serve).await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
             let limiter = Limiter::new(rules, store, clock, metrics, settings.limiter);
-            serve(
-                Arc::new(limiter),
-                grpc,
-                http,
-                shutdown,
-                settings.grace_period,
-            )
-            .await
+            serve(Arc::new(limiter), grpc, http, shutdown, &settings.serve).await
         }
     }
 }
@@ -108,21 +96,19 @@ pub async fn serve<S: Store>(
     grpc: TcpListener,
     http: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-    grace: Duration,
+    options: &ServeOptions,
 ) -> Result<(), ServerError> {
+    let grace = options.grace_period;
+    let admin_token = options.admin_token.as_deref().map(Arc::from);
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in [
         "",
         "envoy.service.ratelimit.v3.RateLimitService",
         "sluice.v1.RateLimiter",
     ] {
-        health
-            .set_service_status(service, ServingStatus::Serving)
-            .await;
+        health.set_service_status(service, ServingStatus::Serving).await;
     }
-    fn reflection(
-        b: tonic_reflection::server::Builder<'static>,
-    ) -> tonic_reflection::server::Builder<'static> {
+    fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     }
@@ -141,16 +127,13 @@ pub async fn serve<S: Store>(
     let http_addr = http.local_addr().ok();
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(RateLimitServiceServer::new(EnvoyService::new(
-            limiter.clone(),
-        )))
-        .add_service(RateLimiterServer::new(SluiceService::new(limiter.clone())))
+        .add_service(RateLimitServiceServer::new(EnvoyService::new(limiter.clone())))
+        .add_service(RateLimiterServer::new(SluiceService::new(limiter.clone(), admin_token)))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
-    let http_server =
-        axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
+    let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
@@ -166,9 +149,7 @@ pub async fn serve<S: Store>(
         "envoy.service.ratelimit.v3.RateLimitService",
         "sluice.v1.RateLimiter",
     ] {
-        health
-            .set_service_status(service, ServingStatus::NotServing)
-            .await;
+        health.set_service_status(service, ServingStatus::NotServing).await;
     }
     match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await {
         Ok(_) => tracing::info!("drained; stopped"),

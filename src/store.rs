@@ -1,9 +1,10 @@
 //! Where counters live: one trait, [`Store`], with an in-memory implementation ([`memory`], the default) and a
-//! Redis one ([`redis`], Lua scripts run by EVALSHA). Both pass one contract suite (`tests/contract.rs`), so their
-//! answers never drift apart.
+//! Redis one ([`redis`], the Lua scripts of `lua/` run by EVALSHA). Both pass one contract suite
+//! (`tests/contract.rs`) and a differential property test, so their answers never drift apart.
 //!
-//! A store receives every counter of one request at once and applies them together: the Redis store sends them in
-//! one pipeline, one network round trip. Keys are built here, by [`CounterKey`], in one documented encoding.
+//! A store receives every descriptor of one request at once. Each descriptor's limits (tiers) are decided together,
+//! atomically: the Redis store runs one script call per descriptor, all in one pipeline. Keys are built here, by
+//! [`CounterKey`], in one documented encoding.
 
 pub mod memory;
 pub mod redis;
@@ -11,35 +12,66 @@ pub mod redis;
 use std::fmt::Write as _;
 use std::future::Future;
 
-/// One counter touched by a request: a hit of `cost` against a fixed window of `window_us` that admits `limit`.
+use crate::rules::Algorithm;
+
+/// One limit of a descriptor, as the store applies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hit {
+pub struct TierSpec {
     pub key: CounterKey,
+    pub algorithm: Algorithm,
     pub limit: u64,
     pub window_us: u64,
-    /// 0 checks without consuming.
+    pub burst: u64,
+}
+
+/// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
+/// lone fixed window, which counts denials as the reference does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    pub tiers: Vec<TierSpec>,
+    /// 0 checks without consuming. For `peek`, the hypothetical cost.
     pub cost: u64,
+    /// The lease id an admitted hit takes in `concurrency` tiers.
+    pub lease: String,
+    /// The fields of the entry an admitted hit appends to `queue` tiers.
+    pub fields: Vec<(String, String)>,
+    pub record: Option<RecordSpec>,
 }
 
-/// The state of one counter after a hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    pub allowed: bool,
-    /// The count after the hit (or the current count for a cost of 0).
-    pub used: u64,
-    pub remaining: u64,
-    /// Time until the window ends, in microseconds.
-    pub reset_after_us: u64,
+/// Keep the last `size` values of the entry that hit, in the list `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSpec {
+    pub key: CounterKey,
+    pub size: u32,
+    pub value: String,
 }
 
-/// The state of one counter, read without changing it, with when a hit of `cost` would be allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remaining {
+/// What one tier says about a hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierOutcome {
+    /// The hit fits this tier.
+    pub ok: bool,
+    /// The count after the hit (now, for a peek), for near-limit metrics.
     pub used: u64,
+    /// What is left after the hit (now, for a peek); 0 when the hit does not fit.
     pub remaining: u64,
+    /// Time until the tier is full again (a fixed window: until it ends), in microseconds.
     pub reset_after_us: u64,
-    /// `Some(0)` if the cost is allowed now, `None` if it never will be (it exceeds the limit).
+    /// Time until a hit of the cost fits: `Some(0)` now, `None` never (the cost exceeds the capacity).
     pub retry_after_us: Option<u64>,
+    /// What an admitted hit created: the entry id in a `queue`, the lease in a `concurrency` tier.
+    pub id: Option<String>,
+}
+
+/// The decision on one descriptor's hit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Every tier admitted the hit.
+    pub admitted: bool,
+    /// One per tier, in order.
+    pub tiers: Vec<TierOutcome>,
+    /// For a peek, the recorded values, newest first.
+    pub records: Vec<String>,
 }
 
 /// Why a store could not answer. Every kind maps to gRPC UNAVAILABLE.
@@ -67,107 +99,65 @@ impl StoreError {
     }
 }
 
-/// Counter storage. `now_us` is the request's time in microseconds since the Unix epoch, read once per request.
+/// Counter storage. `now_us` is the request's time in microseconds since the Unix epoch, read once per request
+/// (the Redis store may use the server's clock instead, see [`redis::RedisSettings`]).
 pub trait Store: Send + Sync + 'static {
     /// A short name for metrics and logs: `memory` or `redis`.
     fn name(&self) -> &'static str;
 
     /// Applies every hit of one request and returns one outcome per hit, in order.
-    fn hit(
-        &self,
-        now_us: u64,
-        hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
+    fn hit(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
 
-    /// Reads the counters of `hits` (their `cost` is the hypothetical cost) without creating, changing or extending
-    /// anything.
-    fn peek(
-        &self,
-        now_us: u64,
-        hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Remaining>, StoreError>> + Send;
+    /// Reports on `hits` (their `cost` is hypothetical) without creating, changing or extending anything.
+    fn peek(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
+
+    /// Ends the lease `lease` in each of the `concurrency` counters `keys`; returns how many it ended.
+    fn release(&self, keys: &[CounterKey], lease: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes exactly the counters `keys`; returns how many existed.
+    fn reset(&self, keys: &[CounterKey]) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// Fixed-window arithmetic shared by both stores, so they compute the same answers from the same count.
-pub mod fixed_window {
-    use super::{Outcome, Remaining};
-
-    /// The start of the epoch-aligned window holding `now_us`.
-    pub fn window_start(now_us: u64, window_us: u64) -> u64 {
-        now_us - now_us % window_us
-    }
-
-    /// Time from `now_us` to the end of its window.
-    pub fn reset_after(now_us: u64, window_us: u64) -> u64 {
-        window_us - now_us % window_us
-    }
-
-    /// The outcome of a hit whose count is now `used`: over the limit iff `used > limit`.
-    pub fn outcome(used: u64, limit: u64, reset_after_us: u64) -> Outcome {
-        Outcome {
-            allowed: used <= limit,
-            used,
-            remaining: limit.saturating_sub(used),
-            reset_after_us,
-        }
-    }
-
-    /// What a read of the current count `used` reports for a hypothetical `cost`.
-    pub fn remaining(used: u64, limit: u64, cost: u64, reset_after_us: u64) -> Remaining {
-        let retry_after_us = if cost > limit {
-            None
-        } else if used.saturating_add(cost) <= limit {
-            Some(0)
-        } else {
-            Some(reset_after_us)
-        };
-        Remaining {
-            used,
-            remaining: limit.saturating_sub(used),
-            reset_after_us,
-            retry_after_us,
-        }
-    }
-}
-
 /// The name of one counter in a store.
 ///
-/// Encoding: `<prefix>{<tag>}<body>`, where `<body>` is `<domain>` then, per descriptor entry, `|<key>=<value>`,
-/// every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and `a`+`b_c` can never collide, whatever bytes the
-/// request carries), then `|<algorithm>/<window seconds>/<window start seconds>`. `<tag>` is 16 hex digits of a
-/// 64-bit FNV-1a hash of `<body>` without the window part: a Redis hash tag that keeps every key of one identity on
-/// one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
+/// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, and `<prefix>{<tag>}<identity>|records` for
+/// hit records. `<identity>` is `<domain>` then, per descriptor entry, `|<key>=<value>`, every piece written as
+/// `<byte length>:<bytes>` (so `a_b`+`c` and `a`+`b_c` can never collide, whatever bytes the request carries).
+/// `<tag>` is 16 hex digits of a 64-bit FNV-1a hash of `<identity>`: a Redis hash tag that keeps every key of one
+/// descriptor on one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CounterKey(String);
+pub struct CounterKey {
+    key: String,
+    tag: u64,
+}
 
 impl CounterKey {
-    /// Starts a key for `domain` with the configured prefix.
+    /// Starts the identity of a descriptor in `domain`, with the configured prefix.
     pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {
         let mut body = String::with_capacity(64);
         piece(&mut body, domain);
         KeyBuilder {
-            prefix_len: prefix.len(),
-            out: {
-                let mut s = String::with_capacity(prefix.len() + 18 + body.len() + 64);
-                s.push_str(prefix);
-                s
-            },
+            out: String::from(prefix),
             body,
         }
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.key
+    }
+
+    /// The hash of the identity: equal for every key of one descriptor.
+    pub fn tag(&self) -> u64 {
+        self.tag
     }
 }
 
-/// Appends entries to a [`CounterKey`].
+/// Appends entries to an identity.
 #[derive(Debug)]
 pub struct KeyBuilder {
-    prefix_len: usize,
     out: String,
     body: String,
 }
@@ -181,18 +171,36 @@ impl KeyBuilder {
         self
     }
 
-    /// Finishes the key with the algorithm's name and the window holding `now_us`.
-    pub fn window(mut self, algorithm: &str, window_us: u64, now_us: u64) -> CounterKey {
-        debug_assert_eq!(self.out.len(), self.prefix_len);
+    /// Finishes the identity.
+    pub fn finish(mut self) -> Identity {
         let tag = fnv1a(self.body.as_bytes());
-        let _ = write!(
-            self.out,
-            "{{{tag:016x}}}{}|{algorithm}/{}/{}",
-            self.body,
-            window_us / 1_000_000,
-            fixed_window::window_start(now_us, window_us) / 1_000_000
-        );
-        CounterKey(self.out)
+        let _ = write!(self.out, "{{{tag:016x}}}{}", self.body);
+        Identity { base: self.out, tag }
+    }
+}
+
+/// The identity of one descriptor, from which its counters' keys are derived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    base: String,
+    tag: u64,
+}
+
+impl Identity {
+    /// The key of one limit's state.
+    pub fn tier(&self, algorithm: Algorithm, window_us: u64) -> CounterKey {
+        CounterKey {
+            key: format!("{}|{}/{}", self.base, algorithm.name(), window_us / 1_000_000),
+            tag: self.tag,
+        }
+    }
+
+    /// The key of the hit-record list.
+    pub fn records(&self) -> CounterKey {
+        CounterKey {
+            key: format!("{}|records", self.base),
+            tag: self.tag,
+        }
     }
 }
 
@@ -214,9 +222,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Checks a key prefix: it may not contain hash-tag braces.
 pub fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.contains(['{', '}']) {
-        return Err(format!(
-            "key prefix '{prefix}' may not contain '{{' or '}}'"
-        ));
+        return Err(format!("key prefix '{prefix}' may not contain '{{' or '}}'"));
     }
     Ok(())
 }
@@ -230,7 +236,7 @@ mod tests {
         for (k, v) in entries {
             b = b.entry(k, v);
         }
-        b.window("fixed_window", 60_000_000, 125_000_000).0
+        b.finish().tier(Algorithm::FixedWindow, 60_000_000).key
     }
 
     #[test]
@@ -247,34 +253,19 @@ mod tests {
         let tag_end = k.find('}').unwrap();
         assert_eq!(tag_end, 3 + 16, "{k}");
         assert!(k[3..tag_end].chars().all(|c| c.is_ascii_hexdigit()));
-        assert!(k.ends_with("1:d|4:user=3:{x}|fixed_window/60/120"), "{k}");
+        assert!(k.ends_with("1:d|4:user=3:{x}|fixed_window/60"), "{k}");
     }
 
     #[test]
-    fn windows_differ_only_after_the_tag() {
-        let a = CounterKey::builder("", "d").entry("k", "v").window(
-            "fixed_window",
-            1_000_000,
-            5_000_000,
-        );
-        let b = CounterKey::builder("", "d").entry("k", "v").window(
-            "fixed_window",
-            1_000_000,
-            6_000_000,
-        );
+    fn every_key_of_a_descriptor_shares_the_tag() {
+        let id = CounterKey::builder("", "d").entry("k", "v").finish();
+        let a = id.tier(Algorithm::FixedWindow, 1_000_000);
+        let b = id.tier(Algorithm::TokenBucket, 1_000_000);
+        let r = id.records();
         assert_ne!(a, b);
-        assert_eq!(a.0[..18], b.0[..18]);
-    }
-
-    #[test]
-    fn fixed_window_math() {
-        assert_eq!(fixed_window::window_start(125, 60), 120);
-        assert_eq!(fixed_window::reset_after(125, 60), 55);
-        assert!(fixed_window::outcome(3, 3, 1).allowed);
-        assert!(!fixed_window::outcome(4, 3, 1).allowed);
-        assert_eq!(fixed_window::remaining(2, 3, 2, 9).retry_after_us, Some(9));
-        assert_eq!(fixed_window::remaining(1, 3, 2, 9).retry_after_us, Some(0));
-        assert_eq!(fixed_window::remaining(0, 3, 4, 9).retry_after_us, None);
+        assert_eq!(a.key[..18], b.key[..18]);
+        assert_eq!(a.key[..18], r.key[..18]);
+        assert_eq!((a.tag(), b.tag()), (r.tag(), r.tag()));
         assert!(check_prefix("a{").is_err());
     }
 }

@@ -41,10 +41,7 @@ fn accepts_a_directory_of_reference_files() {
     ]);
     let (ok, stdout, stderr) = check(dir.path());
     assert!(ok, "{stderr}");
-    assert!(
-        stdout.starts_with("2 file(s), 2 domain(s), 5 rule(s)"),
-        "{stdout}"
-    );
+    assert!(stdout.starts_with("2 file(s), 2 domain(s), 5 rule(s)"), "{stdout}");
     assert!(
         stdout.contains("edge.path_/login: 5 per minute (fixed_window), name login, shadow mode"),
         "{stdout}"
@@ -108,15 +105,11 @@ fn rejects_every_load_error_naming_file_and_path() {
         assert!(stderr.contains("b-bad.yaml"), "file not named: {stderr}");
         assert!(stderr.contains(want), "want {want:?} in {stderr}");
     }
-    let dir = dir_with(&[
-        ("one.yaml", "domain: same\n"),
-        ("two.yaml", "domain: same\n"),
-    ]);
+    let dir = dir_with(&[("one.yaml", "domain: same\n"), ("two.yaml", "domain: same\n")]);
     let (ok, _, stderr) = check(dir.path());
     assert!(!ok);
     assert!(
-        stderr.contains("'")
-            && stderr.contains("two.yaml': domain: domain 'same' is also defined in"),
+        stderr.contains("'") && stderr.contains("two.yaml': domain: domain 'same' is also defined in"),
         "{stderr}"
     );
 }
@@ -129,32 +122,14 @@ fn bad_flags_and_env_are_named() {
             .envs(env.iter().copied())
             .output()
             .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    let (code, err) = run(
-        &[
-            "serve",
-            "--config",
-            "deploy/config",
-            "--grpc-addr",
-            "nowhere",
-        ],
-        &[],
-    );
+    let (code, err) = run(&["serve", "--config", "deploy/config", "--grpc-addr", "nowhere"], &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--grpc-addr"), "{err}");
-    let (code, err) = run(
-        &["serve", "--config", "deploy/config"],
-        &[("SLUICE_KEY_PREFIX", "a{b")],
-    );
+    let (code, err) = run(&["serve", "--config", "deploy/config"], &[("SLUICE_KEY_PREFIX", "a{b")]);
     assert_eq!(code, Some(2));
-    assert!(
-        err.contains("--key-prefix") && err.contains("may not contain"),
-        "{err}"
-    );
+    assert!(err.contains("--key-prefix") && err.contains("may not contain"), "{err}");
     let (code, err) = run(
         &["serve", "--config", "deploy/config"],
         &[("SLUICE_NEAR_LIMIT_RATIO", "2")],
@@ -174,8 +149,5 @@ fn bad_flags_and_env_are_named() {
         &[],
     );
     assert_eq!(code, Some(1));
-    assert!(
-        err.contains("config '/nonexistent/sluice.yaml': cannot read"),
-        "{err}"
-    );
+    assert!(err.contains("config '/nonexistent/sluice.yaml': cannot read"), "{err}");
 }

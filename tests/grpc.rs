@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use sluice::proto::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor::Entry,
-};
+use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -13,9 +11,7 @@ use sluice::proto::sluice::v1::GetRemainingRequest;
 use sluice::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code as GrpcCode;
 
-use crate::harness::{
-    RedisServer, ReplyGate, TestServer, limiter, memory, redis_store, redis_store_with,
-};
+use crate::harness::{RedisServer, ReplyGate, TestServer, limiter, memory, redis_store, redis_store_with};
 
 const CONFIG: &str = "
 domain: edge
@@ -41,11 +37,7 @@ fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
 fn three() -> RateLimitRequest {
     RateLimitRequest {
         domain: "edge".into(),
-        descriptors: vec![
-            descriptor("a", "1"),
-            descriptor("b", "2"),
-            descriptor("c", "3"),
-        ],
+        descriptors: vec![descriptor("a", "1"), descriptor("b", "2"), descriptor("c", "3")],
         hits_addend: 0,
     }
 }
@@ -70,10 +62,7 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
 async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
     let redis = RedisServer::start();
     let gate = ReplyGate::start(redis.port).await;
-    let (l, _) = limiter(
-        CONFIG,
-        redis_store_with(&gate.url(), Duration::from_secs(10)).await,
-    );
+    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
     let server = TestServer::start(l).await;
     let mut client = envoy_client(&server).await;
     // The first call loads the script (NOSCRIPT, SCRIPT LOAD, retry); measure a steady-state call.
@@ -92,19 +81,12 @@ async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(
-        sent, 3,
-        "all three EVALSHAs reached Redis before any reply came back"
-    );
+    assert_eq!(sent, 3, "all three EVALSHAs reached Redis before any reply came back");
     gate.release();
     let response = call.await.unwrap().unwrap().into_inner();
     assert_eq!(response.overall_code, Code::Ok as i32);
     assert_eq!(
-        response
-            .statuses
-            .iter()
-            .map(|s| s.limit_remaining)
-            .collect::<Vec<_>>(),
+        response.statuses.iter().map(|s| s.limit_remaining).collect::<Vec<_>>(),
         [3, 3, 3]
     );
     assert_eq!(
@@ -143,10 +125,7 @@ async fn get_remaining_leaves_redis_unchanged() {
     assert!(answer.descriptors.iter().all(|d| d.matched));
     assert_eq!(answer.descriptors[0].remaining, 4);
     assert_eq!(answer.descriptors[3].remaining, 5);
-    assert_eq!(
-        answer.descriptors[0].limit.as_ref().unwrap().algorithm,
-        "fixed_window"
-    );
+    assert_eq!(answer.descriptors[0].limit.as_ref().unwrap().algorithm, "fixed_window");
     let after = redis.snapshot();
     // TTLs tick down in real time between the two snapshots; compare keys and values exactly and TTLs to within
     // the time taken, never above what they were.
@@ -186,10 +165,7 @@ async fn bad_requests_are_invalid_argument_on_the_wire() {
             "no descriptors",
         ),
         (no_key, "descriptors[1].entries[0].key is empty"),
-        (
-            bad_override,
-            "descriptors[0].limit.unit 0 is not a valid unit",
-        ),
+        (bad_override, "descriptors[0].limit.unit 0 is not a valid unit"),
     ];
     for (request, want) in cases {
         let status = client.should_rate_limit(request).await.unwrap_err();
@@ -203,10 +179,7 @@ async fn bad_requests_are_invalid_argument_on_the_wire() {
 async fn store_failures_are_unavailable_and_scripts_reload() {
     let redis = RedisServer::start();
     let port = redis.port;
-    let (l, _) = limiter(
-        CONFIG,
-        redis_store_with(&redis.url(), Duration::from_millis(200)).await,
-    );
+    let (l, _) = limiter(CONFIG, redis_store_with(&redis.url(), Duration::from_millis(200)).await);
     let server = TestServer::start(l).await;
     let mut client = envoy_client(&server).await;
     client.should_rate_limit(three()).await.unwrap();
@@ -214,11 +187,7 @@ async fn store_failures_are_unavailable_and_scripts_reload() {
 
     // Scripts flushed: the next call reloads and succeeds.
     redis.cli(&["SCRIPT", "FLUSH"]);
-    let response = client
-        .should_rate_limit(three())
-        .await
-        .unwrap()
-        .into_inner();
+    let response = client.should_rate_limit(three()).await.unwrap().into_inner();
     assert_eq!(response.statuses[0].limit_remaining, 3);
 
     // Redis gone: UNAVAILABLE within the timeout, and not ready.
@@ -244,24 +213,15 @@ async fn store_failures_are_unavailable_and_scripts_reload() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ready, "ready again once Redis is back");
-    let response = client
-        .should_rate_limit(three())
-        .await
-        .unwrap()
-        .into_inner();
+    let response = client.should_rate_limit(three()).await.unwrap().into_inner();
     assert_eq!(
         response.statuses[0].limit_remaining, 4,
         "a fresh Redis starts from zero"
     );
     let text = server.http_get("/metrics").await.1;
+    assert!(text.contains(r#"sluice_store_errors_total{store="redis""#), "{text}");
     assert!(
-        text.contains(r#"sluice_store_errors_total{store="redis""#),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            r#"sluice_requests_total{domain="edge",rpc="should_rate_limit",result="unavailable"} 1"#
-        ),
+        text.contains(r#"sluice_requests_total{domain="edge",rpc="should_rate_limit",result="unavailable"} 1"#),
         "{text}"
     );
     drop(redis);
@@ -273,11 +233,7 @@ async fn health_metrics_and_graceful_shutdown() {
     let (l, _) = limiter(CONFIG, memory());
     let server = TestServer::start(l).await;
     let mut client = envoy_client(&server).await;
-    let response = client
-        .should_rate_limit(three())
-        .await
-        .unwrap()
-        .into_inner();
+    let response = client.should_rate_limit(three()).await.unwrap().into_inner();
     assert_eq!(response.overall_code, Code::Ok as i32);
     let status = &response.statuses[0];
     assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 5);

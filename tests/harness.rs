@@ -37,6 +37,9 @@ macro_rules! both_stores {
 /// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
 pub const T0: u64 = 1_704_067_210_000_000;
 
+/// The admin token test servers accept for `Reset`.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -110,7 +113,7 @@ impl RedisServer {
             .lines()
             .filter(|k| !k.is_empty())
             .map(|k| {
-                let value = self.cli(&["--raw", "GET", k]).trim().to_string();
+                let value = self.cli(&["DUMP", k]).trim().to_string();
                 let ttl: i64 = self.cli(&["--raw", "PTTL", k]).trim().parse().unwrap_or(-3);
                 (k.to_string(), value, ttl)
             })
@@ -143,20 +146,10 @@ pub fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<ManualCl
     limiter_with(yaml, store, LimiterSettings::default())
 }
 
-pub fn limiter_with<S: Store>(
-    yaml: &str,
-    store: S,
-    settings: LimiterSettings,
-) -> (Arc<Limiter<S>>, Arc<ManualClock>) {
+pub fn limiter_with<S: Store>(yaml: &str, store: S, settings: LimiterSettings) -> (Arc<Limiter<S>>, Arc<ManualClock>) {
     let metrics = Metrics::new(0.8);
     let clock = Arc::new(ManualClock::new(T0));
-    let limiter = Limiter::new(
-        rules(yaml, &metrics),
-        store,
-        clock.clone(),
-        metrics,
-        settings,
-    );
+    let limiter = Limiter::new(rules(yaml, &metrics), store, clock.clone(), metrics, settings);
     (Arc::new(limiter), clock)
 }
 
@@ -173,6 +166,7 @@ pub async fn redis_store_with(url: &str, timeout: Duration) -> RedisStore {
         url: url.to_string(),
         timeout,
         pool_size: 1,
+        server_time: false,
     })
     .await
     .expect("redis store connects")
@@ -196,7 +190,11 @@ impl TestServer {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            sluice::server::serve(limiter, grpc, http, shutdown, Duration::from_secs(2))
+            let options = sluice::server::ServeOptions {
+                grace_period: Duration::from_secs(2),
+                admin_token: Some(ADMIN_TOKEN.to_string()),
+            };
+            sluice::server::serve(limiter, grpc, http, shutdown, &options)
                 .await
                 .expect("server runs");
         });
@@ -275,9 +273,7 @@ impl ReplyGate {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
-                            if gate.wait_for(|open| *open).await.is_err()
-                                || cw.write_all(&buf[..n]).await.is_err()
-                            {
+                            if gate.wait_for(|open| *open).await.is_err() || cw.write_all(&buf[..n]).await.is_err() {
                                 break;
                             }
                         }

@@ -1,9 +1,7 @@
 //! Envoy-compatible semantics (../shared/RLS-SEMANTICS.md), bullet by bullet, through the decision core over both
 //! stores with an injected clock.
 
-use sluice::limiter::{
-    Code, Decision, Descriptor, LimitError, LimiterSettings, Override, Report, Request, Status,
-};
+use sluice::limiter::{Code, Decision, Descriptor, LimitError, LimiterSettings, Override, Report, Request, Status};
 use sluice::rules::Unit;
 use sluice::store::Store;
 
@@ -64,10 +62,7 @@ descriptors:
 
 fn desc(entries: &[(&str, &str)]) -> Descriptor {
     Descriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        entries: entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Descriptor::default()
     }
 }
@@ -90,11 +85,7 @@ async fn decide<S: Store>(l: &sluice::limiter::Limiter<S>, r: &Request) -> Decis
 
 fn limit_of(s: &Status) -> (u32, Unit, Option<String>) {
     let l = s.limit.as_ref().expect("a limit applied");
-    (
-        l.limit.requests,
-        l.limit.unit,
-        l.name.as_deref().map(str::to_string),
-    )
+    (l.limit.requests, l.limit.unit, l.name.as_deref().map(str::to_string))
 }
 
 both_stores!(
@@ -126,11 +117,7 @@ async fn within_then_over_with_full_statuses(store: impl Store) {
         assert_eq!(s.code, Code::Ok);
         assert_eq!(limit_of(s), (3, Unit::Minute, Some("login".into())));
         assert_eq!(s.remaining, remaining);
-        assert_eq!(
-            s.reset_after_us,
-            Some(50 * SECOND),
-            "T0 is 10 s into its minute"
-        );
+        assert_eq!(s.reset_after_us, Some(50 * SECOND), "T0 is 10 s into its minute");
     }
     let d = decide(&l, &r).await;
     assert_eq!(d.overall, Code::OverLimit);
@@ -181,10 +168,7 @@ async fn matching_order_wildcards_and_no_backtracking(store: impl Store) {
 
 async fn unknown_domain_and_no_match_are_ok_without_limit(store: impl Store) {
     let (l, _) = limiter(CONFIG, store);
-    for r in [
-        req("nope", vec![desc(&[("path", "/login")])]),
-        one(&[("unknown", "x")]),
-    ] {
+    for r in [req("nope", vec![desc(&[("path", "/login")])]), one(&[("unknown", "x")])] {
         let d = decide(&l, &r).await;
         assert_eq!(d.overall, Code::Ok);
         assert_eq!(
@@ -240,17 +224,10 @@ async fn global_shadow_mode_keeps_statuses(store: impl Store) {
 
 async fn replaces_drops_the_named_rule(store: impl Store) {
     let (l, _) = limiter(CONFIG, store);
-    let both = req(
-        "edge",
-        vec![desc(&[("user", "u1")]), desc(&[("vip", "yes")])],
-    );
+    let both = req("edge", vec![desc(&[("user", "u1")]), desc(&[("vip", "yes")])]);
     for _ in 0..4 {
         let d = decide(&l, &both).await;
-        assert_eq!(
-            d.overall,
-            Code::Ok,
-            "per-user (2/min) is replaced by vip (10/min)"
-        );
+        assert_eq!(d.overall, Code::Ok, "per-user (2/min) is replaced by vip (10/min)");
         assert!(
             d.statuses[0].limit.is_none(),
             "a replaced rule is neither counted nor reported"
@@ -303,10 +280,7 @@ async fn overrides_are_used_and_validated(store: impl Store) {
             requests_per_unit: 0,
             unit,
         });
-        let e = l
-            .should_rate_limit(&req("edge", vec![d.clone()]))
-            .await
-            .unwrap_err();
+        let e = l.should_rate_limit(&req("edge", vec![d.clone()])).await.unwrap_err();
         assert!(
             matches!(&e, LimitError::InvalidArgument(m) if m.contains("descriptors[0].limit.unit")),
             "{e}"
@@ -341,10 +315,7 @@ async fn windows_are_epoch_aligned_and_multiplied(store: impl Store) {
 
 async fn quota_mode_decides_only_together(store: impl Store) {
     let (l, _) = limiter(CONFIG, store);
-    let first = req(
-        "edge",
-        vec![desc(&[("quota1", "a")]), desc(&[("path", "/other")])],
-    );
+    let first = req("edge", vec![desc(&[("quota1", "a")]), desc(&[("path", "/other")])]);
     assert_eq!(decide(&l, &first).await.overall, Code::Ok);
     // quota1 is over but quota2 is not: quota1's status says OVER_LIMIT, the request passes.
     let both = req(
@@ -356,10 +327,7 @@ async fn quota_mode_decides_only_together(store: impl Store) {
         ],
     );
     let d = decide(&l, &both).await;
-    assert_eq!(
-        (d.statuses[0].code, d.statuses[1].code),
-        (Code::OverLimit, Code::Ok)
-    );
+    assert_eq!((d.statuses[0].code, d.statuses[1].code), (Code::OverLimit, Code::Ok));
     assert_eq!(d.overall, Code::Ok);
     // Every quota descriptor over: the request is over.
     let d = decide(&l, &both).await;
@@ -369,28 +337,16 @@ async fn quota_mode_decides_only_together(store: impl Store) {
     );
     assert_eq!(d.overall, Code::OverLimit);
     // A non-quota descriptor over decides alone.
-    let mut over = req(
-        "edge",
-        vec![desc(&[("quota1", "fresh")]), desc(&[("path", "/login")])],
-    );
+    let mut over = req("edge", vec![desc(&[("quota1", "fresh")]), desc(&[("path", "/login")])]);
     over.descriptors[1].hits_addend = Some(4);
     assert_eq!(decide(&l, &over).await.overall, Code::OverLimit);
 }
 
 async fn share_threshold_shares_one_counter(store: impl Store) {
     let (l, _) = limiter(CONFIG, store);
-    assert_eq!(
-        decide(&l, &one(&[("shared", "img-1")])).await.statuses[0].remaining,
-        1
-    );
-    assert_eq!(
-        decide(&l, &one(&[("shared", "img-2")])).await.statuses[0].remaining,
-        0
-    );
-    assert_eq!(
-        decide(&l, &one(&[("shared", "img-3")])).await.overall,
-        Code::OverLimit
-    );
+    assert_eq!(decide(&l, &one(&[("shared", "img-1")])).await.statuses[0].remaining, 1);
+    assert_eq!(decide(&l, &one(&[("shared", "img-2")])).await.statuses[0].remaining, 0);
+    assert_eq!(decide(&l, &one(&[("shared", "img-3")])).await.overall, Code::OverLimit);
     // Without share_threshold every value has its own counter.
     assert_eq!(
         decide(&l, &one(&[("remote_address", "a")])).await.statuses[0].remaining,
@@ -458,11 +414,14 @@ async fn huge_hits_addend_neither_overflows_nor_panics(store: impl Store) {
     r.hits_addend = u32::MAX;
     r.descriptors[0].hits_addend = None;
     assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
-    let reports = l
-        .get_remaining(&one(&[("path", "/other")]), u64::MAX)
-        .await
-        .unwrap();
-    assert!(matches!(&reports[0], Report::Limited { state, .. } if state.retry_after_us.is_none()));
+    let reports = l.get_remaining(&one(&[("path", "/other")]), u64::MAX).await.unwrap();
+    assert!(matches!(
+        &reports[0],
+        Report::Limited {
+            retry_after_us: None,
+            ..
+        }
+    ));
 }
 
 async fn get_remaining_reports_and_consumes_nothing(store: impl Store) {
@@ -475,17 +434,25 @@ async fn get_remaining_reports_and_consumes_nothing(store: impl Store) {
             desc(&[("x", "y")]),
         ],
     );
+    let login = |reports: &[Report]| match &reports[0] {
+        Report::Limited {
+            limit,
+            remaining,
+            reset_after_us,
+            retry_after_us,
+            ..
+        } => (
+            limit.limit.requests,
+            limit.name.as_deref().map(str::to_string),
+            *remaining,
+            *reset_after_us,
+            *retry_after_us,
+        ),
+        other => panic!("{other:?}"),
+    };
     for _ in 0..3 {
         let reports = l.get_remaining(&r, 1).await.unwrap();
-        let Report::Limited { limit, state } = &reports[0] else {
-            panic!("{reports:?}")
-        };
-        assert_eq!(
-            (limit.limit.requests, limit.name.as_deref()),
-            (3, Some("login"))
-        );
-        assert_eq!((state.remaining, state.retry_after_us), (3, Some(0)));
-        assert_eq!(state.reset_after_us, 50 * SECOND);
+        assert_eq!(login(&reports), (3, Some("login".into()), 3, 50 * SECOND, Some(0)));
         assert_eq!(reports[1], Report::Unlimited);
         assert_eq!(reports[2], Report::NoRule);
     }
@@ -493,21 +460,10 @@ async fn get_remaining_reports_and_consumes_nothing(store: impl Store) {
         decide(&l, &one(&[("path", "/login")])).await;
     }
     let reports = l.get_remaining(&r, 1).await.unwrap();
-    let Report::Limited { state, .. } = &reports[0] else {
-        panic!()
-    };
-    assert_eq!(
-        (state.remaining, state.retry_after_us),
-        (0, Some(50 * SECOND))
-    );
+    assert_eq!(login(&reports).2, 0);
+    assert_eq!(login(&reports).4, Some(50 * SECOND));
     let reports = l.get_remaining(&r, 4).await.unwrap();
-    let Report::Limited { state, .. } = &reports[0] else {
-        panic!()
-    };
-    assert_eq!(
-        state.retry_after_us, None,
-        "a cost above the limit never fits"
-    );
+    assert_eq!(login(&reports).4, None, "a cost above the limit never fits");
 }
 
 #[tokio::test]
@@ -545,10 +501,7 @@ descriptors:
         !text.contains("10.1.1.1"),
         "raw values stay out of labels unless opted in"
     );
-    assert!(
-        text.contains("sluice_store_call_duration_seconds_bucket"),
-        "{text}"
-    );
+    assert!(text.contains("sluice_store_call_duration_seconds_bucket"), "{text}");
 }
 
 #[tokio::test]
@@ -568,16 +521,10 @@ descriptors:
         ..LimiterSettings::default()
     };
     let (l, _) = limiter_with(yaml, crate::harness::memory(), settings);
-    let d = decide(
-        &l,
-        &req("md", vec![desc(&[("a", "1")]), desc(&[("b", "1")])]),
-    )
-    .await;
+    let d = decide(&l, &req("md", vec![desc(&[("a", "1")]), desc(&[("b", "1")])])).await;
     assert_eq!(d.metadata.len(), 1, "only the passing rule's metadata");
     let response = sluice::api::to_response(d);
     let fields = response.dynamic_metadata.expect("metadata set").fields;
-    assert!(
-        fields.contains_key("team") && fields.contains_key("tier") && !fields.contains_key("other")
-    );
+    assert!(fields.contains_key("team") && fields.contains_key("tier") && !fields.contains_key("other"));
     assert_eq!(T0 % 1_000_000, 0);
 }

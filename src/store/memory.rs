@@ -1,14 +1,17 @@
-//! The in-memory store: the default when no Redis URL is given, with the same answers as the Redis scripts.
+//! The in-memory store: the default when no Redis URL is given. Each algorithm here mirrors its Lua script in
+//! `lua/` step by step (same integer arithmetic, same floating-point expression where the script has one), and a
+//! differential property test holds the two to identical answers.
 //!
-//! Counters live in sharded hash maps, each behind a short-held mutex (never across an `.await`). A counter expires
-//! at the end of its window; each shard sweeps out expired counters at most once per second of request time, so
-//! memory stays bounded by the keys of the live windows.
+//! State lives in sharded hash maps behind short-held mutexes (never across an `.await`). Every key of one
+//! descriptor hashes to the same shard, so a descriptor's tiers are decided under one lock, atomically. A state
+//! expires when the script's key would (its TTL); each shard sweeps out expired states at most once per second of
+//! request time, so memory stays bounded by the live counters.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Hit, Outcome, Remaining, Store, StoreError, fixed_window};
+use super::{CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, TierSpec};
+use crate::rules::Algorithm;
 
 const SHARDS: usize = 64;
 const SWEEP_EVERY_US: u64 = 1_000_000;
@@ -17,19 +20,67 @@ const SWEEP_EVERY_US: u64 = 1_000_000;
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
-    counters: HashMap<String, Counter>,
+    entries: HashMap<String, Entry>,
     next_sweep_us: u64,
+    /// Sequence for queue entry ids.
+    seq: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Counter {
-    used: u64,
+#[derive(Debug, Clone)]
+struct Entry {
+    state: State,
     expires_at_us: u64,
+}
+
+/// The state of one key, shaped like the Redis value its script keeps.
+#[derive(Debug, Clone)]
+enum State {
+    Fixed {
+        w: u64,
+        n: u64,
+    },
+    Sliding {
+        w: u64,
+        c: u64,
+        p: u64,
+    },
+    /// Hit times, ascending.
+    Log(VecDeque<u64>),
+    Tat(u64),
+    /// (lease id, deadline).
+    Leases(Vec<(String, u64)>),
+    Queue(VecDeque<String>),
+    Records(VecDeque<String>),
+}
+
+/// What a tier's check found, as the scripts' `check` returns it.
+#[derive(Debug, Clone)]
+struct Check {
+    ok: bool,
+    used0: u64,
+    used: u64,
+    rem0: u64,
+    rem1: u64,
+    reset0: u64,
+    reset1: u64,
+    /// `None`: never.
+    retry: Option<u64>,
+    /// What commit writes.
+    write: Write,
+}
+
+#[derive(Debug, Clone)]
+enum Write {
+    Fixed { start: u64, n: u64, reset: u64 },
+    Sliding { start: u64, c: u64, p: u64 },
+    Log,
+    Tat(u64),
+    Lease,
+    Queue,
 }
 
 impl Default for MemoryStore {
@@ -38,44 +89,386 @@ impl Default for MemoryStore {
     }
 }
 
+fn ceil_ms_us(us: u64) -> u64 {
+    us.div_ceil(1_000).max(1) * 1_000
+}
+
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
         }
     }
 
-    /// How many counters are held, expired or not (for tests of eviction).
+    /// How many keys are held, expired or not (for tests of eviction).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).counters.len()).sum()
+        self.shards.iter().map(|s| lock(s).entries.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn shard(&self, key: &str, now_us: u64) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
-        let mut shard = lock(&self.shards[index]);
+    /// The shard of a descriptor's keys, swept of expired states when due.
+    fn shard(&self, tag: u64, now_us: u64) -> MutexGuard<'_, Shard> {
+        let mut shard = lock(&self.shards[(tag % SHARDS as u64) as usize]);
         if now_us >= shard.next_sweep_us {
-            shard.counters.retain(|_, c| c.expires_at_us > now_us);
+            shard.entries.retain(|_, e| e.expires_at_us > now_us);
             shard.next_sweep_us = now_us + SWEEP_EVERY_US;
         }
         shard
     }
 
-    fn current(shard: &Shard, key: &str, now_us: u64) -> u64 {
-        match shard.counters.get(key) {
-            Some(c) if c.expires_at_us > now_us => c.used,
-            _ => 0,
+    fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
+        let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
+        let mut shard = self.shard(tag, now);
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, hit.cost)).collect();
+        let admitted = checks.iter().all(|c| c.ok);
+        let lone_fixed = hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow;
+        let commit = !peek && hit.cost > 0 && (admitted || lone_fixed);
+        let mut longest = 0;
+        let mut tiers = Vec::with_capacity(checks.len());
+        for (spec, check) in hit.tiers.iter().zip(checks) {
+            let (mut remaining, mut reset, mut id) = (check.rem0, check.reset0, None);
+            if commit {
+                id = shard.commit(spec, &check, now, hit);
+                (remaining, reset) = (check.rem1, check.reset1);
+            }
+            if !peek && !check.ok {
+                remaining = 0;
+            }
+            longest = longest.max(reset);
+            tiers.push(TierOutcome {
+                ok: check.ok,
+                used: if peek { check.used0 } else { check.used },
+                remaining,
+                reset_after_us: reset,
+                retry_after_us: check.retry,
+                id,
+            });
+        }
+        let mut records = Vec::new();
+        if let Some(record) = &hit.record {
+            let key = record.key.as_str();
+            if commit {
+                let entry = shard.entries.entry(key.to_owned()).or_insert_with(|| Entry {
+                    state: State::Records(VecDeque::new()),
+                    expires_at_us: 0,
+                });
+                if !matches!(entry.state, State::Records(_)) || entry.expires_at_us <= now {
+                    entry.state = State::Records(VecDeque::new());
+                }
+                if let State::Records(list) = &mut entry.state {
+                    list.push_front(record.value.clone());
+                    list.truncate(record.size as usize);
+                }
+                entry.expires_at_us = now + ceil_ms_us(longest.max(1));
+            } else if peek {
+                if let Some(State::Records(list)) = shard.live(key, now) {
+                    records = list.iter().take(record.size as usize).cloned().collect();
+                }
+            }
+        }
+        Outcome {
+            admitted,
+            tiers,
+            records,
         }
     }
 }
 
-/// A poisoned shard only means another thread panicked mid-update of plain integers; the data is still usable.
+/// A poisoned shard only means another thread panicked mid-update of plain data; the data is still usable.
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shard {
+    fn live(&self, key: &str, now: u64) -> Option<&State> {
+        self.entries
+            .get(key)
+            .filter(|e| e.expires_at_us > now)
+            .map(|e| &e.state)
+    }
+
+    fn set(&mut self, key: &str, state: State, expires_at_us: u64) {
+        self.entries.insert(key.to_owned(), Entry { state, expires_at_us });
+    }
+
+    fn check(&self, t: &TierSpec, now: u64, cost: u64) -> Check {
+        let state = self.live(t.key.as_str(), now);
+        let (limit, window) = (t.limit, t.window_us);
+        match t.algorithm {
+            Algorithm::FixedWindow => {
+                let start = now - now % window;
+                let n = match state {
+                    Some(State::Fixed { w, n }) if *w == start => *n,
+                    _ => 0,
+                };
+                let reset = start + window - now;
+                let ok = n + cost <= limit;
+                Check {
+                    ok,
+                    used0: n,
+                    used: n + cost,
+                    rem0: limit.saturating_sub(n),
+                    rem1: limit.saturating_sub(n + cost),
+                    reset0: reset,
+                    reset1: reset,
+                    retry: retry(cost > limit, ok, reset),
+                    write: Write::Fixed { start, n, reset },
+                }
+            }
+            Algorithm::SlidingWindow => {
+                let start = now - now % window;
+                let (mut c, mut p) = (0, 0);
+                match state {
+                    Some(State::Sliding { w, c: sc, p: sp }) if *w == start => (c, p) = (*sc, *sp),
+                    Some(State::Sliding { w, c: sc, .. }) if *w + window == start => (c, p) = (0, *sc),
+                    _ => {}
+                }
+                let elapsed = now - start;
+                let est = sw_estimate(p, c, elapsed, window);
+                let ok = est + cost <= limit;
+                let until_empty = |cc: u64, pp: u64| {
+                    if cc > 0 {
+                        start + 2 * window - now
+                    } else if pp > 0 {
+                        start + window - now
+                    } else {
+                        0
+                    }
+                };
+                let retry = if cost > limit {
+                    None
+                } else if ok {
+                    Some(0)
+                } else if let Some(e) = sw_first_fit(p, c, window, elapsed, window, limit - cost) {
+                    Some(e - elapsed)
+                } else if let Some(e) = sw_first_fit(c, 0, window, 0, window, limit - cost) {
+                    Some(window - elapsed + e)
+                } else {
+                    Some(2 * window - elapsed)
+                };
+                Check {
+                    ok,
+                    used0: est,
+                    used: est + cost,
+                    rem0: limit.saturating_sub(est),
+                    rem1: limit.saturating_sub(est + cost),
+                    reset0: until_empty(c, p),
+                    reset1: until_empty(c + cost, p),
+                    retry,
+                    write: Write::Sliding { start, c, p },
+                }
+            }
+            Algorithm::SlidingLog => {
+                let empty = VecDeque::new();
+                let log = match state {
+                    Some(State::Log(log)) => log,
+                    _ => &empty,
+                };
+                let live: Vec<u64> = log.iter().copied().filter(|&ts| ts + window > now).collect();
+                let count = live.len() as u64;
+                let ok = count + cost <= limit;
+                let reset0 = log
+                    .back()
+                    .filter(|_| count > 0)
+                    .map_or(0, |newest| newest + window - now);
+                let retry = if cost > limit {
+                    None
+                } else if ok {
+                    Some(0)
+                } else {
+                    Some(live[(count + cost - limit - 1) as usize] + window - now)
+                };
+                Check {
+                    ok,
+                    used0: count,
+                    used: count + cost,
+                    rem0: limit.saturating_sub(count),
+                    rem1: limit.saturating_sub(count + cost),
+                    reset0,
+                    reset1: if cost > 0 { window } else { reset0 },
+                    retry,
+                    write: Write::Log,
+                }
+            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                let interval = window.div_ceil(limit);
+                let tolerance = t.burst * interval;
+                let tat = match state {
+                    Some(State::Tat(tat)) => (*tat).max(now),
+                    _ => now,
+                };
+                let new = tat + cost * interval;
+                let ok = new - now <= tolerance;
+                let rem0 = (now + tolerance).saturating_sub(tat) / interval;
+                let rem1 = (now + tolerance).checked_sub(new).map_or(0, |room| room / interval);
+                Check {
+                    ok,
+                    used0: t.burst.saturating_sub(rem0),
+                    used: t.burst - rem1,
+                    rem0,
+                    rem1,
+                    reset0: tat - now,
+                    reset1: new - now,
+                    retry: retry(cost > t.burst, ok, (new - now).saturating_sub(tolerance)),
+                    write: Write::Tat(new),
+                }
+            }
+            Algorithm::Concurrency => {
+                let mut live: Vec<u64> = match state {
+                    Some(State::Leases(leases)) => leases.iter().map(|l| l.1).filter(|&d| d > now).collect(),
+                    _ => Vec::new(),
+                };
+                live.sort_unstable();
+                let count = live.len() as u64;
+                let slots = u64::from(cost > 0);
+                let ok = count + slots <= limit;
+                let reset0 = live.last().map_or(0, |last| last - now);
+                let retry = if slots > limit {
+                    None
+                } else if ok {
+                    Some(0)
+                } else {
+                    Some(live[(count + slots - limit - 1) as usize] - now)
+                };
+                Check {
+                    ok,
+                    used0: count,
+                    used: count + slots,
+                    rem0: limit.saturating_sub(count),
+                    rem1: limit.saturating_sub(count + slots),
+                    reset0,
+                    reset1: if slots > 0 { window } else { reset0 },
+                    retry,
+                    write: Write::Lease,
+                }
+            }
+            Algorithm::Queue => {
+                let len = match state {
+                    Some(State::Queue(q)) => q.len() as u64,
+                    _ => 0,
+                };
+                let slots = u64::from(cost > 0);
+                let ok = len + slots <= limit;
+                let reset0 = if len > 0 { window } else { 0 };
+                Check {
+                    ok,
+                    used0: len,
+                    used: len + slots,
+                    rem0: limit.saturating_sub(len),
+                    rem1: limit.saturating_sub(len + slots),
+                    reset0,
+                    reset1: if slots > 0 { window } else { reset0 },
+                    retry: retry(slots > limit, ok, reset0),
+                    write: Write::Queue,
+                }
+            }
+        }
+    }
+
+    fn commit(&mut self, t: &TierSpec, check: &Check, now: u64, hit: &Hit) -> Option<String> {
+        let key = t.key.as_str();
+        let window = t.window_us;
+        match &check.write {
+            Write::Fixed { start, n, reset } => {
+                let expires = match self.live(key, now) {
+                    Some(_) if *n > 0 => self.entries[key].expires_at_us,
+                    _ => now + ceil_ms_us(*reset),
+                };
+                self.set(
+                    key,
+                    State::Fixed {
+                        w: *start,
+                        n: n + hit.cost,
+                    },
+                    expires,
+                );
+                None
+            }
+            Write::Sliding { start, c, p } => {
+                let state = State::Sliding {
+                    w: *start,
+                    c: c + hit.cost,
+                    p: *p,
+                };
+                self.set(key, state, now + ceil_ms_us(start + 2 * window - now));
+                None
+            }
+            Write::Log => {
+                let mut log = match self.live(key, now) {
+                    Some(State::Log(log)) => log.clone(),
+                    _ => VecDeque::new(),
+                };
+                log.retain(|&ts| ts + window > now);
+                log.extend(std::iter::repeat_n(now, hit.cost as usize));
+                self.set(key, State::Log(log), now + ceil_ms_us(window));
+                None
+            }
+            Write::Tat(new) => {
+                self.set(key, State::Tat(*new), now + ceil_ms_us(new - now));
+                None
+            }
+            Write::Lease => {
+                let mut leases = match self.live(key, now) {
+                    Some(State::Leases(l)) => l.clone(),
+                    _ => Vec::new(),
+                };
+                leases.retain(|l| l.1 > now);
+                match leases.iter_mut().find(|l| l.0 == hit.lease) {
+                    Some(l) => l.1 = now + window,
+                    None => leases.push((hit.lease.clone(), now + window)),
+                }
+                self.set(key, State::Leases(leases), now + ceil_ms_us(window));
+                Some(hit.lease.clone())
+            }
+            Write::Queue => {
+                let mut queue = match self.live(key, now) {
+                    Some(State::Queue(q)) => q.clone(),
+                    _ => VecDeque::new(),
+                };
+                self.seq += 1;
+                let id = format!("{}-{}", now / 1_000, self.seq);
+                queue.push_back(id.clone());
+                self.set(key, State::Queue(queue), now + ceil_ms_us(window));
+                Some(id)
+            }
+        }
+    }
+}
+
+fn retry(never: bool, ok: bool, wait: u64) -> Option<u64> {
+    if never {
+        None
+    } else if ok {
+        Some(0)
+    } else {
+        Some(wait)
+    }
+}
+
+/// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
+/// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
+/// same order, as `lua/sliding_window.lua`, so both round alike.
+fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
+    (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
+}
+
+/// The first offset in `[lo, hi)` where the estimate is at most `need`, by binary search (it never grows).
+fn sw_first_fit(p: u64, c: u64, window: u64, mut lo: u64, mut hi: u64, need: u64) -> Option<u64> {
+    if lo >= hi || sw_estimate(p, c, hi - 1, window) > need {
+        return None;
+    }
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if sw_estimate(p, c, mid, window) <= need {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
 }
 
 impl Store for MemoryStore {
@@ -84,58 +477,37 @@ impl Store for MemoryStore {
     }
 
     async fn hit(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        let outcomes = hits
-            .iter()
-            .map(|hit| {
-                let key = hit.key.as_str();
-                let mut shard = self.shard(key, now_us);
-                let used = if hit.cost == 0 {
-                    Self::current(&shard, key, now_us)
-                } else {
-                    let expires_at_us =
-                        fixed_window::window_start(now_us, hit.window_us) + hit.window_us;
-                    match shard.counters.get_mut(key) {
-                        Some(c) if c.expires_at_us > now_us => {
-                            c.used = c.used.saturating_add(hit.cost);
-                            c.used
-                        }
-                        _ => {
-                            let c = Counter {
-                                used: hit.cost,
-                                expires_at_us,
-                            };
-                            shard.counters.insert(key.to_owned(), c);
-                            hit.cost
-                        }
-                    }
-                };
-                fixed_window::outcome(
-                    used,
-                    hit.limit,
-                    fixed_window::reset_after(now_us, hit.window_us),
-                )
-            })
-            .collect();
-        Ok(outcomes)
+        Ok(hits.iter().map(|h| self.decide(now_us, h, false)).collect())
     }
 
-    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Remaining>, StoreError> {
-        Ok(hits
-            .iter()
-            .map(|hit| {
-                let used = Self::current(
-                    &self.shard(hit.key.as_str(), now_us),
-                    hit.key.as_str(),
-                    now_us,
-                );
-                fixed_window::remaining(
-                    used,
-                    hit.limit,
-                    hit.cost,
-                    fixed_window::reset_after(now_us, hit.window_us),
-                )
-            })
-            .collect())
+    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        Ok(hits.iter().map(|h| self.decide(now_us, h, true)).collect())
+    }
+
+    async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {
+        let mut released = 0;
+        for key in keys {
+            let mut shard = lock(&self.shards[(key.tag() % SHARDS as u64) as usize]);
+            if let Some(Entry {
+                state: State::Leases(leases),
+                ..
+            }) = shard.entries.get_mut(key.as_str())
+            {
+                let before = leases.len();
+                leases.retain(|l| l.0 != lease);
+                released += (before - leases.len()) as u64;
+            }
+        }
+        Ok(released)
+    }
+
+    async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for key in keys {
+            let mut shard = lock(&self.shards[(key.tag() % SHARDS as u64) as usize]);
+            deleted += u64::from(shard.entries.remove(key.as_str()).is_some());
+        }
+        Ok(deleted)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

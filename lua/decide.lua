@@ -1,0 +1,88 @@
+-- decide.lua: decides one descriptor against all its tiers at once, atomically.
+--
+-- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
+-- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
+-- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records)
+-- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
+-- ARGV[3]     cost (0: check without consuming)
+-- ARGV[4]     lease id for concurrency tiers
+-- ARGV[5]     hit records to keep (0: none)     ARGV[6]  the value to record
+-- ARGV[7]     f, the number of queue entry fields, then the f fields (name, value, name, value, ...)
+-- then per tier 4 values: algorithm, limit, window (us), burst
+--
+-- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
+--           then in peek mode the recorded values, newest first }.
+-- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit;
+-- used is the count after a committed or hypothetical hit, the count now for a peek.
+--
+-- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
+-- reference does. A peek never writes. Hit records expire with the longest-lived tier.
+
+local mode = ARGV[1]
+local now = tonumber(ARGV[2])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[3])
+local id = ARGV[4]
+local record_size = tonumber(ARGV[5])
+local record_value = ARGV[6]
+local nfields = tonumber(ARGV[7])
+local fields = {}
+for i = 1, nfields do fields[i] = ARGV[7 + i] end
+local first = 8 + nfields
+local tiers = #KEYS
+if record_size > 0 then tiers = tiers - 1 end
+
+local specs, states = {}, {}
+local admitted = true
+for i = 1, tiers do
+  local base = first + (i - 1) * 4
+  local spec = {
+    alg = ARGV[base], limit = tonumber(ARGV[base + 1]), window = tonumber(ARGV[base + 2]),
+    burst = tonumber(ARGV[base + 3]),
+  }
+  local algorithm = A[spec.alg]
+  if algorithm == nil then return redis.error_reply('unknown algorithm ' .. tostring(spec.alg)) end
+  spec.impl = algorithm
+  specs[i] = spec
+  states[i] = algorithm.check(KEYS[i], now, cost, spec.limit, spec.window, spec.burst)
+  admitted = admitted and states[i].ok
+end
+
+local commit = mode == 'hit' and cost > 0 and
+  (admitted or (tiers == 1 and specs[1].alg == 'fixed_window'))
+local out = { admitted and 1 or 0 }
+local longest = 0
+for i = 1, tiers do
+  local s, spec, entry = states[i], specs[i], ''
+  local remaining, reset = s.rem0, s.reset0
+  if commit then
+    entry = spec.impl.commit(KEYS[i], s, now, cost, spec.limit, spec.window, spec.burst, id, fields)
+    remaining, reset = s.rem1, s.reset1
+  end
+  if mode == 'hit' and not s.ok then remaining = 0 end
+  if reset > longest then longest = reset end
+  local used = s.used
+  if mode == 'peek' then used = s.used0 end
+  out[#out + 1] = s.ok and 1 or 0
+  out[#out + 1] = used
+  out[#out + 1] = remaining
+  out[#out + 1] = reset
+  out[#out + 1] = s.retry
+  out[#out + 1] = entry
+end
+
+if record_size > 0 then
+  local rkey = KEYS[tiers + 1]
+  if commit then
+    redis.call('LPUSH', rkey, record_value)
+    redis.call('LTRIM', rkey, 0, record_size - 1)
+    redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
+  elseif mode == 'peek' then
+    local values = redis.call('LRANGE', rkey, 0, record_size - 1)
+    for _, v in ipairs(values) do out[#out + 1] = v end
+  end
+end
+return out

@@ -1,0 +1,27 @@
+-- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
+-- algorithm files and decide.lua (in that order), so that any mix of algorithms on one descriptor is decided in one
+-- atomic call.
+--
+-- Every algorithm file adds a table to A with two functions over one key:
+--   check(key, now, cost, limit, window, burst) -> state, read-only, with the fields
+--     ok      whether a hit of `cost` fits now
+--     used0   the count now                 used    the count as it would be after the hit (near-limit metrics)
+--     rem0    what is left now              rem1    what would be left after the hit
+--     reset0  time until full now (us)      reset1  time until full after the hit (us)
+--     retry   time until a hit of `cost` fits (0: now, -1: never)
+--   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
+-- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. Numbers that go into strings
+-- are formatted with '%d': Lua's own number-to-string conversion keeps only 14 digits.
+
+local A = {}
+
+local function ceil_ms(us)
+  local ms = math.floor((us + 999) / 1000)
+  if ms < 1 then ms = 1 end
+  return ms
+end
+
+local function max0(x)
+  if x < 0 then return 0 end
+  return x
+end
