@@ -1,33 +1,59 @@
 -- queue.lua: the queue-coupled leaky bucket. An admitted hit appends one entry to a Redis Stream (the descriptor's
--- entries as fields) while the stream holds fewer than `limit` entries; workers read it with a consumer group at
--- their own pace and XDEL what they finished, which frees the place. Any positive cost appends one entry.
+-- entries as fields) while fewer than `limit` entries wait; workers read it with a consumer group at their own pace
+-- and XDEL what they finished, which frees the place. An entry waits at most `window` us: older entries count as
+-- abandoned and are trimmed by the next append. Any positive cost appends one entry.
 --
--- State: the stream. It expires `window` us after the last append, so an abandoned queue goes away.
--- Invariants: a denied hit writes nothing. How soon a full queue drains depends on the workers, so a non-empty
--- queue reports `window` (its idle lifetime) as the time until it is empty and as the retry time: an upper bound
--- while workers run.
+-- State: the stream. Entry ids are `<ms>-<seq>` from the decision's clock, so the age of an entry is its id.
+-- The key expires `window` after the last append, when every entry in it would be stale anyway.
+-- Invariants: a denied hit writes nothing. How soon a full queue drains depends on the workers: `retry` is when its
+-- oldest entry goes stale, an upper bound while workers run.
 
 A.queue = {}
 
+-- The smallest id that is still waiting at `now`: entries with ms * 1000 + window <= now are stale.
+local function queue_cutoff(now, window)
+  return math.floor((now - window) / 1000) + 1
+end
+
 function A.queue.check(key, now, cost, limit, window)
-  local len = redis.call('XLEN', key)
+  local cutoff = queue_cutoff(now, window)
+  local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', cutoff), 'COUNT', limit + 1)
+  local len = #waiting
   local slots = 0
   if cost > 0 then slots = 1 end
   local s = { used0 = len, used = len + slots }
   s.ok = len + slots <= limit
   s.rem0 = max0(limit - len)
   s.rem1 = max0(limit - len - slots)
+  local function stale_at(id)
+    local ms = tonumber(string.match(id, '^(%d+)-'))
+    return ms * 1000 + window - now
+  end
   s.reset0 = 0
-  if len > 0 then s.reset0 = window end
+  if len > 0 then s.reset0 = stale_at(waiting[1][1]) end
   s.reset1 = s.reset0
-  if slots > 0 then s.reset1 = window end
-  if slots > limit then s.retry = -1 elseif s.ok then s.retry = 0 else s.retry = s.reset0 end
+  if slots > 0 then s.reset1 = math.floor(now / 1000) * 1000 + window - now end
+  if slots > limit then
+    s.retry = -1
+  elseif s.ok then
+    s.retry = 0
+  else
+    s.retry = stale_at(waiting[limit - slots + 1][1])
+  end
   return s
 end
 
 function A.queue.commit(key, s, now, cost, limit, window, burst, id, fields)
   if cost == 0 then return '' end
-  local entry = redis.call('XADD', key, '*', unpack(fields))
+  redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
+  local ms = math.floor(now / 1000)
+  local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
+  if type(added) == 'table' and added.err then
+    -- The clock went back behind the last id: append right after it.
+    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1][1]
+    local last_ms, last_seq = string.match(last, '^(%d+)-(%d+)$')
+    added = redis.call('XADD', key, last_ms .. '-' .. (tonumber(last_seq) + 1), unpack(fields))
+  end
   redis.call('PEXPIRE', key, ceil_ms(window))
-  return entry
+  return added
 end

@@ -6,5 +6,6 @@ mod harness;
 
 mod cli;
 mod contract;
+mod differential;
 mod grpc;
 mod semantics;

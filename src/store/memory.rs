@@ -26,8 +26,6 @@ pub struct MemoryStore {
 struct Shard {
     entries: HashMap<String, Entry>,
     next_sweep_us: u64,
-    /// Sequence for queue entry ids.
-    seq: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -53,7 +51,11 @@ enum State {
     Tat(u64),
     /// (lease id, deadline).
     Leases(Vec<(String, u64)>),
-    Queue(VecDeque<String>),
+    /// Entry ids (ms, seq), oldest first, and the last id generated.
+    Queue {
+        entries: VecDeque<(u64, u64)>,
+        last: (u64, u64),
+    },
     Records(VecDeque<String>),
 }
 
@@ -346,13 +348,30 @@ impl Shard {
                 }
             }
             Algorithm::Queue => {
-                let len = match state {
-                    Some(State::Queue(q)) => q.len() as u64,
-                    _ => 0,
+                let cutoff = queue_cutoff(now, window);
+                // Newest first, as XREVRANGE reads them, at most limit + 1.
+                let waiting: Vec<u64> = match state {
+                    Some(State::Queue { entries, .. }) => entries
+                        .iter()
+                        .rev()
+                        .map(|e| e.0)
+                        .take_while(|&ms| ms >= cutoff)
+                        .take(limit as usize + 1)
+                        .collect(),
+                    _ => Vec::new(),
                 };
+                let len = waiting.len() as u64;
                 let slots = u64::from(cost > 0);
                 let ok = len + slots <= limit;
-                let reset0 = if len > 0 { window } else { 0 };
+                let stale_at = |ms: u64| ms * 1_000 + window - now;
+                let reset0 = waiting.first().map_or(0, |&ms| stale_at(ms));
+                let retry = if slots > limit {
+                    None
+                } else if ok {
+                    Some(0)
+                } else {
+                    Some(stale_at(waiting[(limit - slots) as usize]))
+                };
                 Check {
                     ok,
                     used0: len,
@@ -360,8 +379,8 @@ impl Shard {
                     rem0: limit.saturating_sub(len),
                     rem1: limit.saturating_sub(len + slots),
                     reset0,
-                    reset1: if slots > 0 { window } else { reset0 },
-                    retry: retry(slots > limit, ok, reset0),
+                    reset1: if slots > 0 { stale_at(now / 1_000) } else { reset0 },
+                    retry,
                     write: Write::Queue,
                 }
             }
@@ -424,18 +443,29 @@ impl Shard {
                 Some(hit.lease.clone())
             }
             Write::Queue => {
-                let mut queue = match self.live(key, now) {
-                    Some(State::Queue(q)) => q.clone(),
-                    _ => VecDeque::new(),
+                let (mut entries, last) = match self.live(key, now) {
+                    Some(State::Queue { entries, last }) => (entries.clone(), *last),
+                    _ => (VecDeque::new(), (0, 0)),
                 };
-                self.seq += 1;
-                let id = format!("{}-{}", now / 1_000, self.seq);
-                queue.push_back(id.clone());
-                self.set(key, State::Queue(queue), now + ceil_ms_us(window));
-                Some(id)
+                let cutoff = queue_cutoff(now, window);
+                entries.retain(|e| e.0 >= cutoff);
+                let ms = now / 1_000;
+                // As XADD `<ms>-*`: a new millisecond starts at sequence 0; a clock behind the last id appends after it.
+                let id = match ms.cmp(&last.0) {
+                    std::cmp::Ordering::Greater => (ms, 0),
+                    _ => (last.0, last.1 + 1),
+                };
+                entries.push_back(id);
+                self.set(key, State::Queue { entries, last: id }, now + ceil_ms_us(window));
+                Some(format!("{}-{}", id.0, id.1))
             }
         }
     }
+}
+
+/// The smallest entry millisecond still waiting at `now`: an entry is stale once `ms * 1000 + window <= now`.
+fn queue_cutoff(now: u64, window: u64) -> u64 {
+    (now - window) / 1_000 + 1
 }
 
 fn retry(never: bool, ok: bool, wait: u64) -> Option<u64> {

@@ -1,0 +1,121 @@
+//! Differential property test: random sequences of (time step, cost, hit or peek) driven through the Lua scripts on
+//! a real Redis and through the in-memory store must give identical decisions, remaining counts, reset and retry
+//! times, for every algorithm and for random combinations of tiers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use sluice::rules::Algorithm;
+use sluice::store::memory::MemoryStore;
+use sluice::store::{CounterKey, Hit, Store, TierSpec};
+
+use crate::harness::{RedisServer, T0, redis_store};
+
+const SECOND: u64 = 1_000_000;
+
+#[derive(Debug, Clone)]
+struct TierShape {
+    algorithm: Algorithm,
+    limit: u64,
+    window_us: u64,
+    burst: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    step_us: u64,
+    cost: u64,
+    peek: bool,
+}
+
+fn tier_shape() -> impl Strategy<Value = TierShape> {
+    (
+        prop::sample::select(Algorithm::ALL.to_vec()),
+        0u64..8,
+        prop::sample::select(vec![SECOND, 2 * SECOND, 3 * SECOND, 60 * SECOND]),
+        1u64..6,
+    )
+        .prop_map(|(algorithm, limit, window_us, burst)| {
+            let bucket = matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            TierShape {
+                algorithm,
+                // Buckets refill at `limit` per window, so they need at least 1.
+                limit: if bucket { limit.max(1) } else { limit },
+                window_us,
+                burst: if bucket { burst } else { limit },
+            }
+        })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        prop_oneof![
+            3 => 0u64..5_000,
+            2 => 0u64..SECOND,
+            1 => 0u64..3 * SECOND,
+        ],
+        prop_oneof![3 => Just(1u64), 1 => 0u64..10],
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(|(step_us, cost, peek)| Op { step_us, cost, peek })
+}
+
+#[test]
+fn lua_scripts_and_memory_store_agree() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = (runtime.block_on(redis_store(&redis.url())), redis);
+    let case = AtomicU64::new(0);
+    let strategy = (
+        prop::collection::vec(tier_shape(), 1..=3),
+        prop::collection::vec(op(), 1..40),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&strategy, |(mut shapes, ops)| {
+        // Tiers of one rule differ in algorithm or window, as the configuration requires.
+        shapes.dedup_by(|a, b| a.algorithm == b.algorithm && a.window_us == b.window_us);
+        let id = CounterKey::builder("diff:", "d")
+            .entry("case", &case.fetch_add(1, Ordering::SeqCst).to_string())
+            .finish();
+        let tiers: Vec<TierSpec> = shapes
+            .iter()
+            .map(|s| TierSpec {
+                key: id.tier(s.algorithm, s.window_us),
+                algorithm: s.algorithm,
+                limit: s.limit,
+                window_us: s.window_us,
+                burst: s.burst,
+            })
+            .collect();
+        let memory = MemoryStore::new();
+        let mut now = T0 + 123_457;
+        runtime.block_on(async {
+            for (i, op) in ops.iter().enumerate() {
+                now += op.step_us;
+                let hit = Hit {
+                    tiers: tiers.clone(),
+                    cost: op.cost,
+                    lease: format!("lease-{i}"),
+                    fields: vec![("case".into(), "x".into())],
+                    record: None,
+                };
+                let (m, r) = if op.peek {
+                    (memory.peek(now, &[hit.clone()]).await, redis.0.peek(now, &[hit]).await)
+                } else {
+                    (memory.hit(now, &[hit.clone()]).await, redis.0.hit(now, &[hit]).await)
+                };
+                let (m, r) = (m.unwrap().remove(0), r.unwrap().remove(0));
+                prop_assert_eq!(&m, &r, "op {} of {:?} at +{}us: {:?}", i, shapes, now - T0, op);
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
