@@ -104,10 +104,11 @@ fn lua_scripts_and_memory_store_agree() {
                     fields: vec![("case".into(), "x".into())],
                     record: None,
                 };
+                let hits = std::slice::from_ref(&hit);
                 let (m, r) = if op.peek {
-                    (memory.peek(now, &[hit.clone()]).await, redis.0.peek(now, &[hit]).await)
+                    (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
                 } else {
-                    (memory.hit(now, &[hit.clone()]).await, redis.0.hit(now, &[hit]).await)
+                    (memory.hit(now, hits).await, redis.0.hit(now, hits).await)
                 };
                 let (m, r) = (m.unwrap().remove(0), r.unwrap().remove(0));
                 prop_assert_eq!(&m, &r, "op {} of {:?} at +{}us: {:?}", i, shapes, now - T0, op);
