@@ -7,5 +7,6 @@ mod harness;
 mod cli;
 mod contract;
 mod differential;
+mod exactness;
 mod grpc;
 mod semantics;
