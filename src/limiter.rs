@@ -465,17 +465,15 @@ impl<S: Store> Limiter<S> {
     ) -> Hit {
         let id = self.identity(&request.domain, descriptor, shared);
         let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
-        let record = rule.and_then(|r| r.record.as_ref()).and_then(|record| {
+        let record = rule.and_then(|r| r.record.as_ref()).map(|record| RecordSpec {
+            key: id.records(),
+            size: record.size,
             // The recorded entry may sit in this descriptor or in another one of the same request.
-            let value = std::iter::once(descriptor)
+            value: std::iter::once(descriptor)
                 .chain(&request.descriptors)
                 .flat_map(|d| &d.entries)
-                .find(|(k, _)| **k == *record.key)?;
-            Some(RecordSpec {
-                key: id.records(),
-                size: record.size,
-                value: value.1.clone(),
-            })
+                .find(|(k, _)| **k == *record.key)
+                .map(|(_, v)| v.clone()),
         });
         Hit {
             tiers: tiers

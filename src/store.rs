@@ -43,7 +43,8 @@ pub struct Hit {
 pub struct RecordSpec {
     pub key: CounterKey,
     pub size: u32,
-    pub value: String,
+    /// The value to record; `None` when the request does not carry the entry (nothing is recorded).
+    pub value: Option<String>,
 }
 
 /// What one tier says about a hit.

@@ -262,7 +262,7 @@ async fn records_keep_the_last_values(store: impl Store) {
         h.record = Some(RecordSpec {
             key: base.records(),
             size: 3,
-            value: user.into(),
+            value: Some(user.into()),
         });
         apply(&store, T0, &h).await;
     }

@@ -4,6 +4,7 @@
 #[macro_use]
 mod harness;
 
+mod algorithms;
 mod cli;
 mod contract;
 mod differential;

@@ -24,8 +24,10 @@ use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRes
 use crate::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use crate::proto::sluice::v1::{GetRemainingRequest, GetRemainingResponse};
 
-/// Tokio's timer fires on whole milliseconds, rounding up. A slot therefore wakes up to this much before a
-/// scheduled time rather than up to this much after it, which would add the timer's rounding to every latency.
+/// Tokio's timer fires on whole milliseconds, rounding up. A slot therefore asks to wake this much before a
+/// scheduled time: it then fires on the tick just before the time rather than the one just after, so the timer's
+/// rounding does not add up to a millisecond to every latency. (A request sent early is timed from its actual
+/// send.) More slack would send requests in bursts ahead of the schedule.
 const TIMER_SLACK: Duration = Duration::from_millis(1);
 
 /// Latencies are recorded in microseconds, up to an hour (longer ones count as an hour).

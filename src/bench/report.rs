@@ -275,7 +275,9 @@ impl fmt::Display for Report {
 
 /// A duration in the unit that keeps three or four significant digits.
 fn human(d: Duration) -> String {
-    if d < Duration::from_millis(1) {
+    if d.is_zero() {
+        "0s".to_string()
+    } else if d < Duration::from_millis(1) {
         format!("{}µs", d.as_micros())
     } else if d < Duration::from_secs(1) {
         format!("{:.2}ms", d.as_secs_f64() * 1e3)

@@ -152,7 +152,7 @@ impl MemoryStore {
         let mut records = Vec::new();
         if let Some(record) = &hit.record {
             let key = record.key.as_str();
-            if commit {
+            if let (true, Some(value)) = (commit, &record.value) {
                 let entry = shard.entries.entry(key.to_owned()).or_insert_with(|| Entry {
                     state: State::Records(VecDeque::new()),
                     expires_at_us: 0,
@@ -161,7 +161,7 @@ impl MemoryStore {
                     entry.state = State::Records(VecDeque::new());
                 }
                 if let State::Records(list) = &mut entry.state {
-                    list.push_front(record.value.clone());
+                    list.push_front(value.clone());
                     list.truncate(record.size as usize);
                 }
                 entry.expires_at_us = now + ceil_ms_us(longest.max(1));

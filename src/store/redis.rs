@@ -16,7 +16,7 @@ use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
-use super::{CounterKey, Hit, Outcome, Store, StoreError, TierOutcome};
+use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
 
 /// The decision script: every algorithm and the driver, in one atomic unit.
 pub const SCRIPT: &str = concat!(
@@ -107,12 +107,13 @@ impl RedisStore {
 
     /// The EVALSHA arguments of one descriptor: `sha numkeys keys... argv...` (see `lua/decide.lua`).
     fn args(&self, mode: Mode, now_us: u64, hit: &Hit) -> Vec<Value> {
-        let keys = hit.tiers.len() + usize::from(hit.record.is_some());
+        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
+        let keys = hit.tiers.len() + usize::from(record.is_some());
         let mut args: Vec<Value> = Vec::with_capacity(2 + keys + 7 + 2 * hit.fields.len() + 4 * hit.tiers.len());
         args.push(Value::from(self.script.sha1().clone()));
         args.push(Value::Integer(keys as i64));
         args.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
-        if let Some(r) = &hit.record {
+        if let Some(r) = record {
             args.push(Value::from(r.key.as_str()));
         }
         args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
@@ -124,11 +125,11 @@ impl RedisStore {
         args.push(Value::Integer(hit.cost as i64));
         args.push(Value::from(hit.lease.as_str()));
         match &hit.record {
-            Some(r) => {
-                args.push(Value::Integer(i64::from(r.size)));
-                args.push(Value::from(r.value.as_str()));
+            Some(RecordSpec { size, value, .. }) if mode == Mode::Peek || value.is_some() => {
+                args.push(Value::Integer(i64::from(*size)));
+                args.push(Value::from(value.as_deref().unwrap_or_default()));
             }
-            None => {
+            _ => {
                 args.push(Value::Integer(0));
                 args.push(Value::from(""));
             }
