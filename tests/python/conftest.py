@@ -93,7 +93,7 @@ class SluiceExited(Exception):
 class Sluice:
     """One `sluice serve` process with its in-memory store, on free ports of 127.0.0.1."""
 
-    def __init__(self, binary: Path, config: Path, workdir: Path):
+    def __init__(self, binary: Path, config: Path, workdir: Path, extra_args: tuple[str, ...] = ()):
         self.grpc_port, self.http_port = free_ports(2)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log_path = workdir / f"sluice-{self.grpc_port}.log"
@@ -113,6 +113,7 @@ class Sluice:
                 self.grpc_target,
                 "--http-addr",
                 f"127.0.0.1:{self.http_port}",
+                *extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -156,7 +157,7 @@ def sluice_bin() -> Path:
 
 
 @contextlib.contextmanager
-def running_sluice(binary: Path, config: Path, workdir: Path) -> Iterator[Sluice]:
+def running_sluice(binary: Path, config: Path, workdir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[Sluice]:
     """Runs sluice on a config file or directory while the block runs.
 
     On the way out the process gets SIGTERM and must exit 0 within a few seconds: that is the check of graceful
@@ -164,7 +165,7 @@ def running_sluice(binary: Path, config: Path, workdir: Path) -> Iterator[Sluice
     """
     attempts = 3
     for attempt in range(1, attempts + 1):
-        server = Sluice(binary, config, workdir)
+        server = Sluice(binary, config, workdir, extra_args)
         try:
             server.wait_healthy()
         except SluiceExited as e:
@@ -194,10 +195,11 @@ def running_sluice(binary: Path, config: Path, workdir: Path) -> Iterator[Sluice
 
 
 @pytest.fixture
-def start_sluice(sluice_bin: Path, tmp_path: Path) -> Iterator[Callable[[Path], Sluice]]:
-    """Starts sluice processes for one test; each is stopped, and its shutdown checked, when the test ends."""
+def start_sluice(sluice_bin: Path, tmp_path: Path) -> Iterator[Callable[..., Sluice]]:
+    """Starts sluice processes for one test (`start(config, *extra_flags)`); each is stopped, and its shutdown
+    checked, when the test ends."""
     with contextlib.ExitStack() as stack:
-        yield lambda config: stack.enter_context(running_sluice(sluice_bin, config, tmp_path))
+        yield lambda config, *extra: stack.enter_context(running_sluice(sluice_bin, config, tmp_path, extra))
 
 
 @pytest.fixture

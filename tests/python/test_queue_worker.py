@@ -1,0 +1,80 @@
+"""The `queue` algorithm end to end: sluice on a real Redis admits requests while the stream has room, returns the
+stream and entry ids in dynamic_metadata, and examples/queue_worker.py drains the stream, which frees the places."""
+
+import contextlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+from conftest import REPO, free_port, open_process, wait_until
+
+CONFIG = """
+domain: jobs
+descriptors:
+  - key: export
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: queue}
+"""
+
+
+@contextlib.contextmanager
+def redis_server(tmp_path: Path):
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (the README's test command installs it)")
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with open_process(args, tmp_path / "redis.log"):
+        def answers() -> bool:
+            out = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
+            return out.stdout.strip() == "PONG"
+
+        wait_until(answers, 10, f"redis-server on port {port}")
+        yield f"redis://127.0.0.1:{port}"
+
+
+def request(user: str) -> rls_pb2.RateLimitRequest:
+    entries = [ratelimit_pb2.RateLimitDescriptor.Entry(key="export", value=user)]
+    return rls_pb2.RateLimitRequest(domain="jobs", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=entries)])
+
+
+def queued(response: rls_pb2.RateLimitResponse) -> list:
+    fields = response.dynamic_metadata.fields
+    if "sluice" not in fields:
+        return []
+    return list(fields["sluice"].struct_value.fields["queued"].list_value.values)
+
+
+def test_worker_drains_the_queue_and_frees_places(tmp_path, start_sluice, write_config):
+    with redis_server(tmp_path) as url:
+        sluice = start_sluice(write_config(CONFIG), "--redis-url", url)
+        with grpc.insecure_channel(sluice.grpc_target) as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            first = stub.ShouldRateLimit(request("alice"), timeout=5)
+            second = stub.ShouldRateLimit(request("alice"), timeout=5)
+            assert first.overall_code == second.overall_code == rls_pb2.RateLimitResponse.OK
+            entry = queued(first)[0].struct_value.fields
+            stream = entry["stream"].string_value
+            assert entry["descriptor"].number_value == 0
+            assert entry["entry_id"].string_value != queued(second)[0].struct_value.fields["entry_id"].string_value
+            full = stub.ShouldRateLimit(request("alice"), timeout=5)
+            assert full.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
+            assert queued(full) == []
+
+            worker = subprocess.run(
+                [sys.executable, str(REPO / "examples" / "queue_worker.py"), "--redis", url, "--stream", stream, "--once"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert worker.returncode == 0, worker.stderr
+            assert "handled 2 entries" in worker.stderr
+            assert worker.stdout.count("{'export': 'alice'}") == 2, worker.stdout
+
+            again = stub.ShouldRateLimit(request("alice"), timeout=5)
+            assert again.overall_code == rls_pb2.RateLimitResponse.OK, "the worker freed the places"
