@@ -34,7 +34,16 @@ impl Redis {
             .map(|a| a.port())
             .expect("a free port");
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed");
@@ -48,8 +57,12 @@ impl Redis {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     }
 
     /// `used_memory` from `INFO memory`, in bytes.
@@ -62,7 +75,10 @@ impl Redis {
     /// `usec_per_call` of EVALSHA from `INFO commandstats`.
     fn evalsha_usec(&self) -> f64 {
         let info = self.cli(&["INFO", "commandstats"]);
-        let line = info.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:")).unwrap_or_default();
+        let line = info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+            .unwrap_or_default();
         let value = line.split(',').find_map(|kv| kv.strip_prefix("usec_per_call="));
         value.and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
     }
@@ -102,7 +118,9 @@ fn main() {
             server_time: true,
         }))
         .expect("connects");
-    println!("| algorithm | bytes per descriptor (INFO memory) | MEMORY USAGE of one key | usec per EVALSHA (new key) | usec per EVALSHA (existing key) |");
+    println!(
+        "| algorithm | bytes per descriptor (INFO memory) | MEMORY USAGE of one key | usec per EVALSHA (new key) | usec per EVALSHA (existing key) |"
+    );
     println!("|---|---|---|---|---|");
     for algorithm in Algorithm::ALL {
         redis.cli(&["FLUSHALL"]);

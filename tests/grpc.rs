@@ -296,10 +296,15 @@ fn jobs(key: &str, value: &str) -> RateLimitRequest {
 }
 
 /// `dynamic_metadata.sluice.<field>` as a string.
-fn sluice_field(response: &sluice::proto::envoy::service::ratelimit::v3::RateLimitResponse, field: &str) -> Option<String> {
+fn sluice_field(
+    response: &sluice::proto::envoy::service::ratelimit::v3::RateLimitResponse,
+    field: &str,
+) -> Option<String> {
     use prost_types::value::Kind;
     let sluice = response.dynamic_metadata.as_ref()?.fields.get("sluice")?;
-    let Some(Kind::StructValue(s)) = &sluice.kind else { return None };
+    let Some(Kind::StructValue(s)) = &sluice.kind else {
+        return None;
+    };
     match &s.fields.get(field)?.kind {
         Some(Kind::StringValue(v)) => Some(v.clone()),
         Some(Kind::ListValue(l)) => Some(format!("{} entries", l.values.len())),
@@ -315,9 +320,17 @@ async fn leases_travel_in_metadata_and_release_and_reset_work_over_grpc() {
     let mut envoy = envoy_client(&server).await;
     let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
 
-    let first = envoy.should_rate_limit(jobs("job", "build")).await.unwrap().into_inner();
+    let first = envoy
+        .should_rate_limit(jobs("job", "build"))
+        .await
+        .unwrap()
+        .into_inner();
     let lease = sluice_field(&first, "lease_id").expect("lease id in dynamic_metadata");
-    let second = client.should_rate_limit(jobs("job", "build")).await.unwrap().into_inner();
+    let second = client
+        .should_rate_limit(jobs("job", "build"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(second.overall_code, Code::OverLimit as i32, "one job in flight");
     let release = |lease: &str| sluice::proto::sluice::v1::ReleaseRequest {
         domain: "jobs".into(),
@@ -328,12 +341,20 @@ async fn leases_travel_in_metadata_and_release_and_reset_work_over_grpc() {
     assert_eq!(client.release(release(&lease)).await.unwrap().into_inner().released, 0);
     let status = client.release(release("")).await.unwrap_err();
     assert_eq!(status.code(), GrpcCode::InvalidArgument);
-    let third = envoy.should_rate_limit(jobs("job", "build")).await.unwrap().into_inner();
+    let third = envoy
+        .should_rate_limit(jobs("job", "build"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(third.overall_code, Code::Ok as i32, "the released place is free again");
 
     let queued = envoy.should_rate_limit(jobs("work", "w")).await.unwrap().into_inner();
     assert_eq!(sluice_field(&queued, "queued").as_deref(), Some("1 entries"));
-    let stream = redis.snapshot().into_iter().find(|(k, _, _)| k.ends_with("|queue/3600")).expect("a stream");
+    let stream = redis
+        .snapshot()
+        .into_iter()
+        .find(|(k, _, _)| k.ends_with("|queue/3600"))
+        .expect("a stream");
     assert!(redis.cli(&["XLEN", &stream.0]).contains('1'));
 
     // Reset: refused without the admin token, done with it, and only for the given descriptors.
@@ -344,11 +365,15 @@ async fn leases_travel_in_metadata_and_release_and_reset_work_over_grpc() {
     let status = client.reset(reset()).await.unwrap_err();
     assert_eq!(status.code(), GrpcCode::Unauthenticated);
     let mut wrong = tonic::Request::new(reset());
-    wrong.metadata_mut().insert("authorization", "Bearer nope".parse().unwrap());
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
     assert_eq!(client.reset(wrong).await.unwrap_err().code(), GrpcCode::Unauthenticated);
     let mut authorized = tonic::Request::new(reset());
     let bearer = format!("Bearer {}", crate::harness::ADMIN_TOKEN);
-    authorized.metadata_mut().insert("authorization", bearer.parse().unwrap());
+    authorized
+        .metadata_mut()
+        .insert("authorization", bearer.parse().unwrap());
     assert_eq!(client.reset(authorized).await.unwrap().into_inner().deleted, 1);
     assert_eq!(redis.snapshot().len(), 1, "the queue's stream is untouched");
     server.shutdown().await;
@@ -370,8 +395,13 @@ async fn reset_is_disabled_without_an_admin_token() {
         domain: "jobs".into(),
         descriptors: vec![descriptor("job", "x")],
     });
-    request.metadata_mut().insert("authorization", "Bearer anything".parse().unwrap());
-    assert_eq!(client.reset(request).await.unwrap_err().code(), GrpcCode::PermissionDenied);
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer anything".parse().unwrap());
+    assert_eq!(
+        client.reset(request).await.unwrap_err().code(),
+        GrpcCode::PermissionDenied
+    );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
