@@ -80,8 +80,8 @@ fn bench_find(c: &mut Criterion) {
         ("exact", entries(&[("path", "/v1/resource137")])),
         ("key_only", entries(&[("remote_address", "10.1.2.3")])),
         ("wildcard_first", entries(&[("path", "/static/site.css")])),
-        ("wildcard_after_scan", entries(&[("path", "/api/v2/orders")])),
-        ("key_only_after_scan", entries(&[("path", "/unknown/route")])),
+        ("wildcard_last", entries(&[("path", "/download/ubuntu-24.04.iso")])),
+        ("fallback", entries(&[("path", "/unknown/route")])),
         ("nested_2", entries(&[("path", "/api/v2/orders"), ("user", "42")])),
         (
             "nested_3",

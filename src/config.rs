@@ -247,13 +247,13 @@ mod tests {
     #[test]
     fn unknown_key_names_file_and_path() {
         let e = parse_str(
-            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, burst: 4}\n",
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, colour: red}\n",
         )
         .unwrap_err()
         .to_string();
         assert!(e.contains("t.yaml"), "{e}");
         assert!(e.contains("descriptors[0].rate_limit"), "{e}");
-        assert!(e.contains("burst"), "{e}");
+        assert!(e.contains("colour"), "{e}");
     }
 
     #[test]
