@@ -90,6 +90,8 @@ pub struct RawReplaces {
 pub struct ConfigFile {
     pub path: PathBuf,
     pub domain: RawDomain,
+    /// A hash of the file's name and text, to tell whether a reload changed anything.
+    pub digest: u64,
 }
 
 /// Why a configuration could not be loaded. Every message names the file, and the path inside it when there is one.
@@ -176,9 +178,12 @@ pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
     }
     check_keys(file, &value, &mut String::new())?;
     let domain: RawDomain = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&(file, text), &mut hasher);
     Ok(ConfigFile {
         path: file.to_path_buf(),
         domain,
+        digest: std::hash::Hasher::finish(&hasher),
     })
 }
 

@@ -10,6 +10,7 @@
 //! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation.
 //! - [`clock`]: injected time, read once per request.
 //! - [`metrics`], [`http`], [`telemetry`]: Prometheus counters, the HTTP endpoints, logs.
+//! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
 //! - [`server`]: assembly, listeners and graceful shutdown.
 //! - [`bench`]: `sluice bench`, a load generator that drives either API over real gRPC connections and reports
 //!   throughput, checked answers and latency percentiles.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod store;

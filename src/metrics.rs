@@ -28,6 +28,13 @@ pub const STORE_DURATION: &str = "sluice_store_call_duration_seconds";
 /// Store calls that failed, by store and kind (`timeout`, `connection`, `script`, `other`).
 pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 
+/// Configuration reloads by result (`success`, `failure`).
+pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
+/// The low 32 bits of the loaded configuration's digest: instances with equal values run equal configurations.
+pub const CONFIG_HASH: &str = "sluice_config_hash";
+/// When the configuration in force was loaded, in Unix seconds.
+pub const CONFIG_LOADED: &str = "sluice_config_loaded_timestamp_seconds";
+
 /// The label value standing for every domain the configuration does not define.
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
 
@@ -164,6 +171,26 @@ impl Metrics {
             Label::from_static_parts("result", "invalid_argument"),
         ];
         self.counter(REQUESTS, labels).increment(1);
+    }
+
+    /// Counts a configuration reload and, when it succeeded, records what is now in force.
+    pub fn config_reload(&self, result: Result<u64, ()>) {
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        self.counter(CONFIG_RELOADS, vec![Label::from_static_parts("result", outcome)])
+            .increment(1);
+        if let Ok(digest) = result {
+            self.config_loaded(digest);
+        }
+    }
+
+    /// Records the configuration in force (at start and after each successful reload).
+    pub fn config_loaded(&self, digest: u64) {
+        let gauge = |name: &'static str| self.inner.recorder.register_gauge(&Key::from_name(name), &METADATA);
+        gauge(CONFIG_HASH).set((digest & 0xffff_ffff) as f64);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        gauge(CONFIG_LOADED).set(now);
     }
 
     fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {

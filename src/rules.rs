@@ -348,6 +348,7 @@ pub struct RuleSet {
     domains: HashMap<Box<str>, Domain>,
     files: usize,
     rules: usize,
+    digest: u64,
 }
 
 impl RuleSet {
@@ -389,15 +390,24 @@ impl RuleSet {
                 },
             );
         }
+        let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
+            (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
+        });
         Ok(RuleSet {
             domains,
             files: files.len(),
             rules,
+            digest,
         })
     }
 
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
+    }
+
+    /// A hash of every file's name and text: equal digests, equal configurations.
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// A human summary for `sluice check` and logs: domains and their rules.

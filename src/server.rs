@@ -19,6 +19,7 @@ use crate::limiter::{Limiter, LimiterSettings};
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
+use crate::reload::{Reloader, WatchError};
 use crate::rules::RuleSet;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -56,31 +57,51 @@ pub enum ServerError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
     #[error("{0}")]
     Serve(String),
 }
 
-/// Loads the configuration and serves until `shutdown` resolves.
+/// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
     let metrics = Metrics::new(settings.near_limit_ratio);
     let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
+    metrics.config_loaded(rules.digest());
     tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
     let grpc = bind(settings.grpc_addr).await?;
     let http = bind(settings.http_addr).await?;
-    let clock = Arc::new(SystemClock);
+    let listeners = (grpc, http);
     match &settings.redis {
         None => {
             tracing::info!("store: in memory");
-            let limiter = Limiter::new(rules, MemoryStore::new(), clock, metrics, settings.limiter);
-            serve(Arc::new(limiter), grpc, http, shutdown, &settings.serve).await
+            start(&settings, rules, metrics, MemoryStore::new(), listeners, shutdown).await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
-            let limiter = Limiter::new(rules, store, clock, metrics, settings.limiter);
-            serve(Arc::new(limiter), grpc, http, shutdown, &settings.serve).await
+            start(&settings, rules, metrics, store, listeners, shutdown).await
         }
     }
+}
+
+async fn start<S: Store>(
+    settings: &Settings,
+    rules: RuleSet,
+    metrics: Metrics,
+    store: S,
+    (grpc, http): (TcpListener, TcpListener),
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let limiter = Arc::new(Limiter::new(
+        rules,
+        store,
+        Arc::new(SystemClock),
+        metrics,
+        settings.limiter.clone(),
+    ));
+    let _reloader = Reloader::start(limiter.clone(), settings.config.clone())?;
+    serve(limiter, grpc, http, shutdown, &settings.serve).await
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {

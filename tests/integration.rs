@@ -10,4 +10,5 @@ mod contract;
 mod differential;
 mod exactness;
 mod grpc;
+mod reload;
 mod semantics;

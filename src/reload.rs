@@ -1,0 +1,126 @@
+//! Hot reload: watches the configuration and swaps in a new rule set when it changes, or on SIGHUP.
+//!
+//! The watch is on the directory that holds the configuration (the file's parent, or the directory itself), so it
+//! sees in-place writes, atomic renames (`mv tmp file`, `sed -i`) and the Kubernetes ConfigMap symlink swap alike.
+//! Events are debounced, and a reload whose files hash to the rule set in force is skipped. A configuration that
+//! does not load (bad YAML, an invalid rule, a file caught empty mid-write) never replaces the running one: the
+//! reason is logged and counted. In-flight requests finish with the rules they started with, and counters survive:
+//! their keys depend only on the domain, the entries, the algorithm and the window.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::config;
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+use crate::store::Store;
+
+/// How long the configuration must be quiet after a change before it is read: editors and `kubectl` write in
+/// several steps.
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// A running watcher; dropping it stops watching.
+pub struct Reloader {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Reloader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Why watching could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot watch '{}' for changes: {source}", path.display())]
+pub struct WatchError {
+    path: PathBuf,
+    source: notify::Error,
+}
+
+impl Reloader {
+    /// Starts watching `path` (the `--config` file or directory) and reloading `limiter` from it.
+    pub fn start<S: Store>(limiter: Arc<Limiter<S>>, path: PathBuf) -> Result<Reloader, WatchError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok_and(|e| !e.kind.is_access()) {
+                let _ = tx.send(());
+            }
+        })
+        .map_err(|source| WatchError {
+            path: path.clone(),
+            source,
+        })?;
+        let dir = watched_dir(&path);
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|source| WatchError { path: dir, source })?;
+        let task = tokio::spawn(run(limiter, path, watcher, rx));
+        Ok(Reloader { task })
+    }
+}
+
+/// The directory whose entries change when the configuration does.
+fn watched_dir(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        return path.to_path_buf();
+    }
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+async fn run<S: Store>(
+    limiter: Arc<Limiter<S>>,
+    path: PathBuf,
+    _watcher: RecommendedWatcher,
+    mut events: mpsc::UnboundedReceiver<()>,
+) {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let by_signal = tokio::select! {
+            event = events.recv() => {
+                if event.is_none() {
+                    return;
+                }
+                // Wait for quiet: every further event restarts the wait.
+                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, events.recv()).await {}
+                false
+            }
+            Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
+        };
+        reload(&limiter, &path, by_signal);
+    }
+}
+
+/// Loads and compiles the configuration; swaps it in when it is valid and different. Returns whether it did.
+pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, forced: bool) -> bool {
+    let metrics = limiter.metrics();
+    let compiled = config::load(path).and_then(|files| RuleSet::compile(&files, metrics));
+    match compiled {
+        Ok(rules) if !forced && rules.digest() == limiter.rules().digest() => false,
+        Ok(rules) => {
+            let digest = rules.digest();
+            tracing::info!(
+                config = %path.display(),
+                summary = %rules.summary().lines().next().unwrap_or_default(),
+                digest = format!("{digest:016x}"),
+                "configuration reloaded"
+            );
+            limiter.reload(rules);
+            metrics.config_reload(Ok(digest));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "configuration not reloaded; the previous one stays in force");
+            metrics.config_reload(Err(()));
+            false
+        }
+    }
+}
