@@ -6,7 +6,9 @@ use std::sync::Arc;
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
+use crate::headers::HeaderMode;
 use crate::limiter::{self, AppliedLimit, Code, Decision, LimitError, Limiter, Report};
+use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::proto::sluice::v1 as sluice;
@@ -134,7 +136,10 @@ async fn should_rate_limit<S: Store>(
 ) -> Result<Response<rls::RateLimitResponse>, Status> {
     let core = to_core(request.domain, request.descriptors, request.hits_addend);
     let decision = limiter.should_rate_limit(&core).await.map_err(to_status)?;
-    Ok(Response::new(to_response(decision)))
+    Ok(Response::new(to_response(
+        decision,
+        limiter.settings().response_headers,
+    )))
 }
 
 /// The one place where errors become gRPC statuses. Store details stay in the logs.
@@ -167,8 +172,17 @@ pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_adden
     }
 }
 
-pub fn to_response(decision: Decision) -> rls::RateLimitResponse {
+/// The protobuf response for a decision, with the rate limit headers `headers` asks for.
+pub fn to_response(decision: Decision, headers: HeaderMode) -> rls::RateLimitResponse {
     let dynamic_metadata = dynamic_metadata(&decision);
+    let response_headers_to_add = crate::headers::for_decision(headers, &decision)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_string(),
+            value,
+            raw_value: Vec::new(),
+        })
+        .collect();
     rls::RateLimitResponse {
         overall_code: code(decision.overall) as i32,
         statuses: decision
@@ -183,6 +197,7 @@ pub fn to_response(decision: Decision) -> rls::RateLimitResponse {
             })
             .collect(),
         dynamic_metadata,
+        response_headers_to_add,
         ..Default::default()
     }
 }

@@ -9,7 +9,8 @@
 //! - [`limiter`]: the decision core, `should_rate_limit` and `get_remaining`; it knows no gRPC and no Redis.
 //! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation.
 //! - [`clock`]: injected time, read once per request.
-//! - [`metrics`], [`http`], [`telemetry`]: Prometheus counters, the HTTP endpoints, logs.
+//! - [`metrics`], [`http`], [`json`], [`headers`], [`telemetry`]: Prometheus counters, the HTTP endpoints and their
+//!   JSON mapping, rate limit response headers, logs and traces.
 //! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
 //! - [`server`]: assembly, listeners and graceful shutdown.
 //! - [`bench`]: `sluice bench`, a load generator that drives either API over real gRPC connections and reports
@@ -21,7 +22,9 @@ pub mod api;
 pub mod bench;
 pub mod clock;
 pub mod config;
+pub mod headers;
 pub mod http;
+pub mod json;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;

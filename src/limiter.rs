@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
+use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
@@ -153,6 +154,8 @@ pub struct LimiterSettings {
     pub shadow_mode: bool,
     /// Merge the `metadata` of passing rules into the response.
     pub response_metadata: bool,
+    /// Rate limit headers to add to responses.
+    pub response_headers: crate::headers::HeaderMode,
 }
 
 impl Default for LimiterSettings {
@@ -161,6 +164,7 @@ impl Default for LimiterSettings {
             key_prefix: "sluice:".to_string(),
             shadow_mode: false,
             response_metadata: false,
+            response_headers: crate::headers::HeaderMode::Off,
         }
     }
 }
@@ -216,6 +220,10 @@ impl<S: Store> Limiter<S> {
         &self.metrics
     }
 
+    pub fn settings(&self) -> &LimiterSettings {
+        &self.settings
+    }
+
     /// The rule set in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()
@@ -247,7 +255,15 @@ impl<S: Store> Limiter<S> {
             }
         }
         let started = std::time::Instant::now();
-        let outcomes = self.store.hit(now_us, &hits).await;
+        let outcomes = self
+            .store
+            .hit(now_us, &hits)
+            .instrument(tracing::info_span!(
+                "store.hit",
+                store = self.store.name(),
+                descriptors = hits.len()
+            ))
+            .await;
         self.record_store_call("hit", started, outcomes.as_ref().err());
         let outcomes = outcomes.inspect_err(|_| stats.should_unavailable.increment(1))?;
         if outcomes.len() != hits.len() {
@@ -362,7 +378,15 @@ impl<S: Store> Limiter<S> {
             })
             .collect();
         let started = std::time::Instant::now();
-        let outcomes = self.store.peek(now_us, &hits).await;
+        let outcomes = self
+            .store
+            .peek(now_us, &hits)
+            .instrument(tracing::info_span!(
+                "store.peek",
+                store = self.store.name(),
+                descriptors = hits.len()
+            ))
+            .await;
         self.record_store_call("peek", started, outcomes.as_ref().err());
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?

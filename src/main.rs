@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sluice::headers::HeaderMode;
 use sluice::limiter::LimiterSettings;
 use sluice::metrics::Metrics;
 use sluice::rules::RuleSet;
@@ -64,6 +65,9 @@ struct ServeArgs {
     /// Merge the `metadata` of the rules that passed into the response's dynamic_metadata.
     #[arg(long, env = "SLUICE_RESPONSE_METADATA")]
     response_metadata: bool,
+    /// Rate limit headers to add to responses (response_headers_to_add), for the most constrained status.
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum, default_value = "off")]
+    response_headers: HeaderMode,
     /// A hit is "near the limit" in metrics when the count after it exceeds this share of the limit.
     #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
     near_limit_ratio: f64,
@@ -112,7 +116,14 @@ fn check(config: &std::path::Path) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    telemetry::init(args.log_format);
+    // Dropped when `serve` returns, after the server has drained: that flushes the last spans.
+    let _telemetry = match telemetry::init(args.log_format) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let settings = Settings {
         config: args.config,
         grpc_addr: args.grpc_addr,
@@ -127,6 +138,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             key_prefix: args.key_prefix,
             shadow_mode: args.shadow_mode,
             response_metadata: args.response_metadata,
+            response_headers: args.response_headers,
         },
         near_limit_ratio: args.near_limit_ratio,
         serve: ServeOptions {

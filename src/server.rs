@@ -148,6 +148,7 @@ pub async fn serve<S: Store>(
     let http_addr = http.local_addr().ok();
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .layer(crate::telemetry::GrpcTraceLayer)
         .add_service(RateLimitServiceServer::new(EnvoyService::new(limiter.clone())))
         .add_service(RateLimiterServer::new(SluiceService::new(limiter.clone(), admin_token)))
         .add_service(health_service)

@@ -1,6 +1,25 @@
-//! Logs: `tracing` to standard error, as text or JSON, filtered by `RUST_LOG` (default `info`).
+//! Logs and traces. Logs: `tracing` events to standard error, as text or JSON, filtered by `RUST_LOG` (default
+//! `info`). Traces: the same `tracing` spans, exported over OTLP/gRPC when the standard OpenTelemetry variables ask for
+//! it, and joined to the caller's trace through the W3C `traceparent`/`tracestate` gRPC metadata ([`GrpcTraceLayer`]).
+//!
+//! Export is opt-in: without `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` no exporter is
+//! built and the process logs exactly as it would without this module's tracing half.
 
-use tracing_subscriber::EnvFilter;
+use std::task::{Context, Poll};
+
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Instrument;
+use tracing::instrument::Instrumented;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 
 /// The log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -9,14 +28,246 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the process's log subscriber. Call once, from the binary.
-pub fn init(format: LogFormat) {
+/// The variables that switch trace export on, most specific first (the order the OTLP exporter reads them in).
+const ENDPOINT_VARS: [&str; 2] = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"];
+
+/// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` names the service.
+const DEFAULT_SERVICE_NAME: &str = "sluice";
+
+/// Why logs or traces could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("{var}='{value}': cannot build the OTLP span exporter: {source}")]
+    Exporter {
+        var: &'static str,
+        value: String,
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    #[error("{var} is set but the OTLP export runtime cannot start: {source}")]
+    Runtime { var: &'static str, source: std::io::Error },
+    #[error("cannot install the log subscriber: {0}")]
+    Subscriber(#[from] tracing_subscriber::util::TryInitError),
+}
+
+/// Keeps trace export running; dropping it exports the spans still queued and stops the exporter.
+///
+/// Hold it until the server has returned, so the spans of the last calls (graceful shutdown included) are sent.
+#[must_use = "dropping the guard stops trace export"]
+#[derive(Debug, Default)]
+pub struct TelemetryGuard {
+    export: Option<Export>,
+}
+
+#[derive(Debug)]
+struct Export {
+    provider: SdkTracerProvider,
+    /// Runs the gRPC channel of the exporter. It is separate from the server's runtime because the spans are flushed
+    /// when the guard drops, after that runtime is gone.
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(export) = self.export.take() {
+            // Blocks until the batch processor has exported what it holds (bounded by the SDK's shutdown timeout).
+            if let Err(e) = export.provider.shutdown() {
+                tracing::warn!(error = %e, "could not export the last spans");
+            }
+            export.runtime.shutdown_background();
+        }
+    }
+}
+
+/// Installs the process's log subscriber and, when an OTLP endpoint variable is set, the OTLP/gRPC span exporter
+/// and the W3C TraceContext propagator. Call once, from the binary.
+///
+/// The exporter follows the standard variables: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`, `_HEADERS`, `_TIMEOUT`,
+/// `_COMPRESSION`, `OTEL_SERVICE_NAME` (default `sluice`), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)`,
+/// `OTEL_BSP_*`. `OTEL_SDK_DISABLED=true` switches it off.
+pub fn init(format: LogFormat) -> Result<TelemetryGuard, TelemetryError> {
+    // Logs keep their own filter, so `RUST_LOG=warn` quiets the logs without stopping the spans sent to OTLP.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
     };
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt];
+
+    let mut guard = TelemetryGuard::default();
+    if let Some((var, value)) = otlp_endpoint() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sluice-otlp")
+            .enable_all()
+            .build()
+            .map_err(|source| TelemetryError::Runtime { var, source })?;
+        // The exporter's gRPC channel spawns its worker on the runtime current when it is built.
+        let exporter = {
+            let _entered = runtime.enter();
+            opentelemetry_otlp::SpanExporter::builder().with_tonic().build()
+        }
+        .map_err(|source| TelemetryError::Exporter { var, value, source })?;
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource())
+            .build();
+        let tracer = provider.tracer(env!("CARGO_PKG_NAME"));
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        // Only sluice's own spans: the exporter's HTTP/2 client would otherwise trace its own exports.
+        let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), LevelFilter::INFO);
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(spans)
+                .boxed(),
+        );
+        guard.export = Some(Export { provider, runtime });
+    }
+
+    tracing_subscriber::registry().with(layers).try_init()?;
+    Ok(guard)
+}
+
+/// The endpoint variable that switches export on, with its value; `None` when export is off.
+fn otlp_endpoint() -> Option<(&'static str, String)> {
+    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return None;
+    }
+    ENDPOINT_VARS
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()).map(|v| (var, v)))
+}
+
+/// The SDK's resource (from `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`), named `sluice` when they do not name
+/// the service; the SDK's own fallback would be `unknown_service:sluice`.
+fn resource() -> Resource {
+    let builder = Resource::builder();
+    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
+        || EnvResourceDetector::new()
+            .detect()
+            .get(&opentelemetry::Key::from_static_str("service.name"))
+            .is_some();
+    if named {
+        builder.build()
+    } else {
+        builder.with_service_name(DEFAULT_SERVICE_NAME).build()
+    }
+}
+
+/// A tower layer for the gRPC server: each call runs in a `grpc` span (OpenTelemetry kind `server`, named
+/// `package.Service/Method`) whose parent is the trace context found in the call's `traceparent`/`tracestate`
+/// metadata. The handlers' `#[tracing::instrument]` spans, and the store calls under them, become its children, so
+/// sluice's spans join the caller's (Envoy's) trace.
+///
+/// Without trace export the context is empty and the span is only seen by the logs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcTraceLayer;
+
+impl<S> tower::Layer<S> for GrpcTraceLayer {
+    type Service = GrpcTrace<S>;
+
+    fn layer(&self, inner: S) -> GrpcTrace<S> {
+        GrpcTrace { inner }
+    }
+}
+
+/// The service [`GrpcTraceLayer`] wraps around the gRPC router.
+#[derive(Debug, Clone)]
+pub struct GrpcTrace<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for GrpcTrace<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Instrumented<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let span = rpc_span(request.uri().path());
+        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&Metadata(request.headers()))
+        });
+        // Fails only when no OpenTelemetry layer is installed (export off): the span then has no trace to join.
+        let _ = span.set_parent(parent);
+        let future = span.in_scope(|| self.inner.call(request));
+        future.instrument(span)
+    }
+}
+
+/// The span of one call to `path` (`/package.Service/Method`), with the OpenTelemetry RPC attributes.
+fn rpc_span(path: &str) -> tracing::Span {
+    let (name, service, method) = rpc_names(path);
+    tracing::info_span!(
+        "grpc",
+        otel.name = name,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = method,
+    )
+}
+
+/// `/package.Service/Method` as the span name `package.Service/Method`, the service and the method.
+fn rpc_names(path: &str) -> (&str, &str, &str) {
+    let name = path.strip_prefix('/').unwrap_or(path);
+    let (service, method) = name.split_once('/').unwrap_or((name, ""));
+    (name, service, method)
+}
+
+/// The headers of a gRPC call, read by the propagator (gRPC metadata is HTTP/2 headers).
+struct Metadata<'a>(&'a http::HeaderMap);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+
+    use super::*;
+
+    #[test]
+    fn the_propagator_reads_traceparent_from_grpc_metadata() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            http::HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        );
+        let cx = TraceContextPropagator::new().extract(&Metadata(&headers));
+        let remote = cx.span().span_context().clone();
+        assert!(remote.is_remote());
+        assert_eq!(remote.trace_id().to_string(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(remote.span_id().to_string(), "b7ad6b7169203331");
+        assert!(remote.is_sampled());
+    }
+
+    #[test]
+    fn rpc_names_follow_the_rpc_conventions() {
+        assert_eq!(
+            rpc_names("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+            (
+                "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                "envoy.service.ratelimit.v3.RateLimitService",
+                "ShouldRateLimit"
+            )
+        );
+        assert_eq!(rpc_names("/no-method"), ("no-method", "no-method", ""));
+        assert_eq!(rpc_names(""), ("", "", ""));
+    }
 }

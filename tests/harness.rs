@@ -220,8 +220,23 @@ impl TestServer {
 
     /// `GET path` on the HTTP port: status code and body.
     pub async fn http_get(&self, path: &str) -> (u16, String) {
+        self.http_request(&format!(
+            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        ))
+        .await
+    }
+
+    /// `POST path` with a JSON body on the HTTP port: status code and body.
+    pub async fn http_post(&self, path: &str, body: &str) -> (u16, String) {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        self.http_request(&(head + body)).await
+    }
+
+    async fn http_request(&self, request: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(self.http).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();

@@ -10,5 +10,6 @@ mod contract;
 mod differential;
 mod exactness;
 mod grpc;
+mod http;
 mod reload;
 mod semantics;

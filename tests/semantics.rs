@@ -523,7 +523,7 @@ descriptors:
     let (l, _) = limiter_with(yaml, crate::harness::memory(), settings);
     let d = decide(&l, &req("md", vec![desc(&[("a", "1")]), desc(&[("b", "1")])])).await;
     assert_eq!(d.metadata.len(), 1, "only the passing rule's metadata");
-    let response = sluice::api::to_response(d);
+    let response = sluice::api::to_response(d, sluice::headers::HeaderMode::Off);
     let fields = response.dynamic_metadata.expect("metadata set").fields;
     assert!(fields.contains_key("team") && fields.contains_key("tier") && !fields.contains_key("other"));
     assert_eq!(T0 % 1_000_000, 0);

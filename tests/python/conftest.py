@@ -91,18 +91,28 @@ class SluiceExited(Exception):
 
 
 class Sluice:
-    """One `sluice serve` process with its in-memory store, on free ports of 127.0.0.1."""
+    """One `sluice serve` process with its in-memory store, on free ports of 127.0.0.1.
 
-    def __init__(self, binary: Path, config: Path, workdir: Path, extra_args: tuple[str, ...] = ()):
+    `env` adds variables to (or overrides them in) the environment the process inherits, SLUICE_* removed.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        config: Path,
+        workdir: Path,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.grpc_port, self.http_port = free_ports(2)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log_path = workdir / f"sluice-{self.grpc_port}.log"
         # A file rather than a pipe: nobody reads the pipe while the test runs, and a full pipe would block the server.
         self._log = open(self.log_path, "wb")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         # Logs only matter when something fails; keep them readable in the failure message.
-        env.setdefault("RUST_LOG", "info")
-        env["NO_COLOR"] = "1"
+        inherited.setdefault("RUST_LOG", "info")
+        inherited["NO_COLOR"] = "1"
         self.proc = subprocess.Popen(
             [
                 str(binary),
@@ -118,7 +128,7 @@ class Sluice:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env={**inherited, **(env or {})},
         )
 
     @property
@@ -157,7 +167,13 @@ def sluice_bin() -> Path:
 
 
 @contextlib.contextmanager
-def running_sluice(binary: Path, config: Path, workdir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[Sluice]:
+def running_sluice(
+    binary: Path,
+    config: Path,
+    workdir: Path,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[Sluice]:
     """Runs sluice on a config file or directory while the block runs.
 
     On the way out the process gets SIGTERM and must exit 0 within a few seconds: that is the check of graceful
@@ -165,7 +181,7 @@ def running_sluice(binary: Path, config: Path, workdir: Path, extra_args: tuple[
     """
     attempts = 3
     for attempt in range(1, attempts + 1):
-        server = Sluice(binary, config, workdir, extra_args)
+        server = Sluice(binary, config, workdir, extra_args, env)
         try:
             server.wait_healthy()
         except SluiceExited as e:
@@ -196,10 +212,12 @@ def running_sluice(binary: Path, config: Path, workdir: Path, extra_args: tuple[
 
 @pytest.fixture
 def start_sluice(sluice_bin: Path, tmp_path: Path) -> Iterator[Callable[..., Sluice]]:
-    """Starts sluice processes for one test (`start(config, *extra_flags)`); each is stopped, and its shutdown
-    checked, when the test ends."""
+    """Starts sluice processes for one test (`start(config, *extra_flags, env={...})`); each is stopped, and its
+    shutdown checked, when the test ends."""
     with contextlib.ExitStack() as stack:
-        yield lambda config, *extra: stack.enter_context(running_sluice(sluice_bin, config, tmp_path, extra))
+        yield lambda config, *extra, env=None: stack.enter_context(
+            running_sluice(sluice_bin, config, tmp_path, extra, env)
+        )
 
 
 @pytest.fixture
