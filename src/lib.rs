@@ -14,12 +14,13 @@
 //! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
 //! - [`server`]: assembly, listeners and graceful shutdown.
 //! - [`bench`]: `sluice bench`, a load generator that drives either API over real gRPC connections and reports
-//!   throughput, checked answers and latency percentiles.
+//!   throughput, checked answers and latency percentiles; [`client`]: `sluice client`, one call from the shell.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod bench;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod headers;

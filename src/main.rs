@@ -34,6 +34,9 @@ enum Command {
     },
     /// Run a load against a sluice server and report throughput and latency.
     Bench(sluice::bench::BenchArgs),
+    /// Call a running sluice once (ShouldRateLimit, GetRemaining or Release) and print the answer; exits 2 when
+    /// the answer is OVER_LIMIT.
+    Client(sluice::client::ClientArgs),
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => sluice::bench::main(args),
+        Command::Client(args) => sluice::client::main(args),
     }
 }
 

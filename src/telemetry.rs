@@ -160,7 +160,7 @@ fn resource() -> Resource {
 /// metadata. The handlers' `#[tracing::instrument]` spans, and the store calls under them, become its children, so
 /// sluice's spans join the caller's (Envoy's) trace.
 ///
-/// Without trace export the context is empty and the span is only seen by the logs.
+/// Without trace export it does nothing: no span, so the logs and the cost of a call are what they were.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcTraceLayer;
 
@@ -191,12 +191,24 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let span = rpc_span(request.uri().path());
+        // `init` installs a propagator only when it exports spans; without one, calls run without a span and log as
+        // they would without this layer.
         let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.extract(&Metadata(request.headers()))
+            propagator
+                .fields()
+                .next()
+                .is_some()
+                .then(|| propagator.extract(&Metadata(request.headers())))
         });
-        // Fails only when no OpenTelemetry layer is installed (export off): the span then has no trace to join.
-        let _ = span.set_parent(parent);
+        let span = match parent {
+            Some(parent) => {
+                let span = rpc_span(request.uri().path());
+                // Fails only if something filtered the span out; the call is then not traced.
+                let _ = span.set_parent(parent);
+                span
+            }
+            None => tracing::Span::none(),
+        };
         let future = span.in_scope(|| self.inner.call(request));
         future.instrument(span)
     }
