@@ -92,6 +92,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         request: Request<sluice::GetRemainingRequest>,
     ) -> Result<Response<sluice::GetRemainingResponse>, Status> {
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let cost = request.cost.unwrap_or(1);
         let core = to_core(request.domain, request.descriptors, 0);
         let reports = self.limiter.get_remaining(&core, cost).await.map_err(to_status)?;
@@ -134,12 +135,25 @@ async fn should_rate_limit<S: Store>(
     limiter: &Limiter<S>,
     request: rls::RateLimitRequest,
 ) -> Result<Response<rls::RateLimitResponse>, Status> {
+    check_size(limiter, &request)?;
     let core = to_core(request.domain, request.descriptors, request.hits_addend);
     let decision = limiter.should_rate_limit(&core).await.map_err(to_status)?;
     Ok(Response::new(to_response(
         decision,
         limiter.settings().response_headers,
     )))
+}
+
+/// Refuses a request whose encoding is over `--max-request-bytes`.
+fn check_size<S: Store, M: prost::Message>(limiter: &Limiter<S>, request: &M) -> Result<(), Status> {
+    let (len, cap) = (request.encoded_len(), limiter.settings().caps.max_request_bytes);
+    if len > cap {
+        limiter.metrics().invalid_request("any");
+        return Err(to_status(LimitError::InvalidArgument(format!(
+            "request is {len} bytes, over the cap of {cap} (--max-request-bytes)"
+        ))));
+    }
+    Ok(())
 }
 
 /// The one place where errors become gRPC statuses. Store details stay in the logs.

@@ -97,7 +97,8 @@ pub struct BenchArgs {
     /// The rate limit domain of every request.
     #[arg(long, default_value = "edge", value_parser = parse_non_empty)]
     pub domain: String,
-    /// Where descriptor values come from: hot (one key), uniform:N, or zipf:N[:S] (exponent S, default 1).
+    /// Where descriptor values come from, as decimal numbers: hot (always 0), uniform:N (0 to N-1 equally) or
+    /// zipf:N[:S] (0 most often, with exponent S, default 1).
     #[arg(long, default_value = "hot", value_parser = KeySpec::parse)]
     pub keys: KeySpec,
     /// Descriptors per request, each with its own drawn value.
@@ -298,8 +299,12 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
+        // hyper's errors often repeat their cause's message; say it once.
+        let message = e.to_string();
+        if !out.ends_with(&message) {
+            out.push_str(": ");
+            out.push_str(&message);
+        }
         source = e.source();
     }
     out

@@ -18,6 +18,8 @@ pub struct RawDomain {
     pub domain: String,
     #[serde(default)]
     pub descriptors: Vec<RawDescriptor>,
+    /// sluice extension: what to answer for this domain when the store cannot decide.
+    pub failure_policy: Option<String>,
 }
 
 /// One node of the descriptor tree.

@@ -7,7 +7,8 @@
 //! - [`api`]: the gRPC services (Envoy's `RateLimitService`, `sluice.v1.RateLimiter`), thin conversions that
 //!   hand plain requests to the core and map its errors to gRPC statuses in one place.
 //! - [`limiter`]: the decision core, `should_rate_limit` and `get_remaining`; it knows no gRPC and no Redis.
-//! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation.
+//! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation, behind a
+//!   circuit [`breaker`] and a local over-limit [`cache`].
 //! - [`clock`]: injected time, read once per request.
 //! - [`metrics`], [`http`], [`json`], [`headers`], [`telemetry`]: Prometheus counters, the HTTP endpoints and their
 //!   JSON mapping, rate limit response headers, logs and traces.
@@ -20,6 +21,8 @@
 
 pub mod api;
 pub mod bench;
+pub mod breaker;
+pub mod cache;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use tracing::Instrument;
 
+use crate::breaker::{Breaker, BreakerSettings};
+use crate::cache::{Denial, LocalCache};
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
-use crate::rules::{Algorithm, Domain, Limit, Rule, RuleSet, Tier, Unit};
+use crate::rules::{Algorithm, Domain, FailurePolicy, Limit, Rule, RuleSet, Tier, Unit};
 use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome, TierSpec};
 
 /// A rate limit request, as Envoy sends it.
@@ -156,6 +158,34 @@ pub struct LimiterSettings {
     pub response_metadata: bool,
     /// Rate limit headers to add to responses.
     pub response_headers: crate::headers::HeaderMode,
+    /// What to answer when the store fails, for domains that do not say.
+    pub failure_policy: FailurePolicy,
+    pub breaker: BreakerSettings,
+    /// Denials remembered locally (0: none).
+    pub local_cache_size: usize,
+    pub caps: Caps,
+}
+
+/// Bounds on a request, each refused with INVALID_ARGUMENT naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    /// Bytes of one entry key or value (and of the domain).
+    pub max_value_bytes: usize,
+    /// Bytes of one encoded request (checked by the API, which sees the encoding).
+    pub max_request_bytes: usize,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            max_descriptors: 64,
+            max_entries: 32,
+            max_value_bytes: 4_096,
+            max_request_bytes: 65_536,
+        }
+    }
 }
 
 impl Default for LimiterSettings {
@@ -165,6 +195,10 @@ impl Default for LimiterSettings {
             shadow_mode: false,
             response_metadata: false,
             response_headers: crate::headers::HeaderMode::Off,
+            failure_policy: FailurePolicy::Error,
+            breaker: BreakerSettings::default(),
+            local_cache_size: 100_000,
+            caps: Caps::default(),
         }
     }
 }
@@ -173,6 +207,8 @@ impl Default for LimiterSettings {
 pub struct Limiter<S> {
     rules: ArcSwap<RuleSet>,
     store: S,
+    breaker: Breaker,
+    cache: LocalCache,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
     settings: LimiterSettings,
@@ -206,6 +242,8 @@ impl<S: Store> Limiter<S> {
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
+            breaker: Breaker::new(settings.breaker),
+            cache: LocalCache::new(settings.local_cache_size),
             clock,
             metrics,
             settings,
@@ -236,7 +274,7 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a request, counting each descriptor's hit against its limits.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimitError> {
-        validate(request).inspect_err(|_| self.metrics.invalid_request("should_rate_limit"))?;
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("should_rate_limit"))?;
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
         let domain = rules.domain(&request.domain);
@@ -254,24 +292,10 @@ impl<S: Store> Limiter<S> {
                 hits.push(hit);
             }
         }
-        let started = std::time::Instant::now();
-        let outcomes = self
-            .store
-            .hit(now_us, &hits)
-            .instrument(tracing::info_span!(
-                "store.hit",
-                store = self.store.name(),
-                descriptors = hits.len()
-            ))
-            .await;
-        self.record_store_call("hit", started, outcomes.as_ref().err());
-        let outcomes = outcomes.inspect_err(|_| stats.should_unavailable.increment(1))?;
-        if outcomes.len() != hits.len() {
-            return Err(StoreError::Other("store returned the wrong number of outcomes".into()).into());
-        }
+        let decided = self.decide_hits(&mut hits, now_us, domain, stats).await?;
 
         let ratio = self.metrics.near_limit_ratio();
-        let mut outcomes = outcomes.iter().zip(&hits);
+        let mut outcomes = decided.iter().zip(&hits);
         let mut statuses = Vec::with_capacity(targets.len());
         let mut metadata = Vec::new();
         let mut queued = Vec::new();
@@ -285,8 +309,22 @@ impl<S: Store> Limiter<S> {
                     let Some((outcome, hit)) = outcomes.next() else {
                         return Err(StoreError::Other("store returned too few outcomes".into()).into());
                     };
-                    let (i, tier) = constraining(outcome);
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
+                    let Some(outcome) = outcome else {
+                        // The store failed and the domain's failure policy answers instead.
+                        let policy = self.policy(domain);
+                        self.metrics.fallback(policy.name());
+                        let status = fallback_status(policy, &tiers[0], shadow);
+                        if rule.is_some_and(|r| r.quota_mode) {
+                            quota_total += 1;
+                            quota_over += usize::from(status.code == Code::OverLimit);
+                        } else {
+                            over |= status.code == Code::OverLimit;
+                        }
+                        statuses.push(status);
+                        continue;
+                    };
+                    let (i, tier) = constraining(outcome);
                     if hit.cost > 0 {
                         self.rule_stats(domain, *rule, descriptor).record(
                             hit.cost,
@@ -356,10 +394,129 @@ impl<S: Store> Limiter<S> {
         })
     }
 
+    /// Decides every hit: from the local over-limit cache when a denial still holds, otherwise by one store call
+    /// for the rest. `None` where the store failed and the domain's failure policy must answer (an `error` policy
+    /// returns the failure instead).
+    async fn decide_hits(
+        &self,
+        hits: &mut [Hit],
+        now_us: u64,
+        domain: Option<&Domain>,
+        stats: &DomainStats,
+    ) -> Result<Vec<Option<Outcome>>, LimitError> {
+        let mut decided: Vec<Option<Outcome>> = hits.iter().map(|h| self.cached(h, now_us)).collect();
+        let pending: Vec<usize> = (0..hits.len()).filter(|&i| decided[i].is_none()).collect();
+        if pending.is_empty() {
+            return Ok(decided);
+        }
+        // Lend the pending hits to the store call without copying them, then put them back.
+        let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
+        let result = self.store_call("hit", now_us, &sent).await;
+        for (&i, hit) in pending.iter().zip(sent.drain(..)) {
+            hits[i] = hit;
+        }
+        match result {
+            Ok(outcomes) if outcomes.len() == pending.len() => {
+                for (&i, outcome) in pending.iter().zip(outcomes) {
+                    self.remember(&hits[i], &outcome, now_us);
+                    decided[i] = Some(outcome);
+                }
+                Ok(decided)
+            }
+            Ok(_) => Err(StoreError::Other("store returned the wrong number of outcomes".into()).into()),
+            Err(e) if self.policy(domain) == FailurePolicy::Error => {
+                stats.should_unavailable.increment(1);
+                Err(e.into())
+            }
+            Err(_) => Ok(decided),
+        }
+    }
+
+    /// One store call behind the circuit breaker: refused at once while it is open.
+    async fn store_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        if !self.breaker.allow(now_us) {
+            self.metrics.breaker_state(self.breaker.state(now_us) as u8);
+            return Err(StoreError::Connection("circuit breaker open".into()));
+        }
+        let started = std::time::Instant::now();
+        let (store, descriptors) = (self.store.name(), hits.len());
+        let result = match op {
+            "peek" => {
+                let span = tracing::info_span!("store.peek", store, descriptors);
+                self.store.peek(now_us, hits).instrument(span).await
+            }
+            _ => {
+                let span = tracing::info_span!("store.hit", store, descriptors);
+                self.store.hit(now_us, hits).instrument(span).await
+            }
+        };
+        self.record_store_call(op, started, result.as_ref().err());
+        self.breaker.record(result.is_ok(), now_us);
+        self.metrics.breaker_state(self.breaker.state(now_us) as u8);
+        result
+    }
+
+    /// A denial from the local cache, as the outcome the store gave.
+    fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
+        let first = hit.tiers.first()?;
+        let denial = self.cache.get(first.key.as_str(), hit.cost, now_us)?;
+        self.metrics.local_cache_hit();
+        let tiers = hit
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let denying = i == denial.tier;
+                TierOutcome {
+                    ok: !denying,
+                    used: if denying { t.limit.saturating_add(hit.cost) } else { 0 },
+                    remaining: 0,
+                    reset_after_us: if denying {
+                        denial.reset_at_us.saturating_sub(now_us)
+                    } else {
+                        0
+                    },
+                    retry_after_us: Some(if denying { denial.until_us - now_us } else { 0 }),
+                    id: None,
+                }
+            })
+            .collect();
+        Some(Outcome {
+            admitted: false,
+            tiers,
+            records: Vec::new(),
+        })
+    }
+
+    /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]).
+    fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64) {
+        let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
+        if outcome.admitted || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
+            return;
+        }
+        let (tier, denied) = constraining(outcome);
+        if let (Some(first), Some(retry)) = (hit.tiers.first(), denied.retry_after_us) {
+            let denial = Denial {
+                until_us: now_us.saturating_add(retry),
+                cost: hit.cost,
+                tier,
+                reset_at_us: now_us.saturating_add(denied.reset_after_us),
+            };
+            self.cache.insert(first.key.as_str(), denial, now_us);
+        }
+    }
+
+    /// The failure policy of a domain: its own, or the server's default.
+    fn policy(&self, domain: Option<&Domain>) -> FailurePolicy {
+        domain
+            .and_then(|d| d.failure_policy)
+            .unwrap_or(self.settings.failure_policy)
+    }
+
     /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
     /// every limit. Read-only.
     pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {
-        validate(request).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
         let domain = rules.domain(&request.domain);
@@ -377,17 +534,11 @@ impl<S: Store> Limiter<S> {
                 _ => None,
             })
             .collect();
-        let started = std::time::Instant::now();
-        let outcomes = self
-            .store
-            .peek(now_us, &hits)
-            .instrument(tracing::info_span!(
-                "store.peek",
-                store = self.store.name(),
-                descriptors = hits.len()
-            ))
-            .await;
-        self.record_store_call("peek", started, outcomes.as_ref().err());
+        let outcomes = if hits.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.store_call("peek", now_us, &hits).await
+        };
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?
             .into_iter();
@@ -428,7 +579,7 @@ impl<S: Store> Limiter<S> {
 
     /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.
     pub async fn release(&self, request: &Request, lease: &str) -> Result<u64, LimitError> {
-        validate(request).inspect_err(|_| self.metrics.invalid_request("release"))?;
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("release"))?;
         if lease.is_empty() {
             self.metrics.invalid_request("release");
             return Err(LimitError::InvalidArgument("lease_id is empty".into()));
@@ -439,8 +590,10 @@ impl<S: Store> Limiter<S> {
 
     /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to.
     pub async fn reset(&self, request: &Request) -> Result<u64, LimitError> {
-        validate(request).inspect_err(|_| self.metrics.invalid_request("reset"))?;
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("reset"))?;
         let keys = self.keys(request, |_| true, true);
+        self.cache
+            .remove(&keys.iter().map(CounterKey::as_str).collect::<Vec<_>>());
         Ok(self.store.reset(&keys).await?)
     }
 
@@ -586,26 +739,68 @@ fn new_lease() -> String {
     format!("{a:016x}{b:016x}")
 }
 
+/// The status a failure policy gives a limited descriptor when the store could not decide.
+fn fallback_status(policy: FailurePolicy, tier: &Tier, shadow: bool) -> Status {
+    match policy {
+        FailurePolicy::FailClosed => Status {
+            code: if shadow { Code::Ok } else { Code::OverLimit },
+            limit: Some(AppliedLimit::from(tier)),
+            remaining: 0,
+            reset_after_us: Some(1_000_000),
+        },
+        FailurePolicy::FailOpen | FailurePolicy::Error => Status::NO_RULE,
+    }
+}
+
 /// The cost of a descriptor's hit: its own `hits_addend` if present (0 = check only), else the request's, 0 = 1.
 fn cost(request: &Request, descriptor: &Descriptor) -> u64 {
     descriptor.hits_addend.unwrap_or(u64::from(request.hits_addend.max(1)))
 }
 
-/// Rejects what Envoy's protocol forbids, naming the offending field.
-fn validate(request: &Request) -> Result<(), LimitError> {
+/// Rejects what Envoy's protocol forbids and what exceeds the caps, naming the offending field or cap.
+fn validate(request: &Request, caps: &Caps) -> Result<(), LimitError> {
     let invalid = |m: String| Err(LimitError::InvalidArgument(m));
     if request.domain.is_empty() {
         return invalid("domain is empty".into());
     }
+    if request.domain.len() > caps.max_value_bytes {
+        return invalid(format!(
+            "domain is {} bytes, over the cap of {} (--max-value-bytes)",
+            request.domain.len(),
+            caps.max_value_bytes
+        ));
+    }
     if request.descriptors.is_empty() {
         return invalid("no descriptors".into());
+    }
+    if request.descriptors.len() > caps.max_descriptors {
+        return invalid(format!(
+            "{} descriptors, over the cap of {} (--max-descriptors)",
+            request.descriptors.len(),
+            caps.max_descriptors
+        ));
     }
     for (i, d) in request.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
             return invalid(format!("descriptors[{i}] has no entries"));
         }
-        if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
-            return invalid(format!("descriptors[{i}].entries[{j}].key is empty"));
+        if d.entries.len() > caps.max_entries {
+            return invalid(format!(
+                "descriptors[{i}] has {} entries, over the cap of {} (--max-entries)",
+                d.entries.len(),
+                caps.max_entries
+            ));
+        }
+        for (j, (k, v)) in d.entries.iter().enumerate() {
+            if k.is_empty() {
+                return invalid(format!("descriptors[{i}].entries[{j}].key is empty"));
+            }
+            if k.len() > caps.max_value_bytes || v.len() > caps.max_value_bytes {
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}] is over the cap of {} bytes per key or value (--max-value-bytes)",
+                    caps.max_value_bytes
+                ));
+            }
         }
         if let Some(o) = d.limit_override {
             if Unit::from_override(o.unit).is_none() {

@@ -6,9 +6,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sluice::breaker::BreakerSettings;
 use sluice::headers::HeaderMode;
-use sluice::limiter::LimiterSettings;
+use sluice::limiter::{Caps, LimiterSettings};
 use sluice::metrics::Metrics;
+use sluice::rules::FailurePolicy;
 use sluice::rules::RuleSet;
 use sluice::server::{self, ServeOptions, Settings};
 use sluice::store::redis::RedisSettings;
@@ -68,6 +70,30 @@ struct ServeArgs {
     /// Merge the `metadata` of the rules that passed into the response's dynamic_metadata.
     #[arg(long, env = "SLUICE_RESPONSE_METADATA")]
     response_metadata: bool,
+    /// What to answer when Redis fails or times out, for domains whose file does not set `failure_policy`.
+    #[arg(long, env = "SLUICE_FAILURE_POLICY", value_enum, default_value = "error")]
+    failure_policy: FailurePolicy,
+    /// Consecutive failed Redis calls that open the circuit breaker (0: never open it).
+    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 5)]
+    breaker_failures: u32,
+    /// How long the open breaker answers by the failure policy before probing Redis again, in milliseconds.
+    #[arg(long, env = "SLUICE_BREAKER_COOLDOWN_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    breaker_cooldown_ms: u64,
+    /// Over-limit descriptors remembered locally until their retry time (0: no local cache).
+    #[arg(long, env = "SLUICE_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
+    local_cache_size: usize,
+    /// Most descriptors in one request.
+    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    max_descriptors: u64,
+    /// Most entries in one descriptor.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    max_entries: u64,
+    /// Most bytes in one entry key or value, or in the domain.
+    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = 4_096, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_value_bytes: u64,
+    /// Most bytes in one encoded request.
+    #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(64..=4_194_304))]
+    max_request_bytes: u64,
     /// Rate limit headers to add to responses (response_headers_to_add), for the most constrained status.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum, default_value = "off")]
     response_headers: HeaderMode,
@@ -143,6 +169,18 @@ fn serve(args: ServeArgs) -> ExitCode {
             shadow_mode: args.shadow_mode,
             response_metadata: args.response_metadata,
             response_headers: args.response_headers,
+            failure_policy: args.failure_policy,
+            breaker: BreakerSettings {
+                failures: args.breaker_failures,
+                cooldown: Duration::from_millis(args.breaker_cooldown_ms),
+            },
+            local_cache_size: args.local_cache_size,
+            caps: Caps {
+                max_descriptors: args.max_descriptors as usize,
+                max_entries: args.max_entries as usize,
+                max_value_bytes: args.max_value_bytes as usize,
+                max_request_bytes: args.max_request_bytes as usize,
+            },
         },
         near_limit_ratio: args.near_limit_ratio,
         serve: ServeOptions {

@@ -35,6 +35,13 @@ pub const CONFIG_HASH: &str = "sluice_config_hash";
 /// When the configuration in force was loaded, in Unix seconds.
 pub const CONFIG_LOADED: &str = "sluice_config_loaded_timestamp_seconds";
 
+/// Decisions made without the store, by the failure policy that answered.
+pub const STORE_FALLBACK: &str = "sluice_store_fallback_total";
+/// The circuit breaker in front of the store: 0 closed, 1 open, 2 half-open (probing).
+pub const BREAKER_STATE: &str = "sluice_breaker_state";
+/// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
+pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
+
 /// The label value standing for every domain the configuration does not define.
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
 
@@ -55,6 +62,7 @@ struct Inner {
     handle: PrometheusHandle,
     near_limit_ratio: f64,
     unknown_domain: DomainStats,
+    local_cache_hits: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -95,12 +103,17 @@ impl Metrics {
             .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
         let handle = recorder.handle();
         let unknown_domain = domain_stats(&recorder, UNKNOWN_DOMAIN);
+        let local_cache_hits = recorder.register_counter(&Key::from_name(LOCAL_CACHE_HITS), &METADATA);
+        recorder
+            .register_gauge(&Key::from_name(BREAKER_STATE), &METADATA)
+            .set(0.0);
         Metrics {
             inner: Arc::new(Inner {
                 recorder,
                 handle,
                 near_limit_ratio,
                 unknown_domain,
+                local_cache_hits,
             }),
         }
     }
@@ -171,6 +184,23 @@ impl Metrics {
             Label::from_static_parts("result", "invalid_argument"),
         ];
         self.counter(REQUESTS, labels).increment(1);
+    }
+
+    /// Counts a descriptor answered by the failure policy `policy` without the store.
+    pub fn fallback(&self, policy: &'static str) {
+        self.counter(STORE_FALLBACK, vec![Label::from_static_parts("policy", policy)])
+            .increment(1);
+    }
+
+    pub fn breaker_state(&self, state: u8) {
+        self.inner
+            .recorder
+            .register_gauge(&Key::from_name(BREAKER_STATE), &METADATA)
+            .set(f64::from(state));
+    }
+
+    pub fn local_cache_hit(&self) {
+        self.inner.local_cache_hits.increment(1);
     }
 
     /// Counts a configuration reload and, when it succeeded, records what is now in force.

@@ -132,6 +132,33 @@ impl Algorithm {
     }
 }
 
+/// What to answer when the store cannot decide (it failed, timed out, or the circuit breaker is open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// Answer OK (counted in `sluice_store_fallback_total`).
+    FailOpen,
+    /// Answer OVER_LIMIT for every limited descriptor.
+    FailClosed,
+    /// Answer UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    Error,
+}
+
+impl FailurePolicy {
+    pub fn from_name(name: &str) -> Option<FailurePolicy> {
+        [FailurePolicy::FailOpen, FailurePolicy::FailClosed, FailurePolicy::Error]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::Error => "error",
+        }
+    }
+}
+
 /// The most hits a `sliding_log` limit may allow per window: each admitted hit is one sorted-set member.
 pub const MAX_LOG_LIMIT: u32 = 10_000;
 
@@ -278,6 +305,8 @@ impl Pattern {
 #[derive(Debug)]
 pub struct Domain {
     pub name: Arc<str>,
+    /// The domain's own failure policy (`failure_policy` in its file), if any.
+    pub failure_policy: Option<FailurePolicy>,
     root: Node,
     pub stats: DomainStats,
 }
@@ -369,6 +398,16 @@ impl RuleSet {
                     format!("domain '{}' is also defined in '{}'", raw.domain, first.display()),
                 ));
             }
+            let failure_policy = match raw.failure_policy.as_deref() {
+                None => None,
+                Some(p) => Some(FailurePolicy::from_name(p).ok_or_else(|| {
+                    ConfigError::invalid(
+                        &file.path,
+                        "failure_policy",
+                        format!("unknown failure policy '{p}' (expected fail_open, fail_closed or error)"),
+                    )
+                })?),
+            };
             let mut compiler = Compiler {
                 file: &file.path,
                 domain: &raw.domain,
@@ -385,6 +424,7 @@ impl RuleSet {
                 raw.domain.as_str().into(),
                 Domain {
                     name: Arc::from(raw.domain.as_str()),
+                    failure_policy,
                     root,
                     stats: metrics.domain_stats(&raw.domain),
                 },

@@ -26,7 +26,7 @@ pub struct TierSpec {
 
 /// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
 /// lone fixed window, which counts denials as the reference does).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hit {
     pub tiers: Vec<TierSpec>,
     /// 0 checks without consuming. For `peek`, the hypothetical cost.

@@ -2,8 +2,8 @@
 //! `info`). Traces: the same `tracing` spans, exported over OTLP/gRPC when the standard OpenTelemetry variables ask for
 //! it, and joined to the caller's trace through the W3C `traceparent`/`tracestate` gRPC metadata ([`GrpcTraceLayer`]).
 //!
-//! Export is opt-in: without `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` no exporter is
-//! built and the process logs exactly as it would without this module's tracing half.
+//! Export is opt-in: without `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` no exporter, no
+//! propagator and no per-call span are set up, and the logs are what they would be without the tracing half.
 
 use std::task::{Context, Poll};
 

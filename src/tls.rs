@@ -1,0 +1,404 @@
+//! TLS: the gRPC listener's certificates, reloaded when their files change, and the client side of TLS to Redis.
+//!
+//! The gRPC server terminates TLS itself, with rustls over the ring provider, instead of through tonic's
+//! `tls_config`, which fixes the certificate for the life of the process. Before each handshake [`ServerTls`]
+//! compares the files' modification time, size and inode with those it loaded last (three `stat` calls, no read),
+//! and rebuilds its rustls configuration when any differs; connections already open keep the certificate they were
+//! made with. A replacement that does not load (half written, or a key that does not fit the certificate) is logged
+//! once, and the previous certificate stays in use until the files change again. At startup a bad file is fatal,
+//! with an error naming it. Handshakes run in tasks of their own, bounded by [`HANDSHAKE_TIMEOUT`], so a slow or
+//! silent client never holds up the accept loop.
+//!
+//! The PEM loaders here also serve the Redis client (`store::redis::RedisTls`), which names its own files in errors.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// How long a client may take to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS file that cannot be used. Every message names the file and what it was for.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{what} '{}': {source}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{what} '{}': {reason}", path.display())]
+    Invalid {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{what} '{}' does not fit certificate '{}': {reason}", key.display(), cert.display())]
+    Pair {
+        what: &'static str,
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// The gRPC listener's TLS files, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// PEM CA certificates; when set, clients must present a certificate signed by one of them (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The one crypto provider sluice uses, passed explicitly so that no process-wide default is needed.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn invalid(what: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
+    TlsError::Invalid {
+        what,
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn pem_reason(e: &pem::Error) -> String {
+    match e {
+        pem::Error::NoItemsFound => "nothing PEM-encoded found".to_string(),
+        other => format!("not valid PEM: {other:?}"),
+    }
+}
+
+/// Every certificate of a PEM file; at least one.
+pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(what, path, pem_reason(&e)))?;
+    if certs.is_empty() {
+        return Err(invalid(what, path, "no PEM certificate found"));
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file.
+pub fn load_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read(what, path)?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+        pem::Error::NoItemsFound => invalid(what, path, "no PEM private key found"),
+        other => invalid(what, path, pem_reason(&other)),
+    })
+}
+
+/// A trust store of every certificate of a PEM file.
+pub fn load_roots(what: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(what, path)? {
+        roots
+            .add(cert)
+            .map_err(|e| invalid(what, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// The system's trusted roots; unreadable ones are logged and skipped.
+pub fn native_roots() -> RootCertStore {
+    let found = rustls_native_certs::load_native_certs();
+    for error in &found.errors {
+        tracing::warn!(error = %error, "cannot read a system CA certificate");
+    }
+    let mut roots = RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    if ignored > 0 {
+        tracing::warn!(added, ignored, "some system CA certificates are not usable");
+    }
+    roots
+}
+
+/// What identifies one version of a file: when it changed, its size and its inode (a rename or a symlink swap,
+/// as Kubernetes does for mounted secrets, changes the inode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+        inode: meta.ino(),
+    })
+}
+
+/// The gRPC listener's TLS configuration, rebuilt when its files change.
+pub struct ServerTls {
+    files: ServerTlsFiles,
+    state: Mutex<ServerState>,
+}
+
+struct ServerState {
+    acceptor: TlsAcceptor,
+    /// The stamps of the files last looked at, loaded or not: a bad replacement is reported once, not per handshake.
+    seen: Vec<Option<Stamp>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").field("files", &self.files).finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Loads the files, or says which one is wrong.
+    pub fn load(files: ServerTlsFiles) -> Result<ServerTls, TlsError> {
+        let seen = files.stamps();
+        let config = files.server_config()?;
+        Ok(ServerTls {
+            files,
+            state: Mutex::new(ServerState {
+                acceptor: TlsAcceptor::from(config),
+                seen,
+            }),
+        })
+    }
+
+    /// The acceptor for the next handshake, rebuilt first if a file changed since the last look.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = self.files.stamps();
+        if now != state.seen {
+            // Stamps are taken before reading, so a change made during the read is seen by the next handshake.
+            state.seen = now;
+            match self.files.server_config() {
+                Ok(config) => {
+                    state.acceptor = TlsAcceptor::from(config);
+                    tracing::info!(cert = %self.files.cert.display(), "grpc tls: certificate files changed; reloaded");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "grpc tls: certificate files changed but do not load; keeping the previous ones")
+                }
+            }
+        }
+        state.acceptor.clone()
+    }
+}
+
+impl ServerTlsFiles {
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| stamp(p))
+            .collect()
+    }
+
+    fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let chain = load_certs("grpc tls certificate", &self.cert)?;
+        let key = load_key("grpc tls key", &self.key)?;
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(format!("grpc tls: {e}")))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let roots = load_roots("grpc tls client ca", ca)?;
+                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                    .build()
+                    .map_err(|e| invalid("grpc tls client ca", ca, e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| TlsError::Pair {
+            what: "grpc tls key",
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            reason: e.to_string(),
+        })?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// One accepted gRPC connection, plain or TLS.
+#[derive(Debug)]
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// The gRPC listener's connections, as tonic's `serve_with_incoming_shutdown` takes them.
+pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
+
+/// Turns the bound gRPC listener into the server's incoming connections: as they come without `tls`, after a
+/// handshake with it. Fails, naming the file, when a TLS file cannot be used.
+pub fn incoming(listener: TcpListener, tls: Option<&ServerTlsFiles>) -> Result<Incoming, TlsError> {
+    use tokio_stream::StreamExt as _;
+    let Some(files) = tls else {
+        return Ok(Box::pin(
+            TcpListenerStream::new(listener).map(|conn| conn.map(Conn::Plain)),
+        ));
+    };
+    let tls = Arc::new(ServerTls::load(files.clone())?);
+    tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "grpc tls on");
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(accept_loop(listener, tls, tx));
+    Ok(Box::pin(ReceiverStream::new(rx).map(Ok)))
+}
+
+/// Accepts connections and hands each to a handshake task, until the server drops its end of the channel (at
+/// shutdown), which closes the listener.
+async fn accept_loop(listener: TcpListener, tls: Arc<ServerTls>, tx: mpsc::Sender<Conn>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = tx.closed() => return,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(conn) => conn,
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "grpc: cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = tls.acceptor();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    let _ = tx.send(Conn::Tls(Box::new(stream))).await;
+                }
+                Ok(Err(e)) => handshake_failed(peer, &e.to_string()),
+                Err(_) => handshake_failed(peer, "timed out"),
+            }
+        });
+    }
+}
+
+fn handshake_failed(peer: SocketAddr, error: &str) {
+    tracing::debug!(peer = %peer, error, "grpc tls handshake failed");
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        match self {
+            Conn::Plain(s) => s.connect_info(),
+            Conn::Tls(s) => s.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_and_garbage_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = load_certs("grpc tls certificate", &missing).unwrap_err().to_string();
+        assert!(e.starts_with("grpc tls certificate '"), "{e}");
+        assert!(e.contains("missing.pem"), "{e}");
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "hello\n").unwrap();
+        let e = load_certs("grpc tls certificate", &garbage).unwrap_err().to_string();
+        assert!(e.contains("garbage.pem") && e.contains("no PEM certificate"), "{e}");
+        let e = load_key("grpc tls key", &garbage).unwrap_err().to_string();
+        assert!(e.contains("garbage.pem") && e.contains("no PEM private key"), "{e}");
+
+        let broken = dir.path().join("broken.pem");
+        std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n").unwrap();
+        let e = load_certs("grpc tls certificate", &broken).unwrap_err().to_string();
+        assert!(e.contains("broken.pem") && e.contains("not valid PEM"), "{e}");
+    }
+}
