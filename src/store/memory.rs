@@ -192,8 +192,14 @@ impl Shard {
             .map(|e| &e.state)
     }
 
+    /// Stores a state, in place when the key exists (no allocation on the hot path).
     fn set(&mut self, key: &str, state: State, expires_at_us: u64) {
-        self.entries.insert(key.to_owned(), Entry { state, expires_at_us });
+        match self.entries.get_mut(key) {
+            Some(entry) => *entry = Entry { state, expires_at_us },
+            None => {
+                self.entries.insert(key.to_owned(), Entry { state, expires_at_us });
+            }
+        }
     }
 
     fn check(&self, t: &TierSpec, now: u64, cost: u64) -> Check {

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Reproduces the figures of BENCHMARKS.md on this machine: builds sluice in release mode, starts Redis (standalone and
+# a 3-primary local cluster) and sluice on loopback ports, and drives `sluice bench` through the scenarios: in memory
+# and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
+# over-limit flood with and without the local cache, and h2load for cross-checking. Every process it starts is
+# stopped on exit. Takes about 10 minutes; DURATION=5s shortens it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
+cargo build --release --locked --bin sluice >&2
+sluice=$PWD/target/release/sluice
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+wait_port() {
+  for _ in $(seq 200); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; return 1
+}
+
+cat >"$work/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: flood
+    rate_limit: {unit: hour, requests_per_unit: 1}
+YAML
+
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+pids+=($!)
+wait_port "$redis_port"
+
+cluster_ports=()
+for _ in 1 2 3; do
+  p=$(free_port)
+  mkdir -p "$work/c$p"
+  redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
+    --cluster-config-file "nodes-$p.conf" --dir "$work/c$p" >"$work/c$p.log" 2>&1 &
+  pids+=($!)
+  cluster_ports+=("$p")
+done
+for p in "${cluster_ports[@]}"; do wait_port "$p"; done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-yes >/dev/null
+for _ in $(seq 100); do
+  redis-cli -p "${cluster_ports[0]}" cluster info | grep -q 'cluster_state:ok' && break
+  sleep 0.1
+done
+cluster_url="redis-cluster://127.0.0.1:${cluster_ports[0]}?node=127.0.0.1:${cluster_ports[1]}&node=127.0.0.1:${cluster_ports[2]}"
+
+# start_sluice NAME ARGS...: runs sluice, sets $grpc to its address.
+start_sluice() {
+  local name=$1; shift
+  grpc=$(free_port); local http; http=$(free_port)
+  "$sluice" serve --config "$work/bench.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" "$@" \
+    >"$work/sluice-$name.log" 2>&1 &
+  sluice_pid=$!
+  pids+=("$sluice_pid")
+  wait_port "$grpc"
+}
+
+stop_sluice() { kill "$sluice_pid"; wait "$sluice_pid" || true; }
+
+run() {
+  local label=$1; shift
+  printf '%s\n' "--- $label"
+  "$sluice" bench --target "http://127.0.0.1:$grpc" --domain bench --duration "$DURATION" --warmup "$WARMUP" \
+    --quiet "$@"
+}
+
+scenarios() {
+  for descriptors in 1 3; do
+    for keys in hot uniform:100000; do
+      run "$1, $descriptors descriptor(s), keys $keys, max throughput" --descriptors "$descriptors" --keys "$keys"
+      for rate in 5000 20000; do
+        run "$1, $descriptors descriptor(s), keys $keys, fixed $rate/s" --descriptors "$descriptors" --keys "$keys" \
+          --rate "$rate" --concurrency 256
+      done
+    done
+  done
+}
+
+start_sluice memory
+scenarios "memory"
+run "memory, over-limit flood of one key" --descriptor-key flood --keys hot
+stop_sluice
+
+start_sluice redis --redis-url "redis://127.0.0.1:$redis_port"
+redis-cli -p "$redis_port" config resetstat >/dev/null
+scenarios "redis"
+calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
+echo "--- redis commands during the Redis scenarios: $calls"
+run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot
+stop_sluice
+start_sluice redis-nocache --redis-url "redis://127.0.0.1:$redis_port" --local-cache-size 0
+run "redis, over-limit flood of one key, local cache off" --descriptor-key flood --keys hot
+stop_sluice
+
+start_sluice cluster --redis-url "$cluster_url"
+run "redis cluster, 1 descriptor, keys uniform:100000, max throughput" --keys uniform:100000
+run "redis cluster, 3 descriptors, keys uniform:100000, max throughput" --descriptors 3 --keys uniform:100000
+stop_sluice
+
+if command -v h2load >/dev/null; then
+  start_sluice redis-h2load --redis-url "redis://127.0.0.1:$redis_port"
+  python3 - "$work/body.bin" <<'PY'
+import struct, sys
+# RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]} in protobuf, gRPC-framed.
+entry = b"\x0a\x04user\x12\x017"
+descriptor = b"\x0a" + bytes([len(entry)]) + entry
+message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
+open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
+PY
+  echo "--- h2load, redis, 1 descriptor, hot key (does not check answers)"
+  h2load -n 200000 -c 8 -m 16 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+    "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" | grep -E 'finished in|requests:|status codes'
+  stop_sluice
+else
+  echo "--- h2load not installed (apt-get install nghttp2-client): cross-check skipped"
+fi
