@@ -116,6 +116,7 @@ fn main() {
             timeout: Duration::from_secs(5),
             pool_size: 1,
             server_time: true,
+            tls: Default::default(),
         }))
         .expect("connects");
     println!(

@@ -67,7 +67,7 @@ impl<S> SluiceService<S> {
 
 #[tonic::async_trait]
 impl<S: Store> rls::rate_limit_service_server::RateLimitService for EnvoyService<S> {
-    #[tracing::instrument(name = "envoy.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
+    #[tracing::instrument(level = "debug", name = "envoy.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
     async fn should_rate_limit(
         &self,
         request: Request<rls::RateLimitRequest>,
@@ -78,7 +78,7 @@ impl<S: Store> rls::rate_limit_service_server::RateLimitService for EnvoyService
 
 #[tonic::async_trait]
 impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
-    #[tracing::instrument(name = "sluice.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
+    #[tracing::instrument(level = "debug", name = "sluice.ShouldRateLimit", skip_all, fields(domain = %request.get_ref().domain))]
     async fn should_rate_limit(
         &self,
         request: Request<rls::RateLimitRequest>,
@@ -86,7 +86,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         should_rate_limit(&self.limiter, request.into_inner()).await
     }
 
-    #[tracing::instrument(name = "sluice.GetRemaining", skip_all, fields(domain = %request.get_ref().domain))]
+    #[tracing::instrument(level = "debug", name = "sluice.GetRemaining", skip_all, fields(domain = %request.get_ref().domain))]
     async fn get_remaining(
         &self,
         request: Request<sluice::GetRemainingRequest>,
@@ -101,7 +101,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         }))
     }
 
-    #[tracing::instrument(name = "sluice.Release", skip_all, fields(domain = %request.get_ref().domain))]
+    #[tracing::instrument(level = "debug", name = "sluice.Release", skip_all, fields(domain = %request.get_ref().domain))]
     async fn release(
         &self,
         request: Request<sluice::ReleaseRequest>,
@@ -118,7 +118,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         }))
     }
 
-    #[tracing::instrument(name = "sluice.Reset", skip_all, fields(domain = %request.get_ref().domain))]
+    #[tracing::instrument(level = "debug", name = "sluice.Reset", skip_all, fields(domain = %request.get_ref().domain))]
     async fn reset(&self, request: Request<sluice::ResetRequest>) -> Result<Response<sluice::ResetResponse>, Status> {
         self.authorize(&request)?;
         let request = request.into_inner();

@@ -14,6 +14,7 @@
 //!   JSON mapping, rate limit response headers, logs and traces.
 //! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
 //! - [`server`]: assembly, listeners and graceful shutdown.
+//! - [`tls`]: TLS on the gRPC listener (certificates reloaded when their files change), PEM files for Redis TLS.
 //! - [`bench`]: `sluice bench`, a load generator that drives either API over real gRPC connections and reports
 //!   throughput, checked answers and latency percentiles; [`client`]: `sluice client`, one call from the shell.
 
@@ -37,3 +38,4 @@ pub mod rules;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -207,6 +207,8 @@ impl Default for LimiterSettings {
 pub struct Limiter<S> {
     rules: ArcSwap<RuleSet>,
     store: S,
+    /// Store call latency, registered once: hits and peeks.
+    latency: [metrics::Histogram; 2],
     breaker: Breaker,
     cache: LocalCache,
     clock: Arc<dyn Clock>,
@@ -241,6 +243,10 @@ impl<S: Store> Limiter<S> {
     ) -> Limiter<S> {
         Limiter {
             rules: ArcSwap::from_pointee(rules),
+            latency: [
+                metrics.store_histogram(store.name(), "hit"),
+                metrics.store_histogram(store.name(), "peek"),
+            ],
             store,
             breaker: Breaker::new(settings.breaker),
             cache: LocalCache::new(settings.local_cache_size),
@@ -442,11 +448,11 @@ impl<S: Store> Limiter<S> {
         let (store, descriptors) = (self.store.name(), hits.len());
         let result = match op {
             "peek" => {
-                let span = tracing::info_span!("store.peek", store, descriptors);
+                let span = tracing::debug_span!("store.peek", store, descriptors);
                 self.store.peek(now_us, hits).instrument(span).await
             }
             _ => {
-                let span = tracing::info_span!("store.hit", store, descriptors);
+                let span = tracing::debug_span!("store.hit", store, descriptors);
                 self.store.hit(now_us, hits).instrument(span).await
             }
         };
@@ -703,7 +709,7 @@ impl<S: Store> Limiter<S> {
     }
 
     fn record_store_call(&self, op: &'static str, started: std::time::Instant, error: Option<&StoreError>) {
-        self.metrics.store_call(self.store.name(), op, started.elapsed());
+        self.latency[usize::from(op == "peek")].record(started.elapsed().as_secs_f64());
         if let Some(e) = error {
             self.metrics.store_error(self.store.name(), e.kind());
             tracing::warn!(store = self.store.name(), op, error = %e, "store call failed");

@@ -13,8 +13,9 @@ use sluice::metrics::Metrics;
 use sluice::rules::FailurePolicy;
 use sluice::rules::RuleSet;
 use sluice::server::{self, ServeOptions, Settings};
-use sluice::store::redis::RedisSettings;
+use sluice::store::redis::{RedisSettings, RedisTls};
 use sluice::telemetry::{self, LogFormat};
+use sluice::tls::ServerTlsFiles;
 
 /// A rate-limit decision service, wire-compatible with Envoy's rate limit service.
 #[derive(Debug, Parser)]
@@ -61,6 +62,24 @@ struct ServeArgs {
     /// Redis connections, each pipelining many calls.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
     redis_pool_size: u64,
+    /// PEM CA certificates to trust for a rediss:// URL, instead of the system's roots.
+    #[arg(long, env = "SLUICE_REDIS_TLS_CA", requires = "redis_url")]
+    redis_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for Redis (tls-auth-clients); needs --redis-tls-key.
+    #[arg(long, env = "SLUICE_REDIS_TLS_CERT", requires_all = ["redis_url", "redis_tls_key"])]
+    redis_tls_cert: Option<PathBuf>,
+    /// PEM private key of --redis-tls-cert.
+    #[arg(long, env = "SLUICE_REDIS_TLS_KEY", requires = "redis_tls_cert")]
+    redis_tls_key: Option<PathBuf>,
+    /// PEM certificate chain for TLS on the gRPC listener; needs --grpc-tls-key. Re-read when the file changes.
+    #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert. Re-read when the file changes.
+    #[arg(long, env = "SLUICE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA certificates: gRPC clients must present a certificate they signed (mutual TLS).
+    #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    grpc_tls_client_ca: Option<PathBuf>,
     /// Prefix of every counter key; may not contain '{' or '}'.
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:", value_parser = parse_prefix)]
     key_prefix: String,
@@ -163,6 +182,11 @@ fn serve(args: ServeArgs) -> ExitCode {
             timeout: Duration::from_millis(args.redis_timeout_ms),
             pool_size: args.redis_pool_size as usize,
             server_time: true,
+            tls: RedisTls {
+                ca: args.redis_tls_ca,
+                cert: args.redis_tls_cert,
+                key: args.redis_tls_key,
+            },
         }),
         limiter: LimiterSettings {
             key_prefix: args.key_prefix,
@@ -186,6 +210,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         serve: ServeOptions {
             grace_period: Duration::from_secs(args.grace_period_secs),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
+            tls: args
+                .grpc_tls_cert
+                .zip(args.grpc_tls_key)
+                .map(|(cert, key)| ServerTlsFiles {
+                    cert,
+                    key,
+                    client_ca: args.grpc_tls_client_ca,
+                }),
         },
     };
     let runtime = match tokio::runtime::Runtime::new() {

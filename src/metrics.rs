@@ -6,7 +6,6 @@
 //! `value_to_metric`) register series per request. Unknown domains share one label, so clients cannot create series.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -154,17 +153,21 @@ impl Metrics {
         }
     }
 
-    /// Records one store call.
-    pub fn store_call(&self, store: &'static str, op: &'static str, elapsed: Duration) {
+    /// The latency histogram of one store and operation; register once, record per call.
+    pub fn store_histogram(&self, store: &'static str, op: &'static str) -> Histogram {
         let labels = vec![
             Label::from_static_parts("store", store),
             Label::from_static_parts("op", op),
         ];
-        let histogram: Histogram = self
-            .inner
+        self.inner
             .recorder
-            .register_histogram(&Key::from_parts(STORE_DURATION, labels), &METADATA);
-        histogram.record(elapsed.as_secs_f64());
+            .register_histogram(&Key::from_parts(STORE_DURATION, labels), &METADATA)
+    }
+
+    /// Drains recorded histogram samples into their buckets. Rendering does it too; calling it periodically keeps
+    /// memory flat when nobody scrapes `/metrics`.
+    pub fn run_upkeep(&self) {
+        self.inner.handle.run_upkeep();
     }
 
     /// Counts one failed store call.

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::api::{EnvoyService, SluiceService};
@@ -46,6 +45,8 @@ pub struct ServeOptions {
     pub grace_period: Duration,
     /// Enables `sluice.v1.RateLimiter/Reset` for callers that present it.
     pub admin_token: Option<String>,
+    /// TLS (mutual when a client CA is given) on the gRPC listener; the files are re-read when they change.
+    pub tls: Option<crate::tls::ServerTlsFiles>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -104,6 +105,15 @@ async fn start<S: Store>(
     serve(limiter, grpc, http, shutdown, &settings.serve).await
 }
 
+/// Keeps the metrics' memory flat between scrapes.
+async fn upkeep(metrics: Metrics) {
+    let mut every = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        metrics.run_upkeep();
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -154,10 +164,15 @@ pub async fn serve<S: Store>(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
+        .serve_with_incoming_shutdown(
+            crate::tls::incoming(grpc, options.tls.as_ref()).map_err(|e| ServerError::Serve(e.to_string()))?,
+            signal(stopped.clone()),
+        );
+    let limiter_metrics = limiter.metrics().clone();
     let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
+    let upkeep = tokio::spawn(upkeep(limiter_metrics));
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
 
     tokio::select! {
@@ -166,6 +181,7 @@ pub async fn serve<S: Store>(
         r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
     }
     let _ = stop.send(true);
+    upkeep.abort();
     for service in [
         "",
         "envoy.service.ratelimit.v3.RateLimitService",

@@ -114,8 +114,9 @@ pub fn init(format: LogFormat) -> Result<TelemetryGuard, TelemetryError> {
             .build();
         let tracer = provider.tracer(env!("CARGO_PKG_NAME"));
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-        // Only sluice's own spans: the exporter's HTTP/2 client would otherwise trace its own exports.
-        let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), LevelFilter::INFO);
+        // Only sluice's own spans: the exporter's HTTP/2 client would otherwise trace its own exports. The per-call
+        // spans are at DEBUG, so that without export (and with logs at INFO) they cost nothing on the hot path.
+        let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), LevelFilter::DEBUG);
         layers.push(
             tracing_opentelemetry::layer()
                 .with_tracer(tracer)

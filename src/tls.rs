@@ -1,10 +1,11 @@
 //! TLS: the gRPC listener's certificates, reloaded when their files change, and the client side of TLS to Redis.
 //!
 //! The gRPC server terminates TLS itself, with rustls over the ring provider, instead of through tonic's
-//! `tls_config`, which fixes the certificate for the life of the process. Before each handshake [`ServerTls`]
-//! compares the files' modification time, size and inode with those it loaded last (three `stat` calls, no read),
-//! and rebuilds its rustls configuration when any differs; connections already open keep the certificate they were
-//! made with. A replacement that does not load (half written, or a key that does not fit the certificate) is logged
+//! `tls_config`, which fixes the certificate for the life of the process. Before each handshake [`ServerTls`] reads
+//! the files (a few kilobytes, little next to the handshake's own cryptography) and rebuilds its rustls
+//! configuration when their bytes differ from what it saw last: exact, where modification times are as coarse as a
+//! kernel tick, and indifferent to how the files are replaced (in place, by rename, by a symlink swap as Kubernetes
+//! does for mounted secrets). Connections already open keep the certificate they were made with. A replacement that does not load (half written, or a key that does not fit the certificate) is logged
 //! once, and the previous certificate stays in use until the files change again. At startup a bad file is fatal,
 //! with an error naming it. Handshakes run in tasks of their own, bounded by [`HANDSHAKE_TIMEOUT`], so a slow or
 //! silent client never holds up the accept loop.
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
@@ -102,8 +103,11 @@ fn pem_reason(e: &pem::Error) -> String {
 
 /// Every certificate of a PEM file; at least one.
 pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = read(what, path)?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+    parse_certs(what, path, &read(what, path)?)
+}
+
+fn parse_certs(what: &'static str, path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(what, path, pem_reason(&e)))?;
     if certs.is_empty() {
@@ -114,8 +118,11 @@ pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<
 
 /// The first private key of a PEM file.
 pub fn load_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = read(what, path)?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+    parse_key(what, path, &read(what, path)?)
+}
+
+fn parse_key(what: &'static str, path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| match e {
         pem::Error::NoItemsFound => invalid(what, path, "no PEM private key found"),
         other => invalid(what, path, pem_reason(&other)),
     })
@@ -123,8 +130,12 @@ pub fn load_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static
 
 /// A trust store of every certificate of a PEM file.
 pub fn load_roots(what: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
+    parse_roots(what, path, &read(what, path)?)
+}
+
+fn parse_roots(what: &'static str, path: &Path, bytes: &[u8]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in load_certs(what, path)? {
+    for cert in parse_certs(what, path, bytes)? {
         roots
             .add(cert)
             .map_err(|e| invalid(what, path, format!("not a usable CA certificate: {e}")))?;
@@ -146,24 +157,8 @@ pub fn native_roots() -> RootCertStore {
     roots
 }
 
-/// What identifies one version of a file: when it changed, its size and its inode (a rename or a symlink swap,
-/// as Kubernetes does for mounted secrets, changes the inode).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
-    modified: Option<SystemTime>,
-    len: u64,
-    inode: u64,
-}
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        modified: meta.modified().ok(),
-        len: meta.len(),
-        inode: meta.ino(),
-    })
-}
+/// The bytes of each file, or why it could not be read: what a reload compares.
+type Snapshot = Vec<Result<Vec<u8>, io::ErrorKind>>;
 
 /// The gRPC listener's TLS configuration, rebuilt when its files change.
 pub struct ServerTls {
@@ -173,21 +168,23 @@ pub struct ServerTls {
 
 struct ServerState {
     acceptor: TlsAcceptor,
-    /// The stamps of the files last looked at, loaded or not: a bad replacement is reported once, not per handshake.
-    seen: Vec<Option<Stamp>>,
+    /// The files as last read, loaded or not: a bad replacement is reported once, not per handshake.
+    seen: Snapshot,
 }
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerTls").field("files", &self.files).finish_non_exhaustive()
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
     }
 }
 
 impl ServerTls {
     /// Loads the files, or says which one is wrong.
     pub fn load(files: ServerTlsFiles) -> Result<ServerTls, TlsError> {
-        let seen = files.stamps();
-        let config = files.server_config()?;
+        let seen = files.snapshot();
+        let config = files.server_config(&seen)?;
         Ok(ServerTls {
             files,
             state: Mutex::new(ServerState {
@@ -199,12 +196,12 @@ impl ServerTls {
 
     /// The acceptor for the next handshake, rebuilt first if a file changed since the last look.
     pub fn acceptor(&self) -> TlsAcceptor {
+        let now = self.files.snapshot();
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = self.files.stamps();
         if now != state.seen {
-            // Stamps are taken before reading, so a change made during the read is seen by the next handshake.
+            let built = self.files.server_config(&now);
             state.seen = now;
-            match self.files.server_config() {
+            match built {
                 Ok(config) => {
                     state.acceptor = TlsAcceptor::from(config);
                     tracing::info!(cert = %self.files.cert.display(), "grpc tls: certificate files changed; reloaded");
@@ -219,23 +216,40 @@ impl ServerTls {
 }
 
 impl ServerTlsFiles {
-    fn stamps(&self) -> Vec<Option<Stamp>> {
-        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(|p| stamp(p))
+    fn paths(&self) -> impl Iterator<Item = (&'static str, &Path)> {
+        [
+            ("grpc tls certificate", Some(&self.cert)),
+            ("grpc tls key", Some(&self.key)),
+            ("grpc tls client ca", self.client_ca.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(what, path)| path.map(|p| (what, p.as_path())))
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        self.paths()
+            .map(|(_, path)| std::fs::read(path).map_err(|e| e.kind()))
             .collect()
     }
 
-    fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        let chain = load_certs("grpc tls certificate", &self.cert)?;
-        let key = load_key("grpc tls key", &self.key)?;
+    /// The rustls configuration from a snapshot of the files (cert, key, then the client CA if any).
+    fn server_config(&self, snapshot: &Snapshot) -> Result<Arc<ServerConfig>, TlsError> {
+        let mut contents = Vec::with_capacity(3);
+        for ((what, path), bytes) in self.paths().zip(snapshot) {
+            contents.push(bytes.as_deref().map_err(|&kind| TlsError::Read {
+                what,
+                path: path.to_path_buf(),
+                source: io::Error::from(kind),
+            })?);
+        }
+        let chain = parse_certs("grpc tls certificate", &self.cert, contents[0])?;
+        let key = parse_key("grpc tls key", &self.key, contents[1])?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(format!("grpc tls: {e}")))?;
         let builder = match &self.client_ca {
             Some(ca) => {
-                let roots = load_roots("grpc tls client ca", ca)?;
+                let roots = parse_roots("grpc tls client ca", ca, contents[2])?;
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                     .build()
                     .map_err(|e| invalid("grpc tls client ca", ca, e.to_string()))?;
@@ -270,7 +284,13 @@ pub fn incoming(listener: TcpListener, tls: Option<&ServerTlsFiles>) -> Result<I
     use tokio_stream::StreamExt as _;
     let Some(files) = tls else {
         return Ok(Box::pin(
-            TcpListenerStream::new(listener).map(|conn| conn.map(Conn::Plain)),
+            // tonic ignores its own `tcp_nodelay` for an incoming stream: set it here, as for TLS connections.
+            TcpListenerStream::new(listener).map(|conn| {
+                conn.map(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                    Conn::Plain(tcp)
+                })
+            }),
         ));
     };
     let tls = Arc::new(ServerTls::load(files.clone())?);
@@ -298,9 +318,9 @@ async fn accept_loop(listener: TcpListener, tls: Arc<ServerTls>, tx: mpsc::Sende
             }
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = tls.acceptor();
-        let tx = tx.clone();
+        let (tls, tx) = (tls.clone(), tx.clone());
         tokio::spawn(async move {
+            let acceptor = tls.acceptor();
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let _ = tx.send(Conn::Tls(Box::new(stream))).await;
@@ -397,7 +417,11 @@ mod tests {
         assert!(e.contains("garbage.pem") && e.contains("no PEM private key"), "{e}");
 
         let broken = dir.path().join("broken.pem");
-        std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         let e = load_certs("grpc tls certificate", &broken).unwrap_err().to_string();
         assert!(e.contains("broken.pem") && e.contains("not valid PEM"), "{e}");
     }

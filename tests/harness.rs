@@ -167,6 +167,7 @@ pub async fn redis_store_with(url: &str, timeout: Duration) -> RedisStore {
         timeout,
         pool_size: 1,
         server_time: false,
+        tls: Default::default(),
     })
     .await
     .expect("redis store connects")
@@ -182,6 +183,14 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start<S: Store>(limiter: Arc<Limiter<S>>) -> TestServer {
+        TestServer::start_with(limiter, None).await
+    }
+
+    /// Starts with TLS on the gRPC listener when `tls` is given.
+    pub async fn start_with<S: Store>(
+        limiter: Arc<Limiter<S>>,
+        tls: Option<sluice::tls::ServerTlsFiles>,
+    ) -> TestServer {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
@@ -193,6 +202,7 @@ impl TestServer {
             let options = sluice::server::ServeOptions {
                 grace_period: Duration::from_secs(2),
                 admin_token: Some(ADMIN_TOKEN.to_string()),
+                tls,
             };
             sluice::server::serve(limiter, grpc, http, shutdown, &options)
                 .await
@@ -311,4 +321,458 @@ impl ReplyGate {
     pub fn release(&self) {
         let _ = self.open.send(true);
     }
+}
+
+/// Runs `redis-cli` against a plain port and returns its raw (`--raw`) output.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--raw"])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One field of `INFO` output (`INFO <section>`), e.g. `role` or `master_link_status`.
+pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let prefix = format!("{field}:");
+    redis_cli(port, &["INFO", section])
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
+}
+
+/// How many EVALSHA calls a server has run.
+pub fn evalsha_count(port: u16) -> u64 {
+    redis_cli(port, &["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(['=', ',']).nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `check` every 50 ms until it holds or `limit` passes; says whether it held.
+pub fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `redis-server` (or Sentinel) started with any arguments on `port`, ready once the port accepts connections,
+/// killed by its PID when dropped.
+pub struct RedisProcess {
+    child: Option<Child>,
+    pub port: u16,
+    log: Option<std::path::PathBuf>,
+}
+
+impl RedisProcess {
+    /// Starts `redis-server args...`; `log` is where the server writes (passed as `--logfile` by the caller, read
+    /// back when the server does not come up).
+    pub fn spawn(port: u16, args: &[String], log: Option<std::path::PathBuf>) -> RedisProcess {
+        let child = Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        let mut process = RedisProcess {
+            child: Some(child),
+            port,
+            log,
+        };
+        let up = poll_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || process.exited()
+        });
+        if !up || process.exited() {
+            let log = process
+                .log
+                .as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default();
+            panic!("redis-server on port {port} did not start: {args:?}\n{log}");
+        }
+        process
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the process (SIGKILL to its PID) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The common arguments of a test server: loopback only, no persistence, a log file in `dir`.
+fn server_args(port: u16, dir: &Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &dir.display().to_string(),
+        "--logfile",
+        &format!("{port}.log"),
+        // A replica's first sync starts at once instead of after the default 5 s wait for more replicas.
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A Redis Cluster of three primaries with one replica each, on free ports in a temporary directory, with a node
+/// timeout of one second so that a replica takes over quickly. Every node is killed when dropped.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisProcess>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let nodes: Vec<RedisProcess> = (0..6)
+            .map(|_| RedisCluster::spawn_node(dir.path(), free_port()))
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut create = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli must be installed");
+        let created = poll_until(Duration::from_secs(30), || matches!(create.try_wait(), Ok(Some(_))));
+        if !created {
+            let _ = create.kill();
+            let _ = create.wait();
+            panic!("redis-cli --cluster create did not finish");
+        }
+        let cluster = RedisCluster { nodes, dir };
+        assert!(
+            cluster.wait_settled(Duration::from_secs(20)),
+            "the cluster did not reach cluster_state:ok with three synced replicas"
+        );
+        cluster
+    }
+
+    fn spawn_node(dir: &Path, port: u16) -> RedisProcess {
+        let mut args = server_args(port, dir);
+        args.extend(
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-port",
+                &free_port().to_string(),
+                "--cluster-node-timeout",
+                "1000",
+            ]
+            .map(String::from),
+        );
+        RedisProcess::spawn(port, &args, Some(dir.join(format!("{port}.log"))))
+    }
+
+    /// Until every live node says `cluster_state:ok`, there are three primaries and every replica's link is up.
+    pub fn wait_settled(&self, limit: Duration) -> bool {
+        poll_until(limit, || {
+            let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive()).map(|n| n.port).collect();
+            let ok = live.iter().all(|&p| {
+                redis_cli(p, &["CLUSTER", "INFO"])
+                    .lines()
+                    .any(|l| l.trim() == "cluster_state:ok")
+            });
+            let replicas_synced = live.iter().all(|&p| {
+                info_field(p, "replication", "role").as_deref() != Some("slave")
+                    || info_field(p, "replication", "master_link_status").as_deref() == Some("up")
+            });
+            ok && replicas_synced && self.primaries().len() == 3
+        })
+    }
+
+    /// `redis-cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let mut nodes = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port));
+        let first = nodes.next().unwrap_or_default();
+        let rest: Vec<String> = nodes.map(|n| format!("node={n}")).collect();
+        format!("redis-cluster://{first}?{}", rest.join("&"))
+    }
+
+    /// The ports of the live nodes that are primaries owning slots.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive())
+            .map(|n| n.port)
+            .filter(|&p| info_field(p, "replication", "role").as_deref() == Some("master") && owns_slots(p))
+            .collect()
+    }
+
+    /// The live primary holding a key that contains `needle`.
+    pub fn owner_of(&self, needle: &str) -> Option<u16> {
+        self.primaries()
+            .into_iter()
+            .find(|&p| keys(p).iter().any(|k| k.contains(needle)))
+    }
+
+    pub fn node(&mut self, port: u16) -> &mut RedisProcess {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster")
+    }
+
+    /// Starts a killed node again on its port, with its `nodes-P.conf` (so it rejoins as the same node).
+    pub fn restart(&mut self, port: u16) {
+        let node = RedisCluster::spawn_node(self.dir.path(), port);
+        *self.node(port) = node;
+    }
+}
+
+/// Whether a node's own line in `CLUSTER NODES` lists slots.
+fn owns_slots(port: u16) -> bool {
+    redis_cli(port, &["CLUSTER", "NODES"])
+        .lines()
+        .find(|l| l.contains("myself"))
+        .is_some_and(|l| l.split(' ').count() > 8)
+}
+
+/// Every key of a server (`KEYS *`; test servers hold few).
+pub fn keys(port: u16) -> Vec<String> {
+    redis_cli(port, &["KEYS", "*"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// One primary with one replica and one Sentinel watching them as `mymaster` (quorum 1, down after 500 ms), on
+/// free ports in a temporary directory. The data servers require the password [`SENTINEL_REDIS_PASSWORD`]; the
+/// Sentinel has none. Every process is killed when dropped.
+pub struct RedisSentinel {
+    pub primary: RedisProcess,
+    pub replica: RedisProcess,
+    pub sentinel: RedisProcess,
+    _dir: tempfile::TempDir,
+}
+
+pub const SENTINEL_REDIS_PASSWORD: &str = "sentinel-test-pw";
+
+impl RedisSentinel {
+    pub fn start() -> RedisSentinel {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let auth = [
+            "--requirepass",
+            SENTINEL_REDIS_PASSWORD,
+            "--masterauth",
+            SENTINEL_REDIS_PASSWORD,
+        ]
+        .map(String::from);
+        let (p, r, s) = (free_port(), free_port(), free_port());
+        let mut args = server_args(p, dir.path());
+        args.extend(auth.clone());
+        let primary = RedisProcess::spawn(p, &args, Some(dir.path().join(format!("{p}.log"))));
+        let mut args = server_args(r, dir.path());
+        args.extend(auth);
+        args.extend(["--replicaof", "127.0.0.1", &p.to_string()].map(String::from));
+        let replica = RedisProcess::spawn(r, &args, Some(dir.path().join(format!("{r}.log"))));
+        let authed = |port: u16, field: &str| {
+            let out = Command::new("redis-cli")
+                .args([
+                    "-p",
+                    &port.to_string(),
+                    "--no-auth-warning",
+                    "-a",
+                    SENTINEL_REDIS_PASSWORD,
+                ])
+                .args(["--raw", "INFO", "replication"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+        };
+        assert!(
+            poll_until(Duration::from_secs(10), || authed(r, "master_link_status").as_deref()
+                == Some("up")),
+            "the replica did not sync"
+        );
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {s}\nbind 127.0.0.1\ndir {dir}\nlogfile {s}.log\n\
+                 sentinel monitor mymaster 127.0.0.1 {p} 1\n\
+                 sentinel auth-pass mymaster {SENTINEL_REDIS_PASSWORD}\n\
+                 sentinel down-after-milliseconds mymaster 500\n\
+                 sentinel failover-timeout mymaster 2000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir = dir.path().display()
+            ),
+        )
+        .expect("sentinel.conf written");
+        let sentinel = RedisProcess::spawn(
+            s,
+            &[conf.display().to_string(), "--sentinel".to_string()],
+            Some(dir.path().join(format!("{s}.log"))),
+        );
+        let cluster = RedisSentinel {
+            primary,
+            replica,
+            sentinel,
+            _dir: dir,
+        };
+        assert!(
+            poll_until(Duration::from_secs(15), || {
+                cluster.master_port() == Some(p)
+                    && redis_cli(s, &["SENTINEL", "replicas", "mymaster"]).contains(&r.to_string())
+            }),
+            "the sentinel did not discover the primary and its replica"
+        );
+        cluster
+    }
+
+    /// The primary's port as the Sentinel reports it.
+    pub fn master_port(&self) -> Option<u16> {
+        redis_cli(self.sentinel.port, &["SENTINEL", "get-master-addr-by-name", "mymaster"])
+            .lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+    }
+
+    /// `redis-sentinel://` with the data servers' password; the Sentinel itself is asked without one.
+    pub fn url(&self) -> String {
+        format!(
+            "redis-sentinel://:{SENTINEL_REDIS_PASSWORD}@127.0.0.1:{}?sentinelServiceName=mymaster",
+            self.sentinel.port
+        )
+    }
+}
+
+/// A certificate and its private key, PEM-encoded.
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+}
+
+/// A throwaway certificate authority for TLS tests.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// The CA certificate, PEM-encoded.
+    pub cert: String,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().expect("key pair");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).expect("self-signed CA").pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            cert,
+        }
+    }
+
+    /// A certificate for `localhost` and 127.0.0.1, usable by a server and as a client.
+    pub fn issue(&self, name: &str) -> Pem {
+        let key = rcgen::KeyPair::generate().expect("key pair");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).expect("signed certificate").pem();
+        Pem {
+            cert,
+            key: key.serialize_pem(),
+        }
+    }
+}
+
+/// Writes `contents` to `dir/name` and returns the path.
+pub fn write_file(dir: &Path, name: &str, contents: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("test file written");
+    path
+}
+
+/// A `redis-server` that speaks only TLS (`--port 0 --tls-port P`) with a certificate, its key and the CA that
+/// signs client certificates; clients must present one when `auth_clients`. `extra` adds arguments (ACL users).
+pub fn redis_tls_server(
+    dir: &Path,
+    cert: &Path,
+    key: &Path,
+    ca: &Path,
+    auth_clients: bool,
+    extra: &[&str],
+) -> RedisProcess {
+    let port = free_port();
+    let path = |p: &Path| p.display().to_string();
+    let mut args: Vec<String> = [
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        &path(cert),
+        "--tls-key-file",
+        &path(key),
+        "--tls-ca-cert-file",
+        &path(ca),
+        "--tls-auth-clients",
+        if auth_clients { "yes" } else { "no" },
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &path(dir),
+        "--logfile",
+        &format!("{port}.log"),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    RedisProcess::spawn(port, &args, Some(dir.join(format!("{port}.log"))))
 }

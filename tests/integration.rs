@@ -5,7 +5,9 @@
 mod harness;
 
 mod algorithms;
+mod bench_smoke;
 mod cli;
+mod cluster;
 mod contract;
 mod differential;
 mod exactness;
@@ -16,3 +18,5 @@ mod http;
 mod instances;
 mod reload;
 mod semantics;
+mod sentinel;
+mod tls;

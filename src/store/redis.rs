@@ -6,17 +6,27 @@
 //! standalone Redis. A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is
 //! loaded again and only the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing.
 //! Every call is bounded by a timeout; a failure surfaces as a [`StoreError`], which the API answers UNAVAILABLE.
+//!
+//! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; fred keeps
+//! one connection per primary, follows MOVED/ASK and re-reads the slot map after a failover), or a primary found
+//! through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next connection
+//! asks the sentinels again). In a cluster a request's EVALSHAs are written to each primary's connection in turn
+//! without waiting for any answer, so primaries work on one request's descriptors concurrently. TLS is the `rediss`
+//! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
+//! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fred::clients::Pool;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, LuaInterface};
-use fred::types::config::{Config, ReconnectPolicy};
+use fred::types::config::{Config, ReconnectPolicy, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
 use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
+use crate::tls::{self, TlsError};
 
 /// The decision script: every algorithm and the driver, in one atomic unit.
 pub const SCRIPT: &str = concat!(
@@ -42,6 +52,59 @@ pub struct RedisSettings {
     /// Decide by Redis's own clock (`TIME` in the script), one clock for every sluice instance. Tests turn it off to
     /// drive time themselves.
     pub server_time: bool,
+    /// Files for TLS to Redis; only with a `rediss` URL.
+    pub tls: RedisTls,
+}
+
+/// TLS to Redis beyond what a `rediss://` URL gives (the system's roots, no client certificate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM CA certificates to trust instead of the system's roots.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a Redis with `tls-auth-clients`; needs `key`.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's PEM private key; needs `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl RedisTls {
+    /// Whether any file is given.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The rustls client configuration the files describe.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let roots = match &self.ca {
+            Some(ca) => tls::load_roots("redis tls ca", ca)?,
+            None => tls::native_roots(),
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(format!("redis tls: {e}")))?
+            .with_root_certificates(roots);
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(builder.with_no_client_auth()),
+            (Some(cert), Some(key)) => {
+                let chain = tls::load_certs("redis tls certificate", cert)?;
+                let private = tls::load_key("redis tls key", key)?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| TlsError::Pair {
+                        what: "redis tls key",
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        reason: e.to_string(),
+                    })
+            }
+            (Some(_), None) => Err(TlsError::Config(
+                "redis tls: a client certificate needs its key (--redis-tls-key)".into(),
+            )),
+            (None, Some(_)) => Err(TlsError::Config(
+                "redis tls: a client key needs its certificate (--redis-tls-cert)".into(),
+            )),
+        }
+    }
 }
 
 /// State in Redis.
@@ -71,8 +134,26 @@ impl RedisStore {
     /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
     /// reconnecting and `/readyz` says unready until it answers.
     pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
-        let config = Config::from_url(&settings.url)
-            .map_err(|e| StoreError::Other(format!("invalid redis url '{}': {}", settings.url, e.details())))?;
+        let mut config = Config::from_url(&settings.url).map_err(|e| {
+            StoreError::Other(format!(
+                "invalid redis url '{}': {}",
+                redact(&settings.url),
+                e.details()
+            ))
+        })?;
+        if settings.tls.is_set() {
+            if !config.uses_tls() {
+                return Err(StoreError::Other(format!(
+                    "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
+                    redact(&settings.url)
+                )));
+            }
+            let client = settings
+                .tls
+                .client_config()
+                .map_err(|e| StoreError::Other(e.to_string()))?;
+            config.tls = Some(TlsConnector::from(client).into());
+        }
         let timeout = settings.timeout;
         let pool = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = timeout)
@@ -82,7 +163,9 @@ impl RedisStore {
                 // A write that failed mid-flight may have been applied: never resend it.
                 c.max_command_attempts = 1;
             })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
+            // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
             .build_pool(settings.pool_size.max(1))
             .map_err(|e| StoreError::Other(e.details().to_string()))?;
         pool.connect();
@@ -157,7 +240,7 @@ impl RedisStore {
             let pipeline = client.pipeline();
             for &i in &pending {
                 let _: () = pipeline
-                    .custom(evalsha(), self.args(mode, now_us, &hits[i]))
+                    .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
                     .await
                     .map_err(classify)?;
             }
@@ -222,10 +305,36 @@ impl RedisStore {
     }
 }
 
-/// EVALSHA as a custom command, routed in a cluster by its first key (argument 2: `sha numkeys key ...`); fred's
-/// typed `evalsha` cannot be queued in a pipeline.
-fn evalsha() -> CustomCommand {
-    CustomCommand::new_static("EVALSHA", ClusterHash::Offset(2), false)
+/// The URL with its password, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_string();
+    };
+    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
+        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+/// EVALSHA as a custom command (fred's typed `evalsha` cannot be queued in a pipeline), routed in a cluster to the
+/// slot of the descriptor's keys, which share one hash tag. The slot is given explicitly: fred 10.1 honours only
+/// `ClusterHash::Custom` on a custom command and otherwise hashes the first string argument, here the script's SHA.
+fn evalsha(hit: &Hit) -> CustomCommand {
+    let key = hit
+        .tiers
+        .first()
+        .map(|t| &t.key)
+        .or(hit.record.as_ref().map(|r| &r.key));
+    let route = key.map_or(ClusterHash::Random, |k| {
+        ClusterHash::Custom(fred::util::redis_keyslot(k.as_str().as_bytes()))
+    });
+    CustomCommand::new_static("EVALSHA", route, false)
 }
 
 /// Reads `decide.lua`'s answer.
@@ -307,5 +416,77 @@ impl Store for RedisStore {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("rediss://user:s3cr:et@h:1/0"), "rediss://user:***@h:1/0");
+        assert_eq!(redact("redis://:pw@h:1?x=a@b"), "redis://:***@h:1?x=a@b");
+        assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+
+    #[test]
+    fn evalsha_is_routed_to_the_slot_of_the_descriptor_keys() {
+        use crate::rules::Algorithm;
+        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+        let key = id.tier(Algorithm::FixedWindow, 60_000_000);
+        let hit = Hit {
+            tiers: vec![super::super::TierSpec {
+                key: key.clone(),
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                window_us: 60_000_000,
+                burst: 0,
+            }],
+            ..Hit::default()
+        };
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
+        // Not the slot of the first argument (the SHA), which fred would hash by default.
+        assert_eq!(evalsha(&hit).cluster_hash, ClusterHash::Custom(slot));
+    }
+
+    #[tokio::test]
+    async fn tls_files_are_checked_before_connecting() {
+        let settings = |url: &str, tls: RedisTls| RedisSettings {
+            url: url.to_string(),
+            timeout: Duration::from_millis(100),
+            pool_size: 1,
+            server_time: true,
+            tls,
+        };
+        let ca = RedisTls {
+            ca: Some("/nonexistent/ca.pem".into()),
+            ..RedisTls::default()
+        };
+        let e = RedisStore::connect(&settings("redis://u:pw@127.0.0.1:1", ca.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("need a TLS url") && e.contains("u:***@") && !e.contains("pw"),
+            "{e}"
+        );
+        let e = RedisStore::connect(&settings("rediss://127.0.0.1:1", ca))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis tls ca '/nonexistent/ca.pem'"), "{e}");
+        let half = RedisTls {
+            cert: Some("c.pem".into()),
+            ..RedisTls::default()
+        };
+        let e = RedisStore::connect(&settings("rediss://127.0.0.1:1", half))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--redis-tls-key"), "{e}");
     }
 }

@@ -1,0 +1,389 @@
+//! Redis Cluster through fred, end to end over gRPC: three primaries with a replica each. Limits hold whatever slot a
+//! descriptor lands on, hostile values route and never collide, descriptors on different primaries are decided
+//! concurrently, scripts come back after `SCRIPT FLUSH` and a restart, and a killed primary's slots recover once its
+//! replica is promoted, without restarting sluice.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice::clock::SystemClock;
+use sluice::limiter::{Limiter, LimiterSettings};
+use sluice::metrics::Metrics;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice::store::redis::{RedisSettings, RedisStore};
+use tonic::transport::Channel;
+
+use crate::harness::{
+    RedisCluster, TestServer, evalsha_count, info_field, keys, limiter, poll_until, redis_cli, redis_store,
+    redis_store_with, rules,
+};
+
+const CONFIG: &str = "
+domain: spread
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: minute, requests_per_unit: 3, name: per_minute}
+      - {unit: hour, requests_per_unit: 10, name: per_hour}
+  - key: bulk
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+";
+
+fn request(key: &str, values: &[String]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "spread".into(),
+        descriptors: values
+            .iter()
+            .map(|v| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value: v.clone(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn call(client: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
+    client
+        .should_rate_limit(r)
+        .await
+        .expect("the call succeeds")
+        .into_inner()
+}
+
+fn remaining(response: &RateLimitResponse) -> Vec<u32> {
+    response.statuses.iter().map(|s| s.limit_remaining).collect()
+}
+
+/// The part of a counter key before `|<algorithm>/<window>`: equal for every key of one descriptor.
+fn identity(key: &str) -> &str {
+    key.rsplit_once('|').map_or(key, |(identity, _)| identity)
+}
+
+fn slot(port: u16, key: &str) -> u16 {
+    redis_cli(port, &["CLUSTER", "KEYSLOT", key])
+        .trim()
+        .parse()
+        .expect("a slot number")
+}
+
+/// Every counter key of the cluster, by the primary that holds it.
+fn keys_by_primary(cluster: &RedisCluster) -> BTreeMap<u16, Vec<String>> {
+    cluster.primaries().into_iter().map(|p| (p, keys(p))).collect()
+}
+
+/// Checks that every descriptor's keys share one slot and one primary; returns the number of descriptors seen.
+fn assert_descriptors_on_one_slot(by_primary: &BTreeMap<u16, Vec<String>>) -> usize {
+    let mut identities: BTreeMap<&str, (u16, u16)> = BTreeMap::new();
+    for (&port, keys) in by_primary {
+        for key in keys {
+            let here = (port, slot(port, key));
+            let first = *identities.entry(identity(key)).or_insert(here);
+            assert_eq!(
+                first, here,
+                "every key of one descriptor on one slot of one primary: {key}"
+            );
+        }
+    }
+    identities.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_hold_on_every_primary() {
+    let cluster = RedisCluster::start();
+    let (l, _) = limiter(CONFIG, redis_store(&cluster.url()).await);
+    let server = TestServer::start(l).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let values: Vec<String> = (0..24).map(|i| format!("u{i}")).collect();
+
+    for round in 1..=3u32 {
+        for chunk in values.chunks(8) {
+            let response = call(&mut client, request("user", chunk)).await;
+            assert_eq!(response.overall_code, Code::Ok as i32, "round {round}");
+            assert_eq!(remaining(&response), vec![3 - round; chunk.len()], "round {round}");
+        }
+    }
+    for chunk in values.chunks(8) {
+        let response = call(&mut client, request("user", chunk)).await;
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+        assert!(response.statuses.iter().all(|s| s.code == Code::OverLimit as i32));
+    }
+
+    let by_primary = keys_by_primary(&cluster);
+    assert_eq!(by_primary.len(), 3, "three primaries");
+    for (port, keys) in &by_primary {
+        assert!(!keys.is_empty(), "primary {port} holds counters");
+        let dbsize: usize = redis_cli(*port, &["DBSIZE"]).trim().parse().unwrap();
+        assert_eq!(dbsize, keys.len());
+    }
+    assert_eq!(
+        by_primary.values().map(Vec::len).sum::<usize>(),
+        24 * 2,
+        "two limits per descriptor"
+    );
+    assert_eq!(assert_descriptors_on_one_slot(&by_primary), 24);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_values_route_and_never_collide() {
+    let cluster = RedisCluster::start();
+    let (l, _) = limiter(CONFIG, redis_store(&cluster.url()).await);
+    let server = TestServer::start(l).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let values: Vec<String> = [
+        "", "{", "}", "{}", "}{", "{user}", "a{b}c", "\\xff", "\u{ff}", "|", "=", "1:u", "u=1:u",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["x".repeat(4096), "x".repeat(4095)])
+    .collect();
+
+    for round in 1..=2u32 {
+        let response = call(&mut client, request("user", &values)).await;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        assert_eq!(remaining(&response), vec![3 - round; values.len()], "round {round}");
+    }
+    // Each value has a counter of its own: using up "{" leaves "}" and "{}" where they were.
+    let brace = vec!["{".to_string()];
+    assert_eq!(remaining(&call(&mut client, request("user", &brace)).await), [0]);
+    let over = call(&mut client, request("user", &brace)).await;
+    assert_eq!(over.statuses[0].code, Code::OverLimit as i32);
+    let others = call(&mut client, request("user", &["}".to_string(), "{}".to_string()])).await;
+    assert_eq!(others.overall_code, Code::Ok as i32);
+    assert_eq!(remaining(&others), [0, 0]);
+
+    let by_primary = keys_by_primary(&cluster);
+    assert_eq!(
+        by_primary.values().map(Vec::len).sum::<usize>(),
+        values.len() * 2,
+        "one pair of counters per distinct value"
+    );
+    assert_eq!(assert_descriptors_on_one_slot(&by_primary), values.len());
+    assert!(
+        by_primary.values().filter(|k| !k.is_empty()).count() >= 2,
+        "the values spread over primaries"
+    );
+    for v in &values {
+        let needle = format!("={}:{v}|", v.len());
+        let holders: usize = by_primary
+            .values()
+            .flatten()
+            .filter(|k| identity(k).ends_with(&needle[..needle.len() - 1]))
+            .count();
+        assert_eq!(holders, 2, "the counters of {:?}", &v[..v.len().min(16)]);
+    }
+    server.shutdown().await;
+}
+
+/// Finds, after a warm-up call, one `bulk` value whose counter lives on each primary.
+async fn one_value_per_primary(
+    cluster: &RedisCluster,
+    client: &mut RateLimitServiceClient<Channel>,
+) -> BTreeMap<u16, String> {
+    let candidates: Vec<String> = (0..24).map(|i| format!("b{i}")).collect();
+    call(client, request("bulk", &candidates)).await;
+    let mut chosen = BTreeMap::new();
+    for v in &candidates {
+        if let Some(port) = cluster.owner_of(&format!("={}:{v}|", v.len())) {
+            chosen.entry(port).or_insert_with(|| v.clone());
+        }
+    }
+    assert_eq!(chosen.len(), 3, "24 values cover the three primaries");
+    chosen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primaries_work_on_one_request_concurrently() {
+    let cluster = RedisCluster::start();
+    let (l, _) = limiter(CONFIG, redis_store_with(&cluster.url(), Duration::from_secs(10)).await);
+    let server = TestServer::start(l).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let chosen = one_value_per_primary(&cluster, &mut client).await;
+    let (&paused, _) = chosen.iter().next().unwrap();
+    // The paused primary's descriptor comes first in the request.
+    let mut ordered: Vec<(u16, String)> = chosen.iter().map(|(p, v)| (*p, v.clone())).collect();
+    ordered.sort_by_key(|(p, _)| *p != paused);
+    let values: Vec<String> = ordered.iter().map(|(_, v)| v.clone()).collect();
+    let before: Vec<u64> = ordered.iter().map(|(p, _)| evalsha_count(*p)).collect();
+
+    // The first primary stops running scripts; the other two must still get and run theirs while the call waits.
+    assert_eq!(redis_cli(paused, &["CLIENT", "PAUSE", "5000", "WRITE"]).trim(), "OK");
+    let started = Instant::now();
+    let pending = tokio::spawn(async move { client.should_rate_limit(request("bulk", &values)).await });
+    let others_ran = poll_until(Duration::from_secs(3), || {
+        ordered[1..]
+            .iter()
+            .zip(&before[1..])
+            .all(|((p, _), b)| evalsha_count(*p) > *b)
+    });
+    let still_waiting = !pending.is_finished();
+    assert_eq!(redis_cli(paused, &["CLIENT", "UNPAUSE"]).trim(), "OK");
+    assert!(
+        others_ran,
+        "the other primaries ran their descriptors while the first was paused"
+    );
+    assert!(still_waiting, "the call waits for the paused primary");
+    let response = pending.await.unwrap().expect("the call succeeds").into_inner();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    assert_eq!(evalsha_count(paused), before[0] + 1);
+    eprintln!(
+        "cluster concurrency: other primaries answered while one was paused; call took {:?}",
+        started.elapsed()
+    );
+    server.shutdown().await;
+}
+
+fn script_sha() -> String {
+    fred::types::scripts::Script::from_lua(sluice::store::redis::SCRIPT)
+        .sha1()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_come_back_after_flush_and_restart() {
+    let mut cluster = RedisCluster::start();
+    let (l, _) = limiter(CONFIG, redis_store(&cluster.url()).await);
+    let server = TestServer::start(l).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let chosen = one_value_per_primary(&cluster, &mut client).await;
+    let values: Vec<String> = chosen.values().cloned().collect();
+    let sha = script_sha();
+    let loaded = |port: u16| redis_cli(port, &["SCRIPT", "EXISTS", &sha]).trim() == "1";
+    assert!(chosen.keys().all(|&p| loaded(p)), "the script is on every primary");
+
+    // SCRIPT FLUSH on one primary: the very next call reloads it there and succeeds.
+    let (&flushed, _) = chosen.iter().next().unwrap();
+    assert_eq!(redis_cli(flushed, &["SCRIPT", "FLUSH"]).trim(), "OK");
+    assert!(!loaded(flushed));
+    let response = call(&mut client, request("bulk", &values)).await;
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    assert!(loaded(flushed), "reloaded on the primary that lost it");
+
+    // A restarted primary (same node, empty memory): calls succeed again once it is back.
+    let (&restarted, _) = chosen.iter().nth(1).unwrap();
+    cluster.node(restarted).kill();
+    cluster.restart(restarted);
+    assert!(cluster.wait_settled(Duration::from_secs(20)), "the cluster settles");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match client.should_rate_limit(request("bulk", &values)).await {
+            Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => break,
+            other => assert!(Instant::now() < deadline, "no recovery after the restart: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let owner = cluster.primaries();
+    assert!(
+        owner.iter().all(|&p| loaded(p)),
+        "the script is on every primary again (after {attempts} attempt(s))"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_recovers_after_promotion() {
+    let mut cluster = RedisCluster::start();
+    let store = RedisStore::connect(&RedisSettings {
+        url: cluster.url(),
+        timeout: Duration::from_millis(200),
+        pool_size: 1,
+        server_time: true,
+        tls: Default::default(),
+    })
+    .await
+    .expect("store connects");
+    let metrics = Metrics::new(0.8);
+    let limiter = Limiter::new(
+        rules(CONFIG, &metrics),
+        store,
+        Arc::new(SystemClock),
+        metrics,
+        LimiterSettings::default(),
+    );
+    let server = TestServer::start(Arc::new(limiter)).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let chosen = one_value_per_primary(&cluster, &mut client).await;
+    let (&victim, victim_value) = chosen.iter().next().unwrap();
+    let all: Vec<String> = chosen.values().cloned().collect();
+    let healthy: Vec<String> = chosen.values().filter(|v| *v != victim_value).cloned().collect();
+    let victim_replica = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(victim.to_string().as_str()))
+        .expect("the victim has a replica");
+
+    // Watch for the promotion from a plain thread, to split detection and election from the client's catch-up.
+    let promoted_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (promoted_at, stop) = (promoted_at.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if info_field(victim_replica, "replication", "role").as_deref() == Some("master") {
+                    *promoted_at.lock().unwrap() = Some(Instant::now());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
+    let killed_at = Instant::now();
+    cluster.node(victim).kill();
+    let (mut first_error, mut recovered) = (None::<Instant>, None::<Instant>);
+    let (mut calls, mut errors, mut healthy_errors, mut successes_after) = (0u32, 0u32, 0u32, 0u32);
+    let deadline = killed_at + Duration::from_secs(20);
+    while Instant::now() < deadline && successes_after < 20 {
+        calls += 1;
+        let mixed = calls % 2 == 0;
+        let r = request("bulk", if mixed { &all } else { &healthy });
+        let mut call = tonic::Request::new(r);
+        call.set_timeout(Duration::from_secs(3));
+        match client.should_rate_limit(call).await {
+            Ok(response) => {
+                assert_eq!(response.get_ref().overall_code, Code::Ok as i32);
+                if mixed && first_error.is_some() {
+                    recovered.get_or_insert_with(Instant::now);
+                    successes_after += 1;
+                }
+            }
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                errors += 1;
+                healthy_errors += u32::from(!mixed);
+                first_error.get_or_insert_with(Instant::now);
+                successes_after = 0;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    let promoted = *promoted_at.lock().unwrap();
+    let first_error = first_error.expect("calls on the killed primary's slot fail until a replica takes over");
+    let recovered = recovered.expect("calls succeed again after the promotion, without a restart");
+    eprintln!(
+        "cluster failover: first error {:?} after the kill; replica promoted {:?} after the kill; recovered {:?} \
+         after the first error ({:?} after the promotion); {errors} of {calls} calls failed, {healthy_errors} of \
+         them touching only healthy primaries",
+        first_error - killed_at,
+        promoted.map(|p| p - killed_at),
+        recovered - first_error,
+        promoted.map(|p| recovered.saturating_duration_since(p)),
+    );
+    assert!(promoted.is_some(), "the replica was promoted");
+    assert_eq!(successes_after, 20, "steady again after recovery");
+    server.shutdown().await;
+}
