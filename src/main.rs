@@ -17,6 +17,10 @@ use sluice::store::redis::{RedisSettings, RedisTls};
 use sluice::telemetry::{self, LogFormat};
 use sluice::tls::ServerTlsFiles;
 
+/// glibc's allocator spends a fifth of a decision's CPU time under load (measured with perf); mimalloc far less.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rate-limit decision service, wire-compatible with Envoy's rate limit service.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]

@@ -62,6 +62,7 @@ struct Inner {
     near_limit_ratio: f64,
     unknown_domain: DomainStats,
     local_cache_hits: Counter,
+    breaker_state: metrics::Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -103,9 +104,8 @@ impl Metrics {
         let handle = recorder.handle();
         let unknown_domain = domain_stats(&recorder, UNKNOWN_DOMAIN);
         let local_cache_hits = recorder.register_counter(&Key::from_name(LOCAL_CACHE_HITS), &METADATA);
-        recorder
-            .register_gauge(&Key::from_name(BREAKER_STATE), &METADATA)
-            .set(0.0);
+        let breaker_state = recorder.register_gauge(&Key::from_name(BREAKER_STATE), &METADATA);
+        breaker_state.set(0.0);
         Metrics {
             inner: Arc::new(Inner {
                 recorder,
@@ -113,6 +113,7 @@ impl Metrics {
                 near_limit_ratio,
                 unknown_domain,
                 local_cache_hits,
+                breaker_state,
             }),
         }
     }
@@ -196,10 +197,7 @@ impl Metrics {
     }
 
     pub fn breaker_state(&self, state: u8) {
-        self.inner
-            .recorder
-            .register_gauge(&Key::from_name(BREAKER_STATE), &METADATA)
-            .set(f64::from(state));
+        self.inner.breaker_state.set(f64::from(state));
     }
 
     pub fn local_cache_hit(&self) {
