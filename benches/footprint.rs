@@ -12,7 +12,9 @@ use sluice::rules::Algorithm;
 use sluice::store::redis::{RedisSettings, RedisStore};
 use sluice::store::{CounterKey, Hit, Store, TierSpec};
 
+/// Descriptors per algorithm; `cargo test --benches` (no `--bench` flag) runs a quick smoke pass with few.
 const KEYS: usize = 20_000;
+const SMOKE_KEYS: usize = 200;
 const BATCH: usize = 100;
 
 struct Redis {
@@ -108,6 +110,11 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
 }
 
 fn main() {
+    let keys = if std::env::args().any(|a| a == "--bench") {
+        KEYS
+    } else {
+        SMOKE_KEYS
+    };
     let redis = Redis::start();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let store = runtime
@@ -125,7 +132,7 @@ fn main() {
     println!("|---|---|---|---|---|");
     for algorithm in Algorithm::ALL {
         redis.cli(&["FLUSHALL"]);
-        let hits: Vec<Hit> = (0..KEYS).map(|i| hit(algorithm, i)).collect();
+        let hits: Vec<Hit> = (0..keys).map(|i| hit(algorithm, i)).collect();
         // Load the script, then measure from a clean slate.
         runtime.block_on(store.hit(0, &hits[..1])).expect("first hit");
         redis.cli(&["FLUSHALL"]);
@@ -135,8 +142,9 @@ fn main() {
             runtime.block_on(store.hit(0, batch)).expect("hits");
         }
         let create_usec = redis.evalsha_usec();
+        assert!(create_usec > 0.0, "{}: Redis ran no EVALSHA", algorithm.name());
         let after = redis.used_memory();
-        let key = hits[KEYS / 2].tiers[0].key.as_str().to_string();
+        let key = hits[keys / 2].tiers[0].key.as_str().to_string();
         let usage = redis.cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"]);
         redis.cli(&["CONFIG", "RESETSTAT"]);
         // Steady state: a second hit on each existing key (concurrency and queue then deny: their limit is not the
@@ -148,7 +156,7 @@ fn main() {
         println!(
             "| {} | {:.0} | {} | {:.2} | {:.2} |",
             algorithm.name(),
-            (after - before) / KEYS as f64,
+            (after - before) / keys as f64,
             usage.trim(),
             create_usec,
             again_usec

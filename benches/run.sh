@@ -49,8 +49,9 @@ cluster_ports=()
 for _ in 1 2 3; do
   p=$(free_port)
   mkdir -p "$work/c$p"
+  # The bus port is given explicitly: the default (port + 10000) does not exist for ports above 55535.
   redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
-    --cluster-config-file "nodes-$p.conf" --dir "$work/c$p" >"$work/c$p.log" 2>&1 &
+    --cluster-port "$(free_port)" --cluster-config-file "nodes-$p.conf" --dir "$work/c$p" >"$work/c$p.log" 2>&1 &
   pids+=($!)
   cluster_ports+=("$p")
 done

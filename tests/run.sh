@@ -37,6 +37,8 @@ echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --locked
+echo "== benches, smoke mode (each criterion benchmark once, the footprint on a few keys)"
+cargo test --benches --locked
 echo "== python tests"
 cargo build --locked --bin sluice
 SLUICE_BIN="$PWD/target/debug/sluice" .venv/bin/python -m pytest tests/python -q
