@@ -237,14 +237,24 @@ impl RedisStore {
         let mut results: Vec<Option<Outcome>> = vec![None; hits.len()];
         let mut pending: Vec<usize> = (0..hits.len()).collect();
         for attempt in 0..2 {
-            let pipeline = client.pipeline();
-            for &i in &pending {
-                let _: () = pipeline
-                    .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
-                    .await
-                    .map_err(classify)?;
-            }
-            let answers: Vec<Result<Value, FredError>> = pipeline.try_all().await;
+            let answers: Vec<Result<Value, FredError>> = if let [i] = pending[..] {
+                // One descriptor: a plain command, without the pipeline's bookkeeping (fred still pipelines
+                // concurrent requests on the connection).
+                vec![
+                    client
+                        .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
+                        .await,
+                ]
+            } else {
+                let pipeline = client.pipeline();
+                for &i in &pending {
+                    let _: () = pipeline
+                        .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
+                        .await
+                        .map_err(classify)?;
+                }
+                pipeline.try_all().await
+            };
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 match answer {
