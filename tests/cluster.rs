@@ -8,19 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice::clock::SystemClock;
-use sluice::limiter::{Limiter, LimiterSettings};
-use sluice::metrics::Metrics;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice::store::redis::{RedisSettings, RedisStore};
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, evalsha_count, info_field, keys, limiter, poll_until, redis_cli, redis_store,
-    redis_store_with, rules,
+    RedisCluster, TestServer, evalsha_count, info_field, keys, limiter, live_server, poll_until, redis_cli,
+    redis_store, redis_store_with,
 };
 
 const CONFIG: &str = "
@@ -294,24 +290,7 @@ async fn scripts_come_back_after_flush_and_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_recovers_after_promotion() {
     let mut cluster = RedisCluster::start();
-    let store = RedisStore::connect(&RedisSettings {
-        url: cluster.url(),
-        timeout: Duration::from_millis(200),
-        pool_size: 1,
-        server_time: true,
-        tls: Default::default(),
-    })
-    .await
-    .expect("store connects");
-    let metrics = Metrics::new(0.8);
-    let limiter = Limiter::new(
-        rules(CONFIG, &metrics),
-        store,
-        Arc::new(SystemClock),
-        metrics,
-        LimiterSettings::default(),
-    );
-    let server = TestServer::start(Arc::new(limiter)).await;
+    let server = live_server(&cluster.url(), CONFIG).await;
     let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
     let chosen = one_value_per_primary(&cluster, &mut client).await;
     let (&victim, victim_value) = chosen.iter().next().unwrap();

@@ -173,6 +173,29 @@ pub async fn redis_store_with(url: &str, timeout: Duration) -> RedisStore {
     .expect("redis store connects")
 }
 
+/// A sluice server deciding by Redis's own clock over `url`, as in production: for failover tests, where time is
+/// real and cannot be injected.
+pub async fn live_server(url: &str, yaml: &str) -> TestServer {
+    let store = RedisStore::connect(&RedisSettings {
+        url: url.to_string(),
+        timeout: Duration::from_millis(200),
+        pool_size: 1,
+        server_time: true,
+        tls: Default::default(),
+    })
+    .await
+    .expect("store connects");
+    let metrics = Metrics::new(0.8);
+    let limiter = Limiter::new(
+        rules(yaml, &metrics),
+        store,
+        Arc::new(sluice::clock::SystemClock),
+        metrics,
+        LimiterSettings::default(),
+    );
+    TestServer::start(Arc::new(limiter)).await
+}
+
 /// A sluice server on ephemeral ports, stopped when dropped.
 pub struct TestServer {
     pub grpc: SocketAddr,

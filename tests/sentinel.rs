@@ -2,19 +2,14 @@
 //! data servers' password and none for the Sentinel itself, and when the primary is killed calls recover on the
 //! promoted replica without restarting sluice.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::clock::SystemClock;
-use sluice::limiter::{Limiter, LimiterSettings};
-use sluice::metrics::Metrics;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::store::redis::{RedisSettings, RedisStore};
 
-use crate::harness::{RedisSentinel, SENTINEL_REDIS_PASSWORD, TestServer, rules};
+use crate::harness::{RedisSentinel, SENTINEL_REDIS_PASSWORD, live_server};
 
 const CONFIG: &str = "
 domain: ha
@@ -56,24 +51,7 @@ fn dbsize(port: u16) -> u64 {
 async fn calls_follow_a_sentinel_failover() {
     let mut ha = RedisSentinel::start();
     let (old_primary, replica) = (ha.primary.port, ha.replica.port);
-    let store = RedisStore::connect(&RedisSettings {
-        url: ha.url(),
-        timeout: Duration::from_millis(200),
-        pool_size: 1,
-        server_time: true,
-        tls: Default::default(),
-    })
-    .await
-    .expect("store connects");
-    let metrics = Metrics::new(0.8);
-    let limiter = Limiter::new(
-        rules(CONFIG, &metrics),
-        store,
-        Arc::new(SystemClock),
-        metrics,
-        LimiterSettings::default(),
-    );
-    let server = TestServer::start(Arc::new(limiter)).await;
+    let server = live_server(&ha.url(), CONFIG).await;
     let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
     let before = client
         .should_rate_limit(request("a"))
