@@ -12,7 +12,7 @@ A.queue = {}
 
 -- The smallest id that is still waiting at `now`: entries with ms * 1000 + window <= now are stale.
 local function queue_cutoff(now, window)
-  return math.floor((now - window) / 1000) + 1
+  return math.floor(math.max(0, now - window) / 1000) + 1
 end
 
 function A.queue.check(key, now, cost, limit, window)
@@ -49,10 +49,15 @@ function A.queue.commit(key, s, now, cost, limit, window, burst, id, fields)
   local ms = math.floor(now / 1000)
   local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
   if type(added) == 'table' and added.err then
-    -- The clock went back behind the last id: append right after it.
-    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1][1]
+    -- The clock went back behind the stream's last id (entries may since have been deleted): append right after
+    -- the last id the stream generated.
+    local info = redis.call('XINFO', 'STREAM', key)
+    local last = '0-0'
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then last = info[i + 1] end
+    end
     local last_ms, last_seq = string.match(last, '^(%d+)-(%d+)$')
-    added = redis.call('XADD', key, last_ms .. '-' .. (tonumber(last_seq) + 1), unpack(fields))
+    added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
   end
   redis.call('PEXPIRE', key, ceil_ms(window))
   return added

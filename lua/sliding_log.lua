@@ -36,12 +36,17 @@ function A.sliding_log.commit(key, s, now, cost, limit, window)
   if cost == 0 then return '' end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
   local live = redis.call('ZCARD', key)
-  local args = {}
-  for i = 1, cost do
-    args[#args + 1] = now
-    args[#args + 1] = string.format('%d:%d', now, live + i)
+  -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
+  local i = 1
+  while i <= cost do
+    local args = {}
+    for j = i, math.min(cost, i + 499) do
+      args[#args + 1] = now
+      args[#args + 1] = string.format('%d:%d', now, live + j)
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = i + 500
   end
-  redis.call('ZADD', key, unpack(args))
   redis.call('PEXPIRE', key, ceil_ms(window))
   return ''
 end

@@ -16,7 +16,7 @@ function A.token_bucket.check(key, now, cost, limit, window, burst)
   local new = tat + cost * interval
   local s = { new = new }
   s.ok = new - now <= tolerance
-  s.rem0 = math.floor((now + tolerance - tat) / interval)
+  s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
   s.rem1 = max0(math.floor((now + tolerance - new) / interval))
   s.used0 = burst - s.rem0
   s.used = burst - s.rem1

@@ -74,6 +74,13 @@ impl LocalCache {
         shard.insert(key.to_owned(), denial);
     }
 
+    /// Forgets every denial (after a reload: limits may have changed under the same keys).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
     /// Forgets the denials of `keys` (after a Reset).
     pub fn remove(&self, keys: &[&str]) {
         for key in keys {

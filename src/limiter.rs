@@ -276,6 +276,8 @@ impl<S: Store> Limiter<S> {
     /// Replaces the rule set; requests already running finish with the old one.
     pub fn reload(&self, rules: RuleSet) {
         self.rules.store(Arc::new(rules));
+        // A denial cached under the old limits may not hold under the new ones.
+        self.cache.clear();
     }
 
     /// Decides a request, counting each descriptor's hit against its limits.

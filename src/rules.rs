@@ -705,9 +705,10 @@ impl Compiler<'_> {
         let name = rl.name.as_deref().filter(|n| !n.is_empty()).map(Arc::from);
         if rl.unlimited {
             if let Some(unit) = &rl.unit {
-                if Unit::from_name(unit).is_some() {
-                    return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
+                if Unit::from_name(unit).is_none() {
+                    return Err(self.err(&at("unit"), format!("unknown unit '{unit}'")));
                 }
+                return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
             }
             for (field, set) in [
                 ("algorithm", rl.algorithm.is_some()),
@@ -847,6 +848,10 @@ mod tests {
             (
                 "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: second}}]\n",
                 "descriptors[0].rate_limit.unit: a rule cannot be unlimited and have a unit",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: bogus}}]\n",
+                "descriptors[0].rate_limit.unit: unknown unit 'bogus'",
             ),
             (
                 "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n",

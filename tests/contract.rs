@@ -60,7 +60,30 @@ both_stores!(
     peek_never_changes_anything,
     reset_deletes_exactly_the_given_keys,
     many_descriptors_in_one_call,
+    extreme_windows_costs_and_clocks,
 );
+
+async fn extreme_windows_costs_and_clocks(store: impl Store) {
+    // A queue whose window reaches back before 1970, a clock that goes back behind the queue's last entry, and a
+    // sliding-log hit of thousands (beyond what one Lua unpack takes): all decided, never a failure.
+    let century = 60 * 365 * 86_400 * SECOND;
+    let q = one("old-queue", Algorithm::Queue, 3, century, 1);
+    let first = apply(&store, T0 + 5 * SECOND, &q).await;
+    let back = apply(&store, T0, &q).await;
+    assert!(first.admitted && back.admitted);
+    let (a, b) = (first.tiers[0].id.clone().unwrap(), back.tiers[0].id.clone().unwrap());
+    assert_ne!(a, b, "the entry appended with the clock behind still gets a fresh id");
+    assert_eq!(peek(&store, T0, &q).await.tiers[0].remaining, 1);
+    let log = one("big-log", Algorithm::SlidingLog, 10_000, MINUTE, 6_000);
+    assert!(apply(&store, T0, &log).await.admitted);
+    assert_eq!(
+        peek(&store, T0, &one("big-log", Algorithm::SlidingLog, 10_000, MINUTE, 1))
+            .await
+            .tiers[0]
+            .remaining,
+        4_000
+    );
+}
 
 async fn fixed_window_counts_denials_like_the_reference(store: impl Store) {
     let now = T0 + 5 * SECOND;

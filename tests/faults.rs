@@ -213,6 +213,25 @@ descriptors:
 }
 
 #[tokio::test]
+async fn a_reload_forgets_cached_denials() {
+    let small = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+    let (l, _) = limiter_with(small, memory(), LimiterSettings::default());
+    let r = request("d", "a");
+    assert_eq!(l.should_rate_limit(&r).await.unwrap().overall, Code::Ok);
+    assert_eq!(l.should_rate_limit(&r).await.unwrap().overall, Code::OverLimit);
+    let metrics = l.metrics().clone();
+    l.reload(crate::harness::rules(
+        &small.replace("requests_per_unit: 1", "requests_per_unit: 10"),
+        &metrics,
+    ));
+    assert_eq!(
+        l.should_rate_limit(&r).await.unwrap().overall,
+        Code::Ok,
+        "the raised limit applies at once"
+    );
+}
+
+#[tokio::test]
 async fn caps_on_hostile_requests_are_invalid_argument_naming_the_cap() {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
     let caps = Caps {

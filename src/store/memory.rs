@@ -471,7 +471,7 @@ impl Shard {
 
 /// The smallest entry millisecond still waiting at `now`: an entry is stale once `ms * 1000 + window <= now`.
 fn queue_cutoff(now: u64, window: u64) -> u64 {
-    (now - window) / 1_000 + 1
+    now.saturating_sub(window) / 1_000 + 1
 }
 
 fn retry(never: bool, ok: bool, wait: u64) -> Option<u64> {
