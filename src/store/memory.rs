@@ -185,6 +185,10 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Shard {
+    fn live_mut(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
+        self.entries.get_mut(key).filter(|e| e.expires_at_us > now)
+    }
+
     fn live(&self, key: &str, now: u64) -> Option<&State> {
         self.entries
             .get(key)
@@ -275,8 +279,8 @@ impl Shard {
                     Some(State::Log(log)) => log,
                     _ => &empty,
                 };
-                let live: Vec<u64> = log.iter().copied().filter(|&ts| ts + window > now).collect();
-                let count = live.len() as u64;
+                let mut live = log.iter().copied().filter(|&ts| ts + window > now);
+                let count = live.clone().count() as u64;
                 let ok = count + cost <= limit;
                 let reset0 = log
                     .back()
@@ -287,7 +291,8 @@ impl Shard {
                 } else if ok {
                     Some(0)
                 } else {
-                    Some(live[(count + cost - limit - 1) as usize] + window - now)
+                    live.nth((count + cost - limit - 1) as usize)
+                        .map(|ts| ts + window - now)
                 };
                 Check {
                     ok,
@@ -422,13 +427,29 @@ impl Shard {
                 None
             }
             Write::Log => {
-                let mut log = match self.live(key, now) {
-                    Some(State::Log(log)) => log.clone(),
-                    _ => VecDeque::new(),
+                let expires = now + ceil_ms_us(window);
+                let add = |log: &mut VecDeque<u64>| {
+                    log.retain(|&ts| ts + window > now);
+                    // Kept in time order, as the sorted set is, even if the clock stepped back.
+                    let at = log.partition_point(|&ts| ts <= now);
+                    for _ in 0..hit.cost {
+                        log.insert(at, now);
+                    }
                 };
-                log.retain(|&ts| ts + window > now);
-                log.extend(std::iter::repeat_n(now, hit.cost as usize));
-                self.set(key, State::Log(log), now + ceil_ms_us(window));
+                match self.live_mut(key, now) {
+                    Some(Entry {
+                        state: State::Log(log),
+                        expires_at_us,
+                    }) => {
+                        add(log);
+                        *expires_at_us = expires;
+                    }
+                    _ => {
+                        let mut log = VecDeque::new();
+                        add(&mut log);
+                        self.set(key, State::Log(log), expires);
+                    }
+                }
                 None
             }
             Write::Tat(new) => {
@@ -436,16 +457,28 @@ impl Shard {
                 None
             }
             Write::Lease => {
-                let mut leases = match self.live(key, now) {
-                    Some(State::Leases(l)) => l.clone(),
-                    _ => Vec::new(),
+                let expires = now + ceil_ms_us(window);
+                let take = |leases: &mut Vec<(String, u64)>| {
+                    leases.retain(|l| l.1 > now);
+                    match leases.iter_mut().find(|l| l.0 == hit.lease) {
+                        Some(l) => l.1 = now + window,
+                        None => leases.push((hit.lease.clone(), now + window)),
+                    }
                 };
-                leases.retain(|l| l.1 > now);
-                match leases.iter_mut().find(|l| l.0 == hit.lease) {
-                    Some(l) => l.1 = now + window,
-                    None => leases.push((hit.lease.clone(), now + window)),
+                match self.live_mut(key, now) {
+                    Some(Entry {
+                        state: State::Leases(leases),
+                        expires_at_us,
+                    }) => {
+                        take(leases);
+                        *expires_at_us = expires;
+                    }
+                    _ => {
+                        let mut leases = Vec::new();
+                        take(&mut leases);
+                        self.set(key, State::Leases(leases), expires);
+                    }
                 }
-                self.set(key, State::Leases(leases), now + ceil_ms_us(window));
                 Some(hit.lease.clone())
             }
             Write::Queue => {
