@@ -28,6 +28,10 @@ if [ ! -x .venv/bin/python ] || ! sha256sum --status -c "$stamp" 2>/dev/null; th
   echo "== installing Python test dependencies into .venv"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r "$requirements"
+  # xds-protos ships its own, older copy of the opentelemetry/proto modules in the same package directory; whichever
+  # installs last wins. The OTLP test needs opentelemetry-proto's, so install it again, last.
+  .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$(grep '^opentelemetry-proto' "$requirements")"
   sha256sum "$requirements" >"$stamp"
 fi
 
