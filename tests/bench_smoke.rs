@@ -94,7 +94,7 @@ async fn fixed_rate_keeps_to_its_schedule() {
     )
     .await;
     assert_all_checked(&report);
-    assert_eq!(report.scheduled, Some(500));
+    assert_eq!(report.setup.scheduled, Some(500));
     assert!((250..=500).contains(&report.requests), "{report}");
     // Zipf's hottest users pass the nested rule's 5 per hour quickly.
     assert!(report.over_limit > 0 && report.ok > 0, "{report}");
@@ -131,6 +131,6 @@ async fn warmup_is_sent_but_not_counted() {
     .await;
     assert_all_checked(&report);
     assert_eq!(report.ok, 0, "the warm-up spent the 50 hits\n{report}");
-    assert_eq!(report.warmup, std::time::Duration::from_millis(500));
+    assert_eq!(report.setup.warmup, std::time::Duration::from_millis(500));
     server.shutdown().await;
 }

@@ -4,23 +4,10 @@
 use sluice::rules::Algorithm;
 use sluice::store::{CounterKey, Hit, Outcome, RecordSpec, Store, TierSpec};
 
-use crate::harness::{RedisServer, T0, memory, redis_store};
+use crate::harness::{RedisServer, T0, memory, redis_store, tier};
 
 const SECOND: u64 = 1_000_000;
 const MINUTE: u64 = 60 * SECOND;
-
-fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst: u64) -> TierSpec {
-    TierSpec {
-        key: CounterKey::builder("contract:", "d")
-            .entry("k", name)
-            .finish()
-            .tier(algorithm, window_us),
-        algorithm,
-        limit,
-        window_us,
-        burst,
-    }
-}
 
 fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
     Hit {
@@ -365,7 +352,7 @@ async fn redis_state_carries_ttls_and_huge_costs_do_not_overflow() {
     let snapshot = redis.snapshot();
     assert_eq!(snapshot.len(), Algorithm::ALL.len());
     for (key, _, ttl) in &snapshot {
-        assert!(key.starts_with("contract:{"), "{key}");
+        assert!(key.starts_with("test:{"), "{key}");
         assert!(*ttl > 0 && *ttl <= 120_000, "{key}: TTL {ttl}, at most two windows");
     }
     // The largest cost the limiter sends is the capacity + 1; many of them stay far from overflow.

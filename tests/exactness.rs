@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use sluice::rules::Algorithm;
 use sluice::store::memory::MemoryStore;
-use sluice::store::{CounterKey, Hit, Store, TierSpec};
+use sluice::store::{Hit, Store, TierSpec};
 
-use crate::harness::{RedisServer, T0, redis_store};
+use crate::harness::{RedisServer, T0, redis_store, tier};
 
 const SECOND: u64 = 1_000_000;
 
@@ -27,19 +27,6 @@ impl Rng {
 
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
-    }
-}
-
-fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst: u64) -> TierSpec {
-    TierSpec {
-        key: CounterKey::builder("exact:", "d")
-            .entry("k", name)
-            .finish()
-            .tier(algorithm, window_us),
-        algorithm,
-        limit,
-        window_us,
-        burst,
     }
 }
 

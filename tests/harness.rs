@@ -11,10 +11,10 @@ use sluice::clock::ManualClock;
 use sluice::config;
 use sluice::limiter::{Limiter, LimiterSettings};
 use sluice::metrics::Metrics;
-use sluice::rules::RuleSet;
-use sluice::store::Store;
+use sluice::rules::{Algorithm, RuleSet};
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::{RedisSettings, RedisStore};
+use sluice::store::{CounterKey, Store, TierSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -62,16 +62,7 @@ impl RedisServer {
     /// Starts on a given port, e.g. to bring a stopped server back where clients expect it.
     pub fn start_on(port: u16) -> RedisServer {
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(base_args(port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -132,6 +123,20 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One limit of the descriptor `k=<name>` in domain `d`, as the store receives it.
+pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst: u64) -> TierSpec {
+    TierSpec {
+        key: CounterKey::builder("test:", "d")
+            .entry("k", name)
+            .finish()
+            .tier(algorithm, window_us),
+        algorithm,
+        limit,
+        window_us,
+        burst,
     }
 }
 
@@ -448,28 +453,39 @@ impl Drop for RedisProcess {
     }
 }
 
-/// The common arguments of a test server: loopback only, no persistence, a log file in `dir`.
-fn server_args(port: u16, dir: &Path) -> Vec<String> {
+/// Every test server: loopback only, no persistence.
+fn base_args(port: u16) -> Vec<String> {
+    let port = port.to_string();
     [
         "--port",
-        &port.to_string(),
+        &port,
         "--bind",
         "127.0.0.1",
         "--save",
         "",
         "--appendonly",
         "no",
-        "--dir",
-        &dir.display().to_string(),
-        "--logfile",
-        &format!("{port}.log"),
-        // A replica's first sync starts at once instead of after the default 5 s wait for more replicas.
-        "--repl-diskless-sync-delay",
-        "0",
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    .map(String::from)
+    .to_vec()
+}
+
+/// The arguments of a cluster or Sentinel node: the base ones, a log file in `dir`.
+fn server_args(port: u16, dir: &Path) -> Vec<String> {
+    let mut args = base_args(port);
+    args.extend(
+        [
+            "--dir",
+            &dir.display().to_string(),
+            "--logfile",
+            &format!("{port}.log"),
+            // A replica's first sync starts at once instead of after the default 5 s wait for more replicas.
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 /// A Redis Cluster of three primaries with one replica each, on free ports in a temporary directory, with a node

@@ -13,20 +13,8 @@ use super::load::Tally;
 /// What a run measured, after the warm-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
-    pub target: String,
-    pub api: Api,
-    pub domain: String,
-    pub keys: KeySpec,
-    pub descriptors: u32,
-    pub descriptor_key: String,
-    pub connections: u32,
-    pub concurrency: u32,
-    /// The fixed rate in requests per second; `None` for a closed loop.
-    pub rate: Option<f64>,
-    /// At a fixed rate, how many requests were due in the measured window (`requests` falls short of it when the
-    /// server could not keep up at this concurrency).
-    pub scheduled: Option<u64>,
-    pub warmup: Duration,
+    /// What was run.
+    pub setup: Setup,
     /// From the end of the warm-up to the last answer.
     pub elapsed: Duration,
     /// Every measured request, whatever became of it: `ok + over_limit + failed_checks + errors`.
@@ -82,8 +70,8 @@ impl Percentiles {
 }
 
 /// The run's description, as the report repeats it.
-#[derive(Debug, Clone)]
-pub(super) struct Setup {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
     pub target: String,
     pub api: Api,
     pub domain: String,
@@ -92,7 +80,10 @@ pub(super) struct Setup {
     pub descriptor_key: String,
     pub connections: u32,
     pub concurrency: u32,
+    /// The fixed rate in requests per second; `None` for a closed loop.
     pub rate: Option<f64>,
+    /// At a fixed rate, how many requests were due in the measured window (`requests` falls short of it when the
+    /// server could not keep up at this concurrency).
     pub scheduled: Option<u64>,
     pub warmup: Duration,
 }
@@ -107,18 +98,9 @@ impl Report {
             .map(|(code, n)| (tonic::Code::from_i32(code as i32), *n))
             .collect();
         errors.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        let service_time = setup.rate.map(|_| Percentiles::of(&tally.service_time));
         Report {
-            target: setup.target,
-            api: setup.api,
-            domain: setup.domain,
-            keys: setup.keys,
-            descriptors: setup.descriptors,
-            descriptor_key: setup.descriptor_key,
-            connections: setup.connections,
-            concurrency: setup.concurrency,
-            rate: setup.rate,
-            scheduled: setup.scheduled,
-            warmup: setup.warmup,
+            setup,
             elapsed,
             requests: tally.requests,
             ok: tally.ok,
@@ -127,7 +109,7 @@ impl Report {
             first_failure: tally.first_failure.as_ref().map(ToString::to_string),
             errors,
             latency: Percentiles::of(&tally.latency),
-            service_time: setup.rate.map(|_| Percentiles::of(&tally.service_time)),
+            service_time,
         }
     }
 
@@ -161,18 +143,18 @@ impl Report {
              \"descriptor_key\":{},\"connections\":{},\"concurrency\":{},\"rate\":{},\"scheduled\":{},\
              \"warmup_s\":{:.3},\"elapsed_s\":{:.3},\"requests\":{},\"throughput_rps\":{:.1},\"ok\":{},\
              \"over_limit\":{},\"failed_checks\":{},\"first_failure\":{},\"errors\":{{",
-            json_string(&self.target),
-            self.api.name(),
-            self.api.rpc(),
-            json_string(&self.domain),
-            self.keys,
-            self.descriptors,
-            json_string(&self.descriptor_key),
-            self.connections,
-            self.concurrency,
-            optional(self.rate.map(|r| format!("{r}"))),
-            optional(self.scheduled.map(|s| s.to_string())),
-            self.warmup.as_secs_f64(),
+            json_string(&self.setup.target),
+            self.setup.api.name(),
+            self.setup.api.rpc(),
+            json_string(&self.setup.domain),
+            self.setup.keys,
+            self.setup.descriptors,
+            json_string(&self.setup.descriptor_key),
+            self.setup.connections,
+            self.setup.concurrency,
+            optional(self.setup.rate.map(|r| format!("{r}"))),
+            optional(self.setup.scheduled.map(|s| s.to_string())),
+            self.setup.warmup.as_secs_f64(),
             self.elapsed.as_secs_f64(),
             self.requests,
             self.throughput(),
@@ -198,30 +180,30 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "target         {} {}", self.target, self.api.rpc())?;
-        let entry = format!("{}=<{}>", self.descriptor_key, self.keys);
+        writeln!(f, "target         {} {}", self.setup.target, self.setup.api.rpc())?;
+        let entry = format!("{}=<{}>", self.setup.descriptor_key, self.setup.keys);
         writeln!(
             f,
             "requests       domain {}, {} descriptor(s) of {entry}",
-            self.domain, self.descriptors
+            self.setup.domain, self.setup.descriptors
         )?;
-        match self.rate {
+        match self.setup.rate {
             None => writeln!(
                 f,
                 "load           closed loop (max throughput), {} connection(s), {} in flight",
-                self.connections, self.concurrency
+                self.setup.connections, self.setup.concurrency
             )?,
             Some(rate) => writeln!(
                 f,
                 "load           fixed rate {rate} req/s (open loop), {} connection(s), up to {} in flight",
-                self.connections, self.concurrency
+                self.setup.connections, self.setup.concurrency
             )?,
         }
         writeln!(
             f,
             "measured       {} after {} warm-up",
             human(self.elapsed),
-            human(self.warmup)
+            human(self.setup.warmup)
         )?;
         writeln!(
             f,
@@ -229,7 +211,7 @@ impl fmt::Display for Report {
             self.requests,
             self.throughput()
         )?;
-        if let Some(scheduled) = self.scheduled {
+        if let Some(scheduled) = self.setup.scheduled {
             let missing = scheduled.saturating_sub(self.requests);
             write!(f, "schedule       {} of {scheduled} sent", self.requests)?;
             if missing > 0 {
