@@ -35,43 +35,44 @@ local first = 8 + nfields
 local tiers = #KEYS
 if record_size > 0 then tiers = tiers - 1 end
 
-local specs, states = {}, {}
+local impls, states = {}, {}
 local admitted = true
 for i = 1, tiers do
   local base = first + (i - 1) * 4
-  local spec = {
-    alg = ARGV[base], limit = tonumber(ARGV[base + 1]), window = tonumber(ARGV[base + 2]),
-    burst = tonumber(ARGV[base + 3]),
-  }
-  local algorithm = A[spec.alg]
-  if algorithm == nil then return redis.error_reply('unknown algorithm ' .. tostring(spec.alg)) end
-  spec.impl = algorithm
-  specs[i] = spec
-  states[i] = algorithm.check(KEYS[i], now, cost, spec.limit, spec.window, spec.burst)
-  admitted = admitted and states[i].ok
+  local impl = algorithm(ARGV[base])
+  if impl == nil then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[base])) end
+  impls[i] = impl
+  local s = impl.check(KEYS[i], now, cost, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
+    tonumber(ARGV[base + 3]))
+  states[i] = s
+  admitted = admitted and s.ok
 end
 
 local commit = mode == 'hit' and cost > 0 and
-  (admitted or (tiers == 1 and specs[1].alg == 'fixed_window'))
+  (admitted or (tiers == 1 and ARGV[first] == 'fixed_window'))
 local out = { admitted and 1 or 0 }
+local n = 1
 local longest = 0
 for i = 1, tiers do
-  local s, spec, entry = states[i], specs[i], ''
+  local s, entry = states[i], ''
   local remaining, reset = s.rem0, s.reset0
   if commit then
-    entry = spec.impl.commit(KEYS[i], s, now, cost, spec.limit, spec.window, spec.burst, id, fields)
+    local base = first + (i - 1) * 4
+    entry = impls[i].commit(KEYS[i], s, now, cost, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
+      tonumber(ARGV[base + 3]), id, fields)
     remaining, reset = s.rem1, s.reset1
   end
   if mode == 'hit' and not s.ok then remaining = 0 end
   if reset > longest then longest = reset end
   local used = s.used
   if mode == 'peek' then used = s.used0 end
-  out[#out + 1] = s.ok and 1 or 0
-  out[#out + 1] = used
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = s.retry
-  out[#out + 1] = entry
+  out[n + 1] = s.ok and 1 or 0
+  out[n + 2] = used
+  out[n + 3] = remaining
+  out[n + 4] = reset
+  out[n + 5] = s.retry
+  out[n + 6] = entry
+  n = n + 6
 end
 
 if record_size > 0 then
@@ -82,7 +83,7 @@ if record_size > 0 then
     redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
   elseif mode == 'peek' then
     local values = redis.call('LRANGE', rkey, 0, record_size - 1)
-    for _, v in ipairs(values) do out[#out + 1] = v end
+    for _, v in ipairs(values) do n = n + 1; out[n] = v end
   end
 end
 return out

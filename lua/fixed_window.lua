@@ -5,25 +5,29 @@
 -- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
 -- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference).
 
-A.fixed_window = {}
+function L.fixed_window()
+  local M = {}
 
-function A.fixed_window.check(key, now, cost, limit, window)
-  local start = now - now % window
-  local f = redis.call('HMGET', key, 'w', 'n')
-  local n = 0
-  if tonumber(f[1]) == start then n = tonumber(f[2]) end
-  local reset = start + window - now
-  local s = { start = start, n = n, used0 = n, used = n + cost, reset0 = reset, reset1 = reset }
-  s.ok = n + cost <= limit
-  s.rem0 = max0(limit - n)
-  s.rem1 = max0(limit - n - cost)
-  if cost > limit then s.retry = -1 elseif s.ok then s.retry = 0 else s.retry = reset end
-  return s
-end
+  function M.check(key, now, cost, limit, window)
+    local start = now - now % window
+    local f = redis.call('HMGET', key, 'w', 'n')
+    local n = 0
+    if tonumber(f[1]) == start then n = tonumber(f[2]) end
+    local reset = start + window - now
+    local ok = n + cost <= limit
+    local retry = 0
+    if cost > limit then retry = -1 elseif not ok then retry = reset end
+    return {
+      ok = ok, used0 = n, used = n + cost, rem0 = max0(limit - n), rem1 = max0(limit - n - cost),
+      reset0 = reset, reset1 = reset, retry = retry, start = start, n = n,
+    }
+  end
 
-function A.fixed_window.commit(key, s, now, cost)
-  if cost == 0 then return '' end
-  redis.call('HSET', key, 'w', s.start, 'n', s.n + cost)
-  if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
-  return ''
+  function M.commit(key, s, now, cost)
+    if cost == 0 then return '' end
+    redis.call('HSET', key, 'w', s.start, 'n', s.n + cost)
+    if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
+    return ''
+  end
+  return M
 end

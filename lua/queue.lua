@@ -8,57 +8,60 @@
 -- Invariants: a denied hit writes nothing. How soon a full queue drains depends on the workers: `retry` is when its
 -- oldest entry goes stale, an upper bound while workers run.
 
-A.queue = {}
+function L.queue()
+  local M = {}
 
--- The smallest id that is still waiting at `now`: entries with ms * 1000 + window <= now are stale.
-local function queue_cutoff(now, window)
-  return math.floor(math.max(0, now - window) / 1000) + 1
-end
-
-function A.queue.check(key, now, cost, limit, window)
-  local cutoff = queue_cutoff(now, window)
-  local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', cutoff), 'COUNT', limit + 1)
-  local len = #waiting
-  local slots = 0
-  if cost > 0 then slots = 1 end
-  local s = { used0 = len, used = len + slots }
-  s.ok = len + slots <= limit
-  s.rem0 = max0(limit - len)
-  s.rem1 = max0(limit - len - slots)
-  local function stale_at(id)
-    local ms = tonumber(string.match(id, '^(%d+)-'))
-    return ms * 1000 + window - now
+  -- The smallest id that is still waiting at `now`: entries with ms * 1000 + window <= now are stale.
+  local function queue_cutoff(now, window)
+    return math.floor(math.max(0, now - window) / 1000) + 1
   end
-  s.reset0 = 0
-  if len > 0 then s.reset0 = stale_at(waiting[1][1]) end
-  s.reset1 = s.reset0
-  if slots > 0 then s.reset1 = math.floor(now / 1000) * 1000 + window - now end
-  if slots > limit then
-    s.retry = -1
-  elseif s.ok then
-    s.retry = 0
-  else
-    s.retry = stale_at(waiting[limit - slots + 1][1])
-  end
-  return s
-end
 
-function A.queue.commit(key, s, now, cost, limit, window, burst, id, fields)
-  if cost == 0 then return '' end
-  redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
-  local ms = math.floor(now / 1000)
-  local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
-  if type(added) == 'table' and added.err then
-    -- The clock went back behind the stream's last id (entries may since have been deleted): append right after
-    -- the last id the stream generated.
-    local info = redis.call('XINFO', 'STREAM', key)
-    local last = '0-0'
-    for i = 1, #info, 2 do
-      if info[i] == 'last-generated-id' then last = info[i + 1] end
+  function M.check(key, now, cost, limit, window)
+    local cutoff = queue_cutoff(now, window)
+    local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', cutoff), 'COUNT', limit + 1)
+    local len = #waiting
+    local slots = 0
+    if cost > 0 then slots = 1 end
+    local s = { used0 = len, used = len + slots }
+    s.ok = len + slots <= limit
+    s.rem0 = max0(limit - len)
+    s.rem1 = max0(limit - len - slots)
+    local function stale_at(id)
+      local ms = tonumber(string.match(id, '^(%d+)-'))
+      return ms * 1000 + window - now
     end
-    local last_ms, last_seq = string.match(last, '^(%d+)-(%d+)$')
-    added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
+    s.reset0 = 0
+    if len > 0 then s.reset0 = stale_at(waiting[1][1]) end
+    s.reset1 = s.reset0
+    if slots > 0 then s.reset1 = math.floor(now / 1000) * 1000 + window - now end
+    if slots > limit then
+      s.retry = -1
+    elseif s.ok then
+      s.retry = 0
+    else
+      s.retry = stale_at(waiting[limit - slots + 1][1])
+    end
+    return s
   end
-  redis.call('PEXPIRE', key, ceil_ms(window))
-  return added
+
+  function M.commit(key, s, now, cost, limit, window, burst, id, fields)
+    if cost == 0 then return '' end
+    redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
+    local ms = math.floor(now / 1000)
+    local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
+    if type(added) == 'table' and added.err then
+      -- The clock went back behind the stream's last id (entries may since have been deleted): append right after
+      -- the last id the stream generated.
+      local info = redis.call('XINFO', 'STREAM', key)
+      local last = '0-0'
+      for i = 1, #info, 2 do
+        if info[i] == 'last-generated-id' then last = info[i + 1] end
+      end
+      local last_ms, last_seq = string.match(last, '^(%d+)-(%d+)$')
+      added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
+    end
+    redis.call('PEXPIRE', key, ceil_ms(window))
+    return added
+  end
+  return M
 end

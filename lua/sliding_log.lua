@@ -5,48 +5,51 @@
 -- count only grows). It expires when its newest hit leaves the interval.
 -- Invariants: a denied hit writes nothing; expired members are removed only by an admitted hit.
 
-A.sliding_log = {}
+function L.sliding_log()
+  local M = {}
 
-function A.sliding_log.check(key, now, cost, limit, window)
-  local since = string.format('(%d', now - window)
-  local count = redis.call('ZCOUNT', key, since, '+inf')
-  local s = { count = count, used0 = count, used = count + cost }
-  s.ok = count + cost <= limit
-  s.rem0 = max0(limit - count)
-  s.rem1 = max0(limit - count - cost)
-  s.reset0 = 0
-  if count > 0 then
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    s.reset0 = tonumber(newest[2]) + window - now
-  end
-  s.reset1 = s.reset0
-  if cost > 0 then s.reset1 = window end
-  if cost > limit then
-    s.retry = -1
-  elseif s.ok then
-    s.retry = 0
-  else
-    local oldest = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-    s.retry = tonumber(oldest[2]) + window - now
-  end
-  return s
-end
-
-function A.sliding_log.commit(key, s, now, cost, limit, window)
-  if cost == 0 then return '' end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  local live = redis.call('ZCARD', key)
-  -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
-  local i = 1
-  while i <= cost do
-    local args = {}
-    for j = i, math.min(cost, i + 499) do
-      args[#args + 1] = now
-      args[#args + 1] = string.format('%d:%d', now, live + j)
+  function M.check(key, now, cost, limit, window)
+    local since = string.format('(%d', now - window)
+    local count = redis.call('ZCOUNT', key, since, '+inf')
+    local s = { count = count, used0 = count, used = count + cost }
+    s.ok = count + cost <= limit
+    s.rem0 = max0(limit - count)
+    s.rem1 = max0(limit - count - cost)
+    s.reset0 = 0
+    if count > 0 then
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      s.reset0 = tonumber(newest[2]) + window - now
     end
-    redis.call('ZADD', key, unpack(args))
-    i = i + 500
+    s.reset1 = s.reset0
+    if cost > 0 then s.reset1 = window end
+    if cost > limit then
+      s.retry = -1
+    elseif s.ok then
+      s.retry = 0
+    else
+      local oldest = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+      s.retry = tonumber(oldest[2]) + window - now
+    end
+    return s
   end
-  redis.call('PEXPIRE', key, ceil_ms(window))
-  return ''
+
+  function M.commit(key, s, now, cost, limit, window)
+    if cost == 0 then return '' end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+    local live = redis.call('ZCARD', key)
+    -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
+    local i = 1
+    while i <= cost do
+      local args = {}
+      for j = i, math.min(cost, i + 499) do
+        args[#args + 1] = now
+        args[#args + 1] = string.format('%d:%d', now, live + j)
+      end
+      redis.call('ZADD', key, unpack(args))
+      i = i + 500
+    end
+    redis.call('PEXPIRE', key, ceil_ms(window))
+    return ''
+  end
+  return M
 end

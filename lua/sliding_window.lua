@@ -7,66 +7,69 @@
 -- State: a hash {w = current window start, c, p}. It expires two windows after w, when it no longer matters.
 -- Invariants: a denied hit writes nothing; a cost of 0 writes nothing.
 
-A.sliding_window = {}
+function L.sliding_window()
+  local M = {}
 
-local function sw_estimate(p, c, elapsed, window)
-  return math.floor(p * (window - elapsed) / window) + c
-end
+  local function sw_estimate(p, c, elapsed, window)
+    return math.floor(p * (window - elapsed) / window) + c
+  end
 
--- The first offset e in [lo, hi) of a window where the estimate with (p, c) is at most `need`, or nil. The estimate
--- never grows with e, so a binary search finds it exactly.
-local function sw_first_fit(p, c, window, lo, hi, need)
-  if lo >= hi or sw_estimate(p, c, hi - 1, window) > need then return nil end
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if sw_estimate(p, c, mid, window) <= need then hi = mid else lo = mid + 1 end
-  end
-  return lo
-end
-
-function A.sliding_window.check(key, now, cost, limit, window)
-  local start = now - now % window
-  local f = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w, c, p = tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0
-  if w == start then
-    -- same window
-  elseif w == start - window then
-    p, c = c, 0
-  else
-    p, c = 0, 0
-  end
-  local elapsed = now - start
-  local est = sw_estimate(p, c, elapsed, window)
-  local s = { start = start, c = c, p = p, used0 = est, used = est + cost }
-  s.ok = est + cost <= limit
-  s.rem0 = max0(limit - est)
-  s.rem1 = max0(limit - est - cost)
-  local function until_empty(cc, pp)
-    if cc > 0 then return start + 2 * window - now end
-    if pp > 0 then return start + window - now end
-    return 0
-  end
-  s.reset0 = until_empty(c, p)
-  s.reset1 = until_empty(c + cost, p)
-  if cost > limit then
-    s.retry = -1
-  elseif s.ok then
-    s.retry = 0
-  else
-    local e = sw_first_fit(p, c, window, elapsed, window, limit - cost)
-    if e ~= nil then
-      s.retry = e - elapsed
-    else
-      e = sw_first_fit(c, 0, window, 0, window, limit - cost)
-      if e ~= nil then s.retry = window - elapsed + e else s.retry = 2 * window - elapsed end
+  -- The first offset e in [lo, hi) of a window where the estimate with (p, c) is at most `need`, or nil. The estimate
+  -- never grows with e, so a binary search finds it exactly.
+  local function sw_first_fit(p, c, window, lo, hi, need)
+    if lo >= hi or sw_estimate(p, c, hi - 1, window) > need then return nil end
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if sw_estimate(p, c, mid, window) <= need then hi = mid else lo = mid + 1 end
     end
+    return lo
   end
-  return s
-end
 
-function A.sliding_window.commit(key, s, now, cost, limit, window)
-  if cost == 0 then return '' end
-  redis.call('HSET', key, 'w', s.start, 'c', s.c + cost, 'p', s.p)
-  redis.call('PEXPIRE', key, ceil_ms(s.start + 2 * window - now))
-  return ''
+  function M.check(key, now, cost, limit, window)
+    local start = now - now % window
+    local f = redis.call('HMGET', key, 'w', 'c', 'p')
+    local w, c, p = tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0
+    if w == start then
+      -- same window
+    elseif w == start - window then
+      p, c = c, 0
+    else
+      p, c = 0, 0
+    end
+    local elapsed = now - start
+    local est = sw_estimate(p, c, elapsed, window)
+    local s = { start = start, c = c, p = p, used0 = est, used = est + cost }
+    s.ok = est + cost <= limit
+    s.rem0 = max0(limit - est)
+    s.rem1 = max0(limit - est - cost)
+    local function until_empty(cc, pp)
+      if cc > 0 then return start + 2 * window - now end
+      if pp > 0 then return start + window - now end
+      return 0
+    end
+    s.reset0 = until_empty(c, p)
+    s.reset1 = until_empty(c + cost, p)
+    if cost > limit then
+      s.retry = -1
+    elseif s.ok then
+      s.retry = 0
+    else
+      local e = sw_first_fit(p, c, window, elapsed, window, limit - cost)
+      if e ~= nil then
+        s.retry = e - elapsed
+      else
+        e = sw_first_fit(c, 0, window, 0, window, limit - cost)
+        if e ~= nil then s.retry = window - elapsed + e else s.retry = 2 * window - elapsed end
+      end
+    end
+    return s
+  end
+
+  function M.commit(key, s, now, cost, limit, window)
+    if cost == 0 then return '' end
+    redis.call('HSET', key, 'w', s.start, 'c', s.c + cost, 'p', s.p)
+    redis.call('PEXPIRE', key, ceil_ms(s.start + 2 * window - now))
+    return ''
+  end
+  return M
 end

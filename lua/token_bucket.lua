@@ -6,36 +6,38 @@
 -- the bucket is full again.
 -- Invariants: a denied hit writes nothing; a cost of 0 writes nothing.
 
-A.token_bucket = {}
+function L.token_bucket()
+  local M = {}
 
-function A.token_bucket.check(key, now, cost, limit, window, burst)
-  local interval = math.floor((window + limit - 1) / limit)
-  local tolerance = burst * interval
-  local tat = tonumber(redis.call('GET', key)) or now
-  if tat < now then tat = now end
-  local new = tat + cost * interval
-  local s = { new = new }
-  s.ok = new - now <= tolerance
-  s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
-  s.rem1 = max0(math.floor((now + tolerance - new) / interval))
-  s.used0 = burst - s.rem0
-  s.used = burst - s.rem1
-  s.reset0 = tat - now
-  s.reset1 = new - now
-  if cost > burst then
-    s.retry = -1
-  elseif s.ok then
-    s.retry = 0
-  else
-    s.retry = new - now - tolerance
+  function M.check(key, now, cost, limit, window, burst)
+    local interval = math.floor((window + limit - 1) / limit)
+    local tolerance = burst * interval
+    local tat = tonumber(redis.call('GET', key)) or now
+    if tat < now then tat = now end
+    local new = tat + cost * interval
+    local s = { new = new }
+    s.ok = new - now <= tolerance
+    s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
+    s.rem1 = max0(math.floor((now + tolerance - new) / interval))
+    s.used0 = burst - s.rem0
+    s.used = burst - s.rem1
+    s.reset0 = tat - now
+    s.reset1 = new - now
+    if cost > burst then
+      s.retry = -1
+    elseif s.ok then
+      s.retry = 0
+    else
+      s.retry = new - now - tolerance
+    end
+    return s
   end
-  return s
-end
 
-function A.token_bucket.commit(key, s, now, cost)
-  if cost == 0 then return '' end
-  redis.call('SET', key, s.new, 'PX', ceil_ms(s.new - now))
-  return ''
+  function M.commit(key, s, now, cost)
+    if cost == 0 then return '' end
+    redis.call('SET', key, s.new, 'PX', ceil_ms(s.new - now))
+    return ''
+  end
+  return M
 end
-
-A.leaky_bucket = A.token_bucket
+L.leaky_bucket = L.token_bucket

@@ -451,11 +451,11 @@ impl<S: Store> Limiter<S> {
         let result = match op {
             "peek" => {
                 let span = tracing::debug_span!("store.peek", store, descriptors);
-                self.store.peek(now_us, hits).instrument(span).await
+                Box::pin(self.store.peek(now_us, hits)).instrument(span).await
             }
             _ => {
                 let span = tracing::debug_span!("store.hit", store, descriptors);
-                self.store.hit(now_us, hits).instrument(span).await
+                Box::pin(self.store.hit(now_us, hits)).instrument(span).await
             }
         };
         self.record_store_call(op, started, result.as_ref().err());

@@ -84,6 +84,10 @@ struct ServeArgs {
     /// PEM CA certificates: gRPC clients must present a certificate they signed (mutual TLS).
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
+    /// Threads that serve requests (0: one per CPU). Where sluice shares its cores with Redis or other busy
+    /// processes, fewer threads cost less CPU per decision.
+    #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    worker_threads: u64,
     /// Prefix of every counter key; may not contain '{' or '}'.
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:", value_parser = parse_prefix)]
     key_prefix: String,
@@ -169,6 +173,7 @@ fn check(config: &std::path::Path) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
+    let worker_threads = args.worker_threads;
     // Dropped when `serve` returns, after the server has drained: that flushes the last spans.
     let _telemetry = match telemetry::init(args.log_format) {
         Ok(guard) => guard,
@@ -224,7 +229,11 @@ fn serve(args: ServeArgs) -> ExitCode {
                 }),
         },
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        runtime.worker_threads(worker_threads as usize);
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

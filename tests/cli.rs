@@ -137,6 +137,12 @@ fn bad_flags_and_env_are_named() {
     assert_eq!(code, Some(2));
     assert!(err.contains("not a ratio"), "{err}");
     let (code, err) = run(
+        &["serve", "--config", "deploy/config"],
+        &[("SLUICE_WORKER_THREADS", "2000")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--worker-threads") && err.contains("0..=1024"), "{err}");
+    let (code, err) = run(
         &[
             "serve",
             "--config",

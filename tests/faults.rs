@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use sluice::breaker::BreakerSettings;
 use sluice::limiter::{Caps, Code, Descriptor, LimitError, LimiterSettings, Request};
 use sluice::rules::FailurePolicy;
+use sluice::store::StoreError;
 
 use crate::harness::{RedisServer, ReplyGate, limiter_with, memory, redis_store, redis_store_with};
 
@@ -118,6 +119,47 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
         l.metrics().render().contains("sluice_breaker_state 1"),
         "the failed probe opened it again"
     );
+}
+
+/// A Redis that stops answering (its replies held back by a proxy) costs each call one timeout, reported as a
+/// timeout, and the calls answer again once the replies flow.
+#[tokio::test]
+async fn a_redis_that_stops_answering_times_out_within_the_bound() {
+    let redis = RedisServer::start();
+    let gate = ReplyGate::start(redis.port).await;
+    let yaml = "domain: plain\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let (l, _) = limiter_with(
+        yaml,
+        redis_store_with(&gate.url(), Duration::from_millis(100)).await,
+        LimiterSettings::default(),
+    );
+    assert_eq!(
+        l.should_rate_limit(&request("plain", "a")).await.unwrap().overall,
+        Code::Ok
+    );
+    gate.hold();
+    for _ in 0..2 {
+        let started = Instant::now();
+        let answer = l.should_rate_limit(&request("plain", "a")).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(answer, Err(LimitError::Store(StoreError::Timeout(t))) if t == Duration::from_millis(100)),
+            "{answer:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+    gate.release();
+    let mut answered = false;
+    for _ in 0..50 {
+        if l.should_rate_limit(&request("plain", "b")).await.is_ok() {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "no answer after the replies flowed again");
 }
 
 #[tokio::test]
