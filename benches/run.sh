@@ -63,11 +63,13 @@ for _ in $(seq 100); do
 done
 cluster_url="redis-cluster://127.0.0.1:${cluster_ports[0]}?node=127.0.0.1:${cluster_ports[1]}&node=127.0.0.1:${cluster_ports[2]}"
 
-# start_sluice NAME ARGS...: runs sluice, sets $grpc to its address.
+# start_sluice NAME ARGS...: runs sluice, sets $grpc to its address. One worker thread, as the machine's two cores
+# are shared with Redis and the load generator (its own default is one thread per core; see BENCHMARKS.md).
 start_sluice() {
   local name=$1; shift
   grpc=$(free_port); local http; http=$(free_port)
-  "$sluice" serve --config "$work/bench.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" "$@" \
+  "$sluice" serve --config "$work/bench.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
+    --worker-threads "${SLUICE_THREADS:-1}" "$@" \
     >"$work/sluice-$name.log" 2>&1 &
   sluice_pid=$!
   pids+=("$sluice_pid")
@@ -86,7 +88,8 @@ run() {
 scenarios() {
   for descriptors in 1 3; do
     for keys in hot uniform:100000; do
-      run "$1, $descriptors descriptor(s), keys $keys, max throughput" --descriptors "$descriptors" --keys "$keys"
+      run "$1, $descriptors descriptor(s), keys $keys, max throughput" --descriptors "$descriptors" --keys "$keys" \
+        --concurrency 256
       for rate in 5000 20000; do
         run "$1, $descriptors descriptor(s), keys $keys, fixed $rate/s" --descriptors "$descriptors" --keys "$keys" \
           --rate "$rate" --concurrency 256
@@ -97,7 +100,7 @@ scenarios() {
 
 start_sluice memory
 scenarios "memory"
-run "memory, over-limit flood of one key" --descriptor-key flood --keys hot
+run "memory, over-limit flood of one key" --descriptor-key flood --keys hot --concurrency 256
 stop_sluice
 
 start_sluice redis --redis-url "redis://127.0.0.1:$redis_port"
@@ -105,19 +108,26 @@ redis-cli -p "$redis_port" config resetstat >/dev/null
 scenarios "redis"
 calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
 echo "--- redis commands during the Redis scenarios: $calls"
-run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot
+run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot --concurrency 256
 stop_sluice
 start_sluice redis-nocache --redis-url "redis://127.0.0.1:$redis_port" --local-cache-size 0
-run "redis, over-limit flood of one key, local cache off" --descriptor-key flood --keys hot
+run "redis, over-limit flood of one key, local cache off" --descriptor-key flood --keys hot --concurrency 256
+stop_sluice
+
+SLUICE_THREADS=0 start_sluice redis-default-threads --redis-url "redis://127.0.0.1:$redis_port"
+run "redis, 1 descriptor, keys uniform:100000, max throughput, sluice with one thread per core" \
+  --keys uniform:100000 --concurrency 256
+run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with one thread per core" \
+  --keys uniform:100000 --rate 20000 --concurrency 256
 stop_sluice
 
 start_sluice cluster --redis-url "$cluster_url"
-run "redis cluster, 1 descriptor, keys uniform:100000, max throughput" --keys uniform:100000
-run "redis cluster, 3 descriptors, keys uniform:100000, max throughput" --descriptors 3 --keys uniform:100000
+run "redis cluster, 1 descriptor, keys uniform:100000, max throughput" --keys uniform:100000 --concurrency 256
+run "redis cluster, 3 descriptors, keys uniform:100000, max throughput" --descriptors 3 --keys uniform:100000 \
+  --concurrency 256
 stop_sluice
 
 if command -v h2load >/dev/null; then
-  start_sluice redis-h2load --redis-url "redis://127.0.0.1:$redis_port"
   python3 - "$work/body.bin" <<'PY'
 import struct, sys
 # RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]} in protobuf, gRPC-framed.
@@ -126,9 +136,18 @@ descriptor = b"\x0a" + bytes([len(entry)]) + entry
 message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
 open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
 PY
+  h2() {
+    h2load -n "$1" -c 8 -m 32 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+      "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |
+      grep -E 'finished in|requests:|status codes'
+  }
+  start_sluice memory-h2load
+  echo "--- h2load, memory, 1 descriptor, hot key (does not check answers)"
+  h2 500000
+  stop_sluice
+  start_sluice redis-h2load --redis-url "redis://127.0.0.1:$redis_port"
   echo "--- h2load, redis, 1 descriptor, hot key (does not check answers)"
-  h2load -n 200000 -c 8 -m 16 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
-    "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" | grep -E 'finished in|requests:|status codes'
+  h2 300000
   stop_sluice
 else
   echo "--- h2load not installed (apt-get install nghttp2-client): cross-check skipped"

@@ -10,10 +10,12 @@
 //! - [`keys`]: key distributions and the small random number generator behind them.
 //! - `load`: connections, request slots, the answer checks and the tallies.
 //! - `report`: percentiles, the human table and the JSON object.
+//! - `wire`: unary gRPC calls straight over HTTP/2 streams, a far cheaper client than tonic's.
 
 pub mod keys;
 mod load;
 mod report;
+mod wire;
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -23,7 +25,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 pub use keys::KeySpec;
@@ -78,9 +80,13 @@ pub struct BenchArgs {
     /// The RPC to call.
     #[arg(long, value_enum, default_value_t = Api::Envoy)]
     pub api: Api,
-    /// Separate HTTP/2 connections (tonic channels).
+    /// Separate HTTP/2 connections.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     pub connections: u32,
+    /// Threads of the load generator. One keeps its cost per request lowest (like h2load's default), which matters
+    /// when it shares the machine with the server it measures.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    pub threads: u32,
     /// Requests in flight at most, in total, spread evenly over the connections.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub concurrency: u32,
@@ -157,7 +163,11 @@ impl BenchError {
 /// a wrong answer (unless `--allow-errors`), 2 for flags that do not go together.
 pub fn main(args: BenchArgs) -> ExitCode {
     let (json, allow_errors) = (args.json, args.allow_errors);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads as usize)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             let e = BenchError::Runtime(e);
@@ -202,7 +212,11 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
             ),
         });
     }
-    let channels = connect(&args.target, args.connections).await?;
+    let target: http::Uri = args.target.parse().map_err(|e| BenchError::Flag {
+        flag: "--target",
+        message: format!("'{}' is not a URL: {e}", args.target),
+    })?;
+    let channels = connect(&args.target, &target, args.connections).await?;
     let schedule = args.rate.map(|rate| Schedule::new(rate, args.warmup, args.duration));
     let shape = Arc::new(Shape {
         domain: args.domain.clone(),
@@ -236,7 +250,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         let connection = slot % channels.len();
         slots.spawn(load::drive(
             slot as u64,
-            Client::new(args.api, channels[connection].clone()),
+            Client::new(args.api, channels[connection].clone(), &target),
             shape.clone(),
             tallies[connection].clone(),
             plan.clone(),
@@ -275,39 +289,30 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
 }
 
 /// Opens `connections` separate HTTP/2 connections, failing early if the target does not answer.
-async fn connect(target: &str, connections: u32) -> Result<Vec<Channel>, BenchError> {
-    let endpoint = Endpoint::from_shared(target.to_string())
-        .map_err(|e| BenchError::Flag {
-            flag: "--target",
-            message: format!("'{target}' is not a URL: {e}"),
-        })?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5));
-    let mut channels = Vec::with_capacity(connections as usize);
+async fn connect(text: &str, target: &http::Uri, connections: u32) -> Result<Vec<wire::Connection>, BenchError> {
+    let failed = |reason: String| BenchError::Connect {
+        target: text.to_string(),
+        reason,
+    };
+    let host = target
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = target.port_u16().unwrap_or(80);
+    let mut opened = Vec::with_capacity(connections as usize);
     for _ in 0..connections {
-        let channel = endpoint.connect().await.map_err(|e| BenchError::Connect {
-            target: target.to_string(),
-            reason: error_chain(&e),
-        })?;
-        channels.push(channel);
+        let tcp = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| failed("no answer within 5s".into()))?
+            .map_err(|e| failed(e.to_string()))?;
+        tcp.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
+        let connection = wire::Connection::open(tcp)
+            .await
+            .map_err(|e| failed(format!("HTTP/2 handshake: {e}")))?;
+        opened.push(connection);
     }
-    Ok(channels)
-}
-
-/// An error and its causes, as tonic's transport error alone only says "transport error".
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        // hyper's errors often repeat their cause's message; say it once.
-        let message = e.to_string();
-        if !out.ends_with(&message) {
-            out.push_str(": ");
-            out.push_str(&message);
-        }
-        source = e.source();
-    }
-    out
+    Ok(opened)
 }
 
 /// The progress bar on stderr: time through the run, requests measured so far and their rate.
@@ -470,7 +475,7 @@ mod tests {
         let args = parse(&[]).unwrap();
         assert_eq!(args.target, "http://127.0.0.1:8081");
         assert_eq!(args.api, Api::Envoy);
-        assert_eq!((args.connections, args.concurrency), (4, 64));
+        assert_eq!((args.connections, args.concurrency, args.threads), (4, 64, 1));
         assert_eq!(args.rate, None);
         assert_eq!(args.duration, Duration::from_secs(10));
         assert_eq!(args.keys, KeySpec::Hot);
@@ -484,6 +489,7 @@ mod tests {
             (&["--target", "https://h:1"], "https is not supported"),
             (&["--api", "redis"], "--api"),
             (&["--connections", "0"], "--connections"),
+            (&["--threads", "0"], "--threads"),
             (&["--concurrency", "x"], "--concurrency"),
             (&["--rate", "0"], "--rate"),
             (&["--rate", "inf"], "--rate"),

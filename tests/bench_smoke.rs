@@ -134,3 +134,31 @@ async fn warmup_is_sent_but_not_counted() {
     assert_eq!(report.setup.warmup, std::time::Duration::from_millis(500));
     server.shutdown().await;
 }
+
+/// A failed call is counted by its gRPC code (here a rejected request, answered with trailers only),
+/// and the run does not pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_calls_are_counted_by_code() {
+    let server = TestServer::start(limiter(CONFIG, memory()).0).await;
+    // 65 descriptors exceed the default cap of 64: INVALID_ARGUMENT for every request.
+    let report = bench(
+        &server,
+        &["--duration", "300ms", "--concurrency", "4", "--descriptors", "65"],
+    )
+    .await;
+    assert!(report.requests > 0, "\n{report}");
+    assert_eq!(
+        report.errors,
+        vec![(tonic::Code::InvalidArgument, report.requests)],
+        "\n{report}"
+    );
+    assert_eq!(report.ok + report.over_limit + report.failed_checks, 0);
+    assert!(!report.passed());
+    // With the server gone, the load cannot even connect.
+    let target = server.grpc_url();
+    server.shutdown().await;
+    let args = Cli::try_parse_from(["bench", "--target", &target, "--quiet", "--duration", "300ms"])
+        .unwrap()
+        .args;
+    assert!(bench::run(args).await.is_err(), "nothing listens any more");
+}

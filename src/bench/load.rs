@@ -12,16 +12,14 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::Api;
 use super::keys::{Keys, SplitMix64};
+use super::wire::Connection;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as RlsCode;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use crate::proto::sluice::v1::{GetRemainingRequest, GetRemainingResponse};
 
 /// Tokio's timer fires on whole milliseconds, rounding up. A slot therefore asks to wake this much before a
@@ -110,24 +108,33 @@ impl Schedule {
 
 /// A client of the chosen RPC over one connection.
 #[derive(Debug, Clone)]
-pub(super) enum Client {
-    Envoy(RateLimitServiceClient<Channel>),
-    Sluice(RateLimiterClient<Channel>),
-    Remaining(RateLimiterClient<Channel>),
+pub(super) struct Client {
+    api: Api,
+    connection: Connection,
+    /// The method's full URI: the target's scheme and authority, then `/package.Service/Method`.
+    method: http::Uri,
 }
 
 impl Client {
-    pub fn new(api: Api, channel: Channel) -> Client {
-        match api {
-            Api::Envoy => Client::Envoy(RateLimitServiceClient::new(channel)),
-            Api::Sluice => Client::Sluice(RateLimiterClient::new(channel)),
-            Api::Remaining => Client::Remaining(RateLimiterClient::new(channel)),
+    pub fn new(api: Api, connection: Connection, target: &http::Uri) -> Client {
+        let path = match api {
+            Api::Envoy => "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            Api::Sluice => "/sluice.v1.RateLimiter/ShouldRateLimit",
+            Api::Remaining => "/sluice.v1.RateLimiter/GetRemaining",
+        };
+        let mut parts = target.clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+        let method = http::Uri::from_parts(parts).expect("an http:// target with a method path is a valid URI");
+        Client {
+            api,
+            connection,
+            method,
         }
     }
 
     /// Sends one request and checks its answer.
     async fn send(
-        &mut self,
+        &self,
         shape: &Shape,
         descriptors: Vec<RateLimitDescriptor>,
         timeout: Duration,
@@ -136,36 +143,30 @@ impl Client {
         let domain = shape.domain.clone();
         let hits_addend = shape.hits_addend;
         let call = async {
-            match self {
-                Client::Envoy(c) => c
-                    .should_rate_limit(RateLimitRequest {
+            match self.api {
+                Api::Envoy | Api::Sluice => {
+                    let request = RateLimitRequest {
                         domain,
                         descriptors,
                         hits_addend: hits_addend.unwrap_or(0),
-                    })
-                    .await
-                    .map(|r| check_decision(r.get_ref(), sent)),
-                Client::Sluice(c) => c
-                    .should_rate_limit(RateLimitRequest {
-                        domain,
-                        descriptors,
-                        hits_addend: hits_addend.unwrap_or(0),
-                    })
-                    .await
-                    .map(|r| check_decision(r.get_ref(), sent)),
-                Client::Remaining(c) => c
-                    .get_remaining(GetRemainingRequest {
+                    };
+                    let answer: RateLimitResponse = self.connection.unary(&self.method, &request).await?;
+                    Ok(check_decision(&answer, sent))
+                }
+                Api::Remaining => {
+                    let request = GetRemainingRequest {
                         domain,
                         descriptors,
                         cost: hits_addend.map(u64::from),
-                    })
-                    .await
-                    .map(|r| check_remaining(r.get_ref(), sent)),
+                    };
+                    let answer: GetRemainingResponse = self.connection.unary(&self.method, &request).await?;
+                    Ok(check_remaining(&answer, sent))
+                }
             }
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(checked)) => checked.map_err(Failure::Check),
-            Ok(Err(status)) => Err(Failure::Status(status.code())),
+            Ok(Err(code)) => Err(Failure::Status(code)),
             Err(_elapsed) => Err(Failure::Status(tonic::Code::DeadlineExceeded)),
         }
     }
@@ -329,7 +330,7 @@ pub(super) fn lock(tally: &Mutex<Tally>) -> MutexGuard<'_, Tally> {
 }
 
 /// Runs request slot `slot` until the plan's deadline.
-pub(super) async fn drive(slot: u64, mut client: Client, shape: Arc<Shape>, tally: Arc<Mutex<Tally>>, plan: Arc<Plan>) {
+pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: Arc<Mutex<Tally>>, plan: Arc<Plan>) {
     let mut rng = SplitMix64::for_slot(slot);
     match plan.schedule {
         None => loop {
