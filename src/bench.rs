@@ -250,7 +250,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         let connection = slot % channels.len();
         slots.spawn(load::drive(
             slot as u64,
-            Client::new(args.api, channels[connection].clone(), &target),
+            Client::new(args.api, channels[connection].clone(), &target).map_err(|e| BenchError::Flag {
+                flag: "--target",
+                message: format!("'{}' cannot address a method: {e}", args.target),
+            })?,
             shape.clone(),
             tallies[connection].clone(),
             plan.clone(),

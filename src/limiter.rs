@@ -448,6 +448,7 @@ impl<S: Store> Limiter<S> {
         }
         let started = std::time::Instant::now();
         let (store, descriptors) = (self.store.name(), hits.len());
+        // The store's future is boxed: moved by value through this state machine it cost a large memmove per call.
         let result = match op {
             "peek" => {
                 let span = tracing::debug_span!("store.peek", store, descriptors);

@@ -116,7 +116,8 @@ pub(super) struct Client {
 }
 
 impl Client {
-    pub fn new(api: Api, connection: Connection, target: &http::Uri) -> Client {
+    /// A client of `api` on `connection`; fails if `target` has no authority to call the method on.
+    pub fn new(api: Api, connection: Connection, target: &http::Uri) -> Result<Client, http::Error> {
         let path = match api {
             Api::Envoy => "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
             Api::Sluice => "/sluice.v1.RateLimiter/ShouldRateLimit",
@@ -124,12 +125,12 @@ impl Client {
         };
         let mut parts = target.clone().into_parts();
         parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
-        let method = http::Uri::from_parts(parts).expect("an http:// target with a method path is a valid URI");
-        Client {
+        let method = http::Uri::from_parts(parts)?;
+        Ok(Client {
             api,
             connection,
             method,
-        }
+        })
     }
 
     /// Sends one request and checks its answer.
