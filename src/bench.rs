@@ -163,11 +163,7 @@ impl BenchError {
 /// a wrong answer (unless `--allow-errors`), 2 for flags that do not go together.
 pub fn main(args: BenchArgs) -> ExitCode {
     let (json, allow_errors) = (args.json, args.allow_errors);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads as usize)
-        .enable_all()
-        .build();
-    let runtime = match runtime {
+    let runtime = match crate::server::runtime(args.threads as usize) {
         Ok(rt) => rt,
         Err(e) => {
             let e = BenchError::Runtime(e);

@@ -64,6 +64,24 @@ pub enum ServerError {
     Serve(String),
 }
 
+/// The tokio runtime for `threads` threads (0: one per CPU). One thread gets the current-thread scheduler: it runs
+/// woken tasks in the order they were woken, so the tasks of many requests each queue their Redis command before
+/// fred's writer runs once and sends them all in one write, and the answers of many requests go out in one HTTP/2
+/// write. The multi-thread scheduler runs a woken task next, so with one worker it wrote each command on its own:
+/// a fifth more CPU per decision (BENCHMARKS.md).
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    builder.enable_all().build()
+}
+
 /// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
     let metrics = Metrics::new(settings.near_limit_ratio);

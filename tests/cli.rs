@@ -221,37 +221,35 @@ async fn client_calls_a_running_server() {
     server.shutdown().await;
 }
 
-/// `--worker-threads` sets how many runtime threads serve requests.
+/// `--worker-threads` sets how many runtime threads serve requests: with 1 the main thread serves alone (the
+/// current-thread scheduler), with n there are n workers.
 #[test]
 fn worker_threads_sets_the_serving_threads() {
     let workers = |n: &str| -> usize {
+        let port = crate::harness::free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", "deploy/config", "--grpc-addr", "127.0.0.1:0"])
+            .args(["serve", "--config", "deploy/config", "--grpc-addr"])
+            .arg(format!("127.0.0.1:{port}"))
             .args(["--http-addr", "127.0.0.1:0", "--worker-threads", n])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let tasks = format!("/proc/{}/task", child.id());
-        let count = || {
-            std::fs::read_dir(&tasks)
-                .map(|d| {
-                    d.filter_map(Result::ok)
-                        .filter(|t| {
-                            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "tokio-rt-worker")
-                        })
-                        .count()
-                })
-                .unwrap_or(0)
-        };
-        // The workers start with the runtime; wait until they all exist.
-        crate::harness::poll_until(std::time::Duration::from_secs(5), || count() > 0);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let seen = count();
+        // The runtime is built before the listener binds: once the port answers, every worker exists.
+        let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
+        let seen = tasks
+            .filter_map(Result::ok)
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "tokio-rt-worker"))
+            .count();
+        let running = child.try_wait().unwrap().is_none();
         let _ = child.kill();
         let _ = child.wait();
+        assert!(listening && running, "sluice serve --worker-threads {n} did not start");
         seen
     };
-    assert_eq!(workers("1"), 1);
+    assert_eq!(workers("1"), 0);
     assert_eq!(workers("3"), 3);
 }

@@ -1,6 +1,8 @@
 //! Differential property test: random sequences of (time step, cost, hit or peek) driven through the Lua scripts on
 //! a real Redis and through the in-memory store must give identical decisions, remaining counts, reset and retry
-//! times, for every algorithm and for random combinations of tiers.
+//! times, for every algorithm and for random combinations of tiers. Every case without a queue tier runs twice, with
+//! and without queue fields, so that a lone fixed window goes both through `lua/lone_fixed_window.lua` and through
+//! the driver.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,6 +50,18 @@ fn tier_shape() -> impl Strategy<Value = TierShape> {
         })
 }
 
+/// One to three tiers, or (a quarter of the cases) a lone fixed window, the call the script's fast path takes.
+fn tier_shapes() -> impl Strategy<Value = Vec<TierShape>> {
+    let lone_fixed_window = tier_shape().prop_map(|s| {
+        vec![TierShape {
+            algorithm: Algorithm::FixedWindow,
+            burst: s.limit,
+            ..s
+        }]
+    });
+    prop_oneof![3 => prop::collection::vec(tier_shape(), 1..=3), 1 => lone_fixed_window]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     (
         prop_oneof![
@@ -67,10 +81,7 @@ fn lua_scripts_and_memory_store_agree() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let redis = (runtime.block_on(redis_store(&redis.url())), redis);
     let case = AtomicU64::new(0);
-    let strategy = (
-        prop::collection::vec(tier_shape(), 1..=3),
-        prop::collection::vec(op(), 1..40),
-    );
+    let strategy = (tier_shapes(), prop::collection::vec(op(), 1..40));
     let mut runner = TestRunner::new(Config {
         cases: 256,
         failure_persistence: None,
@@ -80,39 +91,56 @@ fn lua_scripts_and_memory_store_agree() {
         // Tiers of one rule differ in algorithm or window, as the configuration requires.
         let mut seen = std::collections::HashSet::new();
         shapes.retain(|s| seen.insert((s.algorithm, s.window_us)));
-        let id = CounterKey::builder("diff:", "d")
-            .entry("case", &case.fetch_add(1, Ordering::SeqCst).to_string())
-            .finish();
-        let tiers: Vec<TierSpec> = shapes
-            .iter()
-            .map(|s| TierSpec {
-                key: id.tier(s.algorithm, s.window_us),
-                algorithm: s.algorithm,
-                limit: s.limit,
-                window_us: s.window_us,
-                burst: s.burst,
-            })
-            .collect();
-        let memory = MemoryStore::new();
-        let mut now = T0 + 123_457;
+        let case = case.fetch_add(1, Ordering::SeqCst).to_string();
         runtime.block_on(async {
-            for (i, op) in ops.iter().enumerate() {
-                now += op.step_us;
-                let hit = Hit {
-                    tiers: tiers.clone(),
-                    cost: op.cost,
-                    lease: format!("lease-{i}"),
-                    fields: vec![("case".into(), "x".into())],
-                    record: None,
-                };
-                let hits = std::slice::from_ref(&hit);
-                let (m, r) = if op.peek {
-                    (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
-                } else {
-                    (memory.hit(now, hits).await, redis.0.hit(now, hits).await)
-                };
-                let (m, r) = (m.unwrap().remove(0), r.unwrap().remove(0));
-                prop_assert_eq!(&m, &r, "op {} of {:?} at +{}us: {:?}", i, shapes, now - T0, op);
+            // Queue fields as the limiter sends them (only to queue tiers), then always.
+            let queue = shapes.iter().any(|s| s.algorithm == Algorithm::Queue);
+            let entry = vec![("case".to_string(), "x".to_string())];
+            let variants = if queue { vec![entry] } else { vec![vec![], entry] };
+            for fields in variants {
+                let id = CounterKey::builder("diff:", "d")
+                    .entry("case", &case)
+                    .entry("fields", &fields.len().to_string())
+                    .finish();
+                let tiers: Vec<TierSpec> = shapes
+                    .iter()
+                    .map(|s| TierSpec {
+                        key: id.tier(s.algorithm, s.window_us),
+                        algorithm: s.algorithm,
+                        limit: s.limit,
+                        window_us: s.window_us,
+                        burst: s.burst,
+                    })
+                    .collect();
+                let memory = MemoryStore::new();
+                let mut now = T0 + 123_457;
+                for (i, op) in ops.iter().enumerate() {
+                    now += op.step_us;
+                    let hit = Hit {
+                        tiers: tiers.clone(),
+                        cost: op.cost,
+                        lease: format!("lease-{i}"),
+                        fields: fields.clone(),
+                        record: None,
+                    };
+                    let hits = std::slice::from_ref(&hit);
+                    let (m, r) = if op.peek {
+                        (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
+                    } else {
+                        (memory.hit(now, hits).await, redis.0.hit(now, hits).await)
+                    };
+                    let (m, r) = (m.unwrap().remove(0), r.unwrap().remove(0));
+                    prop_assert_eq!(
+                        &m,
+                        &r,
+                        "op {} of {:?} ({} fields) at +{}us: {:?}",
+                        i,
+                        shapes,
+                        fields.len(),
+                        now - T0,
+                        op
+                    );
+                }
             }
             Ok(())
         })

@@ -1,9 +1,9 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
-//! The scripts are loaded as one: `prelude.lua`, every algorithm file, then `decide.lua`, the driver that decides a
-//! descriptor against all its tiers atomically. Each descriptor is one EVALSHA (its keys share a hash tag, so one
-//! cluster slot), and all descriptors of a request go out in one pipeline: one network round trip against a
-//! standalone Redis. A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is
+//! The scripts are loaded as one: `lone_fixed_window.lua` (a fast path for the commonest call), `prelude.lua`, every
+//! algorithm file, then `decide.lua`, the driver that decides a descriptor against all its tiers atomically. Each
+//! descriptor is one EVALSHA (its keys share a hash tag, so one cluster slot), and all descriptors of a request go
+//! out in one pipeline: one network round trip against a standalone Redis. A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is
 //! loaded again and only the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing.
 //! Every command is bounded by the store's timeout (fred's own, one timer per command: a second timer around the
 //! call cost about 8% of sluice's CPU per decision); a failure surfaces as a [`StoreError`], which the API answers
@@ -30,8 +30,9 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
 use crate::tls::{self, TlsError};
 
-/// The decision script: every algorithm and the driver, in one atomic unit.
+/// The decision script: the fast path, every algorithm and the driver, in one atomic unit.
 pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/lone_fixed_window.lua"),
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/sliding_window.lua"),
