@@ -98,6 +98,35 @@ scenarios() {
   done
 }
 
+# The machine itself, to compare figures taken on different hosts of the same size: Redis alone running a
+# one-counter fixed-window script (the reference figures quoted for peers were taken with this script), and the
+# decision script's fast path, unpipelined (50 clients) and pipelined (16 per client), over 100 000 keys.
+calibrate() {
+  local label=$1; shift
+  redis-cli -p "$redis_port" config resetstat >/dev/null
+  local rps
+  rps=$(redis-benchmark -p "$redis_port" -r 100000 -q "$@" 2>/dev/null | tr '\r' '\n' | grep -Eo '[0-9.]+ requests per second' |
+    tail -1)
+  local usec
+  usec=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' |
+    sed 's/.*usec_per_call=\([0-9.]*\).*/\1/')
+  echo "--- calibration: $label: $rps, $usec us per call inside Redis"
+}
+if command -v redis-benchmark >/dev/null; then
+  counter=$(redis-cli -p "$redis_port" script load \
+    "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
+  decide=$(redis-cli -p "$redis_port" script load "$(cat lua/lone_fixed_window.lua lua/prelude.lua lua/fixed_window.lua \
+    lua/sliding_window.lua lua/sliding_log.lua lua/token_bucket.lua lua/concurrency.lua lua/queue.lua lua/decide.lua)")
+  calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
+  calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
+  fixed=(hit '' 1 '' 0 '' 0 fixed_window 1000000000 3600000000 1000000000)
+  calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 's:__rand_int__' \
+    "${fixed[@]}"
+  calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 evalsha "$decide" 1 \
+    't:__rand_int__' "${fixed[@]}"
+  redis-cli -p "$redis_port" flushall >/dev/null
+fi
+
 start_sluice memory
 scenarios "memory"
 run "memory, over-limit flood of one key" --descriptor-key flood --keys hot --concurrency 256

@@ -85,7 +85,7 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
     /// Threads that serve requests (0: one per CPU). Where sluice shares its cores with Redis or other busy
-    /// processes, fewer threads cost less CPU per decision; 1 is the cheapest (one scheduler that batches writes).
+    /// processes, fewer threads cost less CPU per decision; 1 is the cheapest (one scheduler that batches answers).
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
     worker_threads: u64,
     /// Prefix of every counter key; may not contain '{' or '}'.

@@ -64,11 +64,11 @@ pub enum ServerError {
     Serve(String),
 }
 
-/// The tokio runtime for `threads` threads (0: one per CPU). One thread gets the current-thread scheduler: it runs
-/// woken tasks in the order they were woken, so the tasks of many requests each queue their Redis command before
-/// fred's writer runs once and sends them all in one write, and the answers of many requests go out in one HTTP/2
-/// write. The multi-thread scheduler runs a woken task next, so with one worker it wrote each command on its own:
-/// a fifth more CPU per decision (BENCHMARKS.md).
+/// The tokio runtime for `threads` threads (0: one per CPU). One thread gets the current-thread scheduler, which
+/// runs woken tasks in the order they were woken: the replies Redis sent in one read complete many requests before
+/// their HTTP/2 connection task runs again, so their answers leave in one write (about 24 per write, against 3 with
+/// the multi-thread scheduler's one worker, whose LIFO slot runs each woken connection task at once). That costs a
+/// fifth less CPU per decision (BENCHMARKS.md).
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = match threads {
         1 => tokio::runtime::Builder::new_current_thread(),

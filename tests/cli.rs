@@ -222,7 +222,7 @@ async fn client_calls_a_running_server() {
 }
 
 /// `--worker-threads` sets how many runtime threads serve requests: with 1 the main thread serves alone (the
-/// current-thread scheduler), with n there are n workers.
+/// current-thread scheduler), with n there are n workers. Either way the server answers and drains on SIGTERM.
 #[test]
 fn worker_threads_sets_the_serving_threads() {
     let workers = |n: &str| -> usize {
@@ -244,10 +244,27 @@ fn worker_threads_sets_the_serving_threads() {
             .filter_map(Result::ok)
             .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "tokio-rt-worker"))
             .count();
-        let running = child.try_wait().unwrap().is_none();
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(listening && running, "sluice serve --worker-threads {n} did not start");
+        let answer = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["client", "--target", &format!("http://127.0.0.1:{port}")])
+            .args(["--domain", "edge", "--descriptor", "remote_address=10.0.0.1"])
+            .output()
+            .unwrap();
+        let term = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let exit = child.wait().unwrap();
+        assert!(listening, "sluice serve --worker-threads {n} did not start");
+        let out = String::from_utf8_lossy(&answer.stdout);
+        assert!(
+            answer.status.success() && out.contains("descriptor 0: OK, 9 of 10 per SECOND left"),
+            "--worker-threads {n}: {out}{}",
+            String::from_utf8_lossy(&answer.stderr)
+        );
+        assert!(
+            term.success() && exit.success(),
+            "--worker-threads {n}: no graceful exit: {exit}"
+        );
         seen
     };
     assert_eq!(workers("1"), 0);

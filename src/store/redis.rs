@@ -3,11 +3,15 @@
 //! The scripts are loaded as one: `lone_fixed_window.lua` (a fast path for the commonest call), `prelude.lua`, every
 //! algorithm file, then `decide.lua`, the driver that decides a descriptor against all its tiers atomically. Each
 //! descriptor is one EVALSHA (its keys share a hash tag, so one cluster slot), and all descriptors of a request go
-//! out in one pipeline: one network round trip against a standalone Redis. A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is
-//! loaded again and only the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing.
-//! Every command is bounded by the store's timeout (fred's own, one timer per command: a second timer around the
-//! call cost about 8% of sluice's CPU per decision); a failure surfaces as a [`StoreError`], which the API answers
-//! UNAVAILABLE.
+//! out in one pipeline: one network round trip against a standalone Redis. A script missing from the server
+//! (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only the calls that failed are resent,
+//! which is safe because a NOSCRIPT call ran nothing. Every command is bounded by the store's timeout (fred's own,
+//! one timer per command: a second timer around the call cost about 8% of sluice's CPU per decision); a failure
+//! surfaces as a [`StoreError`], which the API answers UNAVAILABLE.
+//!
+//! fred writes each EVALSHA with a write of its own (it flushes after every script and custom command, whatever is
+//! queued behind it), so a pipeline saves waiting for answers, not system calls; the replies still come back many
+//! to a read.
 //!
 //! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; fred keeps
 //! one connection per primary, follows MOVED/ASK and re-reads the slot map after a failover), or a primary found
@@ -30,7 +34,8 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
 use crate::tls::{self, TlsError};
 
-/// The decision script: the fast path, every algorithm and the driver, in one atomic unit.
+/// The decision script: the fast path, every algorithm and the driver, in one atomic unit. (`benches/run.sh` loads
+/// the same files in the same order to time the script under `redis-benchmark`.)
 pub const SCRIPT: &str = concat!(
     include_str!("../../lua/lone_fixed_window.lua"),
     include_str!("../../lua/prelude.lua"),
