@@ -2,8 +2,9 @@
 # Reproduces the figures of BENCHMARKS.md on this machine: builds sluice in release mode, starts Redis (standalone and
 # a 3-primary local cluster) and sluice on loopback ports, and drives `sluice bench` through the scenarios: in memory
 # and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
-# over-limit flood with and without the local cache, and h2load for cross-checking. Every process it starts is
-# stopped on exit. Takes about 10 minutes; DURATION=5s shortens it.
+# over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
+# cross-checking. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
+# (LARGE_DURATION, 30s, is how long the many-counters scenario runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -130,6 +131,10 @@ fi
 start_sluice memory
 scenarios "memory"
 run "memory, over-limit flood of one key" --descriptor-key flood --keys hot --concurrency 256
+# A million live counters and more: what the in-memory store costs as it grows.
+DURATION=${LARGE_DURATION:-30s} run "memory, 1 descriptor, keys uniform:3000000, max throughput" \
+  --keys uniform:3000000 --concurrency 256
+echo "--- memory, sluice's resident set after it: $(grep VmRSS "/proc/$sluice_pid/status")"
 stop_sluice
 
 start_sluice redis --redis-url "redis://127.0.0.1:$redis_port"

@@ -4,17 +4,22 @@
 //!
 //! State lives in sharded hash maps behind short-held mutexes (never across an `.await`). Every key of one
 //! descriptor hashes to the same shard, so a descriptor's tiers are decided under one lock, atomically. A state
-//! expires when the script's key would (its TTL); each shard sweeps out expired states at most once per second of
-//! request time, so memory stays bounded by the live counters.
+//! expires when the script's key would (its TTL), and is invisible from then on. Each shard keeps its keys in a
+//! schedule ordered by expiry and, on every access, removes a few of the states that are due, so memory stays
+//! bounded by the live counters and the work of evicting is proportional to what expires: nothing scans a shard, and
+//! states that expire together (fixed windows all end on the same boundary) go over the next accesses rather than in
+//! one pause.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, TierSpec};
 use crate::rules::Algorithm;
 
 const SHARDS: usize = 64;
-const SWEEP_EVERY_US: u64 = 1_000_000;
+/// States evicted per shard access at most: about the cost of one more lookup, and far more than one access adds.
+const SWEEP_BATCH: usize = 16;
 
 /// Counters in this process's memory.
 #[derive(Debug)]
@@ -24,8 +29,12 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<String, Entry>,
-    next_sweep_us: u64,
+    entries: HashMap<Arc<str>, Entry>,
+    /// Every key of `entries` (once, unless a reset dropped it and it came back before its item came due) at the
+    /// expiry it had when it was scheduled. An item that comes due evicts its state if the state has expired, and is
+    /// scheduled again at the state's current expiry otherwise; a state whose expiry moved earlier (a clock step
+    /// back) is evicted at the later time, and is invisible from its expiry on either way.
+    schedule: BinaryHeap<Reverse<(u64, Arc<str>)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -111,13 +120,10 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// The shard of a descriptor's keys, swept of expired states when due.
+    /// The shard of a descriptor's keys, with a few of its expired states evicted.
     fn shard(&self, tag: u64, now_us: u64) -> MutexGuard<'_, Shard> {
         let mut shard = lock(&self.shards[(tag % SHARDS as u64) as usize]);
-        if now_us >= shard.next_sweep_us {
-            shard.entries.retain(|_, e| e.expires_at_us > now_us);
-            shard.next_sweep_us = now_us + SWEEP_EVERY_US;
-        }
+        shard.sweep(now_us);
         shard
     }
 
@@ -153,18 +159,25 @@ impl MemoryStore {
         if let Some(record) = &hit.record {
             let key = record.key.as_str();
             if let (true, Some(value)) = (commit, &record.value) {
-                let entry = shard.entries.entry(key.to_owned()).or_insert_with(|| Entry {
-                    state: State::Records(VecDeque::new()),
-                    expires_at_us: 0,
-                });
-                if !matches!(entry.state, State::Records(_)) || entry.expires_at_us <= now {
-                    entry.state = State::Records(VecDeque::new());
-                }
-                if let State::Records(list) = &mut entry.state {
+                let expires = now + ceil_ms_us(longest.max(1));
+                let push = |list: &mut VecDeque<String>| {
                     list.push_front(value.clone());
                     list.truncate(record.size as usize);
+                };
+                match shard.live_mut(key, now) {
+                    Some(Entry {
+                        state: State::Records(list),
+                        expires_at_us,
+                    }) => {
+                        push(list);
+                        *expires_at_us = expires;
+                    }
+                    _ => {
+                        let mut list = VecDeque::new();
+                        push(&mut list);
+                        shard.set(key, State::Records(list), expires);
+                    }
                 }
-                entry.expires_at_us = now + ceil_ms_us(longest.max(1));
             } else if peek {
                 if let Some(State::Records(list)) = shard.live(key, now) {
                     records = list.iter().take(record.size as usize).cloned().collect();
@@ -185,6 +198,34 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Shard {
+    /// Evicts up to [`SWEEP_BATCH`] states whose scheduled expiry has passed, and schedules again those whose
+    /// expiry has since moved later.
+    fn sweep(&mut self, now: u64) {
+        for _ in 0..SWEEP_BATCH {
+            match self.schedule.peek() {
+                Some(Reverse((due, _))) if *due <= now => {}
+                _ => return,
+            }
+            let Some(Reverse((_, key))) = self.schedule.pop() else {
+                return;
+            };
+            match self.entries.get(&key).map(|e| e.expires_at_us) {
+                Some(expires) if expires > now => self.schedule.push(Reverse((expires, key))),
+                Some(_) => {
+                    self.entries.remove(&key);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Adds the state of a key that has none, and schedules it.
+    fn insert(&mut self, key: &str, entry: Entry) {
+        let key: Arc<str> = Arc::from(key);
+        self.schedule.push(Reverse((entry.expires_at_us, Arc::clone(&key))));
+        self.entries.insert(key, entry);
+    }
+
     fn live_mut(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
         self.entries.get_mut(key).filter(|e| e.expires_at_us > now)
     }
@@ -200,9 +241,7 @@ impl Shard {
     fn set(&mut self, key: &str, state: State, expires_at_us: u64) {
         match self.entries.get_mut(key) {
             Some(entry) => *entry = Entry { state, expires_at_us },
-            None => {
-                self.entries.insert(key.to_owned(), Entry { state, expires_at_us });
-            }
+            None => self.insert(key, Entry { state, expires_at_us }),
         }
     }
 
@@ -581,5 +620,62 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixed(expires_at_us: u64) -> Entry {
+        Entry {
+            state: State::Fixed { w: 0, n: 1 },
+            expires_at_us,
+        }
+    }
+
+    #[test]
+    fn states_that_expire_together_are_evicted_a_batch_per_access() {
+        let mut shard = Shard::default();
+        for i in 0..40 {
+            shard.insert(&format!("k{i}"), fixed(10));
+        }
+        shard.sweep(9);
+        assert_eq!(shard.entries.len(), 40, "nothing is due yet");
+        let mut left = vec![];
+        for _ in 0..3 {
+            shard.sweep(10);
+            left.push(shard.entries.len());
+        }
+        assert_eq!(left, [40 - SWEEP_BATCH, 40 - 2 * SWEEP_BATCH, 0]);
+        assert!(shard.schedule.is_empty());
+    }
+
+    #[test]
+    fn a_state_whose_expiry_moved_later_is_scheduled_again_not_evicted() {
+        let mut shard = Shard::default();
+        shard.insert("k", fixed(10));
+        shard.set("k", State::Tat(30), 30);
+        shard.sweep(20);
+        assert!(shard.live("k", 20).is_some());
+        assert_eq!(shard.schedule.len(), 1);
+        assert_eq!(shard.schedule.peek().map(|Reverse((due, _))| *due), Some(30));
+        shard.sweep(30);
+        assert!(shard.entries.is_empty() && shard.schedule.is_empty());
+    }
+
+    #[test]
+    fn a_key_reset_and_written_again_is_still_evicted() {
+        let mut shard = Shard::default();
+        shard.insert("k", fixed(10));
+        shard.entries.remove("k");
+        shard.insert("k", fixed(20));
+        shard.sweep(15);
+        assert!(
+            shard.live("k", 15).is_some(),
+            "the stale item leaves the new state alone"
+        );
+        shard.sweep(20);
+        assert!(shard.entries.is_empty() && shard.schedule.is_empty());
     }
 }
