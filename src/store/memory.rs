@@ -11,6 +11,7 @@
 //! one pause.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -202,13 +203,13 @@ impl Shard {
     /// expiry has since moved later.
     fn sweep(&mut self, now: u64) {
         for _ in 0..SWEEP_BATCH {
-            match self.schedule.peek() {
-                Some(Reverse((due, _))) if *due <= now => {}
-                _ => return,
-            }
-            let Some(Reverse((_, key))) = self.schedule.pop() else {
+            let Some(next) = self.schedule.peek_mut() else {
                 return;
             };
+            if next.0.0 > now {
+                return;
+            }
+            let Reverse((_, key)) = PeekMut::pop(next);
             match self.entries.get(&key).map(|e| e.expires_at_us) {
                 Some(expires) if expires > now => self.schedule.push(Reverse((expires, key))),
                 Some(_) => {
