@@ -100,8 +100,9 @@ scenarios() {
 }
 
 # The machine itself, to compare figures taken on different hosts of the same size: Redis alone running a
-# one-counter fixed-window script (the reference figures quoted for peers were taken with this script), and the
-# decision script's fast path, unpipelined (50 clients) and pipelined (16 per client), over 100 000 keys.
+# one-counter fixed-window script (the reference figures quoted for peers were taken with this script), and sluice's
+# script deciding one lone fixed window per call, unpipelined (50 clients) and pipelined (16 per client), and 32 per
+# call (a full batch), over 100 000 keys.
 calibrate() {
   local label=$1; shift
   redis-cli -p "$redis_port" config resetstat >/dev/null
@@ -116,15 +117,21 @@ calibrate() {
 if command -v redis-benchmark >/dev/null; then
   counter=$(redis-cli -p "$redis_port" script load \
     "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
-  decide=$(redis-cli -p "$redis_port" script load "$(cat lua/lone_fixed_window.lua lua/prelude.lua lua/fixed_window.lua \
-    lua/sliding_window.lua lua/sliding_log.lua lua/token_bucket.lua lua/concurrency.lua lua/queue.lua lua/decide.lua)")
+  decide=$(redis-cli -p "$redis_port" script load "$(cat lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua \
+    lua/sliding_log.lua lua/token_bucket.lua lua/concurrency.lua lua/queue.lua lua/lone_fixed_window.lua lua/decide.lua \
+    lua/batch.lua)")
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
-  fixed=(hit '' 1 '' 0 '' 0 fixed_window 1000000000 3600000000 1000000000)
+  # One descriptor as lua/batch.lua reads it: key count, argument count, then decide.lua's arguments.
+  fixed=(1 11 hit '' 1 '' 0 '' 0 fixed_window 1000000000 3600000000 0)
   calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 's:__rand_int__' \
-    "${fixed[@]}"
+    1 "${fixed[@]}"
   calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 evalsha "$decide" 1 \
-    't:__rand_int__' "${fixed[@]}"
+    't:__rand_int__' 1 "${fixed[@]}"
+  keys=(); args=()
+  for _ in $(seq 32); do keys+=('b:__rand_int__'); args+=("${fixed[@]}"); done
+  calibrate "sluice's script, 32 lone fixed windows per call (x32 for descriptors/s), pipelined" -n 40000 -c 50 -P 16 \
+    evalsha "$decide" 32 "${keys[@]}" 32 "${args[@]}"
   redis-cli -p "$redis_port" flushall >/dev/null
 fi
 

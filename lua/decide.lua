@@ -1,5 +1,7 @@
 -- decide.lua: decides one descriptor against all its tiers at once, atomically.
 --
+-- decide(k, nk, a) reads the descriptor's nk keys from KEYS[k] and its arguments from ARGV[a] (batch.lua passes
+-- the offsets); below, KEYS[i] and ARGV[i] are relative to those.
 -- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
 -- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
 -- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records)
@@ -18,72 +20,70 @@
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
 -- reference does. A peek never writes. Hit records expire with the longest-lived tier.
 
-local mode = ARGV[1]
-local now = tonumber(ARGV[2])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local cost = tonumber(ARGV[3])
-local id = ARGV[4]
-local record_size = tonumber(ARGV[5])
-local record_value = ARGV[6]
-local nfields = tonumber(ARGV[7])
-local fields = {}
-for i = 1, nfields do fields[i] = ARGV[7 + i] end
-local first = 8 + nfields
-local tiers = #KEYS
-if record_size > 0 then tiers = tiers - 1 end
+local function decide(k, nk, a)
+  local function arg(i) return ARGV[a + i - 1] end
+  local mode = arg(1)
+  local now = clock(arg(2))
+  local cost = tonumber(arg(3))
+  local id = arg(4)
+  local record_size = tonumber(arg(5))
+  local record_value = arg(6)
+  local nfields = tonumber(arg(7))
+  local fields = {}
+  for i = 1, nfields do fields[i] = arg(7 + i) end
+  local first = 8 + nfields
+  local tiers = nk
+  if record_size > 0 then tiers = tiers - 1 end
 
-local impls, states = {}, {}
-local admitted = true
-for i = 1, tiers do
-  local base = first + (i - 1) * 4
-  local impl = algorithm(ARGV[base])
-  if impl == nil then return redis.error_reply('unknown algorithm ' .. tostring(ARGV[base])) end
-  impls[i] = impl
-  local s = impl.check(KEYS[i], now, cost, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
-    tonumber(ARGV[base + 3]))
-  states[i] = s
-  admitted = admitted and s.ok
-end
-
-local commit = mode == 'hit' and cost > 0 and
-  (admitted or (tiers == 1 and ARGV[first] == 'fixed_window'))
-local out = { admitted and 1 or 0 }
-local n = 1
-local longest = 0
-for i = 1, tiers do
-  local s, entry = states[i], ''
-  local remaining, reset = s.rem0, s.reset0
-  if commit then
+  local impls, states, params = {}, {}, {}
+  local admitted = true
+  for i = 1, tiers do
     local base = first + (i - 1) * 4
-    entry = impls[i].commit(KEYS[i], s, now, cost, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
-      tonumber(ARGV[base + 3]), id, fields)
-    remaining, reset = s.rem1, s.reset1
+    local impl = algorithm(arg(base))
+    if impl == nil then error('unknown algorithm ' .. tostring(arg(base)), 0) end
+    local p = { tonumber(arg(base + 1)), tonumber(arg(base + 2)), tonumber(arg(base + 3)) }
+    impls[i], params[i] = impl, p
+    local s = impl.check(KEYS[k + i - 1], now, cost, p[1], p[2], p[3])
+    states[i] = s
+    admitted = admitted and s.ok
   end
-  if mode == 'hit' and not s.ok then remaining = 0 end
-  if reset > longest then longest = reset end
-  local used = s.used
-  if mode == 'peek' then used = s.used0 end
-  out[n + 1] = s.ok and 1 or 0
-  out[n + 2] = used
-  out[n + 3] = remaining
-  out[n + 4] = reset
-  out[n + 5] = s.retry
-  out[n + 6] = entry
-  n = n + 6
-end
 
-if record_size > 0 then
-  local rkey = KEYS[tiers + 1]
-  if commit then
-    redis.call('LPUSH', rkey, record_value)
-    redis.call('LTRIM', rkey, 0, record_size - 1)
-    redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
-  elseif mode == 'peek' then
-    local values = redis.call('LRANGE', rkey, 0, record_size - 1)
-    for _, v in ipairs(values) do n = n + 1; out[n] = v end
+  local commit = mode == 'hit' and cost > 0 and
+    (admitted or (tiers == 1 and arg(first) == 'fixed_window'))
+  local out = { admitted and 1 or 0 }
+  local n = 1
+  local longest = 0
+  for i = 1, tiers do
+    local s, entry = states[i], ''
+    local remaining, reset = s.rem0, s.reset0
+    if commit then
+      local p = params[i]
+      entry = impls[i].commit(KEYS[k + i - 1], s, now, cost, p[1], p[2], p[3], id, fields)
+      remaining, reset = s.rem1, s.reset1
+    end
+    if mode == 'hit' and not s.ok then remaining = 0 end
+    if reset > longest then longest = reset end
+    local used = s.used
+    if mode == 'peek' then used = s.used0 end
+    out[n + 1] = s.ok and 1 or 0
+    out[n + 2] = used
+    out[n + 3] = remaining
+    out[n + 4] = reset
+    out[n + 5] = s.retry
+    out[n + 6] = entry
+    n = n + 6
   end
+
+  if record_size > 0 then
+    local rkey = KEYS[k + tiers]
+    if commit then
+      redis.call('LPUSH', rkey, record_value)
+      redis.call('LTRIM', rkey, 0, record_size - 1)
+      redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
+    elseif mode == 'peek' then
+      local values = redis.call('LRANGE', rkey, 0, record_size - 1)
+      for _, v in ipairs(values) do n = n + 1; out[n] = v end
+    end
+  end
+  return out
 end
-return out

@@ -1,6 +1,6 @@
 -- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
--- algorithm files and decide.lua (in that order), so that any mix of algorithms on one descriptor is decided in one
--- atomic call.
+-- algorithm files, lone_fixed_window.lua, decide.lua and batch.lua (in that order), so that any mix of algorithms
+-- on one descriptor, and a batch of descriptors, is decided in one atomic call.
 --
 -- Every algorithm file adds a loader to L that returns a table with two functions over one key:
 --   check(key, now, cost, limit, window, burst) -> state, read-only, with the fields
@@ -37,4 +37,17 @@ end
 local function max0(x)
   if x < 0 then return 0 end
   return x
+end
+
+-- The time of a call: `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
+-- that every descriptor of a batch is decided at the same instant.
+local server_now
+local function clock(arg)
+  local now = tonumber(arg)
+  if now ~= nil then return now end
+  if server_now == nil then
+    local t = redis.call('TIME')
+    server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return server_now
 end

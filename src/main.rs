@@ -63,7 +63,8 @@ struct ServeArgs {
     /// Bound on every Redis call, in milliseconds.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     redis_timeout_ms: u64,
-    /// Redis connections, each pipelining many calls.
+    /// Redis connections, each pipelining many calls; against one server also the script calls in flight at once
+    /// (at least 2), each shared by the requests that waited for it.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
     redis_pool_size: u64,
     /// PEM CA certificates to trust for a rediss:// URL, instead of the system's roots.

@@ -58,8 +58,21 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits (a bounded poll of `INFO commandstats`, not a time window) until Redis has run `n` EVALSHAs since `since`.
+async fn wait_for_evalsha(redis: &RedisServer, since: u64, n: u64) -> u64 {
+    let mut sent = 0;
+    for _ in 0..200 {
+        sent = evalsha_calls(redis) - since;
+        if sent >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    sent
+}
+
 #[tokio::test]
-async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
+async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
     let redis = RedisServer::start();
     let gate = ReplyGate::start(redis.port).await;
     let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
@@ -69,19 +82,14 @@ async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
     client.should_rate_limit(three()).await.unwrap();
     let calls = evalsha_calls(&redis);
 
-    // Hold every reply back: the request can only get all three EVALSHAs to Redis if it sends them without waiting
-    // for any answer, i.e. in one round trip.
+    // Hold every reply back: the request is decided by the one script call that reached Redis before any reply.
     gate.hold();
     let call = tokio::spawn(async move { client.should_rate_limit(three()).await });
-    let mut sent = 0;
-    for _ in 0..200 {
-        sent = evalsha_calls(&redis) - calls;
-        if sent >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(sent, 3, "all three EVALSHAs reached Redis before any reply came back");
+    assert_eq!(
+        wait_for_evalsha(&redis, calls, 1).await,
+        1,
+        "the EVALSHA reached Redis before any reply"
+    );
     gate.release();
     let response = call.await.unwrap().unwrap().into_inner();
     assert_eq!(response.overall_code, Code::Ok as i32);
@@ -91,12 +99,85 @@ async fn three_descriptors_cost_one_round_trip_and_three_evalsha() {
     );
     assert_eq!(
         evalsha_calls(&redis) - calls,
-        3,
-        "one EVALSHA per counter, nothing else"
+        1,
+        "one EVALSHA for the request's three counters, nothing else"
     );
     for (key, _, ttl) in redis.snapshot() {
         assert!(ttl > 0, "{key} has no TTL");
     }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_a_script_call() {
+    let redis = RedisServer::start();
+    let gate = ReplyGate::start(redis.port).await;
+    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
+    let server = TestServer::start(l).await;
+    let client = envoy_client(&server).await;
+    let request = |value: usize| RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor("a", &value.to_string())],
+        hits_addend: 0,
+    };
+    client.clone().should_rate_limit(request(0)).await.unwrap();
+    // A counter of the wrong type fails its own request, not the others that share its call.
+    client.clone().should_rate_limit(request(5)).await.unwrap();
+    let poisoned = redis
+        .snapshot()
+        .into_iter()
+        .map(|(key, _, _)| key)
+        .find(|key| key.contains("|1:a=1:5|"))
+        .expect("the counter of a=5");
+    redis.cli(&["DEL", &poisoned]);
+    redis.cli(&["LPUSH", &poisoned, "x"]);
+    let calls = evalsha_calls(&redis);
+
+    // Two calls may be in flight (the store's pool has one connection): hold their replies, so that the six requests
+    // sent next wait together for the next call.
+    gate.hold();
+    let send = |value: usize| {
+        let mut client = client.clone();
+        tokio::spawn(async move { client.should_rate_limit(request(value)).await })
+    };
+    let mut answers = Vec::new();
+    for value in 1..=2 {
+        answers.push(send(value));
+        assert_eq!(
+            wait_for_evalsha(&redis, calls, value as u64).await,
+            value as u64,
+            "a free call goes out at once"
+        );
+    }
+    answers.extend((3..=8).map(send));
+    // Give the six requests time to reach the store's queue; nothing can leave it while both calls are held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        evalsha_calls(&redis) - calls,
+        2,
+        "nothing else went out while both calls were in flight"
+    );
+    gate.release();
+    for (value, answer) in (1..=8).zip(answers) {
+        let answer = answer.await.unwrap();
+        if value == 5 {
+            assert_eq!(
+                answer.unwrap_err().code(),
+                GrpcCode::Unavailable,
+                "a=5 has a list for a counter"
+            );
+            continue;
+        }
+        let response = answer.unwrap().into_inner();
+        assert_eq!(response.overall_code, Code::Ok as i32, "a={value}");
+        assert_eq!(response.statuses[0].limit_remaining, 4, "a={value}");
+    }
+    assert_eq!(
+        evalsha_calls(&redis) - calls,
+        3,
+        "the six waiting requests were decided by one script call"
+    );
+    assert_eq!(redis.snapshot().len(), 9, "one key per descriptor value");
     server.shutdown().await;
 }
 

@@ -1,17 +1,20 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
-//! The scripts are loaded as one: `lone_fixed_window.lua` (a fast path for the commonest call), `prelude.lua`, every
-//! algorithm file, then `decide.lua`, the driver that decides a descriptor against all its tiers atomically. Each
-//! descriptor is one EVALSHA (its keys share a hash tag, so one cluster slot), and all descriptors of a request go
-//! out in one pipeline: one network round trip against a standalone Redis. A script missing from the server
-//! (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only the calls that failed are resent,
-//! which is safe because a NOSCRIPT call ran nothing. Every command is bounded by the store's timeout (fred's own,
-//! one timer per command: a second timer around the call cost about 8% of sluice's CPU per decision); a failure
-//! surfaces as a [`StoreError`], which the API answers UNAVAILABLE.
+//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua` (a fast path for the
+//! commonest call), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
+//! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
+//! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
+//! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
+//! [`MAX_BATCH`] requests, and fred frames, writes and reads one command instead of one per request. In a cluster,
+//! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag).
+//! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
+//! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
+//! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
+//! CPU per decision); a failure surfaces as a [`StoreError`], which the API answers UNAVAILABLE. An error inside one
+//! descriptor's decision (a key of the wrong type) fails that descriptor's request alone.
 //!
 //! fred writes each EVALSHA with a write of its own (it flushes after every script and custom command, whatever is
-//! queued behind it), so a pipeline saves waiting for answers, not system calls; the replies still come back many
-//! to a read.
+//! queued behind it), one more reason to send fewer, larger calls.
 //!
 //! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; fred keeps
 //! one connection per primary, follows MOVED/ASK and re-reads the slot map after a failover), or a primary found
@@ -22,22 +25,24 @@
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use fred::clients::Pool;
+use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, LuaInterface};
 use fred::types::config::{Config, ReconnectPolicy, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
 use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
 use crate::tls::{self, TlsError};
 
-/// The decision script: the fast path, every algorithm and the driver, in one atomic unit. (`benches/run.sh` loads
-/// the same files in the same order to time the script under `redis-benchmark`.)
+/// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
+/// unit. (`benches/run.sh` loads the same files in the same order to time the script under `redis-benchmark`.)
 pub const SCRIPT: &str = concat!(
-    include_str!("../../lua/lone_fixed_window.lua"),
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/sliding_window.lua"),
@@ -45,8 +50,14 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/token_bucket.lua"),
     include_str!("../../lua/concurrency.lua"),
     include_str!("../../lua/queue.lua"),
+    include_str!("../../lua/lone_fixed_window.lua"),
     include_str!("../../lua/decide.lua"),
+    include_str!("../../lua/batch.lua"),
 );
+
+/// The most requests one script call decides; it bounds how long one call holds Redis (each descriptor costs a
+/// few microseconds there).
+const MAX_BATCH: usize = 32;
 
 /// How to reach Redis.
 #[derive(Debug, Clone)]
@@ -122,6 +133,9 @@ pub struct RedisStore {
     script: Script,
     timeout: Duration,
     server_time: bool,
+    /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
+    /// waiting at one moment into one script call. `None` in a cluster, where each descriptor goes to its slot.
+    batches: Option<mpsc::UnboundedSender<Job>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -136,6 +150,68 @@ impl std::fmt::Debug for RedisStore {
 enum Mode {
     Hit,
     Peek,
+}
+
+/// One descriptor's part of a script call (`lua/batch.lua`): its keys, and its arguments headed by their counts.
+struct Call {
+    keys: Vec<Value>,
+    args: Vec<Value>,
+    /// The cluster slot of its keys, which share one hash tag.
+    slot: Option<u16>,
+}
+
+impl Call {
+    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
+    fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
+        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 1);
+        keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
+        if let Some(r) = record {
+            keys.push(Value::from(r.key.as_str()));
+        }
+        let count = 7 + 2 * hit.fields.len() + 4 * hit.tiers.len();
+        let mut args: Vec<Value> = Vec::with_capacity(2 + count);
+        args.push(Value::Integer(keys.len() as i64));
+        args.push(Value::Integer(count as i64));
+        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
+        args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
+        args.push(Value::Integer(hit.cost as i64));
+        args.push(Value::from(hit.lease.as_str()));
+        match record {
+            Some(RecordSpec { size, value, .. }) => {
+                args.push(Value::Integer(i64::from(*size)));
+                args.push(Value::from(value.as_deref().unwrap_or_default()));
+            }
+            None => {
+                args.push(Value::Integer(0));
+                args.push(Value::from(""));
+            }
+        }
+        args.push(Value::Integer(2 * hit.fields.len() as i64));
+        for (k, v) in &hit.fields {
+            args.push(Value::from(k.as_str()));
+            args.push(Value::from(v.as_str()));
+        }
+        for t in &hit.tiers {
+            args.push(Value::from(t.algorithm.name()));
+            args.push(Value::Integer(t.limit as i64));
+            args.push(Value::Integer(t.window_us as i64));
+            args.push(Value::Integer(t.burst as i64));
+        }
+        let slot = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(record.map(|r| &r.key))
+            .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
+        Call { keys, args, slot }
+    }
+}
+
+/// One request's calls, waiting to be gathered into a script call, and where their answers go.
+struct Job {
+    calls: Vec<Call>,
+    reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
 }
 
 impl RedisStore {
@@ -170,6 +246,8 @@ impl RedisStore {
                 c.internal_command_timeout = timeout.max(Duration::from_millis(500));
                 // A write that failed mid-flight may have been applied: never resend it.
                 c.max_command_attempts = 1;
+                // Requests and answers are small and latency is the product: no Nagle delay on the socket.
+                c.tcp.nodelay = Some(true);
             })
             // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
             // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
@@ -182,81 +260,37 @@ impl RedisStore {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
             Err(_) => tracing::warn!("redis did not answer within 2s; retrying in the background"),
         }
+        let script = Script::from_lua(SCRIPT);
+        let batches = (!pool.next().is_clustered()).then(|| {
+            let (queue, jobs) = mpsc::unbounded_channel();
+            tokio::spawn(gather(pool.clone(), sha(&script), jobs));
+            queue
+        });
         Ok(RedisStore {
             pool,
-            script: Script::from_lua(SCRIPT),
+            script,
             timeout,
             server_time: settings.server_time,
+            batches,
         })
     }
 
-    /// The EVALSHA arguments of one descriptor: `sha numkeys keys... argv...` (see `lua/decide.lua`).
-    fn args(&self, mode: Mode, now_us: u64, hit: &Hit) -> Vec<Value> {
-        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
-        let keys = hit.tiers.len() + usize::from(record.is_some());
-        let mut args: Vec<Value> = Vec::with_capacity(2 + keys + 7 + 2 * hit.fields.len() + 4 * hit.tiers.len());
-        args.push(Value::from(self.script.sha1().clone()));
-        args.push(Value::Integer(keys as i64));
-        args.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
-        if let Some(r) = record {
-            args.push(Value::from(r.key.as_str()));
-        }
-        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
-        args.push(if self.server_time {
-            Value::from("")
-        } else {
-            Value::Integer(now_us as i64)
-        });
-        args.push(Value::Integer(hit.cost as i64));
-        args.push(Value::from(hit.lease.as_str()));
-        match &hit.record {
-            Some(RecordSpec { size, value, .. }) if mode == Mode::Peek || value.is_some() => {
-                args.push(Value::Integer(i64::from(*size)));
-                args.push(Value::from(value.as_deref().unwrap_or_default()));
-            }
-            _ => {
-                args.push(Value::Integer(0));
-                args.push(Value::from(""));
-            }
-        }
-        args.push(Value::Integer(2 * hit.fields.len() as i64));
-        for (k, v) in &hit.fields {
-            args.push(Value::from(k.as_str()));
-            args.push(Value::from(v.as_str()));
-        }
-        for t in &hit.tiers {
-            args.push(Value::from(t.algorithm.name()));
-            args.push(Value::Integer(t.limit as i64));
-            args.push(Value::Integer(t.window_us as i64));
-            args.push(Value::Integer(t.burst as i64));
-        }
-        args
+    /// The time argument of a call at `now_us`: empty to decide by the server's clock.
+    fn now(&self, now_us: u64) -> Option<u64> {
+        (!self.server_time).then_some(now_us)
     }
 
-    /// Sends one EVALSHA per hit in one pipeline; reloads the script and resends the calls that met NOSCRIPT.
+    /// Decides every hit, one script call for all of them against one server, one per descriptor in a cluster;
+    /// reloads the script and resends the calls that met NOSCRIPT.
     async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        let client = self.pool.next();
         let mut results: Vec<Option<Outcome>> = vec![None; hits.len()];
         let mut pending: Vec<usize> = (0..hits.len()).collect();
         for attempt in 0..2 {
-            let answers: Vec<Result<Value, FredError>> = if let [i] = pending[..] {
-                // One descriptor: a plain command, without the pipeline's bookkeeping (fred still pipelines
-                // concurrent requests on the connection).
-                vec![
-                    client
-                        .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
-                        .await,
-                ]
-            } else {
-                let pipeline = client.pipeline();
-                for &i in &pending {
-                    let _: () = pipeline
-                        .custom(evalsha(&hits[i]), self.args(mode, now_us, &hits[i]))
-                        .await
-                        .map_err(|e| self.classify(e))?;
-                }
-                pipeline.try_all().await
-            };
+            let calls = pending
+                .iter()
+                .map(|&i| Call::new(mode, self.now(now_us), &hits[i]))
+                .collect();
+            let answers = self.send(calls).await;
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 match answer {
@@ -275,6 +309,33 @@ impl RedisStore {
             .into_iter()
             .map(|r| r.ok_or_else(|| StoreError::Script("script still missing after reload".into())))
             .collect()
+    }
+
+    /// Sends `calls` and returns one answer per call: through the gathering task against one server, or one
+    /// EVALSHA per call, each to its slot, all written before any answer is awaited, in a cluster.
+    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, FredError>> {
+        let n = calls.len();
+        let Some(queue) = &self.batches else {
+            let client = self.pool.next();
+            let sha = sha(&self.script);
+            let answers =
+                futures::future::join_all(calls.into_iter().map(|call| eval(client, sha.clone(), vec![call])));
+            return answers
+                .await
+                .into_iter()
+                .map(|a| a.map(|mut values| values.pop().unwrap_or(Value::Null)))
+                .collect();
+        };
+        let (reply, answer) = oneshot::channel();
+        let gone = || FredError::new(ErrorKind::Canceled, "the redis store is shutting down");
+        if queue.send(Job { calls, reply }).is_err() {
+            return (0..n).map(|_| Err(gone())).collect();
+        }
+        match answer.await {
+            Ok(Ok(values)) => values.into_iter().map(Ok).collect(),
+            Ok(Err(e)) => vec![Err(e); n],
+            Err(_) => (0..n).map(|_| Err(gone())).collect(),
+        }
     }
 
     async fn load_script(&self) -> Result<(), StoreError> {
@@ -331,25 +392,96 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// EVALSHA as a custom command (fred's typed `evalsha` cannot be queued in a pipeline), routed in a cluster to the
-/// slot of the descriptor's keys, which share one hash tag. The slot is given explicitly: fred 10.1 honours only
-/// `ClusterHash::Custom` on a custom command and otherwise hashes the first string argument, here the script's SHA.
-fn evalsha(hit: &Hit) -> CustomCommand {
-    let key = hit
-        .tiers
+/// The script's SHA1 as an EVALSHA argument.
+fn sha(script: &Script) -> Value {
+    Value::from(script.sha1().clone())
+}
+
+/// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
+/// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
+/// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
+/// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
+async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<Value>, FredError> {
+    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
+    let args: usize = calls.iter().map(|c| c.args.len()).sum();
+    let mut command = Vec::with_capacity(3 + keys + args);
+    command.push(sha);
+    command.push(Value::Integer(keys as i64));
+    for call in &mut calls {
+        command.append(&mut call.keys);
+    }
+    command.push(Value::Integer(calls.len() as i64));
+    let route = calls
         .first()
-        .map(|t| &t.key)
-        .or(hit.record.as_ref().map(|r| &r.key));
-    let route = key.map_or(ClusterHash::Random, |k| {
-        ClusterHash::Custom(fred::util::redis_keyslot(k.as_str().as_bytes()))
-    });
-    CustomCommand::new_static("EVALSHA", route, false)
+        .and_then(|c| c.slot)
+        .map_or(ClusterHash::Random, ClusterHash::Custom);
+    let n = calls.len();
+    for call in calls {
+        command.extend(call.args);
+    }
+    let answer: Value = client
+        .custom(CustomCommand::new_static("EVALSHA", route, false), command)
+        .await?;
+    match answer {
+        Value::Array(values) if values.len() == n => Ok(values),
+        _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
+    }
+}
+
+/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] requests each, with as many
+/// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
+/// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
+/// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
+/// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
+/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). The task ends with
+/// the store.
+async fn gather(pool: Pool, sha: Value, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let flights = Arc::new(Semaphore::new(pool.size().max(2)));
+    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let Ok(permit) = flights.clone().acquire_owned().await else {
+            return;
+        };
+        if queue.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+            return;
+        }
+        let batch = std::mem::replace(&mut jobs, Vec::with_capacity(MAX_BATCH));
+        let client = pool.next().clone();
+        let sha = sha.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut calls = Vec::with_capacity(batch.len());
+            let mut replies = Vec::with_capacity(batch.len());
+            for job in batch {
+                replies.push((job.reply, job.calls.len()));
+                calls.extend(job.calls);
+            }
+            match eval(&client, sha, calls).await {
+                Ok(values) => {
+                    let mut values = values.into_iter();
+                    for (reply, n) in replies {
+                        let _ = reply.send(Ok(values.by_ref().take(n).collect()));
+                    }
+                }
+                Err(e) => {
+                    for (reply, _) in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
 }
 
 /// Reads `decide.lua`'s answer.
 fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
     let bad = || StoreError::Script("unexpected script answer".into());
-    let Value::Array(items) = value else { return Err(bad()) };
+    let items = match value {
+        Value::Array(items) => items,
+        // The error that stopped this descriptor alone (see `lua/batch.lua`).
+        Value::String(error) => return Err(StoreError::Script(error.to_string())),
+        _ => return Err(bad()),
+    };
     if items.len() < 1 + 6 * tiers {
         return Err(bad());
     }
@@ -441,7 +573,7 @@ mod tests {
     }
 
     #[test]
-    fn evalsha_is_routed_to_the_slot_of_the_descriptor_keys() {
+    fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
         use crate::rules::Algorithm;
         let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
         let key = id.tier(Algorithm::FixedWindow, 60_000_000);
@@ -458,7 +590,7 @@ mod tests {
         let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
         assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
         // Not the slot of the first argument (the SHA), which fred would hash by default.
-        assert_eq!(evalsha(&hit).cluster_hash, ClusterHash::Custom(slot));
+        assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
     }
 
     #[tokio::test]
