@@ -5,7 +5,7 @@
 //! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
-//! [`MAX_BATCH`] requests, and fred frames, writes and reads one command instead of one per request. In a cluster,
+//! [`MAX_BATCH`] descriptors, and fred frames, writes and reads one command instead of one per request. In a cluster,
 //! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag).
 //! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
 //! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
@@ -55,9 +55,9 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/batch.lua"),
 );
 
-/// The most requests one script call decides; it bounds how long one call holds Redis (each descriptor costs a
-/// few microseconds there).
-const MAX_BATCH: usize = 32;
+/// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
+/// holds Redis, where each descriptor costs a few microseconds.
+const MAX_BATCH: usize = 64;
 
 /// How to reach Redis.
 #[derive(Debug, Clone)]
@@ -428,7 +428,7 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<V
     }
 }
 
-/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] requests each, with as many
+/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
 /// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
 /// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
 /// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
@@ -437,15 +437,29 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<V
 /// the store.
 async fn gather(pool: Pool, sha: Value, mut queue: mpsc::UnboundedReceiver<Job>) {
     let flights = Arc::new(Semaphore::new(pool.size().max(2)));
-    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    let mut next: Option<Job> = None;
     loop {
         let Ok(permit) = flights.clone().acquire_owned().await else {
             return;
         };
-        if queue.recv_many(&mut jobs, MAX_BATCH).await == 0 {
-            return;
+        let first = match next.take() {
+            Some(job) => job,
+            None => match queue.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        let mut descriptors = first.calls.len();
+        let mut batch = vec![first];
+        while descriptors < MAX_BATCH {
+            let Ok(job) = queue.try_recv() else { break };
+            if descriptors + job.calls.len() > MAX_BATCH {
+                next = Some(job);
+                break;
+            }
+            descriptors += job.calls.len();
+            batch.push(job);
         }
-        let batch = std::mem::replace(&mut jobs, Vec::with_capacity(MAX_BATCH));
         let client = pool.next().clone();
         let sha = sha.clone();
         tokio::spawn(async move {
