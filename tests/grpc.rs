@@ -71,12 +71,18 @@ async fn wait_for_evalsha(redis: &RedisServer, since: u64, n: u64) -> u64 {
     sent
 }
 
-#[tokio::test]
-async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
+/// A server whose Redis store (one connection) reaches Redis through a [`ReplyGate`].
+async fn gated_server() -> (RedisServer, ReplyGate, TestServer) {
     let redis = RedisServer::start();
     let gate = ReplyGate::start(redis.port).await;
     let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
     let server = TestServer::start(l).await;
+    (redis, gate, server)
+}
+
+#[tokio::test]
+async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
+    let (redis, gate, server) = gated_server().await;
     let mut client = envoy_client(&server).await;
     // The first call loads the script (NOSCRIPT, SCRIPT LOAD, retry); measure a steady-state call.
     client.should_rate_limit(three()).await.unwrap();
@@ -110,10 +116,7 @@ async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
 
 #[tokio::test]
 async fn concurrent_requests_share_a_script_call() {
-    let redis = RedisServer::start();
-    let gate = ReplyGate::start(redis.port).await;
-    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
-    let server = TestServer::start(l).await;
+    let (redis, gate, server) = gated_server().await;
     let client = envoy_client(&server).await;
     let request = |value: usize| RateLimitRequest {
         domain: "edge".into(),
