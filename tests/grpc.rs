@@ -185,6 +185,43 @@ async fn concurrent_requests_share_a_script_call() {
 }
 
 #[tokio::test]
+async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs() {
+    let redis = RedisServer::start();
+    let gate = ReplyGate::start(redis.port).await;
+    let timeout = Duration::from_millis(300);
+    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), timeout).await);
+    let server = TestServer::start(l).await;
+    let client = envoy_client(&server).await;
+    client.clone().should_rate_limit(three()).await.unwrap();
+
+    // Redis stops answering: two calls go out and hang, and more requests queue behind them than the next two calls
+    // can take (144 descriptors against 64 a call), so some wait through two rounds of timeouts.
+    gate.hold();
+    let started = std::time::Instant::now();
+    let calls = evalsha_calls(&redis);
+    let mut answers = Vec::new();
+    for n in 1..=2 {
+        let mut client = client.clone();
+        answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
+        assert_eq!(wait_for_evalsha(&redis, calls, n).await, n);
+    }
+    for _ in 0..48 {
+        let mut client = client.clone();
+        answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
+    }
+    for answer in answers {
+        assert_eq!(answer.await.unwrap().unwrap_err().code(), GrpcCode::Unavailable);
+    }
+    assert!(
+        started.elapsed() < 3 * timeout + Duration::from_millis(500),
+        "every request failed within three timeouts: {:?}",
+        started.elapsed()
+    );
+    gate.release();
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn get_remaining_leaves_redis_unchanged() {
     let redis = RedisServer::start();
     let (l, _) = limiter(CONFIG, redis_store(&redis.url()).await);

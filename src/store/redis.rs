@@ -26,7 +26,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
@@ -211,6 +211,8 @@ impl Call {
 /// One request's calls, waiting to be gathered into a script call, and where their answers go.
 struct Job {
     calls: Vec<Call>,
+    /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
+    queued: Instant,
     reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
 }
 
@@ -263,7 +265,7 @@ impl RedisStore {
         let script = Script::from_lua(SCRIPT);
         let batches = (!pool.next().is_clustered()).then(|| {
             let (queue, jobs) = mpsc::unbounded_channel();
-            tokio::spawn(gather(pool.clone(), sha(&script), jobs));
+            tokio::spawn(gather(pool.clone(), sha(&script), timeout, jobs));
             queue
         });
         Ok(RedisStore {
@@ -328,7 +330,14 @@ impl RedisStore {
         };
         let (reply, answer) = oneshot::channel();
         let gone = || FredError::new(ErrorKind::Canceled, "the redis store is shutting down");
-        if queue.send(Job { calls, reply }).is_err() {
+        if queue
+            .send(Job {
+                calls,
+                queued: Instant::now(),
+                reply,
+            })
+            .is_err()
+        {
             return (0..n).map(|_| Err(gone())).collect();
         }
         match answer.await {
@@ -433,27 +442,39 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<V
 /// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
 /// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
 /// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
-/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). The task ends with
-/// the store.
-async fn gather(pool: Pool, sha: Value, mut queue: mpsc::UnboundedReceiver<Job>) {
+/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
+/// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
+/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
+/// with the store.
+async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
     let flights = Arc::new(Semaphore::new(pool.size().max(2)));
     let mut next: Option<Job> = None;
     loop {
         let Ok(permit) = flights.clone().acquire_owned().await else {
             return;
         };
-        let first = match next.take() {
-            Some(job) => job,
-            None => match queue.recv().await {
-                Some(job) => job,
-                None => return,
-            },
-        };
-        let mut descriptors = first.calls.len();
-        let mut batch = vec![first];
+        let mut batch = Vec::new();
+        let mut descriptors = 0;
         while descriptors < MAX_BATCH {
-            let Ok(job) = queue.try_recv() else { break };
-            if descriptors + job.calls.len() > MAX_BATCH {
+            let job = match next.take() {
+                Some(job) => job,
+                None if batch.is_empty() => match queue.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+                None => match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            if job.queued.elapsed() > timeout {
+                let _ = job.reply.send(Err(FredError::new(
+                    ErrorKind::Timeout,
+                    "no script call came free within the store's timeout",
+                )));
+                continue;
+            }
+            if !batch.is_empty() && descriptors + job.calls.len() > MAX_BATCH {
                 next = Some(job);
                 break;
             }
