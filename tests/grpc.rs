@@ -71,18 +71,18 @@ async fn wait_for_evalsha(redis: &RedisServer, since: u64, n: u64) -> u64 {
     sent
 }
 
-/// A server whose Redis store (one connection) reaches Redis through a [`ReplyGate`].
-async fn gated_server() -> (RedisServer, ReplyGate, TestServer) {
+/// A server whose Redis store (one connection, `timeout` per call) reaches Redis through a [`ReplyGate`].
+async fn gated_server(timeout: Duration) -> (RedisServer, ReplyGate, TestServer) {
     let redis = RedisServer::start();
     let gate = ReplyGate::start(redis.port).await;
-    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), Duration::from_secs(10)).await);
+    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), timeout).await);
     let server = TestServer::start(l).await;
     (redis, gate, server)
 }
 
 #[tokio::test]
 async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
-    let (redis, gate, server) = gated_server().await;
+    let (redis, gate, server) = gated_server(Duration::from_secs(10)).await;
     let mut client = envoy_client(&server).await;
     // The first call loads the script (NOSCRIPT, SCRIPT LOAD, retry); measure a steady-state call.
     client.should_rate_limit(three()).await.unwrap();
@@ -116,7 +116,7 @@ async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
 
 #[tokio::test]
 async fn concurrent_requests_share_a_script_call() {
-    let (redis, gate, server) = gated_server().await;
+    let (redis, gate, server) = gated_server(Duration::from_secs(10)).await;
     let client = envoy_client(&server).await;
     let request = |value: usize| RateLimitRequest {
         domain: "edge".into(),
@@ -186,16 +186,14 @@ async fn concurrent_requests_share_a_script_call() {
 
 #[tokio::test]
 async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs() {
-    let redis = RedisServer::start();
-    let gate = ReplyGate::start(redis.port).await;
     let timeout = Duration::from_millis(300);
-    let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), timeout).await);
-    let server = TestServer::start(l).await;
+    let (redis, gate, server) = gated_server(timeout).await;
     let client = envoy_client(&server).await;
     client.clone().should_rate_limit(three()).await.unwrap();
 
-    // Redis stops answering: two calls go out and hang, and more requests queue behind them than the next two calls
-    // can take (144 descriptors against 64 a call), so some wait through two rounds of timeouts.
+    // Redis stops answering: two calls go out and hang, and 300 requests (900 descriptors) queue behind them. Each
+    // round of two calls takes 128 descriptors and hangs for a timeout, so sent in turn the queue would take seven
+    // rounds; the requests that have waited a timeout fail instead of going out.
     gate.hold();
     let started = std::time::Instant::now();
     let calls = evalsha_calls(&redis);
@@ -205,7 +203,7 @@ async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs()
         answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
         assert_eq!(wait_for_evalsha(&redis, calls, n).await, n);
     }
-    for _ in 0..48 {
+    for _ in 0..300 {
         let mut client = client.clone();
         answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
     }

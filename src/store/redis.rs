@@ -130,7 +130,8 @@ impl RedisTls {
 #[derive(Clone)]
 pub struct RedisStore {
     pool: Pool,
-    script: Script,
+    /// The decision script's SHA1, the first argument of every EVALSHA.
+    sha: Value,
     timeout: Duration,
     server_time: bool,
     /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
@@ -262,15 +263,15 @@ impl RedisStore {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
             Err(_) => tracing::warn!("redis did not answer within 2s; retrying in the background"),
         }
-        let script = Script::from_lua(SCRIPT);
+        let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
         let batches = (!pool.next().is_clustered()).then(|| {
             let (queue, jobs) = mpsc::unbounded_channel();
-            tokio::spawn(gather(pool.clone(), sha(&script), timeout, jobs));
+            tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
             queue
         });
         Ok(RedisStore {
             pool,
-            script,
+            sha,
             timeout,
             server_time: settings.server_time,
             batches,
@@ -319,9 +320,8 @@ impl RedisStore {
         let n = calls.len();
         let Some(queue) = &self.batches else {
             let client = self.pool.next();
-            let sha = sha(&self.script);
             let answers =
-                futures::future::join_all(calls.into_iter().map(|call| eval(client, sha.clone(), vec![call])));
+                futures::future::join_all(calls.into_iter().map(|call| eval(client, self.sha.clone(), vec![call])));
             return answers
                 .await
                 .into_iter()
@@ -399,11 +399,6 @@ fn redact(url: &str) -> String {
         Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
         None => url.to_string(),
     }
-}
-
-/// The script's SHA1 as an EVALSHA argument.
-fn sha(script: &Script) -> Value {
-    Value::from(script.sha1().clone())
 }
 
 /// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
