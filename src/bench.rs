@@ -9,11 +9,13 @@
 //!
 //! - [`keys`]: key distributions and the small random number generator behind them.
 //! - `load`: connections, request slots, the answer checks and the tallies.
+//! - `pace`: the thread that releases the requests of a fixed rate at their scheduled times.
 //! - `report`: percentiles, the human table and the JSON object.
 //! - `wire`: unary gRPC calls straight over HTTP/2 streams, a far cheaper client than tonic's.
 
 pub mod keys;
 mod load;
+mod pace;
 mod report;
 mod wire;
 
@@ -32,6 +34,7 @@ pub use keys::KeySpec;
 use keys::Keys;
 pub use load::CheckFailure;
 use load::{Client, Plan, Schedule, Shape, Tally};
+use pace::Pacer;
 pub use report::{Percentiles, Report};
 
 /// The longest `--duration`, `--warmup` or `--timeout`.
@@ -142,7 +145,7 @@ pub enum BenchError {
     Flag { flag: &'static str, message: String },
     #[error("cannot connect to --target '{target}': {reason}")]
     Connect { target: String, reason: String },
-    #[error("cannot start the runtime: {0}")]
+    #[error("cannot start the runtime or the pacer thread: {0}")]
     Runtime(std::io::Error),
     /// A request slot panicked: a bug in the generator.
     #[error("a request slot stopped: {0}")]
@@ -232,12 +235,16 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let tallies: Vec<Arc<Mutex<Tally>>> = channels.iter().map(|_| Arc::new(Mutex::new(Tally::new()))).collect();
 
     let start = Instant::now();
+    let pacer = schedule
+        .map(|s| Pacer::start(s, start, u64::from(args.concurrency)))
+        .transpose()
+        .map_err(BenchError::Runtime)?;
     let plan = Arc::new(Plan {
         start,
         measure_from: start + args.warmup,
         deadline: start + args.warmup + args.duration,
         schedule,
-        slots: u64::from(args.concurrency),
+        pacer,
         timeout: args.timeout,
     });
     let progress = Progress::start(args.quiet, plan.clone(), tallies.clone());

@@ -3,9 +3,10 @@
 //!
 //! One tokio task per slot keeps exactly `--concurrency` requests in flight at most. In a closed loop a slot sends
 //! its next request when the previous answer arrives. At a fixed rate the global schedule is request `j` at
-//! `j / rate` seconds, and slot `s` owns every `j` with `j % concurrency == s`; a slot that falls behind sends at
-//! once, and latency is counted from the scheduled time, so a slow answer shows up in the latency of the requests
-//! that had to wait for it instead of silently lowering the rate (coordinated omission).
+//! `j / rate` seconds: the pacer (`pace`) releases each request at its time and a free slot sends it; when no slot
+//! is free, the request waits for one, and latency is counted from the scheduled time, so a slow answer shows up in
+//! the latency of the requests that had to wait for it instead of silently lowering the rate (coordinated
+//! omission).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,18 +16,13 @@ use tokio::time::Instant;
 
 use super::Api;
 use super::keys::{Keys, SplitMix64};
+use super::pace::Pacer;
 use super::wire::Connection;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as RlsCode;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::sluice::v1::{GetRemainingRequest, GetRemainingResponse};
-
-/// Tokio's timer fires on whole milliseconds, rounding up. A slot therefore asks to wake this much before a
-/// scheduled time: it then fires on the tick just before the time rather than the one just after, so the timer's
-/// rounding does not add up to a millisecond to every latency. (A request sent early is timed from its actual
-/// send.) More slack would send requests in bursts ahead of the schedule.
-const TIMER_SLACK: Duration = Duration::from_millis(1);
 
 /// Latencies are recorded in microseconds, up to an hour (longer ones count as an hour).
 const LATENCY_MAX_US: u64 = 3_600_000_000;
@@ -72,7 +68,8 @@ pub(super) struct Plan {
     /// No request is sent after this.
     pub deadline: Instant,
     pub schedule: Option<Schedule>,
-    pub slots: u64,
+    /// At a fixed rate: what releases the scheduled requests at their times.
+    pub pacer: Option<Pacer>,
     pub timeout: Duration,
 }
 
@@ -101,8 +98,9 @@ impl Schedule {
         self.end - self.first_measured
     }
 
-    fn due(&self, start: Instant, index: u64) -> Instant {
-        start + Duration::from_secs_f64(index as f64 / self.rate)
+    /// When request `index` is due, from the schedule's start.
+    pub fn offset(&self, index: u64) -> Duration {
+        Duration::from_secs_f64(index as f64 / self.rate)
     }
 }
 
@@ -347,15 +345,9 @@ pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: A
             }
         },
         Some(schedule) => {
-            let mut index = slot;
-            while index < schedule.end {
+            let Some(pacer) = &plan.pacer else { return };
+            while let Some((index, due)) = pacer.take().await {
                 let descriptors = shape.descriptors(&mut rng);
-                let due = schedule.due(plan.start, index);
-                if let Some(wake) = due.checked_sub(TIMER_SLACK) {
-                    if wake > Instant::now() {
-                        tokio::time::sleep_until(wake).await;
-                    }
-                }
                 let sent = Instant::now();
                 if sent >= plan.deadline {
                     // Behind schedule: what is left was never sent; the report counts it from the schedule.
@@ -364,10 +356,8 @@ pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: A
                 let result = client.send(&shape, descriptors, plan.timeout).await;
                 if index >= schedule.first_measured {
                     let done = Instant::now();
-                    let from = due.min(sent);
-                    lock(&tally).record(result, done - from, done - sent);
+                    lock(&tally).record(result, done - due.min(sent), done - sent);
                 }
-                index += plan.slots;
             }
         }
     }
@@ -472,7 +462,6 @@ mod tests {
     fn schedule_counts_the_measured_window() {
         let s = Schedule::new(1000.0, Duration::from_millis(500), Duration::from_secs(2));
         assert_eq!((s.first_measured, s.end, s.measured()), (500, 2500, 2000));
-        let start = Instant::now();
-        assert_eq!(s.due(start, 1500) - start, Duration::from_millis(1500));
+        assert_eq!(s.offset(1500), Duration::from_millis(1500));
     }
 }
