@@ -24,6 +24,11 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as Rl
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::sluice::v1::{GetRemainingRequest, GetRemainingResponse};
 
+/// How late a request must be, when the run ends, to count as held up by the server rather than released a little
+/// late by the pacer (which wakes tens of microseconds after a request's time): one still waiting for a slot this
+/// long after its time at the deadline is never sent.
+const HELD_UP: Duration = Duration::from_millis(1);
+
 /// Latencies are recorded in microseconds, up to an hour (longer ones count as an hour).
 const LATENCY_MAX_US: u64 = 3_600_000_000;
 
@@ -349,8 +354,9 @@ pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: A
             while let Some((index, due)) = pacer.take().await {
                 let descriptors = shape.descriptors(&mut rng);
                 let sent = Instant::now();
-                if sent >= plan.deadline {
-                    // Behind schedule: what is left was never sent; the report counts it from the schedule.
+                if sent >= plan.deadline && sent - due >= HELD_UP {
+                    // Held up past the end by answers that came late: what is left was never sent; the report counts
+                    // it from the schedule.
                     return;
                 }
                 let result = client.send(&shape, descriptors, plan.timeout).await;
