@@ -243,7 +243,6 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         start,
         measure_from: start + args.warmup,
         deadline: start + args.warmup + args.duration,
-        schedule,
         pacer,
         timeout: args.timeout,
     });

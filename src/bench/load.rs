@@ -72,8 +72,7 @@ pub(super) struct Plan {
     pub measure_from: Instant,
     /// No request is sent after this.
     pub deadline: Instant,
-    pub schedule: Option<Schedule>,
-    /// At a fixed rate: what releases the scheduled requests at their times.
+    /// At a fixed rate: what releases the scheduled requests at their times; `None` for a closed loop.
     pub pacer: Option<Pacer>,
     pub timeout: Duration,
 }
@@ -336,7 +335,7 @@ pub(super) fn lock(tally: &Mutex<Tally>) -> MutexGuard<'_, Tally> {
 /// Runs request slot `slot` until the plan's deadline.
 pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: Arc<Mutex<Tally>>, plan: Arc<Plan>) {
     let mut rng = SplitMix64::for_slot(slot);
-    match plan.schedule {
+    match &plan.pacer {
         None => loop {
             let descriptors = shape.descriptors(&mut rng);
             let sent = Instant::now();
@@ -349,8 +348,8 @@ pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: A
                 lock(&tally).record(result, took, took);
             }
         },
-        Some(schedule) => {
-            let Some(pacer) = &plan.pacer else { return };
+        Some(pacer) => {
+            let first_measured = pacer.schedule().first_measured;
             while let Some((index, due)) = pacer.take().await {
                 let descriptors = shape.descriptors(&mut rng);
                 let sent = Instant::now();
@@ -360,9 +359,10 @@ pub(super) async fn drive(slot: u64, client: Client, shape: Arc<Shape>, tally: A
                     return;
                 }
                 let result = client.send(&shape, descriptors, plan.timeout).await;
-                if index >= schedule.first_measured {
+                if index >= first_measured {
                     let done = Instant::now();
-                    lock(&tally).record(result, done - due.min(sent), done - sent);
+                    // The pacer never releases a request before its time, so `due` is never after `sent`.
+                    lock(&tally).record(result, done - due, done - sent);
                 }
             }
         }

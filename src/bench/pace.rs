@@ -68,6 +68,11 @@ impl Pacer {
         })
     }
 
+    /// The schedule it keeps.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
     /// Waits for the next released request; its index and scheduled time, or `None` once the schedule is over.
     pub async fn take(&self) -> Option<(u64, Instant)> {
         self.released.acquire().await.ok()?.forget();
