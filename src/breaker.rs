@@ -2,9 +2,16 @@
 //! `cooldown` every decision follows the failure policy at once instead of waiting on a store that keeps failing.
 //! Then one call goes through as a probe (half-open): its success closes the breaker, its failure opens it again.
 //!
+//! A call that is abandoned before it ends (the client's deadline passed, its stream was reset, its future dropped)
+//! cannot leave the breaker stuck: [`Breaker::allow`] hands out a [`Pass`], and a probe's pass that is dropped without
+//! an outcome frees the probe slot for the next call. Without that, one cancelled probe would keep the breaker from
+//! ever probing again.
+//!
 //! Lock-free: three atomics, read on every request. Time comes from the limiter's clock, so tests drive it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// When the breaker opens and for how long.
@@ -54,17 +61,24 @@ impl Breaker {
         }
     }
 
-    /// Whether a store call may go out now. When the cooldown is over, exactly one caller gets through as the probe.
-    pub fn allow(&self, now_us: u64) -> bool {
+    /// A pass for a store call if one may go out now; `None` while the breaker is open. When the cooldown is over,
+    /// exactly one caller gets through as the probe. The call's outcome goes back through [`Pass::record`].
+    pub fn allow(&self, now_us: u64) -> Option<Pass<'_>> {
         let until = self.open_until_us.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return Some(Pass {
+                breaker: self,
+                probe: false,
+            });
         }
-        now_us >= until && !self.probing.swap(true, Ordering::AcqRel)
+        (now_us >= until && !self.probing.swap(true, Ordering::AcqRel)).then_some(Pass {
+            breaker: self,
+            probe: true,
+        })
     }
 
     /// Records the outcome of a call that `allow` let through.
-    pub fn record(&self, ok: bool, now_us: u64) {
+    fn record(&self, ok: bool, now_us: u64) {
         if ok {
             self.consecutive.store(0, Ordering::Release);
             self.open_until_us.store(0, Ordering::Release);
@@ -89,6 +103,86 @@ impl Breaker {
     }
 }
 
+/// One breaker per failure domain of the store (see [`crate::store::Store::failure_domain`]): a Redis Cluster
+/// primary that stops answering opens its own breaker, and calls for the slots of the other primaries go on.
+#[derive(Debug)]
+pub struct Breakers {
+    settings: BreakerSettings,
+    /// Domain 0: the only one of a store on one server.
+    first: Arc<Breaker>,
+    others: RwLock<HashMap<u64, Arc<Breaker>>>,
+}
+
+/// Breakers of domains no longer seen are forgotten, once closed, beyond this many.
+const MAX_DOMAINS: usize = 256;
+
+impl Breakers {
+    pub fn new(settings: BreakerSettings) -> Breakers {
+        Breakers {
+            settings,
+            first: Arc::new(Breaker::new(settings)),
+            others: RwLock::default(),
+        }
+    }
+
+    /// The breaker of a failure domain, made on first use.
+    pub fn get(&self, domain: u64) -> Arc<Breaker> {
+        if domain == 0 {
+            return self.first.clone();
+        }
+        if let Some(b) = self.others.read().unwrap_or_else(|e| e.into_inner()).get(&domain) {
+            return b.clone();
+        }
+        let mut others = self.others.write().unwrap_or_else(|e| e.into_inner());
+        if others.len() >= MAX_DOMAINS {
+            others.retain(|_, b| b.open_until_us.load(Ordering::Acquire) != 0);
+        }
+        others
+            .entry(domain)
+            .or_insert_with(|| Arc::new(Breaker::new(self.settings)))
+            .clone()
+    }
+
+    /// The worst state of any breaker: open if one is open, else half-open if one is, else closed.
+    pub fn state(&self, now_us: u64) -> State {
+        let others = self.others.read().unwrap_or_else(|e| e.into_inner());
+        std::iter::once(&self.first)
+            .chain(others.values())
+            .map(|b| b.state(now_us))
+            .max_by_key(|s| match s {
+                State::Closed => 0,
+                State::HalfOpen => 1,
+                State::Open => 2,
+            })
+            .unwrap_or(State::Closed)
+    }
+}
+
+/// Leave for one store call. Record its outcome with [`Pass::record`]; dropped unrecorded (the call was abandoned),
+/// a probe's pass frees the probe slot, so the next call probes instead.
+#[derive(Debug)]
+#[must_use = "a pass is for recording the call's outcome"]
+pub struct Pass<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+}
+
+impl Pass<'_> {
+    /// Records the outcome of the call this pass let through.
+    pub fn record(mut self, ok: bool, now_us: u64) {
+        self.breaker.record(ok, now_us);
+        self.probe = false;
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,22 +194,20 @@ mod tests {
             cooldown: Duration::from_millis(100),
         });
         for _ in 0..2 {
-            assert!(b.allow(0));
-            b.record(false, 0);
+            b.allow(0).expect("closed").record(false, 0);
         }
         assert_eq!(b.state(0), State::Closed);
-        b.record(false, 0);
+        b.allow(0).expect("closed").record(false, 0);
         assert_eq!(b.state(0), State::Open);
-        assert!(!b.allow(99_999));
+        assert!(b.allow(99_999).is_none());
         assert_eq!(b.state(100_000), State::HalfOpen);
-        assert!(b.allow(100_000), "one probe");
-        assert!(!b.allow(100_000), "only one");
-        b.record(false, 100_000);
+        let probe = b.allow(100_000).expect("one probe");
+        assert!(b.allow(100_000).is_none(), "only one");
+        probe.record(false, 100_000);
         assert_eq!(b.state(150_000), State::Open, "a failed probe opens it again");
-        assert!(b.allow(200_000));
-        b.record(true, 200_000);
+        b.allow(200_000).expect("probe").record(true, 200_000);
         assert_eq!(b.state(200_000), State::Closed);
-        assert!(b.allow(200_001));
+        assert!(b.allow(200_001).is_some());
     }
 
     #[test]
@@ -125,8 +217,24 @@ mod tests {
             cooldown: Duration::from_secs(1),
         });
         for _ in 0..100 {
-            b.record(false, 0);
+            b.allow(0).expect("never opens").record(false, 0);
         }
-        assert!(b.allow(0));
+        assert!(b.allow(0).is_some());
+    }
+
+    #[test]
+    fn an_abandoned_probe_frees_the_probe_slot() {
+        let b = Breaker::new(BreakerSettings {
+            failures: 1,
+            cooldown: Duration::from_millis(100),
+        });
+        b.allow(0).expect("closed").record(false, 0);
+        let probe = b.allow(100_000).expect("the probe");
+        assert!(b.allow(100_000).is_none());
+        drop(probe);
+        b.allow(100_001)
+            .expect("the next call probes instead")
+            .record(true, 100_001);
+        assert_eq!(b.state(100_001), State::Closed);
     }
 }

@@ -1,5 +1,5 @@
-//! The HTTP face: Prometheus `/metrics`, liveness `/healthz`, readiness `/readyz` (ready only when the store
-//! answers), the reference's JSON API `POST /json`, and `GET /rlconfig`, the rules in force.
+//! The HTTP face: Prometheus `/metrics`, liveness `/healthz`, readiness `/readyz` (ready only when decisions can
+//! reach the store: it answers and no circuit breaker is open), the reference's JSON API `POST /json`, and `GET /rlconfig`, the rules in force.
 
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoR
 }
 
 async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
-    match limiter.store().ping().await {
+    match limiter.ready().await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use tracing::Instrument;
 
-use crate::breaker::{Breaker, BreakerSettings};
+use crate::breaker::{BreakerSettings, Breakers};
 use crate::cache::{Denial, LocalCache};
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
 use crate::rules::{Algorithm, Domain, FailurePolicy, Limit, Rule, RuleSet, Tier, Unit};
-use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome, TierSpec};
+use crate::store::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome, TierSpec};
 
 /// A rate limit request, as Envoy sends it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -209,7 +209,7 @@ pub struct Limiter<S> {
     store: S,
     /// Store call latency, registered once: hits and peeks.
     latency: [metrics::Histogram; 2],
-    breaker: Breaker,
+    breakers: Breakers,
     cache: LocalCache,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
@@ -248,7 +248,7 @@ impl<S: Store> Limiter<S> {
                 metrics.store_histogram(store.name(), "peek"),
             ],
             store,
-            breaker: Breaker::new(settings.breaker),
+            breakers: Breakers::new(settings.breaker),
             cache: LocalCache::new(settings.local_cache_size),
             clock,
             metrics,
@@ -403,8 +403,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Decides every hit: from the local over-limit cache when a denial still holds, otherwise by one store call
-    /// for the rest. `None` where the store failed and the domain's failure policy must answer (an `error` policy
-    /// returns the failure instead).
+    /// for the rest. `None` where the store could not decide a hit and the domain's failure policy must answer for
+    /// it alone (an `error` policy returns the failure instead).
     async fn decide_hits(
         &self,
         hits: &mut [Hit],
@@ -412,6 +412,7 @@ impl<S: Store> Limiter<S> {
         domain: Option<&Domain>,
         stats: &DomainStats,
     ) -> Result<Vec<Option<Outcome>>, LimitError> {
+        let generation = self.cache.generation();
         let mut decided: Vec<Option<Outcome>> = hits.iter().map(|h| self.cached(h, now_us)).collect();
         let pending: Vec<usize> = (0..hits.len()).filter(|&i| decided[i].is_none()).collect();
         if pending.is_empty() {
@@ -419,37 +420,90 @@ impl<S: Store> Limiter<S> {
         }
         // Lend the pending hits to the store call without copying them, then put them back.
         let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
-        let result = self.store_call("hit", now_us, &sent).await;
+        let answers = self.store_call("hit", now_us, &sent).await;
         for (&i, hit) in pending.iter().zip(sent.drain(..)) {
             hits[i] = hit;
         }
-        match result {
-            Ok(outcomes) if outcomes.len() == pending.len() => {
-                for (&i, outcome) in pending.iter().zip(outcomes) {
-                    self.remember(&hits[i], &outcome, now_us);
+        let mut failed = None;
+        for (&i, answer) in pending.iter().zip(answers) {
+            match answer {
+                Ok(outcome) => {
+                    self.remember(&hits[i], &outcome, now_us, generation);
                     decided[i] = Some(outcome);
                 }
-                Ok(decided)
+                Err(e) => failed = Some(e),
             }
-            Ok(_) => Err(StoreError::Other("store returned the wrong number of outcomes".into()).into()),
-            Err(e) if self.policy(domain) == FailurePolicy::Error => {
+        }
+        match failed {
+            Some(e) if self.policy(domain) == FailurePolicy::Error => {
                 stats.should_unavailable.increment(1);
                 Err(e.into())
             }
-            Err(_) => Ok(decided),
+            _ => Ok(decided),
         }
     }
 
-    /// One store call behind the circuit breaker: refused at once while it is open.
-    async fn store_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        if !self.breaker.allow(now_us) {
-            self.metrics.breaker_state(self.breaker.state(now_us) as u8);
-            return Err(StoreError::Connection("circuit breaker open".into()));
+    /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker
+    /// is open are refused at once, the others go to the store together, and each domain's breaker then learns
+    /// whether its server answered. One answer per hit, in order.
+    async fn store_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+        let domains: Vec<u64> = hits.iter().map(|h| self.store.failure_domain(h)).collect();
+        let mut breakers = Vec::with_capacity(1);
+        for &d in &domains {
+            if !breakers.iter().any(|(known, _)| *known == d) {
+                breakers.push((d, self.breakers.get(d)));
+            }
         }
+        // Passes are dropped unrecorded if this future is: an abandoned probe frees its slot (see `breaker`).
+        let passes: Vec<_> = breakers.iter().map(|(d, b)| (*d, b.allow(now_us))).collect();
+        let allowed = |d: u64| passes.iter().any(|(known, pass)| *known == d && pass.is_some());
+        let refused = || Err(StoreError::Connection("circuit breaker open".into()));
+        let answers = if domains.iter().all(|&d| allowed(d)) {
+            self.timed_call(op, now_us, hits).await
+        } else {
+            let open: Vec<Hit> = hits
+                .iter()
+                .zip(&domains)
+                .filter(|(_, d)| allowed(**d))
+                .map(|(h, _)| h.clone())
+                .collect();
+            let mut answers = if open.is_empty() {
+                Vec::new()
+            } else {
+                self.timed_call(op, now_us, &open).await
+            }
+            .into_iter();
+            domains
+                .iter()
+                .map(|&d| {
+                    if allowed(d) {
+                        answers.next().unwrap_or_else(refused)
+                    } else {
+                        refused()
+                    }
+                })
+                .collect()
+        };
+        for (d, pass) in passes {
+            if let Some(pass) = pass {
+                let reached = domains
+                    .iter()
+                    .zip(&answers)
+                    .filter(|(known, _)| **known == d)
+                    .all(|(_, a)| a.as_ref().err().is_none_or(|e| !e.is_unreachable()));
+                pass.record(reached, now_us);
+            }
+        }
+        self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+        answers
+    }
+
+    /// The store call itself, timed, its errors counted and logged.
+    async fn timed_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
         let started = std::time::Instant::now();
         let (store, descriptors) = (self.store.name(), hits.len());
         // The store's future is boxed: moved by value through this state machine it cost a large memmove per call.
-        let result = match op {
+        let answers = match op {
             "peek" => {
                 let span = tracing::debug_span!("store.peek", store, descriptors);
                 Box::pin(self.store.peek(now_us, hits)).instrument(span).await
@@ -459,16 +513,29 @@ impl<S: Store> Limiter<S> {
                 Box::pin(self.store.hit(now_us, hits)).instrument(span).await
             }
         };
-        self.record_store_call(op, started, result.as_ref().err());
-        self.breaker.record(result.is_ok(), now_us);
-        self.metrics.breaker_state(self.breaker.state(now_us) as u8);
-        result
+        let mut answers = answers;
+        answers.resize_with(hits.len(), || {
+            Err(StoreError::Other("store returned too few outcomes".into()))
+        });
+        self.record_store_call(op, started, answers.iter().find_map(|a| a.as_ref().err()));
+        answers
+    }
+
+    /// Whether decisions can reach the store now: it answers a ping and no failure domain's breaker is open.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.store.ping().await?;
+        match self.breakers.state(self.clock.now_us()) {
+            crate::breaker::State::Open => Err(StoreError::Connection("circuit breaker open".into())),
+            _ => Ok(()),
+        }
     }
 
     /// A denial from the local cache, as the outcome the store gave.
     fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
         let first = hit.tiers.first()?;
-        let denial = self.cache.get(first.key.as_str(), hit.cost, now_us)?;
+        let denial = self
+            .cache
+            .get(first.key.as_str(), limits_fingerprint(hit), hit.cost, now_us)?;
         self.metrics.local_cache_hit();
         let tiers = hit
             .tiers
@@ -497,8 +564,9 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]).
-    fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64) {
+    /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]), made by a request that
+    /// started in the cache's `generation`.
+    fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
         let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
         if outcome.admitted || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
             return;
@@ -506,12 +574,13 @@ impl<S: Store> Limiter<S> {
         let (tier, denied) = constraining(outcome);
         if let (Some(first), Some(retry)) = (hit.tiers.first(), denied.retry_after_us) {
             let denial = Denial {
+                limits: limits_fingerprint(hit),
                 until_us: now_us.saturating_add(retry),
                 cost: hit.cost,
                 tier,
                 reset_at_us: now_us.saturating_add(denied.reset_after_us),
             };
-            self.cache.insert(first.key.as_str(), denial, now_us);
+            self.cache.insert(first.key.as_str(), denial, now_us, generation);
         }
     }
 
@@ -543,10 +612,10 @@ impl<S: Store> Limiter<S> {
                 _ => None,
             })
             .collect();
-        let outcomes = if hits.is_empty() {
+        let outcomes: Result<Vec<Outcome>, StoreError> = if hits.is_empty() {
             Ok(Vec::new())
         } else {
-            self.store_call("peek", now_us, &hits).await
+            self.store_call("peek", now_us, &hits).await.into_iter().collect()
         };
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?
@@ -732,6 +801,16 @@ fn constraining(outcome: &Outcome) -> (usize, &TierOutcome) {
             .max_by_key(|(_, t)| t.retry_after_us.unwrap_or(u64::MAX))
     };
     chosen.unwrap_or((0, &outcome.tiers[0]))
+}
+
+/// What a cached denial is bound to besides its counter: every limit of the hit (algorithm, size, window, burst).
+fn limits_fingerprint(hit: &Hit) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    for t in &hit.tiers {
+        (t.algorithm.name(), t.limit, t.window_us, t.burst).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// A lease id unique across processes and time: 128 bits from the process's random hasher keys, a counter and the

@@ -2,8 +2,9 @@
 //! Redis one ([`redis`], the Lua scripts of `lua/` run by EVALSHA). Both pass one contract suite
 //! (`tests/contract.rs`) and a differential property test, so their answers never drift apart.
 //!
-//! A store receives every descriptor of one request at once. Each descriptor's limits (tiers) are decided together,
-//! atomically: the Redis store runs one script call per descriptor, all in one pipeline. Keys are built here, by
+//! A store receives every descriptor of one request at once and answers each on its own: a descriptor whose
+//! counters could not be reached (a dead cluster primary, a key of the wrong type) gets its own error, and the others
+//! keep their decisions. Each descriptor's limits (tiers) are decided together, atomically. Keys are built here, by
 //! [`CounterKey`], in one documented encoding.
 
 pub mod memory;
@@ -75,8 +76,11 @@ pub struct Outcome {
     pub records: Vec<String>,
 }
 
+/// One answer per hit, in order: its outcome, or why its counters could not be decided.
+pub type Answers = Vec<Result<Outcome, StoreError>>;
+
 /// Why a store could not answer. Every kind maps to gRPC UNAVAILABLE.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store call timed out after {0:?}")]
     Timeout(std::time::Duration),
@@ -98,6 +102,12 @@ impl StoreError {
             StoreError::Other(_) => "other",
         }
     }
+
+    /// Whether the server failed to answer (rather than answering with an error about this one call, such as a key
+    /// of the wrong type): what counts against its circuit breaker.
+    pub fn is_unreachable(&self) -> bool {
+        !matches!(self, StoreError::Script(_))
+    }
 }
 
 /// Counter storage. `now_us` is the request's time in microseconds since the Unix epoch, read once per request
@@ -106,11 +116,17 @@ pub trait Store: Send + Sync + 'static {
     /// A short name for metrics and logs: `memory` or `redis`.
     fn name(&self) -> &'static str;
 
-    /// Applies every hit of one request and returns one outcome per hit, in order.
-    fn hit(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
+    /// Applies every hit of one request and answers each, in order.
+    fn hit(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Answers> + Send;
 
     /// Reports on `hits` (their `cost` is hypothetical) without creating, changing or extending anything.
-    fn peek(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Result<Vec<Outcome>, StoreError>> + Send;
+    fn peek(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Answers> + Send;
+
+    /// The failure domain of a hit: which server holds its counters. Hits of one domain reach the store or fail
+    /// together, and each domain has a circuit breaker of its own. A store on one server has one domain, 0.
+    fn failure_domain(&self, _hit: &Hit) -> u64 {
+        0
+    }
 
     /// Ends the lease `lease` in each of the `concurrency` counters `keys`; returns how many it ended.
     fn release(&self, keys: &[CounterKey], lease: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
@@ -211,7 +227,7 @@ fn piece(out: &mut String, s: &str) {
 }
 
 /// 64-bit FNV-1a: stable across processes and versions, which a hash tag must be.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         h ^= u64::from(b);

@@ -26,11 +26,11 @@ fn one(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, cost: u64) 
 }
 
 async fn apply(store: &impl Store, now: u64, h: &Hit) -> Outcome {
-    store.hit(now, std::slice::from_ref(h)).await.unwrap().remove(0)
+    crate::harness::decided(store.hit(now, std::slice::from_ref(h)).await).remove(0)
 }
 
 async fn peek(store: &impl Store, now: u64, h: &Hit) -> Outcome {
-    store.peek(now, std::slice::from_ref(h)).await.unwrap().remove(0)
+    crate::harness::decided(store.peek(now, std::slice::from_ref(h)).await).remove(0)
 }
 
 both_stores!(
@@ -317,7 +317,7 @@ async fn many_descriptors_in_one_call(store: impl Store) {
         one("m1", Algorithm::FixedWindow, 1, MINUTE, 1),
         one("m2", Algorithm::SlidingLog, 5, MINUTE, 2),
     ];
-    let out = store.hit(T0, &hits).await.unwrap();
+    let out = crate::harness::decided(store.hit(T0, &hits).await);
     assert_eq!(out.iter().map(|o| o.admitted).collect::<Vec<_>>(), [true, false, true]);
     assert_eq!(out.iter().map(|o| o.tiers[0].used).collect::<Vec<_>>(), [1, 2, 2]);
 }

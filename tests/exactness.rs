@@ -53,7 +53,7 @@ async fn schedule(store: &impl Store, tiers: &[TierSpec], seed: u64, steps: usiz
             _ => rng.below(span_us),
         };
         let cost = 1 + rng.below(3);
-        let out = store.hit(now, &[hit(tiers, cost)]).await.unwrap();
+        let out = crate::harness::decided(store.hit(now, &[hit(tiers, cost)]).await);
         if out[0].admitted {
             admitted.push((now, cost));
         }
@@ -138,7 +138,7 @@ async fn concurrency_never_exceeds_its_limit_with_many_callers() {
                 let lease = format!("c{caller}-{round}");
                 let mut h = hit(std::slice::from_ref(&spec), 1);
                 h.lease = lease.clone();
-                let out = store.hit(T0 + round, &[h]).await.unwrap();
+                let out = crate::harness::decided(store.hit(T0 + round, &[h]).await);
                 if !out[0].admitted {
                     denied += 1;
                     tokio::task::yield_now().await;
@@ -184,7 +184,7 @@ async fn measured_worst_case_against_the_ideal() {
         let mut admitted = Vec::new();
         let mut now = if from_edge { start + w - 10_000 } else { start };
         while now < start + 20 * w {
-            while store.hit(now, &[hit(&tiers, 1)]).await.unwrap()[0].admitted {
+            while crate::harness::decided(store.hit(now, &[hit(&tiers, 1)]).await)[0].admitted {
                 admitted.push((now, 1));
             }
             now += 10_000;

@@ -158,6 +158,14 @@ pub fn limiter_with<S: Store>(yaml: &str, store: S, settings: LimiterSettings) -
     (Arc::new(limiter), clock)
 }
 
+/// Every outcome of a store call, which must have decided every hit.
+pub fn decided(answers: sluice::store::Answers) -> Vec<sluice::store::Outcome> {
+    answers
+        .into_iter()
+        .map(|a| a.expect("the store decides every hit"))
+        .collect()
+}
+
 pub fn memory() -> MemoryStore {
     MemoryStore::new()
 }

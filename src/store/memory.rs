@@ -15,7 +15,7 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, TierSpec};
+use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, TierSpec};
 use crate::rules::Algorithm;
 
 const SHARDS: usize = 64;
@@ -585,12 +585,12 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn hit(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        Ok(hits.iter().map(|h| self.decide(now_us, h, false)).collect())
+    async fn hit(&self, now_us: u64, hits: &[Hit]) -> Answers {
+        hits.iter().map(|h| Ok(self.decide(now_us, h, false))).collect()
     }
 
-    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        Ok(hits.iter().map(|h| self.decide(now_us, h, true)).collect())
+    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Answers {
+        hits.iter().map(|h| Ok(self.decide(now_us, h, true))).collect()
     }
 
     async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {

@@ -6,21 +6,27 @@
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
 //! [`MAX_BATCH`] descriptors, and fred frames, writes and reads one command instead of one per request. In a cluster,
-//! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag).
+//! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag),
+//! sent to the primary that serves the slot over that node's own connections ([`cluster`]), so that a dead primary
+//! fails only its own slots' descriptors.
 //! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
 //! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
 //! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
-//! CPU per decision); a failure surfaces as a [`StoreError`], which the API answers UNAVAILABLE. An error inside one
-//! descriptor's decision (a key of the wrong type) fails that descriptor's request alone.
+//! CPU per decision); a failure surfaces as a [`StoreError`] for the descriptors it concerns, and the others keep
+//! their decisions. An error inside one descriptor's decision (a key of the wrong type) fails that descriptor alone.
+//!
+//! A Redis that is down, unreachable or not yet a formed cluster at start is not fatal: connections are retried in
+//! the background (fred's `fail_fast` off), calls fail by the failure policy meanwhile, and `/readyz` turns ready by
+//! itself once the store answers.
 //!
 //! fred writes each EVALSHA with a write of its own (it flushes after every script and custom command, whatever is
 //! queued behind it), one more reason to send fewer, larger calls.
 //!
-//! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; fred keeps
-//! one connection per primary, follows MOVED/ASK and re-reads the slot map after a failover), or a primary found
-//! through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next connection
-//! asks the sentinels again). In a cluster a request's EVALSHAs are written to each primary's connection in turn
-//! without waiting for any answer, so primaries work on one request's descriptors concurrently. TLS is the `rediss`
+//! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; the seeds
+//! lead to every node, MOVED and ASK are followed, and the slot map is read again after a failover), or a primary
+//! found through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next
+//! connection asks the sentinels again). In a cluster a request's EVALSHAs are written to their primaries without
+//! waiting for any answer, so primaries work on one request's descriptors concurrently. TLS is the `rediss`
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
@@ -31,14 +37,18 @@ use std::time::{Duration, Instant};
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, LuaInterface};
-use fred::types::config::{Config, ReconnectPolicy, TlsConnector};
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
+use super::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
 use crate::tls::{self, TlsError};
+
+mod cluster;
+
+use cluster::{Cluster, Node};
 
 /// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
 /// unit. (`benches/run.sh` loads the same files in the same order to time the script under `redis-benchmark`.)
@@ -129,7 +139,10 @@ impl RedisTls {
 /// State in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
+    /// The connections to one server (standalone or through Sentinel); in a cluster, to the seeds.
     pool: Pool,
+    /// In a cluster: the slot map and each node's connections.
+    cluster: Option<Arc<Cluster>>,
     /// The decision script's SHA1, the first argument of every EVALSHA.
     sha: Value,
     timeout: Duration,
@@ -242,39 +255,37 @@ impl RedisStore {
             config.tls = Some(TlsConnector::from(client).into());
         }
         let timeout = settings.timeout;
-        let pool = Builder::from_config(config)
-            .with_performance_config(|p| p.default_command_timeout = timeout)
-            .with_connection_config(|c| {
-                c.connection_timeout = timeout.max(Duration::from_millis(500));
-                c.internal_command_timeout = timeout.max(Duration::from_millis(500));
-                // A write that failed mid-flight may have been applied: never resend it.
-                c.max_command_attempts = 1;
-                // Requests and answers are small and latency is the product: no Nagle delay on the socket.
-                c.tcp.nodelay = Some(true);
-            })
-            // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
-            // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
-            .build_pool(settings.pool_size.max(1))
-            .map_err(|e| StoreError::Other(e.details().to_string()))?;
+        let clustered = matches!(config.server, ServerConfig::Clustered { .. });
+        let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
+        let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
+        // Nothing waits longer than this for Redis at start: sluice serves by its failure policy meanwhile.
+        let patience = Duration::from_secs(2);
+        if clustered {
+            let cluster = Cluster::start(config, timeout, settings.pool_size, patience).await;
+            return Ok(RedisStore {
+                pool,
+                cluster: Some(Arc::new(cluster)),
+                sha,
+                timeout,
+                server_time: settings.server_time,
+                batches: None,
+            });
+        }
         pool.connect();
-        match tokio::time::timeout(Duration::from_secs(2), pool.wait_for_connect()).await {
+        match tokio::time::timeout(patience, pool.wait_for_connect()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
             Err(_) => tracing::warn!("redis did not answer within 2s; retrying in the background"),
         }
-        let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
-        let batches = (!pool.next().is_clustered()).then(|| {
-            let (queue, jobs) = mpsc::unbounded_channel();
-            tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
-            queue
-        });
+        let (queue, jobs) = mpsc::unbounded_channel();
+        tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
         Ok(RedisStore {
             pool,
+            cluster: None,
             sha,
             timeout,
             server_time: settings.server_time,
-            batches,
+            batches: Some(queue),
         })
     }
 
@@ -284,9 +295,9 @@ impl RedisStore {
     }
 
     /// Decides every hit, one script call for all of them against one server, one per descriptor in a cluster;
-    /// reloads the script and resends the calls that met NOSCRIPT.
-    async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        let mut results: Vec<Option<Outcome>> = vec![None; hits.len()];
+    /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
+    async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Answers {
+        let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; hits.len()];
         let mut pending: Vec<usize> = (0..hits.len()).collect();
         for attempt in 0..2 {
             let calls = pending
@@ -296,40 +307,53 @@ impl RedisStore {
             let answers = self.send(calls).await;
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
-                match answer {
-                    Ok(value) => results[i] = Some(parse(value, hits[i].tiers.len())?),
-                    Err(e) if attempt == 0 && is_noscript(&e) => missing.push(i),
-                    Err(e) => return Err(self.classify(e)),
-                }
+                results[i] = Some(match answer {
+                    Ok(value) => parse(value, hits[i].tiers.len()),
+                    Err((e, node)) if attempt == 0 && is_noscript(&e) => {
+                        missing.push((i, node));
+                        continue;
+                    }
+                    Err((e, _)) => Err(self.classify(e)),
+                });
             }
             if missing.is_empty() {
                 break;
             }
-            self.load_script().await?;
-            pending = missing;
+            let nodes: Vec<Option<Node>> = missing.iter().map(|(_, n)| n.clone()).collect();
+            pending = missing.into_iter().map(|(i, _)| i).collect();
+            if let Err(e) = self.load_script(nodes).await {
+                for &i in &pending {
+                    results[i] = Some(Err(e.clone()));
+                }
+                break;
+            }
         }
         results
             .into_iter()
-            .map(|r| r.ok_or_else(|| StoreError::Script("script still missing after reload".into())))
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Script("script still missing after reload".into()))))
             .collect()
     }
 
-    /// Sends `calls` and returns one answer per call: through the gathering task against one server, or one
-    /// EVALSHA per call, each to its slot, all written before any answer is awaited, in a cluster.
-    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, FredError>> {
+    /// Sends `calls` and returns one answer per call, with the cluster node that gave it: through the gathering
+    /// task against one server, or one EVALSHA per call to the primary of its slot in a cluster, all written before
+    /// any answer is awaited.
+    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, (FredError, Option<Node>)>> {
         let n = calls.len();
         let Some(queue) = &self.batches else {
-            let client = self.pool.next();
-            let answers =
-                futures::future::join_all(calls.into_iter().map(|call| eval(client, self.sha.clone(), vec![call])));
-            return answers
-                .await
-                .into_iter()
-                .map(|a| a.map(|mut values| values.pop().unwrap_or(Value::Null)))
-                .collect();
+            let Some(cluster) = &self.cluster else {
+                let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
+                return (0..n).map(|_| Err((e.clone(), None))).collect();
+            };
+            let answers = calls.into_iter().map(|call| self.send_to_slot(cluster, call));
+            return futures::future::join_all(answers).await;
         };
         let (reply, answer) = oneshot::channel();
-        let gone = || FredError::new(ErrorKind::Canceled, "the redis store is shutting down");
+        let gone = || {
+            (
+                FredError::new(ErrorKind::Canceled, "the redis store is shutting down"),
+                None,
+            )
+        };
         if queue
             .send(Job {
                 calls,
@@ -342,19 +366,62 @@ impl RedisStore {
         }
         match answer.await {
             Ok(Ok(values)) => values.into_iter().map(Ok).collect(),
-            Ok(Err(e)) => vec![Err(e); n],
+            Ok(Err(e)) => vec![Err((e, None)); n],
             Err(_) => (0..n).map(|_| Err(gone())).collect(),
         }
     }
 
-    async fn load_script(&self) -> Result<(), StoreError> {
-        let client = self.pool.next();
-        let loaded: Result<String, FredError> = if client.is_clustered() {
-            client.script_load_cluster(SCRIPT).await
-        } else {
-            client.script_load(SCRIPT).await
+    /// One call to the primary of its slot. MOVED and ASK (the call ran nothing) are followed once, to the node they
+    /// name; MOVED, a slot without a primary and a node that failed to answer ask for a new slot map.
+    async fn send_to_slot(&self, cluster: &Cluster, call: Call) -> Result<Value, (FredError, Option<Node>)> {
+        let slot = call.slot.unwrap_or(0);
+        let Some(node) = cluster.owner(slot) else {
+            let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
+            return Err((e, None));
         };
-        loaded.map(|_| ()).map_err(|e| self.classify(e))
+        let (keys, args) = (call.keys.clone(), call.args.clone());
+        let first = eval(node.pool.next(), self.sha.clone(), vec![call], false).await;
+        let e = match first {
+            Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
+            Err(e) => e,
+        };
+        let redirect = redirection(&e);
+        if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
+            return Err((e, Some(node)));
+        }
+        cluster.refresh_soon();
+        let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+            return Err((e, Some(node)));
+        };
+        let call = Call {
+            keys,
+            args,
+            slot: Some(slot),
+        };
+        eval(target.pool.next(), self.sha.clone(), vec![call], asking)
+            .await
+            .map(|mut values| values.pop().unwrap_or(Value::Null))
+            .map_err(|e| (e, Some(target)))
+    }
+
+    /// Loads the script where calls met NOSCRIPT: on the one server, or on each cluster node named.
+    async fn load_script(&self, nodes: Vec<Option<Node>>) -> Result<(), StoreError> {
+        let mut pools: Vec<Pool> = Vec::new();
+        let mut seen: Vec<Arc<str>> = Vec::new();
+        for node in nodes.into_iter().flatten() {
+            if !seen.contains(&node.addr) {
+                seen.push(node.addr.clone());
+                pools.push(node.pool);
+            }
+        }
+        if pools.is_empty() {
+            pools.push(self.pool.clone());
+        }
+        for pool in pools {
+            let loaded: Result<String, FredError> = pool.next().script_load(SCRIPT).await;
+            loaded.map_err(|e| self.classify(e))?;
+        }
+        Ok(())
     }
 
     /// Sends one single-key command per key in one pipeline and adds up the integer answers.
@@ -366,6 +433,25 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         if keys.is_empty() {
             return Ok(0);
+        }
+        if let Some(cluster) = &self.cluster {
+            let mut total = 0;
+            for key in keys {
+                let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+                let node = cluster
+                    .owner(slot)
+                    .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))?;
+                let mut args = vec![Value::from(key.as_str())];
+                args.extend(extra.map(Value::from));
+                let n: i64 = node
+                    .pool
+                    .next()
+                    .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), args)
+                    .await
+                    .map_err(|e| self.classify(e))?;
+                total += n.max(0) as u64;
+            }
+            return Ok(total);
         }
         let pipeline = self.pool.next().pipeline();
         for key in keys {
@@ -405,7 +491,7 @@ fn redact(url: &str) -> String {
 /// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
 /// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
 /// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
-async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<Value>, FredError> {
+async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>, asking: bool) -> Result<Vec<Value>, FredError> {
     let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
     let args: usize = calls.iter().map(|c| c.args.len()).sum();
     let mut command = Vec::with_capacity(3 + keys + args);
@@ -423,9 +509,22 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<V
     for call in calls {
         command.extend(call.args);
     }
-    let answer: Value = client
-        .custom(CustomCommand::new_static("EVALSHA", route, false), command)
-        .await?;
+    let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
+    let answer: Value = if asking {
+        // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
+        let pipeline = client.pipeline();
+        let _: () = pipeline
+            .custom(
+                CustomCommand::new_static("ASKING", route.clone(), false),
+                Vec::<Value>::new(),
+            )
+            .await?;
+        let _: () = pipeline.custom(command_kind, command).await?;
+        let (_, answer): (Value, Value) = pipeline.all().await?;
+        answer
+    } else {
+        client.custom(command_kind, command).await?
+    };
     match answer {
         Value::Array(values) if values.len() == n => Ok(values),
         _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
@@ -486,7 +585,7 @@ async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::Unbo
                 replies.push((job.reply, job.calls.len()));
                 calls.extend(job.calls);
             }
-            match eval(&client, sha, calls).await {
+            match eval(&client, sha, calls, false).await {
                 Ok(values) => {
                     let mut values = values.into_iter();
                     for (reply, n) in replies {
@@ -543,6 +642,40 @@ fn is_noscript(e: &FredError) -> bool {
     e.details().starts_with("NOSCRIPT")
 }
 
+/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
+fn redirection(e: &FredError) -> Option<(bool, String)> {
+    let mut parts = e.details().split_whitespace();
+    let ask = match parts.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = parts.next()?;
+    Some((ask, parts.next()?.to_string()))
+}
+
+/// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
+/// server that cannot be reached, at start as later, is retried in the background.
+fn build_pool(mut config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
+    // Keep retrying a server that is down at start instead of failing for good (fred's default).
+    config.fail_fast = false;
+    Builder::from_config(config)
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout.max(Duration::from_millis(500));
+            c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+            // A write that failed mid-flight may have been applied: never resend it.
+            c.max_command_attempts = 1;
+            // Requests and answers are small and latency is the product: no Nagle delay on the socket.
+            c.tcp.nodelay = Some(true);
+        })
+        // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
+        // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
+        .build_pool(size.max(1))
+        .map_err(|e| StoreError::Other(e.details().to_string()))
+}
+
 impl RedisStore {
     fn classify(&self, e: FredError) -> StoreError {
         match e.kind() {
@@ -561,16 +694,16 @@ impl Store for RedisStore {
         "redis"
     }
 
-    async fn hit(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+    async fn hit(&self, now_us: u64, hits: &[Hit]) -> Answers {
         if hits.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         self.run(Mode::Hit, now_us, hits).await
     }
 
-    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Answers {
         if hits.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         self.run(Mode::Peek, now_us, hits).await
     }
@@ -584,8 +717,21 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.ping().await.map_err(|e| self.classify(e));
+        }
         let _: Value = self.pool.next().ping(None).await.map_err(|e| self.classify(e))?;
         Ok(())
+    }
+
+    fn failure_domain(&self, hit: &Hit) -> u64 {
+        let Some(cluster) = &self.cluster else { return 0 };
+        let key = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(hit.record.as_ref().map(|r| &r.key));
+        key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
     }
 }
 

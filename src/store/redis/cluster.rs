@@ -1,0 +1,376 @@
+//! Redis Cluster routing with one client per node, so that a node's trouble stays that node's.
+//!
+//! fred's clustered client holds every command while it reconnects to any node, so one dead primary stopped the
+//! decisions of every slot until its replica took over. Here each node has a plain (centralized) connection pool of
+//! its own, and sluice keeps the slot map itself: a call goes to the primary that owns its slot, a dead primary
+//! fails only the calls for its slots, and the calls for the others go on.
+//!
+//! The slot map is read with `CLUSTER SLOTS` from every known node at once (the seeds of the URL, then every node the
+//! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other. It
+//! is read again at start until it is complete (a cluster still being created, or being repaired), every
+//! [`SETTLED_REFRESH`] once it is, and at once when a call meets MOVED, a slot without a primary, or a node that does
+//! not answer (a failover). A call that met MOVED or ASK ran nothing, so it is resent once to the node named.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use fred::clients::Pool;
+use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, Server, ServerConfig};
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::sync::Notify;
+
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
+/// How often a complete slot map is read again when nothing asked for it sooner.
+const SETTLED_REFRESH: Duration = Duration::from_secs(10);
+/// How often an incomplete slot map (or none) is read again.
+const UNSETTLED_REFRESH: Duration = Duration::from_millis(250);
+/// The least time between two reads, however often calls ask.
+const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
+const NO_OWNER: u16 = u16::MAX;
+
+/// One node: its address, its failure-domain id and its connections.
+#[derive(Clone)]
+pub(super) struct Node {
+    pub addr: Arc<str>,
+    /// A hash of the address, never 0 (the domain of a store on one server).
+    pub id: u64,
+    pub pool: Pool,
+}
+
+/// Which primary serves each slot.
+struct SlotMap {
+    owner: Box<[u16]>,
+    primaries: Vec<Node>,
+}
+
+impl SlotMap {
+    fn empty() -> SlotMap {
+        SlotMap {
+            owner: vec![NO_OWNER; SLOTS].into_boxed_slice(),
+            primaries: Vec::new(),
+        }
+    }
+
+    fn complete(&self) -> bool {
+        !self.primaries.is_empty() && self.owner.iter().all(|&o| o != NO_OWNER)
+    }
+}
+
+/// The routing state of one cluster.
+pub(super) struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The URL's configuration (credentials, TLS), from which each node's is made.
+    base: Config,
+    seeds: Vec<Server>,
+    timeout: Duration,
+    pool_size: usize,
+    map: ArcSwap<SlotMap>,
+    /// Every node with connections, by `host:port`.
+    nodes: Mutex<HashMap<Arc<str>, Node>>,
+    wake: Notify,
+}
+
+impl Cluster {
+    /// Starts routing for the cluster that `config` (a clustered configuration) names, waiting at most `patience`
+    /// for a complete slot map; the map is read in the background until it is complete.
+    pub async fn start(config: Config, timeout: Duration, pool_size: usize, patience: Duration) -> Cluster {
+        let seeds = match &config.server {
+            ServerConfig::Clustered { hosts, .. } => hosts.clone(),
+            _ => Vec::new(),
+        };
+        let inner = Arc::new(Inner {
+            base: config,
+            seeds,
+            timeout,
+            pool_size: pool_size.max(1),
+            map: ArcSwap::from_pointee(SlotMap::empty()),
+            nodes: Mutex::default(),
+            wake: Notify::new(),
+        });
+        let _ = tokio::time::timeout(patience, async {
+            while !inner.refresh().await {
+                tokio::time::sleep(UNSETTLED_REFRESH).await;
+            }
+        })
+        .await;
+        if !inner.map.load().complete() {
+            tracing::warn!("redis cluster: the slot map is not complete yet; reading it again in the background");
+        }
+        tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
+        Cluster { inner }
+    }
+
+    /// The primary that serves `slot`, if the map knows one; asks for a new map if not.
+    pub fn owner(&self, slot: u16) -> Option<Node> {
+        let map = self.inner.map.load();
+        let node = map
+            .owner
+            .get(usize::from(slot))
+            .and_then(|&o| map.primaries.get(usize::from(o)))
+            .cloned();
+        if node.is_none() {
+            self.refresh_soon();
+        }
+        node
+    }
+
+    /// The failure domain of `slot`: its primary's id, or one shared by every slot without a primary.
+    pub fn domain(&self, slot: u16) -> u64 {
+        let map = self.inner.map.load();
+        map.owner
+            .get(usize::from(slot))
+            .and_then(|&o| map.primaries.get(usize::from(o)))
+            .map_or(1, |n| n.id)
+    }
+
+    /// The node at `addr` (`host:port`, as a MOVED or ASK error names it), connecting to it if it is new.
+    pub fn node(&self, addr: &str) -> Option<Node> {
+        let (host, port) = addr.rsplit_once(':')?;
+        let port = port.parse().ok()?;
+        self.inner.node(&Server::new(host, port))
+    }
+
+    /// Asks the background task to read the slot map again now.
+    pub fn refresh_soon(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Whether every slot has a primary and every primary answers.
+    pub async fn ping(&self) -> Result<(), FredError> {
+        let map = self.inner.map.load_full();
+        if !map.complete() {
+            let served = map.owner.iter().filter(|&&o| o != NO_OWNER).count();
+            return Err(FredError::new(
+                ErrorKind::Cluster,
+                format!("cluster slot map incomplete: {served} of {SLOTS} slots have a primary"),
+            ));
+        }
+        let pings = map.primaries.iter().map(|n| async move {
+            let answer: Result<Value, FredError> = n.pool.next().ping(None).await;
+            answer.map_err(|e| FredError::new(e.kind().clone(), format!("primary {}: {}", n.addr, e.details())))
+        });
+        for answer in futures::future::join_all(pings).await {
+            answer?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let nodes = std::mem::take(&mut *self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner()));
+        for node in nodes.into_values() {
+            tokio::spawn(async move {
+                let _ = node.pool.quit().await;
+            });
+        }
+    }
+}
+
+/// Reads the slot map again whenever asked, or on a timer; ends within one wait of the cluster being dropped.
+async fn keep_fresh(inner: Weak<Inner>) {
+    while let Some(strong) = inner.upgrade() {
+        let wait = if strong.map.load().complete() {
+            SETTLED_REFRESH
+        } else {
+            UNSETTLED_REFRESH
+        };
+        let _ = tokio::time::timeout(wait, strong.wake.notified()).await;
+        if Arc::strong_count(&strong) == 1 {
+            return;
+        }
+        strong.refresh().await;
+        drop(strong);
+        tokio::time::sleep(MIN_REFRESH_GAP).await;
+    }
+}
+
+impl Inner {
+    /// The connections to `server`, made on first use; `None` if fred refuses the node's configuration.
+    fn node(&self, server: &Server) -> Option<Node> {
+        let addr: Arc<str> = Arc::from(format!("{}:{}", server.host, server.port));
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = nodes.get(&addr) {
+            return Some(node.clone());
+        }
+        let mut server = server.clone();
+        // A node named by IP in CLUSTER SLOTS is still verified against the name the URL gave.
+        if server.tls_server_name.is_none() {
+            server.tls_server_name = self.seeds.first().and_then(|s| s.tls_server_name.clone());
+        }
+        let mut config = self.base.clone();
+        config.server = ServerConfig::Centralized { server };
+        let pool = super::build_pool(config, self.timeout, self.pool_size)
+            .inspect_err(|e| tracing::warn!(node = %addr, error = %e, "redis cluster: cannot configure a node"))
+            .ok()?;
+        pool.connect();
+        let node = Node {
+            id: super::super::fnv1a(addr.as_bytes()).max(2),
+            addr: addr.clone(),
+            pool,
+        };
+        nodes.insert(addr, node.clone());
+        Some(node)
+    }
+
+    /// Reads `CLUSTER SLOTS` from every known node and installs the answer most of them give, a complete one first.
+    /// Returns whether the map in force is complete.
+    async fn refresh(&self) -> bool {
+        let mut asked: Vec<Server> = self.seeds.clone();
+        {
+            let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            for addr in nodes.keys() {
+                if let Some((host, port)) = addr.rsplit_once(':') {
+                    if let Ok(port) = port.parse() {
+                        let server = Server::new(host, port);
+                        if !asked.contains(&server) {
+                            asked.push(server);
+                        }
+                    }
+                }
+            }
+        }
+        let queries = asked
+            .iter()
+            .filter_map(|server| self.node(server).map(|n| (n, server.host.to_string())))
+            .map(|(node, host)| async move {
+                let command = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
+                let answer: Result<Value, FredError> = node.pool.next().custom(command, vec!["SLOTS"]).await;
+                answer.ok().and_then(|v| parse_slots(v, &host))
+            });
+        let answers: Vec<Vec<Range>> = futures::future::join_all(queries).await.into_iter().flatten().collect();
+        let Some(best) = pick(&answers) else {
+            return self.map.load().complete();
+        };
+        let mut map = SlotMap::empty();
+        let mut index: HashMap<&str, u16> = HashMap::new();
+        let mut known: HashSet<Arc<str>> = HashSet::new();
+        for range in best {
+            let at = match index.get(range.primary.as_str()) {
+                Some(&i) => i,
+                None => {
+                    let Some(node) = split_addr(&range.primary).and_then(|s| self.node(&s)) else {
+                        continue;
+                    };
+                    let i = map.primaries.len() as u16;
+                    map.primaries.push(node);
+                    index.insert(&range.primary, i);
+                    i
+                }
+            };
+            for slot in range.start..=range.end.min(SLOTS as u16 - 1) {
+                map.owner[usize::from(slot)] = at;
+            }
+            known.insert(Arc::from(range.primary.as_str()));
+            known.extend(range.replicas.iter().map(|r| Arc::from(r.as_str())));
+        }
+        let complete = map.complete();
+        self.map.store(Arc::new(map));
+        // Connections to nodes that are neither seeds nor named by the cluster any more are closed.
+        let seeds: HashSet<String> = self.seeds.iter().map(|s| format!("{}:{}", s.host, s.port)).collect();
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<Arc<str>> = nodes
+            .keys()
+            .filter(|a| !known.contains(*a) && !seeds.contains(&***a))
+            .cloned()
+            .collect();
+        for addr in gone {
+            if let Some(node) = nodes.remove(&addr) {
+                tokio::spawn(async move {
+                    let _ = node.pool.quit().await;
+                });
+            }
+        }
+        // Replicas get connections too, so that a map can still be read after their primary dies.
+        for addr in &known {
+            if !nodes.contains_key(addr) {
+                drop(nodes);
+                if let Some(server) = split_addr(addr) {
+                    let _ = self.node(&server);
+                }
+                nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        complete
+    }
+}
+
+/// A slot range as one node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Range {
+    start: u16,
+    end: u16,
+    primary: String,
+    replicas: Vec<String>,
+}
+
+/// The ranges of a `CLUSTER SLOTS` answer; an empty host stands for the node that answered (`host`).
+fn parse_slots(value: Value, host: &str) -> Option<Vec<Range>> {
+    let Value::Array(ranges) = value else { return None };
+    let node = |v: &Value| -> Option<String> {
+        let Value::Array(fields) = v else { return None };
+        let ip = fields.first()?.as_string()?;
+        let port = fields.get(1)?.as_i64()?;
+        let ip = if ip.is_empty() || ip == "?" {
+            host.to_string()
+        } else {
+            ip
+        };
+        Some(format!("{ip}:{port}"))
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in &ranges {
+        let Value::Array(parts) = range else { return None };
+        out.push(Range {
+            start: u16::try_from(parts.first()?.as_i64()?).ok()?,
+            end: u16::try_from(parts.get(1)?.as_i64()?).ok()?,
+            primary: node(parts.get(2)?)?,
+            replicas: parts.iter().skip(3).filter_map(node).collect(),
+        });
+    }
+    out.sort_by_key(|r| r.start);
+    Some(out)
+}
+
+/// The answer most nodes gave among the complete ones, or among all when none is complete.
+fn pick(answers: &[Vec<Range>]) -> Option<&Vec<Range>> {
+    let covers = |a: &Vec<Range>| {
+        a.iter()
+            .map(|r| usize::from(r.end.saturating_sub(r.start)) + 1)
+            .sum::<usize>()
+    };
+    let complete: Vec<&Vec<Range>> = answers.iter().filter(|a| covers(a) >= SLOTS).collect();
+    let pool: Vec<&Vec<Range>> = if complete.is_empty() {
+        answers.iter().filter(|a| !a.is_empty()).collect()
+    } else {
+        complete
+    };
+    let mut votes: Vec<(&Vec<Range>, usize)> = Vec::new();
+    for a in pool {
+        match votes
+            .iter_mut()
+            .find(|(known, _)| known.iter().map(primary_of).eq(a.iter().map(primary_of)))
+        {
+            Some((_, n)) => *n += 1,
+            None => votes.push((a, 1)),
+        }
+    }
+    votes.into_iter().max_by_key(|(a, n)| (*n, covers(a))).map(|(a, _)| a)
+}
+
+fn primary_of(r: &Range) -> (u16, u16, &str) {
+    (r.start, r.end, r.primary.as_str())
+}
+
+fn split_addr(addr: &str) -> Option<Server> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some(Server::new(host, port.parse().ok()?))
+}
