@@ -117,6 +117,25 @@ impl RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers, as with a hung host.
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+}
+
+/// Sends a signal to a process by its PID with `kill(1)`.
+pub fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(sent, "kill -{name} {pid}");
 }
 
 impl Drop for RedisServer {
@@ -189,9 +208,14 @@ pub async fn redis_store_with(url: &str, timeout: Duration) -> RedisStore {
 /// A sluice server deciding by Redis's own clock over `url`, as in production: for failover tests, where time is
 /// real and cannot be injected.
 pub async fn live_server(url: &str, yaml: &str) -> TestServer {
+    live_server_with(url, yaml, Duration::from_millis(200), LimiterSettings::default()).await
+}
+
+/// [`live_server`] with a store timeout and limiter settings of the test's choosing.
+pub async fn live_server_with(url: &str, yaml: &str, timeout: Duration, settings: LimiterSettings) -> TestServer {
     let store = RedisStore::connect(&RedisSettings {
         url: url.to_string(),
-        timeout: Duration::from_millis(200),
+        timeout,
         pool_size: 1,
         server_time: true,
         tls: Default::default(),
@@ -204,7 +228,7 @@ pub async fn live_server(url: &str, yaml: &str) -> TestServer {
         store,
         Arc::new(sluice::clock::SystemClock),
         metrics,
-        LimiterSettings::default(),
+        settings,
     );
     TestServer::start(Arc::new(limiter)).await
 }
@@ -505,10 +529,23 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        let cluster = RedisCluster::unformed();
+        cluster.create();
+        cluster
+    }
+
+    /// Six cluster-enabled nodes that know nothing of each other yet: no slot is served until [`Self::create`].
+    pub fn unformed() -> RedisCluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let nodes: Vec<RedisProcess> = (0..6)
             .map(|_| RedisCluster::spawn_node(dir.path(), free_port()))
             .collect();
+        RedisCluster { nodes, dir }
+    }
+
+    /// Forms the cluster (`redis-cli --cluster create`, one replica per primary) and waits until it has settled.
+    pub fn create(&self) {
+        let nodes = &self.nodes;
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let mut create = Command::new("redis-cli")
             .args(["--cluster", "create"])
@@ -524,12 +561,10 @@ impl RedisCluster {
             let _ = create.wait();
             panic!("redis-cli --cluster create did not finish");
         }
-        let cluster = RedisCluster { nodes, dir };
         assert!(
-            cluster.wait_settled(Duration::from_secs(20)),
+            self.wait_settled(Duration::from_secs(20)),
             "the cluster did not reach cluster_state:ok with three synced replicas"
         );
-        cluster
     }
 
     fn spawn_node(dir: &Path, port: u16) -> RedisProcess {
@@ -544,6 +579,9 @@ impl RedisCluster {
                 &free_port().to_string(),
                 "--cluster-node-timeout",
                 "1000",
+                // While one primary's slots fail over, the other primaries keep answering for theirs.
+                "--cluster-require-full-coverage",
+                "no",
             ]
             .map(String::from),
         );
@@ -637,6 +675,21 @@ pub const SENTINEL_REDIS_PASSWORD: &str = "sentinel-test-pw";
 
 impl RedisSentinel {
     pub fn start() -> RedisSentinel {
+        RedisSentinel::start_on(RedisSentinel::ports())
+    }
+
+    /// Free ports for the primary, the replica and the Sentinel.
+    pub fn ports() -> (u16, u16, u16) {
+        (free_port(), free_port(), free_port())
+    }
+
+    /// The URL a Sentinel on `port` will answer, before it runs.
+    pub fn url_for(port: u16) -> String {
+        format!("redis-sentinel://:{SENTINEL_REDIS_PASSWORD}@127.0.0.1:{port}?sentinelServiceName=mymaster")
+    }
+
+    /// Starts the primary, the replica and the Sentinel on the given ports.
+    pub fn start_on((p, r, s): (u16, u16, u16)) -> RedisSentinel {
         let dir = tempfile::tempdir().expect("temporary directory");
         let auth = [
             "--requirepass",
@@ -645,7 +698,6 @@ impl RedisSentinel {
             SENTINEL_REDIS_PASSWORD,
         ]
         .map(String::from);
-        let (p, r, s) = (free_port(), free_port(), free_port());
         let mut args = server_args(p, dir.path());
         args.extend(auth.clone());
         let primary = RedisProcess::spawn(p, &args, Some(dir.path().join(format!("{p}.log"))));
@@ -719,10 +771,7 @@ impl RedisSentinel {
 
     /// `redis-sentinel://` with the data servers' password; the Sentinel itself is asked without one.
     pub fn url(&self) -> String {
-        format!(
-            "redis-sentinel://:{SENTINEL_REDIS_PASSWORD}@127.0.0.1:{}?sentinelServiceName=mymaster",
-            self.sentinel.port
-        )
+        RedisSentinel::url_for(self.sentinel.port)
     }
 }
 

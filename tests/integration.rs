@@ -16,6 +16,7 @@ mod fuzz;
 mod grpc;
 mod http;
 mod instances;
+mod recovery;
 mod reload;
 mod semantics;
 mod sentinel;
