@@ -18,7 +18,7 @@
 -- used is the count after a committed or hypothetical hit, the count now for a peek.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
--- reference does. A peek never writes. Hit records expire with the longest-lived tier.
+-- reference does (but never a cost above its limit, which can never fit). A peek never writes. Hit records expire with the longest-lived tier.
 
 local function decide(k, nk, a)
   local function arg(i) return ARGV[a + i - 1] end
@@ -49,7 +49,7 @@ local function decide(k, nk, a)
   end
 
   local commit = mode == 'hit' and cost > 0 and
-    (admitted or (tiers == 1 and arg(first) == 'fixed_window'))
+    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and cost <= params[1][1]))
   local out = { admitted and 1 or 0 }
   local n = 1
   local longest = 0

@@ -3,7 +3,8 @@
 -- State: a hash {w = start of the window it counts, n = hits counted in it}. A hash from another window counts as
 -- empty. The key expires when its window ends.
 -- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
--- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference).
+-- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, and never a
+-- cost above the limit, which can never fit). The count stops at MAX_COUNT.
 
 function L.fixed_window()
   local M = {}
@@ -25,7 +26,7 @@ function L.fixed_window()
 
   function M.commit(key, s, now, cost)
     if cost == 0 then return '' end
-    redis.call('HSET', key, 'w', s.start, 'n', s.n + cost)
+    redis.call('HSET', key, 'w', string.format('%d', s.start), 'n', string.format('%d', math.min(s.n + cost, MAX_COUNT)))
     if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
     return ''
   end

@@ -10,8 +10,10 @@
 --     reset0  time until full now (us)      reset1  time until full after the hit (us)
 --     retry   time until a hit of `cost` fits (0: now, -1: never)
 --   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
--- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. Numbers that go into strings
--- are formatted with '%d': Lua's own number-to-string conversion keeps only 14 digits.
+-- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: a cost arrives
+-- bounded by the largest capacity + 1 (at most 2^32, see `Hit::bounded_cost`), limits are at most 2^32 - 1, and a
+-- fixed window's count stops at MAX_COUNT. Numbers that go into strings are formatted with '%d': Lua's own
+-- number-to-string conversion keeps only 14 digits.
 
 -- The loaders keep a call from building the functions of algorithms it does not use: the script's body runs on
 -- every call, and defining every algorithm's closures cost about a tenth of a lone fixed window's time in Redis.
@@ -33,6 +35,10 @@ local function ceil_ms(us)
   if ms < 1 then ms = 1 end
   return ms
 end
+
+-- The most a fixed window's count holds. A lone fixed window counts its denials, and hits of up to 2^32 each could
+-- otherwise push a count past 2^53, where doubles stop being exact; any count above a limit answers the same.
+local MAX_COUNT = 4503599627370496 -- 2^52
 
 local function max0(x)
   if x < 0 then return 0 end

@@ -10,20 +10,25 @@ function L.token_bucket()
   local M = {}
 
   function M.check(key, now, cost, limit, window, burst)
-    local interval = math.floor((window + limit - 1) / limit)
+    local rate = math.max(limit, 1)
+    local interval = math.floor((window + rate - 1) / rate)
     local tolerance = burst * interval
     local tat = tonumber(redis.call('GET', key)) or now
     if tat < now then tat = now end
-    local new = tat + cost * interval
+    -- A cost above the bucket never fits: it is not priced (its product could leave the exact range).
+    local over = cost > burst
+    local new = tat
+    if not over then new = tat + cost * interval end
     local s = { new = new }
-    s.ok = new - now <= tolerance
+    s.ok = not over and new - now <= tolerance
     s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
-    s.rem1 = max0(math.floor((now + tolerance - new) / interval))
+    s.rem1 = 0
+    if not over then s.rem1 = max0(math.floor((now + tolerance - new) / interval)) end
     s.used0 = burst - s.rem0
     s.used = burst - s.rem1
     s.reset0 = tat - now
     s.reset1 = new - now
-    if cost > burst then
+    if over then
       s.retry = -1
     elseif s.ok then
       s.retry = 0
@@ -35,7 +40,7 @@ function L.token_bucket()
 
   function M.commit(key, s, now, cost)
     if cost == 0 then return '' end
-    redis.call('SET', key, s.new, 'PX', ceil_ms(s.new - now))
+    redis.call('SET', key, string.format('%d', s.new), 'PX', ceil_ms(s.new - now))
     return ''
   end
   return M

@@ -1,8 +1,9 @@
 //! Rate limit response headers that sluice adds itself (off by default; Envoy builds its own `x-ratelimit-*` from the
 //! statuses): the legacy `RateLimit-Limit`/`RateLimit-Remaining`/`RateLimit-Reset` set, the IETF draft fields
 //! `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers), and `Retry-After` on OVER_LIMIT. They
-//! describe the most constrained status: when the request is over, the over-limit status that frees up last;
-//! otherwise the one with the least left.
+//! describe the most constrained status: when the request is over, the over-limit status that frees up last (its
+//! `reset_after_us` is the wait until its hit would pass, so `Retry-After` says when a retry can succeed); otherwise
+//! the one with the least left.
 
 use crate::limiter::{Code, Decision, Status};
 

@@ -75,7 +75,9 @@ pub struct Status {
     pub limit: Option<AppliedLimit>,
     /// Hits left in the window; `u32::MAX` for an unlimited rule, 0 when no rule applied.
     pub remaining: u32,
-    /// Time until the counter resets, in microseconds; set whenever a finite limit applied.
+    /// In microseconds, set whenever a finite limit applied: for an admitted hit, the time until the counter resets
+    /// (is full again); for a denied one, the wait until the same hit would be admitted (the time until the
+    /// counter resets when the cost can never fit).
     pub reset_after_us: Option<u64>,
 }
 
@@ -374,7 +376,12 @@ impl<S: Store> Limiter<S> {
                         } else {
                             0
                         },
-                        reset_after_us: Some(tier.reset_after_us),
+                        // Denied: the wait until this hit would pass (Envoy's `x-ratelimit-reset`, clients' back-off);
+                        // a cost that can never fit keeps the tier's reset time.
+                        reset_after_us: Some(match tier.retry_after_us {
+                            Some(retry) if !outcome.admitted => retry,
+                            _ => tier.reset_after_us,
+                        }),
                     }
                 }
             };

@@ -20,13 +20,26 @@ use crate::rules::Algorithm;
 pub struct TierSpec {
     pub key: CounterKey,
     pub algorithm: Algorithm,
+    /// Hits per window (a `requests_per_unit`, so at most `u32::MAX`: the scripts' arithmetic stays exact).
     pub limit: u64,
     pub window_us: u64,
     pub burst: u64,
 }
 
+impl TierSpec {
+    /// The largest cost that can ever fit: the bucket for buckets, the limit otherwise. (`concurrency` and `queue`
+    /// take one place for any positive cost; their limit bounds it all the same.)
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => self.burst,
+            _ => self.limit,
+        }
+    }
+}
+
 /// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
-/// lone fixed window, which counts denials as the reference does).
+/// lone fixed window, which counts denials as the reference does, but never a cost above its limit, which can never
+/// fit).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hit {
     pub tiers: Vec<TierSpec>,
@@ -37,6 +50,17 @@ pub struct Hit {
     /// The fields of the entry an admitted hit appends to `queue` tiers.
     pub fields: Vec<(String, String)>,
     pub record: Option<RecordSpec>,
+}
+
+impl Hit {
+    /// The cost the stores decide with: `cost`, or one more than the largest tier's capacity when it is above that.
+    /// A cost that fits no tier gets the same answer whatever its size (denied, consuming nothing, `retry_after_us`
+    /// `None`), and bounding it keeps every sum and product in the stores far from overflow, in `u64` and in the
+    /// scripts' doubles alike.
+    pub fn bounded_cost(&self) -> u64 {
+        let capacity = self.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
+        self.cost.min(capacity.saturating_add(1))
+    }
 }
 
 /// Keep the last `size` values of the entry that hit, in the list `key`.
@@ -59,7 +83,8 @@ pub struct TierOutcome {
     pub remaining: u64,
     /// Time until the tier is full again (a fixed window: until it ends), in microseconds.
     pub reset_after_us: u64,
-    /// Time until a hit of the cost fits: `Some(0)` now, `None` never (the cost exceeds the capacity).
+    /// Time until a hit of the cost fits this tier, if nothing else is admitted meanwhile: `Some(0)` now, `None`
+    /// never (the cost exceeds the capacity).
     pub retry_after_us: Option<u64>,
     /// What an admitted hit created: the entry id in a `queue`, the lease in a `concurrency` tier.
     pub id: Option<String>,

@@ -1,6 +1,7 @@
 //! The algorithms as users configure them: `algorithm`, `burst`, `rate_limits` tiers, `record`, leases and queues,
 //! Release and Reset, through the decision core over both stores with an injected clock.
 
+use sluice::clock::Clock;
 use sluice::limiter::{Code, Decision, Descriptor, LimitError, Report, Request};
 use sluice::rules::{Algorithm, Unit};
 use sluice::store::Store;
@@ -60,6 +61,7 @@ both_stores!(
     queue_entries_are_returned,
     records_are_reported_by_get_remaining,
     reset_deletes_exactly_the_descriptors_state,
+    over_limit_duration_is_the_wait_until_the_hit_passes,
 );
 
 async fn tiers_report_the_most_constrained_and_denials_consume_nothing(store: impl Store) {
@@ -111,8 +113,8 @@ async fn token_bucket_status_and_refill(store: impl Store) {
     assert_eq!(d.overall, Code::OverLimit);
     assert_eq!(
         d.statuses[0].reset_after_us,
-        Some(300_000),
-        "time until full: 3 tokens at 100 ms each"
+        Some(100_000),
+        "over the limit: the wait for one token (100 ms), not until full (300 ms)"
     );
     let Report::Limited {
         limit,
@@ -317,4 +319,93 @@ fn algorithm_config_errors_name_file_and_path() {
     let bucket = domain.find(&[("bucket", "x")]).unwrap().rule;
     assert_eq!(bucket.tiers[0].limit.burst, 3);
     assert_eq!(T0 % SECOND, 0);
+}
+
+const RETRY: &str = "
+domain: alg
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 4, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_log}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 3}
+  - key: leaky
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket}
+  - key: jobs
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency}
+  - key: work
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: queue}
+  - key: tiers
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+";
+
+/// Per algorithm: hits spaced by `gaps` (advanced before each), then one more of `cost` is denied, and its
+/// `duration_until_reset` must be exactly the wait until that hit passes: `expected`, what GetRemaining says, one
+/// microsecond short still denied (now 1 µs to wait), and at it admitted. The local cache is off, so every answer
+/// is the store's.
+async fn over_limit_duration_is_the_wait_until_the_hit_passes(store: impl Store) {
+    let settings = sluice::limiter::LimiterSettings {
+        local_cache_size: 0,
+        ..Default::default()
+    };
+    let (l, clock) = crate::harness::limiter_with(RETRY, store, settings);
+    let minute = 60 * SECOND;
+    let hour = 60 * minute;
+    // (key, hits at these steps, then this step, then a hit of this cost is denied with this wait)
+    let cases: [(&str, &[u64], u64, u64, u64); 9] = [
+        // T0 is 10 s into its minute and hour: the window ends 50 s later.
+        ("fixed", &[0, 0], 0, 1, 50 * SECOND),
+        // Four hits 10 s into an hour weigh all of their 4 until that hour ends: half an hour later the next hit
+        // waits until the hour's end, plus 1 µs for the weight to drop below 4; not two hours after the hits.
+        ("sliding", &[0, 0, 0, 0], 30 * minute, 1, 1_790 * SECOND + 1),
+        // The oldest of two hits (T0, T0 + 10 s) leaves the minute at T0 + 60 s.
+        ("log", &[0, 10 * SECOND], 0, 1, 50 * SECOND),
+        // Three tokens spent at 100 ms each; two more take 200 ms (full again only after 300 ms).
+        ("bucket", &[0, 0, 0], 0, 2, 200_000),
+        ("leaky", &[0], 0, 1, 500_000),
+        // The first lease (of two, 10 s apart) expires a minute after it was taken.
+        ("jobs", &[0, 10 * SECOND], 0, 1, 50 * SECOND),
+        // The oldest entry goes stale an hour after it was appended.
+        ("work", &[0, 10 * SECOND], 0, 1, hour - 10 * SECOND),
+        // 2/s passes at T0 (twice) and T0 + 1 s, which fills the minute log of 3; at T0 + 2 s the 2/s tier has room
+        // and the log denies until T0 + 60 s.
+        ("tiers", &[0, 0, SECOND], SECOND, 1, 58 * SECOND),
+        // A cost of 2 against a log of 2: both hits (T0, T0 + 10 s) must leave.
+        ("log", &[0, 10 * SECOND], 0, 2, 60 * SECOND),
+    ];
+    for (i, (key, gaps, then, cost, expected)) in cases.into_iter().enumerate() {
+        let value = i.to_string();
+        let mut r = req(&[&[(key, value.as_str())]]);
+        for gap in gaps {
+            clock.advance(*gap);
+            assert_eq!(decide(&l, &r).await.overall, Code::Ok, "{key} #{i}: filling");
+        }
+        clock.advance(then);
+        r.descriptors[0].hits_addend = Some(cost);
+        let d = decide(&l, &r).await;
+        assert_eq!(d.overall, Code::OverLimit, "{key} #{i}");
+        let wait = d.statuses[0].reset_after_us.expect("set when over");
+        assert_eq!(wait, expected, "{key} #{i}: the wait until the denied hit passes");
+        let Report::Limited { retry_after_us, .. } = &l.get_remaining(&r, cost).await.unwrap()[0] else {
+            panic!("{key} is limited")
+        };
+        assert_eq!(*retry_after_us, Some(wait), "{key} #{i}: the store's retry time");
+        clock.advance(wait - 1);
+        let d = decide(&l, &r).await;
+        assert_eq!(
+            (d.overall, d.statuses[0].reset_after_us),
+            (Code::OverLimit, Some(1)),
+            "{key} #{i}: 1 µs early"
+        );
+        clock.advance(1);
+        assert_eq!(decide(&l, &r).await.overall, Code::Ok, "{key} #{i}: on time");
+        // Leave the next case a fresh minute and hour boundary as T0 had: 10 s into both.
+        let day = 24 * hour;
+        clock.set(T0 + (clock.now_us() - T0).div_ceil(day) * day);
+    }
 }

@@ -524,3 +524,93 @@ async fn reset_is_disabled_without_an_admin_token() {
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
+
+const EVERY_ALGORITHM: &str = "
+domain: edge
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: sliding_window
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
+  - key: sliding_log
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+  - key: token_bucket
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket}
+  - key: leaky_bucket
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: leaky_bucket, burst: 3}
+  - key: tiers
+    rate_limits:
+      - {unit: second, requests_per_unit: 3}
+      - {unit: hour, requests_per_unit: 4294967295, algorithm: sliding_window}
+  - key: concurrency
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: concurrency}
+  - key: queue
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: queue}
+";
+
+/// The largest costs the wire carries, Envoy's `hits_addend` (uint32) and a descriptor's own (UInt64Value), on every
+/// algorithm: denied without an error and without consuming anything, so the next hit of 1 finds the whole limit.
+/// (`concurrency` and `queue` take one place for any positive cost.)
+async fn the_largest_costs_are_denied_and_consume_nothing(server: &TestServer) {
+    let mut client = envoy_client(server).await;
+    for key in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "leaky_bucket",
+        "tiers",
+        "concurrency",
+        "queue",
+    ] {
+        let places = matches!(key, "concurrency" | "queue");
+        let mut request32 = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(key, "v")],
+            hits_addend: u32::MAX,
+        };
+        let mut request64 = request32.clone();
+        request64.hits_addend = 0;
+        request64.descriptors[0].hits_addend = Some(u64::MAX);
+        for (what, request) in [("u32::MAX", &request32), ("u64::MAX", &request64)] {
+            let response = client.should_rate_limit(request.clone()).await.unwrap().into_inner();
+            let status = &response.statuses[0];
+            let limit = status.current_limit.as_ref().expect("the limit is reported");
+            if key != "tiers" {
+                assert_eq!(limit.requests_per_unit, 3, "{key} {what}");
+            }
+            assert!(status.duration_until_reset.is_some(), "{key} {what}");
+            if places {
+                assert_eq!(response.overall_code, Code::Ok as i32, "{key} {what}: one place");
+            } else {
+                assert_eq!(
+                    (response.overall_code, status.limit_remaining),
+                    (Code::OverLimit as i32, 0),
+                    "{key} {what}"
+                );
+            }
+        }
+        request32.hits_addend = 0;
+        let response = client.should_rate_limit(request32).await.unwrap().into_inner();
+        assert_eq!(response.overall_code, Code::Ok as i32, "{key}");
+        let left = if places { 0 } else { 2 };
+        assert_eq!(response.statuses[0].limit_remaining, left, "{key}: nothing consumed");
+    }
+}
+
+#[tokio::test]
+async fn the_largest_costs_are_denied_and_consume_nothing_in_memory() {
+    let (l, _) = limiter(EVERY_ALGORITHM, memory());
+    let server = TestServer::start(l).await;
+    the_largest_costs_are_denied_and_consume_nothing(&server).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_largest_costs_are_denied_and_consume_nothing_in_redis() {
+    let redis = RedisServer::start();
+    let (l, _) = limiter(EVERY_ALGORITHM, redis_store(&redis.url()).await);
+    let server = TestServer::start(l).await;
+    the_largest_costs_are_denied_and_consume_nothing(&server).await;
+    server.shutdown().await;
+}

@@ -19,6 +19,10 @@ use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, T
 use crate::rules::Algorithm;
 
 const SHARDS: usize = 64;
+/// The most a fixed window's count holds (`MAX_COUNT` in `lua/fixed_window.lua`): a lone fixed window counts its
+/// denials, so hits of up to `u32::MAX` each could otherwise push it past 2^53, where the scripts' doubles stop
+/// being exact. Any count above a limit answers the same.
+const MAX_COUNT: u64 = 1 << 52;
 /// States evicted per shard access at most: about the cost of one more lookup, and far more than one access adds.
 const SWEEP_BATCH: usize = 16;
 
@@ -131,16 +135,19 @@ impl MemoryStore {
     fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
-        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, hit.cost)).collect();
+        let cost = hit.bounded_cost();
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost)).collect();
         let admitted = checks.iter().all(|c| c.ok);
-        let lone_fixed = hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow;
-        let commit = !peek && hit.cost > 0 && (admitted || lone_fixed);
+        // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
+        let lone_fixed =
+            hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow && cost <= hit.tiers[0].limit;
+        let commit = !peek && cost > 0 && (admitted || lone_fixed);
         let mut longest = 0;
         let mut tiers = Vec::with_capacity(checks.len());
         for (spec, check) in hit.tiers.iter().zip(checks) {
             let (mut remaining, mut reset, mut id) = (check.rem0, check.reset0, None);
             if commit {
-                id = shard.commit(spec, &check, now, hit);
+                id = shard.commit(spec, &check, now, cost, hit);
                 (remaining, reset) = (check.rem1, check.reset1);
             }
             if !peek && !check.ok {
@@ -257,13 +264,14 @@ impl Shard {
                     _ => 0,
                 };
                 let reset = start + window - now;
-                let ok = n + cost <= limit;
+                let used = n.saturating_add(cost);
+                let ok = used <= limit;
                 Check {
                     ok,
                     used0: n,
-                    used: n + cost,
+                    used,
                     rem0: limit.saturating_sub(n),
-                    rem1: limit.saturating_sub(n + cost),
+                    rem1: limit.saturating_sub(used),
                     reset0: reset,
                     reset1: reset,
                     retry: retry(cost > limit, ok, reset),
@@ -280,7 +288,8 @@ impl Shard {
                 }
                 let elapsed = now - start;
                 let est = sw_estimate(p, c, elapsed, window);
-                let ok = est + cost <= limit;
+                let used = est.saturating_add(cost);
+                let ok = used <= limit;
                 let until_empty = |cc: u64, pp: u64| {
                     if cc > 0 {
                         start + 2 * window - now
@@ -304,11 +313,11 @@ impl Shard {
                 Check {
                     ok,
                     used0: est,
-                    used: est + cost,
+                    used,
                     rem0: limit.saturating_sub(est),
-                    rem1: limit.saturating_sub(est + cost),
+                    rem1: limit.saturating_sub(used),
                     reset0: until_empty(c, p),
-                    reset1: until_empty(c + cost, p),
+                    reset1: until_empty(c.saturating_add(cost), p),
                     retry,
                     write: Write::Sliding { start, c, p },
                 }
@@ -321,7 +330,8 @@ impl Shard {
                 };
                 let mut live = log.iter().copied().filter(|&ts| ts + window > now);
                 let count = live.clone().count() as u64;
-                let ok = count + cost <= limit;
+                let used = count.saturating_add(cost);
+                let ok = used <= limit;
                 let reset0 = log
                     .back()
                     .filter(|_| count > 0)
@@ -331,15 +341,15 @@ impl Shard {
                 } else if ok {
                     Some(0)
                 } else {
-                    live.nth((count + cost - limit - 1) as usize)
+                    live.nth((count - (limit - cost) - 1) as usize)
                         .map(|ts| ts + window - now)
                 };
                 Check {
                     ok,
                     used0: count,
-                    used: count + cost,
+                    used,
                     rem0: limit.saturating_sub(count),
-                    rem1: limit.saturating_sub(count + cost),
+                    rem1: limit.saturating_sub(used),
                     reset0,
                     reset1: if cost > 0 { window } else { reset0 },
                     retry,
@@ -347,16 +357,26 @@ impl Shard {
                 }
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let interval = window.div_ceil(limit);
-                let tolerance = t.burst * interval;
+                let interval = window.div_ceil(limit.max(1));
+                let tolerance = t.burst.saturating_mul(interval);
                 let tat = match state {
                     Some(State::Tat(tat)) => (*tat).max(now),
                     _ => now,
                 };
-                let new = tat + cost * interval;
-                let ok = new - now <= tolerance;
-                let rem0 = (now + tolerance).saturating_sub(tat) / interval;
-                let rem1 = (now + tolerance).checked_sub(new).map_or(0, |room| room / interval);
+                // A cost above the bucket never fits: it is not priced (its product could leave the exact range).
+                let over = cost > t.burst;
+                let new = if over {
+                    tat
+                } else {
+                    tat.saturating_add(cost.saturating_mul(interval))
+                };
+                let ok = !over && new - now <= tolerance;
+                let full = now.saturating_add(tolerance);
+                let rem0 = full.saturating_sub(tat) / interval;
+                let rem1 = match full.checked_sub(new) {
+                    Some(room) if !over => room / interval,
+                    _ => 0,
+                };
                 Check {
                     ok,
                     used0: t.burst.saturating_sub(rem0),
@@ -365,7 +385,7 @@ impl Shard {
                     rem1,
                     reset0: tat - now,
                     reset1: new - now,
-                    retry: retry(cost > t.burst, ok, (new - now).saturating_sub(tolerance)),
+                    retry: retry(over, ok, (new - now).saturating_sub(tolerance)),
                     write: Write::Tat(new),
                 }
             }
@@ -407,7 +427,7 @@ impl Shard {
                         .rev()
                         .map(|e| e.0)
                         .take_while(|&ms| ms >= cutoff)
-                        .take(limit as usize + 1)
+                        .take(usize::try_from(limit).unwrap_or(usize::MAX).saturating_add(1))
                         .collect(),
                     _ => Vec::new(),
                 };
@@ -438,7 +458,8 @@ impl Shard {
         }
     }
 
-    fn commit(&mut self, t: &TierSpec, check: &Check, now: u64, hit: &Hit) -> Option<String> {
+    /// Applies a hit of `cost` (the bounded one) that `check` found.
+    fn commit(&mut self, t: &TierSpec, check: &Check, now: u64, cost: u64, hit: &Hit) -> Option<String> {
         let key = t.key.as_str();
         let window = t.window_us;
         match &check.write {
@@ -451,7 +472,7 @@ impl Shard {
                     key,
                     State::Fixed {
                         w: *start,
-                        n: n + hit.cost,
+                        n: n.saturating_add(cost).min(MAX_COUNT),
                     },
                     expires,
                 );
@@ -460,7 +481,7 @@ impl Shard {
             Write::Sliding { start, c, p } => {
                 let state = State::Sliding {
                     w: *start,
-                    c: c + hit.cost,
+                    c: c + cost,
                     p: *p,
                 };
                 self.set(key, state, now + ceil_ms_us(start + 2 * window - now));
@@ -472,7 +493,7 @@ impl Shard {
                     log.retain(|&ts| ts + window > now);
                     // Kept in time order, as the sorted set is, even if the clock stepped back.
                     let at = log.partition_point(|&ts| ts <= now);
-                    for _ in 0..hit.cost {
+                    for _ in 0..cost {
                         log.insert(at, now);
                     }
                 };

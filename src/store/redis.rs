@@ -189,7 +189,8 @@ impl Call {
         args.push(Value::Integer(count as i64));
         args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
-        args.push(Value::Integer(hit.cost as i64));
+        // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
+        args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
         args.push(Value::from(hit.lease.as_str()));
         match record {
             Some(RecordSpec { size, value, .. }) => {
