@@ -6,6 +6,7 @@ mod harness;
 
 mod algorithms;
 mod bench_smoke;
+mod chaos;
 mod cli;
 mod cluster;
 mod contract;

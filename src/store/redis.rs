@@ -259,8 +259,9 @@ impl RedisStore {
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
         let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
         let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
-        // Nothing waits longer than this for Redis at start: sluice serves by its failure policy meanwhile.
-        let patience = Duration::from_secs(2);
+        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
+        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
+        let patience = timeout.max(Duration::from_millis(500));
         if clustered {
             let cluster = Cluster::start(config, timeout, settings.pool_size, patience).await;
             return Ok(RedisStore {
@@ -276,7 +277,7 @@ impl RedisStore {
         match tokio::time::timeout(patience, pool.wait_for_connect()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
-            Err(_) => tracing::warn!("redis did not answer within 2s; retrying in the background"),
+            Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
         }
         let (queue, jobs) = mpsc::unbounded_channel();
         tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
@@ -719,7 +720,11 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         if let Some(cluster) = &self.cluster {
-            return cluster.ping().await.map_err(|e| self.classify(e));
+            // The message names the node that did not answer.
+            return cluster
+                .ping()
+                .await
+                .map_err(|e| StoreError::Connection(e.details().to_string()));
         }
         let _: Value = self.pool.next().ping(None).await.map_err(|e| self.classify(e))?;
         Ok(())

@@ -7,11 +7,12 @@
 //!
 //! The slot map is read with `CLUSTER SLOTS` from every known node at once (the seeds of the URL, then every node the
 //! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other. It
-//! is read again at start until it is complete (a cluster still being created, or being repaired), every
-//! [`SETTLED_REFRESH`] once it is, and at once when a call meets MOVED, a slot without a primary, or a node that does
-//! not answer (a failover). A call that met MOVED or ASK ran nothing, so it is resent once to the node named.
+//! is read again every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired)
+//! or one of its primaries does not answer (a failover under way), every [`SETTLED_REFRESH`] otherwise, and at once
+//! when a call meets MOVED, a slot without a primary, or a node that does not answer. A call that met MOVED or ASK ran nothing, so it is resent once to the node named.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use tokio::sync::Notify;
 /// Hash slots of a Redis Cluster.
 const SLOTS: usize = 16_384;
 /// How often a complete slot map is read again when nothing asked for it sooner.
-const SETTLED_REFRESH: Duration = Duration::from_secs(10);
+const SETTLED_REFRESH: Duration = Duration::from_secs(5);
 /// How often an incomplete slot map (or none) is read again.
 const UNSETTLED_REFRESH: Duration = Duration::from_millis(250);
 /// The least time between two reads, however often calls ask.
@@ -73,14 +74,16 @@ struct Inner {
     timeout: Duration,
     pool_size: usize,
     map: ArcSwap<SlotMap>,
+    /// The map is complete and every primary in it answered the last read.
+    settled: std::sync::atomic::AtomicBool,
     /// Every node with connections, by `host:port`.
     nodes: Mutex<HashMap<Arc<str>, Node>>,
     wake: Notify,
 }
 
 impl Cluster {
-    /// Starts routing for the cluster that `config` (a clustered configuration) names, waiting at most `patience`
-    /// for a complete slot map; the map is read in the background until it is complete.
+    /// Starts routing for the cluster that `config` (a clustered configuration) names, reading the slot map once
+    /// (for at most `patience`); it is read again in the background until it is complete.
     pub async fn start(config: Config, timeout: Duration, pool_size: usize, patience: Duration) -> Cluster {
         let seeds = match &config.server {
             ServerConfig::Clustered { hosts, .. } => hosts.clone(),
@@ -92,16 +95,12 @@ impl Cluster {
             timeout,
             pool_size: pool_size.max(1),
             map: ArcSwap::from_pointee(SlotMap::empty()),
+            settled: std::sync::atomic::AtomicBool::new(false),
             nodes: Mutex::default(),
             wake: Notify::new(),
         });
-        let _ = tokio::time::timeout(patience, async {
-            while !inner.refresh().await {
-                tokio::time::sleep(UNSETTLED_REFRESH).await;
-            }
-        })
-        .await;
-        if !inner.map.load().complete() {
+        let _ = tokio::time::timeout(patience, inner.refresh()).await;
+        if !inner.settled.load(Ordering::Relaxed) {
             tracing::warn!("redis cluster: the slot map is not complete yet; reading it again in the background");
         }
         tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
@@ -157,10 +156,8 @@ impl Cluster {
             let answer: Result<Value, FredError> = n.pool.next().ping(None).await;
             answer.map_err(|e| FredError::new(e.kind().clone(), format!("primary {}: {}", n.addr, e.details())))
         });
-        for answer in futures::future::join_all(pings).await {
-            answer?;
-        }
-        Ok(())
+        let answers: Result<Vec<Value>, FredError> = futures::future::join_all(pings).await.into_iter().collect();
+        answers.map(|_| ()).inspect_err(|_| self.refresh_soon())
     }
 }
 
@@ -178,7 +175,7 @@ impl Drop for Cluster {
 /// Reads the slot map again whenever asked, or on a timer; ends within one wait of the cluster being dropped.
 async fn keep_fresh(inner: Weak<Inner>) {
     while let Some(strong) = inner.upgrade() {
-        let wait = if strong.map.load().complete() {
+        let wait = if strong.settled.load(Ordering::Relaxed) {
             SETTLED_REFRESH
         } else {
             UNSETTLED_REFRESH
@@ -222,8 +219,8 @@ impl Inner {
     }
 
     /// Reads `CLUSTER SLOTS` from every known node and installs the answer most of them give, a complete one first.
-    /// Returns whether the map in force is complete.
-    async fn refresh(&self) -> bool {
+    /// Records whether the cluster looks settled: the map complete, and every primary in it answering.
+    async fn refresh(&self) {
         let mut asked: Vec<Server> = self.seeds.clone();
         {
             let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
@@ -244,11 +241,17 @@ impl Inner {
             .map(|(node, host)| async move {
                 let command = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
                 let answer: Result<Value, FredError> = node.pool.next().custom(command, vec!["SLOTS"]).await;
-                answer.ok().and_then(|v| parse_slots(v, &host))
+                answer
+                    .ok()
+                    .and_then(|v| parse_slots(v, &host))
+                    .map(|ranges| (node.addr, ranges))
             });
-        let answers: Vec<Vec<Range>> = futures::future::join_all(queries).await.into_iter().flatten().collect();
+        let answered: Vec<(Arc<str>, Vec<Range>)> =
+            futures::future::join_all(queries).await.into_iter().flatten().collect();
+        let answers: Vec<Vec<Range>> = answered.iter().map(|(_, r)| r.clone()).collect();
         let Some(best) = pick(&answers) else {
-            return self.map.load().complete();
+            self.settled.store(false, Ordering::Relaxed);
+            return;
         };
         let mut map = SlotMap::empty();
         let mut index: HashMap<&str, u16> = HashMap::new();
@@ -272,7 +275,23 @@ impl Inner {
             known.insert(Arc::from(range.primary.as_str()));
             known.extend(range.replicas.iter().map(|r| Arc::from(r.as_str())));
         }
-        let complete = map.complete();
+        let settled = map.complete()
+            && map
+                .primaries
+                .iter()
+                .all(|p| answered.iter().any(|(addr, _)| *addr == p.addr));
+        self.settled.store(settled, Ordering::Relaxed);
+        let old = self.map.load();
+        if old.owner != map.owner
+            || old
+                .primaries
+                .iter()
+                .map(|p| &p.addr)
+                .ne(map.primaries.iter().map(|p| &p.addr))
+        {
+            let primaries: Vec<&str> = map.primaries.iter().map(|p| &*p.addr).collect();
+            tracing::info!(?primaries, complete = map.complete(), "redis cluster: slot map changed");
+        }
         self.map.store(Arc::new(map));
         // Connections to nodes that are neither seeds nor named by the cluster any more are closed.
         let seeds: HashSet<String> = self.seeds.iter().map(|s| format!("{}:{}", s.host, s.port)).collect();
@@ -299,7 +318,6 @@ impl Inner {
                 nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
             }
         }
-        complete
     }
 }
 
