@@ -683,8 +683,9 @@ impl<S: Store> Limiter<S> {
         domain.map_or(self.metrics.unknown_domain(), |d| &d.stats)
     }
 
-    /// The counters a hit is recorded in: the rule's own, or, when labels carry request values (opt-in) or the
-    /// limit came from an override, counters registered for this request's label.
+    /// The counters a hit is recorded in: the rule's own, the domain's override counters when the limit came from
+    /// the request (whose entries may be anything, so they never reach a label), or, when the rule opts into request
+    /// values in labels, counters registered for this request's label.
     fn rule_stats<'a>(
         &'a self,
         domain: Option<&'a Domain>,
@@ -700,14 +701,7 @@ impl<S: Store> Limiter<S> {
                 self.metrics
                     .rule_stats(&domain.name, &domain.detailed_label(&descriptor.entries)),
             ),
-            None => {
-                let mut label = String::from(&*domain.name);
-                for (k, _) in &descriptor.entries {
-                    label.push('.');
-                    label.push_str(k);
-                }
-                Cow::Owned(self.metrics.rule_stats(&domain.name, &label))
-            }
+            None => Cow::Borrowed(&domain.override_stats),
         }
     }
 

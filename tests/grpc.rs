@@ -1,8 +1,9 @@
 //! The services over real gRPC and HTTP, backed by a real Redis: round trips, read-only GetRemaining, errors on
-//! the wire, store failures, script reloads, health and shutdown.
+//! the wire, store failures, script reloads, health and shutdown; metrics that client-chosen text cannot grow.
 
 use std::time::Duration;
 
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -523,4 +524,101 @@ async fn reset_is_disabled_without_an_admin_token() {
     );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// Series in a Prometheus exposition.
+fn series(metrics: &str) -> usize {
+    metrics.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).count()
+}
+
+#[tokio::test]
+async fn client_chosen_text_never_grows_the_metrics() {
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let mut envoy = envoy_client(&server).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let round = |i: usize| {
+        let override_descriptor = RateLimitDescriptor {
+            entries: vec![Entry {
+                key: format!("override-key-{i}"),
+                value: format!("v{i}"),
+            }],
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 1_000,
+                unit: 1,
+            }),
+            ..Default::default()
+        };
+        let known = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![
+                override_descriptor,
+                descriptor(&format!("unknown-key-{i}"), "v"),
+                descriptor("a", &format!("value-{i}")),
+            ],
+            hits_addend: 0,
+        };
+        let unknown_domain = RateLimitRequest {
+            domain: format!("unknown-domain-{i}"),
+            descriptors: vec![descriptor(&format!("k{i}"), "v")],
+            hits_addend: 0,
+        };
+        let invalid = RateLimitRequest {
+            domain: format!("invalid-{i}"),
+            descriptors: vec![descriptor("", &format!("v{i}"))],
+            hits_addend: 0,
+        };
+        let bad_unit = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: format!("bad-unit-{i}"),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 1,
+                    unit: 99,
+                }),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let remaining = GetRemainingRequest {
+            domain: format!("remaining-{i}"),
+            descriptors: vec![descriptor(&format!("r{i}"), "v")],
+            cost: None,
+        };
+        (known, unknown_domain, invalid, bad_unit, remaining)
+    };
+    let mut sizes = Vec::new();
+    for (from, to) in [(0, 10), (10, 2_000)] {
+        for i in from..to {
+            let (known, unknown_domain, invalid, bad_unit, remaining) = round(i);
+            envoy.should_rate_limit(known).await.unwrap();
+            client.should_rate_limit(unknown_domain).await.unwrap();
+            envoy.should_rate_limit(invalid).await.unwrap_err();
+            envoy.should_rate_limit(bad_unit).await.unwrap_err();
+            client.get_remaining(remaining).await.unwrap();
+        }
+        let (code, metrics) = server.http_get("/metrics").await;
+        assert_eq!(code, 200);
+        for text in [
+            "override-key",
+            "unknown-key",
+            "unknown-domain",
+            "invalid-",
+            "bad-unit",
+            "value-",
+            "remaining-",
+        ] {
+            assert!(!metrics.contains(text), "request text '{text}' in a label:\n{metrics}");
+        }
+        assert!(metrics.contains("edge.(override)"), "overrides are counted:\n{metrics}");
+        sizes.push(series(&metrics));
+    }
+    assert_eq!(
+        sizes[0], sizes[1],
+        "the same series after 10 and after 2 000 distinct keys"
+    );
+    server.shutdown().await;
 }
