@@ -1,7 +1,7 @@
 //! The algorithms as users configure them: `algorithm`, `burst`, `rate_limits` tiers, `record`, leases and queues,
 //! Release and Reset, through the decision core over both stores with an injected clock.
 
-use sluice::limiter::{Code, Decision, Descriptor, LimitError, Report, Request};
+use sluice::limiter::{Code, Decision, Descriptor, LimitError, QueuedWork, Report, Request};
 use sluice::rules::{Algorithm, Unit};
 use sluice::store::Store;
 
@@ -220,10 +220,18 @@ async fn reset_deletes_exactly_the_descriptors_state(store: impl Store) {
     decide(&l, &a).await;
     decide(&l, &a).await;
     decide(&l, &b).await;
-    assert_eq!(l.reset(&a).await.unwrap(), 2, "both tiers of api=a");
+    assert_eq!(
+        l.reset(&a, QueuedWork::Keep).await.unwrap().deleted,
+        2,
+        "both tiers of api=a"
+    );
     assert_eq!(decide(&l, &a).await.statuses[0].remaining, 1, "a starts over");
     assert_eq!(decide(&l, &b).await.statuses[0].remaining, 0, "b is untouched");
-    assert_eq!(l.reset(&req(&[&[("nothing", "here")]])).await.unwrap(), 0);
+    let none = l
+        .reset(&req(&[&[("nothing", "here")]]), QueuedWork::Keep)
+        .await
+        .unwrap();
+    assert_eq!(none.deleted, 0);
 }
 
 #[test]

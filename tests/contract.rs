@@ -46,6 +46,7 @@ both_stores!(
     records_keep_the_last_values,
     peek_never_changes_anything,
     reset_deletes_exactly_the_given_keys,
+    reset_keeps_streams_that_hold_entries,
     many_descriptors_in_one_call,
     extreme_windows_costs_and_clocks,
 );
@@ -309,6 +310,26 @@ async fn reset_deletes_exactly_the_given_keys(store: impl Store) {
     assert_eq!(store.reset(&keys).await.unwrap(), 1);
     assert!(apply(&store, T0, &a).await.admitted, "a starts over");
     assert!(!apply(&store, T0, &b).await.admitted, "b is untouched");
+}
+
+async fn reset_keeps_streams_that_hold_entries(store: impl Store) {
+    let q = one("rq", Algorithm::Queue, 2, MINUTE, 1);
+    let never = one("rq-never", Algorithm::Queue, 2, MINUTE, 1);
+    assert!(apply(&store, T0, &q).await.admitted);
+    let keys = [q.tiers[0].key.clone(), never.tiers[0].key.clone()];
+    let reset = store.reset_idle_streams(T0, &keys).await.unwrap();
+    assert_eq!(
+        reset.deleted, 0,
+        "nothing deleted: one stream waits, the other never existed"
+    );
+    assert_eq!(reset.kept, [q.tiers[0].key.clone()], "the stream with an entry is kept");
+    assert_eq!(
+        peek(&store, T0, &q).await.tiers[0].remaining,
+        1,
+        "its entry still waits"
+    );
+    assert_eq!(store.reset(&keys[..1]).await.unwrap(), 1, "a plain reset drops it");
+    assert_eq!(peek(&store, T0, &q).await.tiers[0].remaining, 2);
 }
 
 async fn many_descriptors_in_one_call(store: impl Store) {

@@ -37,7 +37,7 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
+use super::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, StreamReset, TierOutcome};
 use crate::tls::{self, TlsError};
 
 /// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
@@ -432,6 +432,33 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>) -> Result<Vec<V
     }
 }
 
+/// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
+const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
+
+/// Runs [`RESET_IDLE_STREAM`] by EVAL (a rare admin call, not worth a cached SHA) on each stream, each routed to its
+/// own slot, all written before any answer is awaited.
+async fn reset_idle_streams(client: &Client, keys: &[CounterKey]) -> Result<StreamReset, FredError> {
+    let calls = keys.iter().map(|key| {
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+        let args = vec![
+            Value::from(RESET_IDLE_STREAM),
+            Value::Integer(1),
+            Value::from(key.as_str()),
+        ];
+        client.custom::<i64, _>(command, args)
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut reset = StreamReset::default();
+    for (key, answer) in keys.iter().zip(answers) {
+        match answer? {
+            n if n < 0 => reset.kept.push(key.clone()),
+            n => reset.deleted += n as u64,
+        }
+    }
+    Ok(reset)
+}
+
 /// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
 /// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
 /// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
@@ -581,6 +608,12 @@ impl Store for RedisStore {
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
         self.per_key("DEL", keys, None).await
+    }
+
+    async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+        reset_idle_streams(self.pool.next(), keys)
+            .await
+            .map_err(|e| self.classify(e))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
