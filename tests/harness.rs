@@ -34,6 +34,43 @@ macro_rules! both_stores {
     };
 }
 
+/// [`both_stores!`], and once more over a fresh `redis-server` reached as the README's least-privilege ACL user, so
+/// that the documented ACL cannot miss a command the store or its scripts use.
+macro_rules! every_store {
+    ($($name:ident),* $(,)?) => {
+        both_stores!($($name),*);
+        mod redis_acl_user {
+            $(#[tokio::test] async fn $name() {
+                let redis = crate::harness::RedisServer::start();
+                let url = redis.acl_user_url();
+                super::$name(crate::harness::redis_store(&url).await).await;
+            })*
+        }
+    };
+}
+
+/// The password the tests give the README's ACL user.
+pub const ACL_PASSWORD: &str = "s3cret-pw";
+
+/// The rules of the README's least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
+/// parsed from the README's `ACL SETUSER sluice ...` line with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
+/// README says to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
+pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER sluice "))
+        .expect("the README has an `ACL SETUSER sluice ...` line");
+    std::iter::once("sluice")
+        .chain(line.split_whitespace())
+        .map(|rule| match rule {
+            ">PASSWORD" => format!(">{ACL_PASSWORD}"),
+            "~sluice:*" => format!("~{key_prefix}*"),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
 /// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
 pub const T0: u64 = 1_704_067_210_000_000;
 
@@ -85,6 +122,16 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Creates the README's ACL user (see [`readme_acl_user`]) for the tests' key prefix, `test:`, and returns a URL
+    /// that connects as it.
+    pub fn acl_user_url(&self) -> String {
+        let mut args = vec!["ACL", "SETUSER"];
+        let rules = readme_acl_user("test:");
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(self.cli(&args).trim(), "OK", "ACL SETUSER {rules:?}");
+        format!("redis://sluice:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
     }
 
     /// Runs one command with `redis-cli` and returns its raw output.

@@ -14,7 +14,9 @@ use sluice::store::redis::{RedisSettings, RedisStore, RedisTls};
 use sluice::tls::{ServerTls, ServerTlsFiles};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use crate::harness::{Pem, TestCa, TestServer, limiter, limiter_with, memory, redis_tls_server, write_file};
+use crate::harness::{
+    ACL_PASSWORD, Pem, TestCa, TestServer, limiter, limiter_with, memory, readme_acl_user, redis_tls_server, write_file,
+};
 
 const CONFIG: &str = "
 domain: tls
@@ -96,44 +98,14 @@ async fn redis_over_tls_trusts_the_given_ca() {
     );
 }
 
-/// An ACL user with only what sluice runs: EVALSHA and SCRIPT LOAD, the commands inside the scripts, and PING, DEL,
-/// ZREM for readiness, Reset and Release; keys under the prefix only.
-const ACL_USER: &[&str] = &[
-    "--user",
-    "sluice",
-    "on",
-    ">s3cret-pw",
-    "resetkeys",
-    "~sluice:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+ping",
-    "+del",
-    "+zrem",
-    "+time",
-    "+get",
-    "+set",
-    "+hmget",
-    "+hset",
-    "+lpush",
-    "+lrange",
-    "+ltrim",
-    "+pexpire",
-    "+xadd",
-    "+xrevrange",
-    "+xtrim",
-    "+zadd",
-    "+zcard",
-    "+zcount",
-    "+zrange",
-    "+zrangebyscore",
-    "+zremrangebyscore",
-    "--user",
-    "default",
-    "off",
-];
+/// The README's least-privilege ACL user (password [`ACL_PASSWORD`]), and the default user off, as
+/// `redis-server` arguments.
+fn acl_user_args() -> Vec<String> {
+    let mut args = vec!["--user".to_string()];
+    args.extend(readme_acl_user("sluice:"));
+    args.extend(["--user", "default", "off"].map(String::from));
+    args
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
@@ -142,7 +114,9 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     let ca_file = write_file(dir.path(), "ca.crt", &ca.cert);
     let (cert, key) = write_pair(dir.path(), "redis", &ca.issue("redis"));
     let (client_cert, client_key) = write_pair(dir.path(), "client", &ca.issue("sluice"));
-    let redis = redis_tls_server(dir.path(), &cert, &key, &ca_file, true, ACL_USER);
+    let acl = acl_user_args();
+    let acl: Vec<&str> = acl.iter().map(String::as_str).collect();
+    let redis = redis_tls_server(dir.path(), &cert, &key, &ca_file, true, &acl);
     let url = |auth: &str| format!("rediss://{auth}127.0.0.1:{}", redis.port);
     let full = RedisTls {
         ca: Some(ca_file.clone()),
@@ -151,7 +125,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     };
 
     assert!(
-        decides(store(&url("sluice:s3cret-pw@"), full.clone()).await).await,
+        decides(store(&url(&format!("sluice:{ACL_PASSWORD}@")), full.clone()).await).await,
         "client certificate and ACL user"
     );
     let ca_only = RedisTls {
@@ -159,7 +133,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
         ..RedisTls::default()
     };
     assert!(
-        !decides(store(&url("sluice:s3cret-pw@"), ca_only).await).await,
+        !decides(store(&url(&format!("sluice:{ACL_PASSWORD}@")), ca_only).await).await,
         "no client certificate"
     );
     assert!(
@@ -178,7 +152,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     };
     let (l, _) = limiter_with(
         CONFIG,
-        store(&url("sluice:s3cret-pw@"), full.clone()).await,
+        store(&url(&format!("sluice:{ACL_PASSWORD}@")), full.clone()).await,
         other_prefix,
     );
     assert!(l.should_rate_limit(&request()).await.is_err(), "keys outside ~sluice:*");
@@ -187,7 +161,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
         ..full
     };
     let e = RedisStore::connect(&RedisSettings {
-        url: url("sluice:s3cret-pw@"),
+        url: url(&format!("sluice:{ACL_PASSWORD}@")),
         timeout: Duration::from_millis(500),
         pool_size: 1,
         server_time: true,
