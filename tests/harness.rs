@@ -252,6 +252,8 @@ pub async fn live_server(url: &str, yaml: &str) -> TestServer {
 pub struct TestServer {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The JSON API's listener (`POST /json`), with the gRPC listener's TLS when that has one.
+    pub json: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -268,7 +270,16 @@ impl TestServer {
     ) -> TestServer {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let json = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, http_addr, json_addr) = (
+            grpc.local_addr().unwrap(),
+            http.local_addr().unwrap(),
+            json.local_addr().unwrap(),
+        );
+        let http = sluice::server::HttpListeners {
+            admin: http,
+            json: Some(json),
+        };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let shutdown = async {
@@ -286,6 +297,7 @@ impl TestServer {
         TestServer {
             grpc: grpc_addr,
             http: http_addr,
+            json: json_addr,
             stop: Some(stop),
             task,
         }
@@ -311,27 +323,47 @@ impl TestServer {
         .await
     }
 
-    /// `POST path` with a JSON body on the HTTP port: status code and body.
+    /// `POST path` with a JSON body on the HTTP admin port: status code and body.
     pub async fn http_post(&self, path: &str, body: &str) -> (u16, String) {
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        self.http_request(&(head + body)).await
+        self.post_to(self.http, path, body).await
+    }
+
+    /// `POST /json` with `body` on the JSON API's port (plain text): status code and body.
+    pub async fn json_post(&self, body: &str) -> (u16, String) {
+        self.post_to(self.json, "/json", body).await
+    }
+
+    async fn post_to(&self, addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+        http_exchange(TcpStream::connect(addr).await.unwrap(), &post_request(path, body)).await
     }
 
     async fn http_request(&self, request: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.http).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let code = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (code, body)
+        http_exchange(TcpStream::connect(self.http).await.unwrap(), request).await
     }
+}
+
+/// An HTTP/1.1 `POST path` of a JSON body, closing the connection after the answer.
+pub fn post_request(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Writes one HTTP/1.1 request on `stream` and reads the answer to its end: status code and body.
+pub async fn http_exchange<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: T,
+    request: &str,
+) -> (u16, String) {
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }
 
 impl Drop for TestServer {
