@@ -7,7 +7,7 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
 use crate::headers::HeaderMode;
-use crate::limiter::{self, AppliedLimit, Code, Decision, LimitError, Limiter, Report};
+use crate::limiter::{self, AppliedLimit, Code, Decision, LimitError, Limiter, QueuedWork, Report};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
@@ -107,6 +107,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         request: Request<sluice::ReleaseRequest>,
     ) -> Result<Response<sluice::ReleaseResponse>, Status> {
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let core = to_core(request.domain, request.descriptors, 0);
         let released = self
             .limiter
@@ -122,11 +123,18 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     async fn reset(&self, request: Request<sluice::ResetRequest>) -> Result<Response<sluice::ResetResponse>, Status> {
         self.authorize(&request)?;
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let queued = if request.drop_queued_work {
+            QueuedWork::Drop
+        } else {
+            QueuedWork::Keep
+        };
         let core = to_core(request.domain, request.descriptors, 0);
-        let deleted = self.limiter.reset(&core).await.map_err(to_status)?;
-        tracing::info!(domain = %core.domain, deleted, "reset");
+        let report = self.limiter.reset(&core, queued).await.map_err(to_status)?;
+        tracing::info!(domain = %core.domain, deleted = report.deleted, kept_streams = report.kept_streams.len(), "reset");
         Ok(Response::new(sluice::ResetResponse {
-            deleted: u32::try_from(deleted).unwrap_or(u32::MAX),
+            deleted: u32::try_from(report.deleted).unwrap_or(u32::MAX),
+            kept_streams: report.kept_streams,
         }))
     }
 }
@@ -146,12 +154,18 @@ async fn should_rate_limit<S: Store>(
 
 /// Refuses a request whose encoding is over `--max-request-bytes`.
 fn check_size<S: Store, M: prost::Message>(limiter: &Limiter<S>, request: &M) -> Result<(), Status> {
-    let (len, cap) = (request.encoded_len(), limiter.settings().caps.max_request_bytes);
+    check_request_bytes(limiter, request.encoded_len()).map_err(to_status)
+}
+
+/// The byte cap every face applies to a request (`--max-request-bytes`): gRPC to the encoded message, the JSON API to
+/// the body. A request over it is counted as invalid and refused, naming the cap.
+pub fn check_request_bytes<S: Store>(limiter: &Limiter<S>, len: usize) -> Result<(), LimitError> {
+    let cap = limiter.settings().caps.max_request_bytes;
     if len > cap {
         limiter.metrics().invalid_request("any");
-        return Err(to_status(LimitError::InvalidArgument(format!(
+        return Err(LimitError::InvalidArgument(format!(
             "request is {len} bytes, over the cap of {cap} (--max-request-bytes)"
-        ))));
+        )));
     }
     Ok(())
 }

@@ -139,6 +139,24 @@ pub enum Report {
     },
 }
 
+/// What Reset does with a `queue` limit's stream that still holds entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueuedWork {
+    /// Keep the stream and report it: workers may still be due to process its entries.
+    Keep,
+    /// Delete it with the rest, abandoning the waiting entries.
+    Drop,
+}
+
+/// What a Reset did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResetReport {
+    /// Stored states that existed and were deleted.
+    pub deleted: u64,
+    /// The `queue` streams kept because entries still wait in them.
+    pub kept_streams: Vec<String>,
+}
+
 /// Why a request got no decision.
 #[derive(Debug, thiserror::Error)]
 pub enum LimitError {
@@ -669,17 +687,39 @@ impl<S: Store> Limiter<S> {
             self.metrics.invalid_request("release");
             return Err(LimitError::InvalidArgument("lease_id is empty".into()));
         }
+        if lease.len() > self.settings.caps.max_value_bytes {
+            self.metrics.invalid_request("release");
+            return Err(LimitError::InvalidArgument(format!(
+                "lease_id is {} bytes, over the cap of {} (--max-value-bytes)",
+                lease.len(),
+                self.settings.caps.max_value_bytes
+            )));
+        }
         let keys = self.keys(request, |t| t.limit.algorithm == Algorithm::Concurrency, false);
         Ok(self.store.release(&keys, lease).await?)
     }
 
-    /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to.
-    pub async fn reset(&self, request: &Request) -> Result<u64, LimitError> {
+    /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to. A `queue`
+    /// limit's stream that still holds entries is work waiting for a worker: it is kept, and named in the report,
+    /// unless `queued` says to drop it.
+    pub async fn reset(&self, request: &Request, queued: QueuedWork) -> Result<ResetReport, LimitError> {
         validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("reset"))?;
-        let keys = self.keys(request, |_| true, true);
+        let keep_streams = queued == QueuedWork::Keep;
+        let is_stream = |t: &Tier| keep_streams && t.limit.algorithm == Algorithm::Queue;
+        let keys = self.keys(request, |t| !is_stream(t), true);
+        let streams = self.keys(request, is_stream, false);
         self.cache
-            .remove(&keys.iter().map(CounterKey::as_str).collect::<Vec<_>>());
-        Ok(self.store.reset(&keys).await?)
+            .remove(&keys.iter().chain(&streams).map(CounterKey::as_str).collect::<Vec<_>>());
+        let deleted = self.store.reset(&keys).await?;
+        let streams = if streams.is_empty() {
+            crate::store::StreamReset::default()
+        } else {
+            self.store.reset_idle_streams(self.clock.now_us(), &streams).await?
+        };
+        Ok(ResetReport {
+            deleted: deleted + streams.deleted,
+            kept_streams: streams.kept.iter().map(|k| k.as_str().to_string()).collect(),
+        })
     }
 
     /// The keys of the matched limits that `select` picks, and of the hit records when `records`.
@@ -759,8 +799,9 @@ impl<S: Store> Limiter<S> {
         domain.map_or(self.metrics.unknown_domain(), |d| &d.stats)
     }
 
-    /// The counters a hit is recorded in: the rule's own, or, when labels carry request values (opt-in) or the
-    /// limit came from an override, counters registered for this request's label.
+    /// The counters a hit is recorded in: the rule's own, the domain's override counters when the limit came from
+    /// the request (whose entries may be anything, so they never reach a label), or, when the rule opts into request
+    /// values in labels, counters registered for this request's label.
     fn rule_stats<'a>(
         &'a self,
         domain: Option<&'a Domain>,
@@ -776,14 +817,7 @@ impl<S: Store> Limiter<S> {
                 self.metrics
                     .rule_stats(&domain.name, &domain.detailed_label(&descriptor.entries)),
             ),
-            None => {
-                let mut label = String::from(&*domain.name);
-                for (k, _) in &descriptor.entries {
-                    label.push('.');
-                    label.push_str(k);
-                }
-                Cow::Owned(self.metrics.rule_stats(&domain.name, &label))
-            }
+            None => Cow::Borrowed(&domain.override_stats),
         }
     }
 

@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the gRPC rate limit services and the HTTP endpoints.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a configuration and print its domains and rules; exit 1 with the error otherwise.
     Check {
         /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
@@ -54,9 +54,13 @@ struct ServeArgs {
     /// Address of the gRPC server.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
-    /// Address of the HTTP server (/metrics, /healthz, /readyz).
+    /// Address of the HTTP admin server (/metrics, /healthz, /readyz, /rlconfig).
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
+    /// Address of the JSON API (`POST /json`, the reference's HTTP decision endpoint), with the gRPC listener's TLS
+    /// when that has one. Not served unless given.
+    #[arg(long, env = "SLUICE_JSON_ADDR")]
+    json_addr: Option<SocketAddr>,
     /// Redis URL (redis://, rediss://, redis-cluster://, redis-sentinel://). Without it counters live in memory.
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis_url: Option<String>,
@@ -153,7 +157,7 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check { config } => check(&config),
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Bench(args) => sluice::bench::main(args),
         Command::Client(args) => sluice::client::main(args),
     }
@@ -187,6 +191,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         config: args.config,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
+        json_addr: args.json_addr,
         redis: args.redis_url.map(|url| RedisSettings {
             url,
             timeout: Duration::from_millis(args.redis_timeout_ms),

@@ -3,7 +3,9 @@
 //! Each server owns its own recorder (no global recorder), so two servers in one process — as in the tests — never
 //! share counters. Per-rule handles are registered once when the rules compile, so a decision increments atomics
 //! and allocates nothing; only rules that opt into request values in labels (`detailed_metric`,
-//! `value_to_metric`) register series per request. Unknown domains share one label, so clients cannot create series.
+//! `value_to_metric`) register series per request. Unknown domains share one label, and descriptors that carry their
+//! own limit one label per domain, so clients cannot create series: no label carries request text unless a rule
+//! opts in.
 
 use std::sync::Arc;
 
@@ -43,6 +45,8 @@ pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
 
 /// The label value standing for every domain the configuration does not define.
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
+/// The last segment of the `rule` label shared by every descriptor that carries its own limit: `<domain>.(override)`.
+pub const OVERRIDE_RULE: &str = "(override)";
 
 const BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -152,6 +156,12 @@ impl Metrics {
             near_limit: counter(RULE_NEAR_LIMIT),
             shadow_mode: counter(RULE_SHADOW_MODE),
         }
+    }
+
+    /// The counters of the hits a domain decides by a descriptor's own limit (`RateLimitOverride`), whatever its
+    /// entries: the rule label `<domain>.(override)`.
+    pub fn override_stats(&self, domain: &str) -> RuleStats {
+        self.rule_stats(domain, &format!("{domain}.{OVERRIDE_RULE}"))
     }
 
     /// The latency histogram of one store and operation; register once, record per call.

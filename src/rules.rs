@@ -309,6 +309,9 @@ pub struct Domain {
     pub failure_policy: Option<FailurePolicy>,
     root: Node,
     pub stats: DomainStats,
+    /// The hit counters of every descriptor that carries its own limit (`RateLimitOverride`): one label per domain
+    /// whatever the descriptor's entries, so clients cannot create series.
+    pub override_stats: RuleStats,
 }
 
 /// What a request descriptor matched.
@@ -427,6 +430,7 @@ impl RuleSet {
                     failure_policy,
                     root,
                     stats: metrics.domain_stats(&raw.domain),
+                    override_stats: metrics.override_stats(&raw.domain),
                 },
             );
         }

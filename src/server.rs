@@ -30,7 +30,10 @@ pub struct Settings {
     /// A YAML file or a directory of them.
     pub config: PathBuf,
     pub grpc_addr: SocketAddr,
+    /// The admin endpoints: metrics, health, readiness, the rules in force.
     pub http_addr: SocketAddr,
+    /// The JSON API (`POST /json`); `None`: not served.
+    pub json_addr: Option<SocketAddr>,
     /// `None`: the in-memory store.
     pub redis: Option<RedisSettings>,
     pub limiter: LimiterSettings,
@@ -45,8 +48,23 @@ pub struct ServeOptions {
     pub grace_period: Duration,
     /// Enables `sluice.v1.RateLimiter/Reset` for callers that present it.
     pub admin_token: Option<String>,
-    /// TLS (mutual when a client CA is given) on the gRPC listener; the files are re-read when they change.
+    /// TLS (mutual when a client CA is given) on the gRPC listener and the JSON API's; the files are re-read when
+    /// they change.
     pub tls: Option<crate::tls::ServerTlsFiles>,
+}
+
+/// The bound HTTP listeners: the admin endpoints, and the JSON API when it is served.
+#[derive(Debug)]
+pub struct HttpListeners {
+    pub admin: TcpListener,
+    pub json: Option<TcpListener>,
+}
+
+impl From<TcpListener> for HttpListeners {
+    /// The admin endpoints alone.
+    fn from(admin: TcpListener) -> Self {
+        HttpListeners { admin, json: None }
+    }
 }
 
 /// Why the server could not start or stopped with an error.
@@ -89,7 +107,13 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     metrics.config_loaded(rules.digest());
     tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
     let grpc = bind(settings.grpc_addr).await?;
-    let http = bind(settings.http_addr).await?;
+    let http = HttpListeners {
+        admin: bind(settings.http_addr).await?,
+        json: match settings.json_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        },
+    };
     let listeners = (grpc, http);
     match &settings.redis {
         None => {
@@ -109,7 +133,7 @@ async fn start<S: Store>(
     rules: RuleSet,
     metrics: Metrics,
     store: S,
-    (grpc, http): (TcpListener, TcpListener),
+    (grpc, http): (TcpListener, HttpListeners),
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = Arc::new(Limiter::new(
@@ -138,12 +162,13 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Serves gRPC (both rate limit services, health, reflection) and HTTP on bound listeners until `shutdown`
-/// resolves, then stops accepting and gives in-flight calls `grace` to finish.
+/// Serves gRPC (both rate limit services, health, reflection), the admin endpoints and, when it has a listener, the
+/// JSON API on bound listeners until `shutdown` resolves, then stops accepting and gives in-flight calls `grace` to
+/// finish.
 pub async fn serve<S: Store>(
     limiter: Arc<Limiter<S>>,
     grpc: TcpListener,
-    http: TcpListener,
+    http: impl Into<HttpListeners>,
     shutdown: impl Future<Output = ()> + Send,
     options: &ServeOptions,
 ) -> Result<(), ServerError> {
@@ -172,8 +197,18 @@ pub async fn serve<S: Store>(
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let HttpListeners { admin: http, json } = http.into();
     let grpc_addr = grpc.local_addr().ok();
     let http_addr = http.local_addr().ok();
+    let json_addr = json.as_ref().and_then(|j| j.local_addr().ok());
+    let json_on = json.is_some();
+    let json = match json {
+        Some(listener) => Some(
+            crate::http::JsonListener::new(listener, options.tls.as_ref())
+                .map_err(|e| ServerError::Serve(e.to_string()))?,
+        ),
+        None => None,
+    };
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .layer(crate::telemetry::GrpcTraceLayer)
@@ -187,16 +222,26 @@ pub async fn serve<S: Store>(
             signal(stopped.clone()),
         );
     let limiter_metrics = limiter.metrics().clone();
+    let json_server = json.map(|listener| {
+        axum::serve(listener, crate::http::json_router(limiter.clone())).with_graceful_shutdown(signal(stopped.clone()))
+    });
     let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
+    let mut json_task = tokio::spawn(async move {
+        match json_server {
+            Some(server) => server.await,
+            None => Ok(()),
+        }
+    });
     let upkeep = tokio::spawn(upkeep(limiter_metrics));
-    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, "serving");
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, "serving");
 
     tokio::select! {
         () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
         r = &mut grpc_task => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
         r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
+        r = &mut json_task, if json_on => return Err(ServerError::Serve(format!("json server stopped: {r:?}"))),
     }
     let _ = stop.send(true);
     upkeep.abort();
@@ -207,7 +252,7 @@ pub async fn serve<S: Store>(
     ] {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
-    match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await) }).await {
+    match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await, json_task.await) }).await {
         Ok(_) => tracing::info!("drained; stopped"),
         Err(_) => {
             tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")

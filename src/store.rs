@@ -104,6 +104,15 @@ pub struct Outcome {
 /// One answer per hit, in order: its outcome, or why its counters could not be decided.
 pub type Answers = Vec<Result<Outcome, StoreError>>;
 
+/// What [`Store::reset_idle_streams`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamReset {
+    /// Empty streams that existed and were deleted.
+    pub deleted: u64,
+    /// Streams kept because entries still wait in them, in the order given.
+    pub kept: Vec<CounterKey>,
+}
+
 /// Why a store could not answer. Every kind maps to gRPC UNAVAILABLE.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -158,6 +167,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes exactly the counters `keys`; returns how many existed.
     fn reset(&self, keys: &[CounterKey]) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes each of the `queue` streams `keys` that holds no entry at `now_us`, each checked and deleted
+    /// atomically, so that work appended meanwhile is never lost; returns how many existed and were deleted, and the
+    /// streams kept because they still hold entries.
+    fn reset_idle_streams(
+        &self,
+        now_us: u64,
+        keys: &[CounterKey],
+    ) -> impl Future<Output = Result<StreamReset, StoreError>> + Send;
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -1,4 +1,5 @@
-//! TLS: the gRPC listener's certificates, reloaded when their files change, and the client side of TLS to Redis.
+//! TLS: the gRPC listener's certificates (shared by the JSON API's listener), reloaded when their files change, and
+//! the client side of TLS to Redis.
 //!
 //! The gRPC server terminates TLS itself, with rustls over the ring provider, instead of through tonic's
 //! `tls_config`, which fixes the certificate for the life of the process. Before each handshake [`ServerTls`] reads
@@ -162,6 +163,7 @@ type Snapshot = Vec<Result<Vec<u8>, io::ErrorKind>>;
 
 /// The gRPC listener's TLS configuration, rebuilt when its files change.
 pub struct ServerTls {
+    face: Face,
     files: ServerTlsFiles,
     state: Mutex<ServerState>,
 }
@@ -183,9 +185,15 @@ impl std::fmt::Debug for ServerTls {
 impl ServerTls {
     /// Loads the files, or says which one is wrong.
     pub fn load(files: ServerTlsFiles) -> Result<ServerTls, TlsError> {
+        ServerTls::load_for(files, Face::Grpc)
+    }
+
+    /// Loads the files for the listener of `face`, which decides the protocols offered (ALPN).
+    fn load_for(files: ServerTlsFiles, face: Face) -> Result<ServerTls, TlsError> {
         let seen = files.snapshot();
-        let config = files.server_config(&seen)?;
+        let config = files.server_config(&seen, face)?;
         Ok(ServerTls {
+            face,
             files,
             state: Mutex::new(ServerState {
                 acceptor: TlsAcceptor::from(config),
@@ -199,15 +207,15 @@ impl ServerTls {
         let now = self.files.snapshot();
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if now != state.seen {
-            let built = self.files.server_config(&now);
+            let built = self.files.server_config(&now, self.face);
             state.seen = now;
             match built {
                 Ok(config) => {
                     state.acceptor = TlsAcceptor::from(config);
-                    tracing::info!(cert = %self.files.cert.display(), "grpc tls: certificate files changed; reloaded");
+                    tracing::info!(face = self.face.name(), cert = %self.files.cert.display(), "tls: certificate files changed; reloaded");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "grpc tls: certificate files changed but do not load; keeping the previous ones")
+                    tracing::warn!(face = self.face.name(), error = %e, "tls: certificate files changed but do not load; keeping the previous ones")
                 }
             }
         }
@@ -233,7 +241,7 @@ impl ServerTlsFiles {
     }
 
     /// The rustls configuration from a snapshot of the files (cert, key, then the client CA if any).
-    fn server_config(&self, snapshot: &Snapshot) -> Result<Arc<ServerConfig>, TlsError> {
+    fn server_config(&self, snapshot: &Snapshot, face: Face) -> Result<Arc<ServerConfig>, TlsError> {
         let mut contents = Vec::with_capacity(3);
         for ((what, path), bytes) in self.paths().zip(snapshot) {
             contents.push(bytes.as_deref().map_err(|&kind| TlsError::Read {
@@ -263,7 +271,7 @@ impl ServerTlsFiles {
             key: self.key.clone(),
             reason: e.to_string(),
         })?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = vec![face.alpn().to_vec()];
         Ok(Arc::new(config))
     }
 }
@@ -278,9 +286,39 @@ pub enum Conn {
 /// The gRPC listener's connections, as tonic's `serve_with_incoming_shutdown` takes them.
 pub type Incoming = Pin<Box<dyn Stream<Item = io::Result<Conn>> + Send>>;
 
+/// The listeners that may share the gRPC listener's TLS: each offers its own protocol in the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// gRPC: HTTP/2.
+    Grpc,
+    /// The JSON API (`POST /json`): HTTP/1.1.
+    Json,
+}
+
+impl Face {
+    fn name(self) -> &'static str {
+        match self {
+            Face::Grpc => "grpc",
+            Face::Json => "json",
+        }
+    }
+
+    fn alpn(self) -> &'static [u8] {
+        match self {
+            Face::Grpc => b"h2",
+            Face::Json => b"http/1.1",
+        }
+    }
+}
+
 /// Turns the bound gRPC listener into the server's incoming connections: as they come without `tls`, after a
 /// handshake with it. Fails, naming the file, when a TLS file cannot be used.
 pub fn incoming(listener: TcpListener, tls: Option<&ServerTlsFiles>) -> Result<Incoming, TlsError> {
+    incoming_for(Face::Grpc, listener, tls)
+}
+
+/// [`incoming`] for the listener of `face`.
+pub fn incoming_for(face: Face, listener: TcpListener, tls: Option<&ServerTlsFiles>) -> Result<Incoming, TlsError> {
     use tokio_stream::StreamExt as _;
     let Some(files) = tls else {
         return Ok(Box::pin(
@@ -293,8 +331,8 @@ pub fn incoming(listener: TcpListener, tls: Option<&ServerTlsFiles>) -> Result<I
             }),
         ));
     };
-    let tls = Arc::new(ServerTls::load(files.clone())?);
-    tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "grpc tls on");
+    let tls = Arc::new(ServerTls::load_for(files.clone(), face)?);
+    tracing::info!(face = face.name(), cert = %files.cert.display(), mutual = files.client_ca.is_some(), "tls on");
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(accept_loop(listener, tls, tx));
     Ok(Box::pin(ReceiverStream::new(rx).map(Ok)))
@@ -312,7 +350,7 @@ async fn accept_loop(listener: TcpListener, tls: Arc<ServerTls>, tx: mpsc::Sende
             Ok(conn) => conn,
             Err(e) => {
                 // Out of file descriptors and the like: pause instead of spinning.
-                tracing::warn!(error = %e, "grpc: cannot accept a connection");
+                tracing::warn!(face = tls.face.name(), error = %e, "cannot accept a connection");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -325,15 +363,15 @@ async fn accept_loop(listener: TcpListener, tls: Arc<ServerTls>, tx: mpsc::Sende
                 Ok(Ok(stream)) => {
                     let _ = tx.send(Conn::Tls(Box::new(stream))).await;
                 }
-                Ok(Err(e)) => handshake_failed(peer, &e.to_string()),
-                Err(_) => handshake_failed(peer, "timed out"),
+                Ok(Err(e)) => handshake_failed(tls.face, peer, &e.to_string()),
+                Err(_) => handshake_failed(tls.face, peer, "timed out"),
             }
         });
     }
 }
 
-fn handshake_failed(peer: SocketAddr, error: &str) {
-    tracing::debug!(peer = %peer, error, "grpc tls handshake failed");
+fn handshake_failed(face: Face, peer: SocketAddr, error: &str) {
+    tracing::debug!(face = face.name(), peer = %peer, error, "tls handshake failed");
 }
 
 impl Connected for Conn {

@@ -2,7 +2,7 @@
 //! Release and Reset, through the decision core over both stores with an injected clock.
 
 use sluice::clock::Clock;
-use sluice::limiter::{Code, Decision, Descriptor, LimitError, Report, Request};
+use sluice::limiter::{Code, Decision, Descriptor, LimitError, QueuedWork, Report, Request};
 use sluice::rules::{Algorithm, Unit};
 use sluice::store::Store;
 
@@ -222,10 +222,18 @@ async fn reset_deletes_exactly_the_descriptors_state(store: impl Store) {
     decide(&l, &a).await;
     decide(&l, &a).await;
     decide(&l, &b).await;
-    assert_eq!(l.reset(&a).await.unwrap(), 2, "both tiers of api=a");
+    assert_eq!(
+        l.reset(&a, QueuedWork::Keep).await.unwrap().deleted,
+        2,
+        "both tiers of api=a"
+    );
     assert_eq!(decide(&l, &a).await.statuses[0].remaining, 1, "a starts over");
     assert_eq!(decide(&l, &b).await.statuses[0].remaining, 0, "b is untouched");
-    assert_eq!(l.reset(&req(&[&[("nothing", "here")]])).await.unwrap(), 0);
+    let none = l
+        .reset(&req(&[&[("nothing", "here")]]), QueuedWork::Keep)
+        .await
+        .unwrap();
+    assert_eq!(none.deleted, 0);
 }
 
 #[test]

@@ -270,3 +270,45 @@ fn worker_threads_sets_the_serving_threads() {
     assert_eq!(workers("1"), 0);
     assert_eq!(workers("3"), 3);
 }
+
+/// `sluice serve` serves `POST /json` only on `--json-addr` (here through its variable), never on the admin port.
+#[test]
+fn the_json_api_is_served_on_json_addr_only() {
+    use std::io::{Read, Write};
+    let (http, json) = (crate::harness::free_port(), crate::harness::free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config", "deploy/config", "--grpc-addr", "127.0.0.1:0"])
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{http}"))
+        .env("SLUICE_JSON_ADDR", format!("127.0.0.1:{json}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", json)).is_ok()
+            && std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+    });
+    let post = |port: u16| -> String {
+        let body =
+            r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.9"}]}]}"#;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .write_all(crate::harness::post_request("/json", body).as_bytes())
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let (on_json, on_admin) = if listening {
+        (post(json), post(http))
+    } else {
+        Default::default()
+    };
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(listening, "sluice serve did not start");
+    assert!(on_json.starts_with("HTTP/1.1 200"), "{on_json}");
+    assert!(on_json.contains(r#""limitRemaining":9"#), "{on_json}");
+    assert!(on_admin.starts_with("HTTP/1.1 404"), "{on_admin}");
+}

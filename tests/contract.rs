@@ -1,5 +1,6 @@
 //! The store contract: every algorithm's behaviour, run against the in-memory store and against a real Redis, so the
-//! two can never drift apart. Time is passed explicitly.
+//! two can never drift apart, and once more against Redis as the README's least-privilege ACL user, so that the
+//! documented ACL allows every command the store sends. Time is passed explicitly.
 
 use sluice::rules::Algorithm;
 use sluice::store::{CounterKey, Hit, Outcome, RecordSpec, Store, TierSpec};
@@ -33,7 +34,7 @@ async fn peek(store: &impl Store, now: u64, h: &Hit) -> Outcome {
     crate::harness::decided(store.peek(now, std::slice::from_ref(h)).await).remove(0)
 }
 
-both_stores!(
+every_store!(
     fixed_window_counts_denials_like_the_reference,
     fixed_window_cost_zero_reads_without_creating,
     sliding_window_weighs_the_previous_window,
@@ -46,6 +47,7 @@ both_stores!(
     records_keep_the_last_values,
     peek_never_changes_anything,
     reset_deletes_exactly_the_given_keys,
+    reset_keeps_streams_that_hold_entries,
     many_descriptors_in_one_call,
     extreme_windows_costs_and_clocks,
     a_cost_that_can_never_fit_is_denied_and_consumes_nothing,
@@ -355,7 +357,7 @@ async fn tiers_are_all_or_nothing(store: impl Store) {
 }
 
 async fn records_keep_the_last_values(store: impl Store) {
-    let base = CounterKey::builder("contract:", "d").entry("ip", "1.2.3.4").finish();
+    let base = CounterKey::builder("test:", "d").entry("ip", "1.2.3.4").finish();
     let mut h = one("rec", Algorithm::FixedWindow, 100, MINUTE, 1);
     h.tiers[0].key = base.tier(Algorithm::FixedWindow, MINUTE);
     for user in ["u1", "u2", "u3", "u4"] {
@@ -399,6 +401,26 @@ async fn reset_deletes_exactly_the_given_keys(store: impl Store) {
     assert_eq!(store.reset(&keys).await.unwrap(), 1);
     assert!(apply(&store, T0, &a).await.admitted, "a starts over");
     assert!(!apply(&store, T0, &b).await.admitted, "b is untouched");
+}
+
+async fn reset_keeps_streams_that_hold_entries(store: impl Store) {
+    let q = one("rq", Algorithm::Queue, 2, MINUTE, 1);
+    let never = one("rq-never", Algorithm::Queue, 2, MINUTE, 1);
+    assert!(apply(&store, T0, &q).await.admitted);
+    let keys = [q.tiers[0].key.clone(), never.tiers[0].key.clone()];
+    let reset = store.reset_idle_streams(T0, &keys).await.unwrap();
+    assert_eq!(
+        reset.deleted, 0,
+        "nothing deleted: one stream waits, the other never existed"
+    );
+    assert_eq!(reset.kept, [q.tiers[0].key.clone()], "the stream with an entry is kept");
+    assert_eq!(
+        peek(&store, T0, &q).await.tiers[0].remaining,
+        1,
+        "its entry still waits"
+    );
+    assert_eq!(store.reset(&keys[..1]).await.unwrap(), 1, "a plain reset drops it");
+    assert_eq!(peek(&store, T0, &q).await.tiers[0].remaining, 2);
 }
 
 async fn many_descriptors_in_one_call(store: impl Store) {

@@ -1,5 +1,6 @@
 //! The services over real gRPC and HTTP, backed by a real Redis: round trips, read-only GetRemaining, errors on
-//! the wire, store failures, script reloads, health and shutdown.
+//! the wire, store failures, script reloads, health and shutdown; the caps on every RPC, Reset's care for queued
+//! work, and metrics that client-chosen text cannot grow.
 
 use std::time::Duration;
 
@@ -11,7 +12,14 @@ use sluice::proto::sluice::v1::GetRemainingRequest;
 use sluice::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code as GrpcCode;
 
-use crate::harness::{RedisServer, ReplyGate, TestServer, limiter, memory, redis_store, redis_store_with};
+use sluice::limiter::{Caps, LimiterSettings};
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use sluice::proto::sluice::v1::{ReleaseRequest, ResetRequest};
+use sluice::store::Store;
+
+use crate::harness::{
+    RedisServer, ReplyGate, TestServer, limiter, limiter_with, memory, redis_store, redis_store_with,
+};
 
 const CONFIG: &str = "
 domain: edge
@@ -480,6 +488,7 @@ async fn leases_travel_in_metadata_and_release_and_reset_work_over_grpc() {
     let reset = || sluice::proto::sluice::v1::ResetRequest {
         domain: "jobs".into(),
         descriptors: vec![descriptor("job", "build")],
+        ..Default::default()
     };
     let status = client.reset(reset()).await.unwrap_err();
     assert_eq!(status.code(), GrpcCode::Unauthenticated);
@@ -513,6 +522,7 @@ async fn reset_is_disabled_without_an_admin_token() {
     let mut request = tonic::Request::new(sluice::proto::sluice::v1::ResetRequest {
         domain: "jobs".into(),
         descriptors: vec![descriptor("job", "x")],
+        ..Default::default()
     });
     request
         .metadata_mut()
@@ -523,6 +533,281 @@ async fn reset_is_disabled_without_an_admin_token() {
     );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+/// `message` with the admin token Reset needs.
+fn admin<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let bearer = format!("Bearer {}", crate::harness::ADMIN_TOKEN);
+    request.metadata_mut().insert("authorization", bearer.parse().unwrap());
+    request
+}
+
+/// Asserts that `status` is INVALID_ARGUMENT naming `cap`.
+fn refused_by(status: tonic::Status, cap: &str) {
+    assert_eq!(status.code(), GrpcCode::InvalidArgument, "{status:?}");
+    assert!(status.message().contains(cap), "names {cap}: {status:?}");
+}
+
+#[tokio::test]
+async fn release_and_reset_are_held_to_the_caps() {
+    let settings = LimiterSettings {
+        caps: Caps {
+            max_descriptors: 2,
+            max_value_bytes: 64,
+            max_request_bytes: 512,
+            ..Caps::default()
+        },
+        ..LimiterSettings::default()
+    };
+    let (l, _) = limiter_with(ALGORITHMS, memory(), settings);
+    let server = TestServer::start(l).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    // Two descriptors of eight 60-byte entries each: within every other cap, over 512 bytes.
+    let wide = || {
+        let entries = (0..8)
+            .map(|i| Entry {
+                key: format!("k{i}"),
+                value: "v".repeat(60),
+            })
+            .collect::<Vec<_>>();
+        vec![
+            RateLimitDescriptor {
+                entries: entries.clone(),
+                ..Default::default()
+            },
+            RateLimitDescriptor {
+                entries,
+                ..Default::default()
+            },
+        ]
+    };
+    let release = |descriptors: Vec<RateLimitDescriptor>, lease: String| ReleaseRequest {
+        domain: "jobs".into(),
+        descriptors,
+        lease_id: lease,
+    };
+
+    let at_cap = client
+        .release(release(vec![descriptor("job", "x")], "l".repeat(64)))
+        .await
+        .unwrap();
+    assert_eq!(at_cap.into_inner().released, 0, "a lease id at the cap is looked up");
+    let over = client.release(release(vec![descriptor("job", "x")], "l".repeat(65)));
+    refused_by(over.await.unwrap_err(), "--max-value-bytes");
+    let three = vec![descriptor("job", "x"); 3];
+    refused_by(
+        client.release(release(three.clone(), "l".into())).await.unwrap_err(),
+        "--max-descriptors",
+    );
+    refused_by(
+        client.release(release(wide(), "l".into())).await.unwrap_err(),
+        "--max-request-bytes",
+    );
+
+    let reset = |descriptors: Vec<RateLimitDescriptor>| {
+        admin(ResetRequest {
+            domain: "jobs".into(),
+            descriptors,
+            ..Default::default()
+        })
+    };
+    refused_by(client.reset(reset(three)).await.unwrap_err(), "--max-descriptors");
+    refused_by(client.reset(reset(wide())).await.unwrap_err(), "--max-request-bytes");
+    assert_eq!(
+        client
+            .reset(reset(vec![descriptor("job", "x")]))
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted,
+        0
+    );
+    server.shutdown().await;
+}
+
+/// The stream a ShouldRateLimit answer says its `queue` entry went to.
+fn queued_stream(response: &sluice::proto::envoy::service::ratelimit::v3::RateLimitResponse) -> Option<String> {
+    use prost_types::value::Kind;
+    let sluice = response.dynamic_metadata.as_ref()?.fields.get("sluice")?;
+    let Some(Kind::StructValue(s)) = &sluice.kind else {
+        return None;
+    };
+    let Some(Kind::ListValue(queued)) = &s.fields.get("queued")?.kind else {
+        return None;
+    };
+    let Some(Kind::StructValue(entry)) = &queued.values.first()?.kind else {
+        return None;
+    };
+    match &entry.fields.get("stream")?.kind {
+        Some(Kind::StringValue(stream)) => Some(stream.clone()),
+        _ => None,
+    }
+}
+
+/// Queues one entry, then: Reset keeps the stream (and names it) while the entry waits; `drop_queued_work` deletes
+/// it. Returns the server and the stream's key, with one entry queued again.
+async fn reset_keeps_queued_work_unless_asked(store: impl Store) -> (TestServer, String) {
+    let (l, _) = limiter(ALGORITHMS, store);
+    let server = TestServer::start(l).await;
+    let mut envoy = envoy_client(&server).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let queued = envoy.should_rate_limit(jobs("work", "w")).await.unwrap().into_inner();
+    let stream = queued_stream(&queued).expect("the queue's stream in the answer");
+    let reset = |drop_queued_work: bool| {
+        admin(ResetRequest {
+            domain: "jobs".into(),
+            descriptors: vec![descriptor("work", "w")],
+            drop_queued_work,
+        })
+    };
+    let remaining = || GetRemainingRequest {
+        domain: "jobs".into(),
+        descriptors: vec![descriptor("work", "w")],
+        cost: None,
+    };
+
+    let kept = client.reset(reset(false)).await.unwrap().into_inner();
+    assert_eq!((kept.deleted, kept.kept_streams), (0, vec![stream.clone()]));
+    let left = client.get_remaining(remaining()).await.unwrap().into_inner();
+    assert_eq!(left.descriptors[0].remaining, 4, "the entry still waits");
+
+    let dropped = client.reset(reset(true)).await.unwrap().into_inner();
+    assert_eq!((dropped.deleted, dropped.kept_streams), (1, vec![]));
+    let left = client.get_remaining(remaining()).await.unwrap().into_inner();
+    assert_eq!(
+        left.descriptors[0].remaining, 5,
+        "asked to, Reset drops the waiting entry"
+    );
+
+    envoy.should_rate_limit(jobs("work", "w")).await.unwrap();
+    (server, stream)
+}
+
+#[tokio::test]
+async fn reset_keeps_queued_work_unless_asked_in_memory() {
+    let (server, _) = reset_keeps_queued_work_unless_asked(memory()).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_keeps_queued_work_unless_asked_in_redis() {
+    let redis = RedisServer::start();
+    let (server, stream) = reset_keeps_queued_work_unless_asked(redis_store(&redis.url()).await).await;
+    // Once a worker has taken the entry off, the empty stream is reset without asking.
+    let entries = redis.cli(&["--raw", "XRANGE", &stream, "-", "+"]);
+    let id = entries.lines().next().expect("one entry").to_string();
+    assert_eq!(redis.cli(&["XDEL", &stream, &id]).trim(), "(integer) 1");
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let done = client
+        .reset(admin(ResetRequest {
+            domain: "jobs".into(),
+            descriptors: vec![descriptor("work", "w")],
+            drop_queued_work: false,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((done.deleted, done.kept_streams), (1, vec![]));
+    assert_eq!(redis.cli(&["EXISTS", &stream]).trim(), "(integer) 0");
+    server.shutdown().await;
+}
+
+/// Series in a Prometheus exposition.
+fn series(metrics: &str) -> usize {
+    metrics.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).count()
+}
+
+#[tokio::test]
+async fn client_chosen_text_never_grows_the_metrics() {
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let mut envoy = envoy_client(&server).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let round = |i: usize| {
+        let override_descriptor = RateLimitDescriptor {
+            entries: vec![Entry {
+                key: format!("override-key-{i}"),
+                value: format!("v{i}"),
+            }],
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 1_000,
+                unit: 1,
+            }),
+            ..Default::default()
+        };
+        let known = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![
+                override_descriptor,
+                descriptor(&format!("unknown-key-{i}"), "v"),
+                descriptor("a", &format!("value-{i}")),
+            ],
+            hits_addend: 0,
+        };
+        let unknown_domain = RateLimitRequest {
+            domain: format!("unknown-domain-{i}"),
+            descriptors: vec![descriptor(&format!("k{i}"), "v")],
+            hits_addend: 0,
+        };
+        let invalid = RateLimitRequest {
+            domain: format!("invalid-{i}"),
+            descriptors: vec![descriptor("", &format!("v{i}"))],
+            hits_addend: 0,
+        };
+        let bad_unit = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: format!("bad-unit-{i}"),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 1,
+                    unit: 99,
+                }),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let remaining = GetRemainingRequest {
+            domain: format!("remaining-{i}"),
+            descriptors: vec![descriptor(&format!("r{i}"), "v")],
+            cost: None,
+        };
+        (known, unknown_domain, invalid, bad_unit, remaining)
+    };
+    let mut sizes = Vec::new();
+    for (from, to) in [(0, 10), (10, 2_000)] {
+        for i in from..to {
+            let (known, unknown_domain, invalid, bad_unit, remaining) = round(i);
+            envoy.should_rate_limit(known).await.unwrap();
+            client.should_rate_limit(unknown_domain).await.unwrap();
+            envoy.should_rate_limit(invalid).await.unwrap_err();
+            envoy.should_rate_limit(bad_unit).await.unwrap_err();
+            client.get_remaining(remaining).await.unwrap();
+        }
+        let (code, metrics) = server.http_get("/metrics").await;
+        assert_eq!(code, 200);
+        for text in [
+            "override-key",
+            "unknown-key",
+            "unknown-domain",
+            "invalid-",
+            "bad-unit",
+            "value-",
+            "remaining-",
+        ] {
+            assert!(!metrics.contains(text), "request text '{text}' in a label:\n{metrics}");
+        }
+        assert!(metrics.contains("edge.(override)"), "overrides are counted:\n{metrics}");
+        sizes.push(series(&metrics));
+    }
+    assert_eq!(
+        sizes[0], sizes[1],
+        "the same series after 10 and after 2 000 distinct keys"
+    );
+    server.shutdown().await;
 }
 
 const EVERY_ALGORITHM: &str = "

@@ -34,6 +34,43 @@ macro_rules! both_stores {
     };
 }
 
+/// [`both_stores!`], and once more over a fresh `redis-server` reached as the README's least-privilege ACL user, so
+/// that the documented ACL cannot miss a command the store or its scripts use.
+macro_rules! every_store {
+    ($($name:ident),* $(,)?) => {
+        both_stores!($($name),*);
+        mod redis_acl_user {
+            $(#[tokio::test] async fn $name() {
+                let redis = crate::harness::RedisServer::start();
+                let url = redis.acl_user_url();
+                super::$name(crate::harness::redis_store(&url).await).await;
+            })*
+        }
+    };
+}
+
+/// The password the tests give the README's ACL user.
+pub const ACL_PASSWORD: &str = "s3cret-pw";
+
+/// The rules of the README's least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
+/// parsed from the README's `ACL SETUSER sluice ...` line with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
+/// README says to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
+pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER sluice "))
+        .expect("the README has an `ACL SETUSER sluice ...` line");
+    std::iter::once("sluice")
+        .chain(line.split_whitespace())
+        .map(|rule| match rule {
+            ">PASSWORD" => format!(">{ACL_PASSWORD}"),
+            "~sluice:*" => format!("~{key_prefix}*"),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
 /// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
 pub const T0: u64 = 1_704_067_210_000_000;
 
@@ -85,6 +122,16 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Creates the README's ACL user (see [`readme_acl_user`]) for the tests' key prefix, `test:`, and returns a URL
+    /// that connects as it.
+    pub fn acl_user_url(&self) -> String {
+        let mut args = vec!["ACL", "SETUSER"];
+        let rules = readme_acl_user("test:");
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(self.cli(&args).trim(), "OK", "ACL SETUSER {rules:?}");
+        format!("redis://sluice:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
     }
 
     /// Runs one command with `redis-cli` and returns its raw output.
@@ -237,6 +284,8 @@ pub async fn live_server_with(url: &str, yaml: &str, timeout: Duration, settings
 pub struct TestServer {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The JSON API's listener (`POST /json`), with the gRPC listener's TLS when that has one.
+    pub json: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -253,7 +302,16 @@ impl TestServer {
     ) -> TestServer {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let json = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, http_addr, json_addr) = (
+            grpc.local_addr().unwrap(),
+            http.local_addr().unwrap(),
+            json.local_addr().unwrap(),
+        );
+        let http = sluice::server::HttpListeners {
+            admin: http,
+            json: Some(json),
+        };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let shutdown = async {
@@ -271,6 +329,7 @@ impl TestServer {
         TestServer {
             grpc: grpc_addr,
             http: http_addr,
+            json: json_addr,
             stop: Some(stop),
             task,
         }
@@ -296,27 +355,47 @@ impl TestServer {
         .await
     }
 
-    /// `POST path` with a JSON body on the HTTP port: status code and body.
+    /// `POST path` with a JSON body on the HTTP admin port: status code and body.
     pub async fn http_post(&self, path: &str, body: &str) -> (u16, String) {
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        self.http_request(&(head + body)).await
+        self.post_to(self.http, path, body).await
+    }
+
+    /// `POST /json` with `body` on the JSON API's port (plain text): status code and body.
+    pub async fn json_post(&self, body: &str) -> (u16, String) {
+        self.post_to(self.json, "/json", body).await
+    }
+
+    async fn post_to(&self, addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+        http_exchange(TcpStream::connect(addr).await.unwrap(), &post_request(path, body)).await
     }
 
     async fn http_request(&self, request: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.http).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        let code = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (code, body)
+        http_exchange(TcpStream::connect(self.http).await.unwrap(), request).await
     }
+}
+
+/// An HTTP/1.1 `POST path` of a JSON body, closing the connection after the answer.
+pub fn post_request(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Writes one HTTP/1.1 request on `stream` and reads the answer to its end: status code and body.
+pub async fn http_exchange<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: T,
+    request: &str,
+) -> (u16, String) {
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }
 
 impl Drop for TestServer {

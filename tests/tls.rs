@@ -1,6 +1,7 @@
 //! TLS, with certificates made in the test: to Redis (`rediss://` with a private CA, a client certificate for
 //! `tls-auth-clients`, an ACL user with only the commands sluice needs), and on the gRPC listener (TLS, mutual TLS,
-//! certificate files replaced on disk and picked up by the next connection, bad files refused by name).
+//! certificate files replaced on disk and picked up by the next connection, bad files refused by name), and the JSON
+//! API's listener under the same mutual TLS.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +15,10 @@ use sluice::store::redis::{RedisSettings, RedisStore, RedisTls};
 use sluice::tls::{ServerTls, ServerTlsFiles};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use crate::harness::{Pem, TestCa, TestServer, limiter, limiter_with, memory, redis_tls_server, write_file};
+use crate::harness::{
+    ACL_PASSWORD, Pem, TestCa, TestServer, limiter, limiter_with, memory, post_request, readme_acl_user,
+    redis_tls_server, write_file,
+};
 
 const CONFIG: &str = "
 domain: tls
@@ -96,44 +100,14 @@ async fn redis_over_tls_trusts_the_given_ca() {
     );
 }
 
-/// An ACL user with only what sluice runs: EVALSHA and SCRIPT LOAD, the commands inside the scripts, and PING, DEL,
-/// ZREM for readiness, Reset and Release; keys under the prefix only.
-const ACL_USER: &[&str] = &[
-    "--user",
-    "sluice",
-    "on",
-    ">s3cret-pw",
-    "resetkeys",
-    "~sluice:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+ping",
-    "+del",
-    "+zrem",
-    "+time",
-    "+get",
-    "+set",
-    "+hmget",
-    "+hset",
-    "+lpush",
-    "+lrange",
-    "+ltrim",
-    "+pexpire",
-    "+xadd",
-    "+xrevrange",
-    "+xtrim",
-    "+zadd",
-    "+zcard",
-    "+zcount",
-    "+zrange",
-    "+zrangebyscore",
-    "+zremrangebyscore",
-    "--user",
-    "default",
-    "off",
-];
+/// The README's least-privilege ACL user (password [`ACL_PASSWORD`]), and the default user off, as
+/// `redis-server` arguments.
+fn acl_user_args() -> Vec<String> {
+    let mut args = vec!["--user".to_string()];
+    args.extend(readme_acl_user("sluice:"));
+    args.extend(["--user", "default", "off"].map(String::from));
+    args
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
@@ -142,7 +116,9 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     let ca_file = write_file(dir.path(), "ca.crt", &ca.cert);
     let (cert, key) = write_pair(dir.path(), "redis", &ca.issue("redis"));
     let (client_cert, client_key) = write_pair(dir.path(), "client", &ca.issue("sluice"));
-    let redis = redis_tls_server(dir.path(), &cert, &key, &ca_file, true, ACL_USER);
+    let acl = acl_user_args();
+    let acl: Vec<&str> = acl.iter().map(String::as_str).collect();
+    let redis = redis_tls_server(dir.path(), &cert, &key, &ca_file, true, &acl);
     let url = |auth: &str| format!("rediss://{auth}127.0.0.1:{}", redis.port);
     let full = RedisTls {
         ca: Some(ca_file.clone()),
@@ -151,7 +127,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     };
 
     assert!(
-        decides(store(&url("sluice:s3cret-pw@"), full.clone()).await).await,
+        decides(store(&url(&format!("sluice:{ACL_PASSWORD}@")), full.clone()).await).await,
         "client certificate and ACL user"
     );
     let ca_only = RedisTls {
@@ -159,7 +135,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
         ..RedisTls::default()
     };
     assert!(
-        !decides(store(&url("sluice:s3cret-pw@"), ca_only).await).await,
+        !decides(store(&url(&format!("sluice:{ACL_PASSWORD}@")), ca_only).await).await,
         "no client certificate"
     );
     assert!(
@@ -178,7 +154,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
     };
     let (l, _) = limiter_with(
         CONFIG,
-        store(&url("sluice:s3cret-pw@"), full.clone()).await,
+        store(&url(&format!("sluice:{ACL_PASSWORD}@")), full.clone()).await,
         other_prefix,
     );
     assert!(l.should_rate_limit(&request()).await.is_err(), "keys outside ~sluice:*");
@@ -187,7 +163,7 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
         ..full
     };
     let e = RedisStore::connect(&RedisSettings {
-        url: url("sluice:s3cret-pw@"),
+        url: url(&format!("sluice:{ACL_PASSWORD}@")),
         timeout: Duration::from_millis(500),
         pool_size: 1,
         server_time: true,
@@ -349,6 +325,87 @@ async fn grpc_certificates_are_reloaded_from_disk() {
         .should_rate_limit(rls_request())
         .await
         .expect("an open connection survives the reload");
+    server.shutdown().await;
+}
+
+const JSON_REQUEST: &str = r#"{"domain": "tls", "descriptors": [{"entries": [{"key": "user", "value": "carol"}]}]}"#;
+
+/// One `POST /json` to the JSON API's listener: over TLS trusting `ca` (presenting `identity` if given), or in plain
+/// text without `ca`. The status code, or why there was none.
+async fn json_call(server: &TestServer, ca: Option<&Path>, identity: Option<(&Path, &Path)>) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn exchange<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: T) -> Result<u16, String> {
+        let request = post_request("/json", JSON_REQUEST);
+        io.write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut response = Vec::new();
+        io.read_to_end(&mut response).await.map_err(|e| format!("read: {e}"))?;
+        let response = String::from_utf8_lossy(&response);
+        response
+            .get(9..12)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| format!("no HTTP answer: {response:?}"))
+    }
+    let tcp = tokio::net::TcpStream::connect(server.json)
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(ca) = ca else {
+        return exchange(tcp).await;
+    };
+    let roots = sluice::tls::load_roots("ca", ca).map_err(|e| e.to_string())?;
+    let builder = rustls::ClientConfig::builder_with_provider(sluice::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                sluice::tls::load_certs("cert", cert).map_err(|e| e.to_string())?,
+                sluice::tls::load_key("key", key).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| e.to_string())?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    exchange(tls).await
+}
+
+#[tokio::test]
+async fn the_json_api_shares_the_grpc_listener_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("grpc test ca");
+    let ca_file = write_file(dir.path(), "ca.crt", &ca.cert);
+    let (cert, key) = write_pair(dir.path(), "server", &ca.issue("sluice"));
+    let (client_cert, client_key) = write_pair(dir.path(), "client", &ca.issue("envoy"));
+    let stranger = TestCa::new("stranger");
+    let (stranger_cert, stranger_key) = write_pair(dir.path(), "stranger", &stranger.issue("envoy"));
+    let server = tls_server(ServerTlsFiles {
+        cert,
+        key,
+        client_ca: Some(ca_file.clone()),
+    })
+    .await;
+
+    let with_certificate = json_call(&server, Some(&ca_file), Some((&client_cert, &client_key))).await;
+    assert_eq!(
+        with_certificate,
+        Ok(200),
+        "a client with a certificate from the client CA"
+    );
+    assert!(json_call(&server, None, None).await.is_err(), "plain text is refused");
+    let without = json_call(&server, Some(&ca_file), None).await;
+    assert!(without.is_err(), "no client certificate: {without:?}");
+    let foreign = json_call(&server, Some(&ca_file), Some((&stranger_cert, &stranger_key))).await;
+    assert!(foreign.is_err(), "a certificate from another CA: {foreign:?}");
+    // The admin endpoints stay plain for probes and scrapers, and decide nothing.
+    assert_eq!(server.http_get("/healthz").await.0, 200);
+    assert_eq!(server.http_post("/json", JSON_REQUEST).await.0, 404);
     server.shutdown().await;
 }
 

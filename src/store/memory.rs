@@ -15,7 +15,7 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, TierOutcome, TierSpec};
+use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, StreamReset, TierOutcome, TierSpec};
 use crate::rules::Algorithm;
 
 const SHARDS: usize = 64;
@@ -638,6 +638,21 @@ impl Store for MemoryStore {
             deleted += u64::from(shard.entries.remove(key.as_str()).is_some());
         }
         Ok(deleted)
+    }
+
+    async fn reset_idle_streams(&self, now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+        let mut reset = StreamReset::default();
+        for key in keys {
+            let mut shard = lock(&self.shards[(key.tag() % SHARDS as u64) as usize]);
+            match shard.live(key.as_str(), now_us) {
+                Some(State::Queue { entries, .. }) if !entries.is_empty() => reset.kept.push(key.clone()),
+                _ => {
+                    let removed = shard.entries.remove(key.as_str());
+                    reset.deleted += u64::from(removed.is_some_and(|e| e.expires_at_us > now_us));
+                }
+            }
+        }
+        Ok(reset)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

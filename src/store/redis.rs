@@ -43,7 +43,7 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome};
+use super::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, StreamReset, TierOutcome};
 use crate::tls::{self, TlsError};
 
 mod cluster;
@@ -426,49 +426,38 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Sends one single-key command per key in one pipeline and adds up the integer answers.
+    /// Sends one single-key command per key, each to the server that holds the key, all before any answer is
+    /// awaited, and adds up the integer answers.
     async fn per_key(
         &self,
         command: &'static str,
         keys: &[CounterKey],
         extra: Option<&str>,
     ) -> Result<u64, StoreError> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        if let Some(cluster) = &self.cluster {
-            let mut total = 0;
-            for key in keys {
-                let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
-                let node = cluster
-                    .owner(slot)
-                    .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))?;
-                let mut args = vec![Value::from(key.as_str())];
-                args.extend(extra.map(Value::from));
-                let n: i64 = node
-                    .pool
-                    .next()
-                    .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), args)
-                    .await
-                    .map_err(|e| self.classify(e))?;
-                total += n.max(0) as u64;
-            }
-            return Ok(total);
-        }
-        let pipeline = self.pool.next().pipeline();
-        for key in keys {
+        let calls = keys.iter().map(|key| async move {
             let mut args = vec![Value::from(key.as_str())];
             args.extend(extra.map(Value::from));
-            let _: () = pipeline
+            let n: i64 = self
+                .client_for(key)?
                 .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), args)
                 .await
                 .map_err(|e| self.classify(e))?;
-        }
-        let counts: Vec<Result<i64, FredError>> = pipeline.try_all().await;
-        counts
-            .into_iter()
-            .map(|c| c.map(|n| n.max(0) as u64).map_err(|e| self.classify(e)))
-            .sum()
+            Ok::<u64, StoreError>(n.max(0) as u64)
+        });
+        futures::future::join_all(calls).await.into_iter().sum()
+    }
+
+    /// The connection for a single-key command on `key`: the one server's, or in a cluster the primary's that
+    /// serves the key's slot.
+    fn client_for(&self, key: &CounterKey) -> Result<Client, StoreError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(self.pool.next().clone());
+        };
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        cluster
+            .owner(slot)
+            .map(|node| node.pool.next().clone())
+            .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
     }
 }
 
@@ -531,6 +520,37 @@ async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>, asking: bool) -
         Value::Array(values) if values.len() == n => Ok(values),
         _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
     }
+}
+
+/// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
+const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
+
+/// Runs [`RESET_IDLE_STREAM`] by EVAL (a rare admin call, not worth a cached SHA) on each stream, each routed to its
+/// own slot, all written before any answer is awaited.
+async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+    let calls = keys.iter().map(|key| async move {
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+        let args = vec![
+            Value::from(RESET_IDLE_STREAM),
+            Value::Integer(1),
+            Value::from(key.as_str()),
+        ];
+        let client = store.client_for(key)?;
+        client
+            .custom::<i64, _>(command, args)
+            .await
+            .map_err(|e| store.classify(e))
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut reset = StreamReset::default();
+    for (key, answer) in keys.iter().zip(answers) {
+        match answer? {
+            n if n < 0 => reset.kept.push(key.clone()),
+            n => reset.deleted += n as u64,
+        }
+    }
+    Ok(reset)
 }
 
 /// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
@@ -716,6 +736,10 @@ impl Store for RedisStore {
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
         self.per_key("DEL", keys, None).await
+    }
+
+    async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+        reset_idle_streams(self, keys).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
