@@ -107,59 +107,45 @@ async fn decides_with_the_store(server: &TestServer, value: &str) {
     assert_eq!(second.overall_code, Code::OverLimit as i32);
 }
 
+/// Starts sluice on `url` before its store exists, checks it serves by policy and says not ready, starts the store
+/// with `start`, and checks it turns ready by itself within a few seconds and then decides with the store.
+async fn becomes_ready_by_itself<T>(what: &str, url: &str, start: impl FnOnce() -> T) -> T {
+    let server = live_server_with(url, CONFIG, Duration::from_millis(100), LimiterSettings::default()).await;
+    serves_by_policy_while_not_ready(&server).await;
+    let store = start();
+    let took = ready_within(&server, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("{what}: ready within a few seconds of the store coming up"));
+    eprintln!("{what}: ready {took:?} after the store came up");
+    for i in 0..12 {
+        decides_with_the_store(&server, &format!("{what}{i}")).await;
+    }
+    server.shutdown().await;
+    store
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_before_its_redis_it_becomes_ready_by_itself() {
     let port = free_port();
-    let url = format!("redis://127.0.0.1:{port}");
-    let server = live_server_with(&url, CONFIG, Duration::from_millis(100), LimiterSettings::default()).await;
-    serves_by_policy_while_not_ready(&server).await;
-    let redis = RedisServer::start_on(port);
-    let took = ready_within(&server, Duration::from_secs(5))
-        .await
-        .expect("ready within a few seconds of Redis coming up");
-    eprintln!("standalone: ready {took:?} after Redis came up");
-    decides_with_the_store(&server, "standalone").await;
-    drop(redis);
-    server.shutdown().await;
+    becomes_ready_by_itself("standalone", &format!("redis://127.0.0.1:{port}"), || {
+        RedisServer::start_on(port)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_before_its_sentinel_it_becomes_ready_by_itself() {
     let ports = RedisSentinel::ports();
-    let url = RedisSentinel::url_for(ports.2);
-    let server = live_server_with(&url, CONFIG, Duration::from_millis(100), LimiterSettings::default()).await;
-    serves_by_policy_while_not_ready(&server).await;
-    let sentinel = RedisSentinel::start_on(ports);
-    let took = ready_within(&server, Duration::from_secs(5))
-        .await
-        .expect("ready within a few seconds of the Sentinel knowing its primary");
-    eprintln!("sentinel: ready {took:?} after the Sentinel came up");
-    decides_with_the_store(&server, "sentinel").await;
-    drop(sentinel);
-    server.shutdown().await;
+    becomes_ready_by_itself("sentinel", &RedisSentinel::url_for(ports.2), || {
+        RedisSentinel::start_on(ports)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_before_its_cluster_is_created_it_becomes_ready_by_itself() {
     let cluster = RedisCluster::unformed();
-    let server = live_server_with(
-        &cluster.url(),
-        CONFIG,
-        Duration::from_millis(100),
-        LimiterSettings::default(),
-    )
-    .await;
-    serves_by_policy_while_not_ready(&server).await;
-    cluster.create();
-    let took = ready_within(&server, Duration::from_secs(5))
-        .await
-        .expect("ready within a few seconds of the cluster settling");
-    eprintln!("cluster: ready {took:?} after the cluster settled");
-    let values: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
-    for v in &values {
-        decides_with_the_store(&server, v).await;
-    }
-    server.shutdown().await;
+    becomes_ready_by_itself("cluster", &cluster.url(), || cluster.create()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

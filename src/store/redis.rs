@@ -302,11 +302,21 @@ impl RedisStore {
         let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; hits.len()];
         let mut pending: Vec<usize> = (0..hits.len()).collect();
         for attempt in 0..2 {
-            let calls = pending
-                .iter()
-                .map(|&i| Call::new(mode, self.now(now_us), &hits[i]))
-                .collect();
-            let answers = self.send(calls).await;
+            let answers = match &self.cluster {
+                Some(cluster) => {
+                    let calls = pending
+                        .iter()
+                        .map(|&i| self.send_to_slot(cluster, mode, now_us, &hits[i]));
+                    futures::future::join_all(calls).await
+                }
+                None => {
+                    let calls = pending
+                        .iter()
+                        .map(|&i| Call::new(mode, self.now(now_us), &hits[i]))
+                        .collect();
+                    self.send(calls).await
+                }
+            };
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 results[i] = Some(match answer {
@@ -336,18 +346,12 @@ impl RedisStore {
             .collect()
     }
 
-    /// Sends `calls` and returns one answer per call, with the cluster node that gave it: through the gathering
-    /// task against one server, or one EVALSHA per call to the primary of its slot in a cluster, all written before
-    /// any answer is awaited.
+    /// Sends `calls` to the one server through the gathering task and returns one answer per call.
     async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, (FredError, Option<Node>)>> {
         let n = calls.len();
         let Some(queue) = &self.batches else {
-            let Some(cluster) = &self.cluster else {
-                let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
-                return (0..n).map(|_| Err((e.clone(), None))).collect();
-            };
-            let answers = calls.into_iter().map(|call| self.send_to_slot(cluster, call));
-            return futures::future::join_all(answers).await;
+            let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
+            return (0..n).map(|_| Err((e.clone(), None))).collect();
         };
         let (reply, answer) = oneshot::channel();
         let gone = || {
@@ -373,15 +377,22 @@ impl RedisStore {
         }
     }
 
-    /// One call to the primary of its slot. MOVED and ASK (the call ran nothing) are followed once, to the node they
-    /// name; MOVED, a slot without a primary and a node that failed to answer ask for a new slot map.
-    async fn send_to_slot(&self, cluster: &Cluster, call: Call) -> Result<Value, (FredError, Option<Node>)> {
+    /// One hit's call to the primary of its slot, with the node that answered. MOVED and ASK (the call ran
+    /// nothing) are followed once, to the node they name; MOVED, a slot without a primary and a node that failed to
+    /// answer ask for a new slot map.
+    async fn send_to_slot(
+        &self,
+        cluster: &Cluster,
+        mode: Mode,
+        now_us: u64,
+        hit: &Hit,
+    ) -> Result<Value, (FredError, Option<Node>)> {
+        let call = Call::new(mode, self.now(now_us), hit);
         let slot = call.slot.unwrap_or(0);
         let Some(node) = cluster.owner(slot) else {
             let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
             return Err((e, None));
         };
-        let (keys, args) = (call.keys.clone(), call.args.clone());
         let first = eval(node.pool.next(), self.sha.clone(), vec![call], false).await;
         let e = match first {
             Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
@@ -395,11 +406,7 @@ impl RedisStore {
         let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
             return Err((e, Some(node)));
         };
-        let call = Call {
-            keys,
-            args,
-            slot: Some(slot),
-        };
+        let call = Call::new(mode, self.now(now_us), hit);
         eval(target.pool.next(), self.sha.clone(), vec![call], asking)
             .await
             .map(|mut values| values.pop().unwrap_or(Value::Null))
