@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the figures of BENCHMARKS.md on this machine: builds sluice in release mode, starts Redis (standalone and
-# a 3-primary local cluster) and sluice on loopback ports, and drives `sluice bench` through the scenarios: in memory
+# a 3-primary local cluster) and sluice on loopback ports, and drives `sluice-bench` through the scenarios: in memory
 # and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
 # over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
 # cross-checking. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
@@ -19,8 +19,9 @@ cleanup() {
 trap cleanup EXIT
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
-cargo build --release --locked --bin sluice >&2
+cargo build --release --locked --bin sluice --bin sluice-bench >&2
 sluice=$PWD/target/release/sluice
+sluice_bench=$PWD/target/release/sluice-bench
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -82,7 +83,7 @@ stop_sluice() { kill "$sluice_pid"; wait "$sluice_pid" || true; }
 run() {
   local label=$1; shift
   printf '%s\n' "--- $label"
-  "$sluice" bench --target "http://127.0.0.1:$grpc" --domain bench --duration "$DURATION" --warmup "$WARMUP" \
+  "$sluice_bench" --target "http://127.0.0.1:$grpc" --domain bench --duration "$DURATION" --warmup "$WARMUP" \
     --quiet "$@"
 }
 
@@ -117,12 +118,12 @@ calibrate() {
 if command -v redis-benchmark >/dev/null; then
   counter=$(redis-cli -p "$redis_port" script load \
     "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
-  decide=$(redis-cli -p "$redis_port" script load "$(cat lua/prelude.lua lua/fixed_window.lua lua/sliding_window.lua \
-    lua/sliding_log.lua lua/token_bucket.lua lua/concurrency.lua lua/queue.lua lua/lone_fixed_window.lua lua/decide.lua \
-    lua/batch.lua)")
+  decide=$(redis-cli -p "$redis_port" script load "$(cd crates/sluice-core/lua && cat prelude.lua fixed_window.lua \
+    sliding_window.lua sliding_log.lua token_bucket.lua concurrency.lua queue.lua lone_fixed_window.lua decide.lua \
+    batch.lua)")
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
-  # One descriptor as lua/batch.lua reads it: key count, argument count, then decide.lua's arguments.
+  # One descriptor as crates/sluice-core/lua/batch.lua reads it: key count, argument count, then decide.lua's arguments.
   fixed=(1 11 hit '' 1 '' 0 '' 0 fixed_window 1000000000 3600000000 0)
   calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 's:__rand_int__' \
     1 "${fixed[@]}"

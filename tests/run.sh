@@ -40,11 +40,11 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --locked
+cargo test --workspace --locked
 echo "== benches, smoke mode (each criterion benchmark once, the footprint on a few keys)"
-cargo test --benches --locked
+cargo test --workspace --benches --locked
 echo "== python tests"
 cargo build --locked --bin sluice
 SLUICE_BIN="$PWD/target/debug/sluice" .venv/bin/python -m pytest tests/python -q

@@ -1,0 +1,841 @@
+//! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
+//!
+//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua` (a fast path for the
+//! commonest call), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
+//! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
+//! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
+//! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
+//! [`MAX_BATCH`] descriptors, and fred frames, writes and reads one command instead of one per request. In a cluster,
+//! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag),
+//! sent to the primary that serves the slot over that node's own connections ([`cluster`]), so that a dead primary
+//! fails only its own slots' descriptors.
+//! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
+//! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
+//! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
+//! CPU per decision); a failure surfaces as a [`StoreError`] for the descriptors it concerns, and the others keep
+//! their decisions. An error inside one descriptor's decision (a key of the wrong type) fails that descriptor alone.
+//!
+//! A Redis that is down, unreachable or not yet a formed cluster at start is not fatal: connections are retried in
+//! the background (fred's `fail_fast` off), calls fail by the failure policy meanwhile, and `/readyz` turns ready by
+//! itself once the store answers.
+//!
+//! fred writes each EVALSHA with a write of its own (it flushes after every script and custom command, whatever is
+//! queued behind it), one more reason to send fewer, larger calls.
+//!
+//! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; the seeds
+//! lead to every node, MOVED and ASK are followed, and the slot map is read again after a failover), or a primary
+//! found through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next
+//! connection asks the sentinels again). In a cluster a request's EVALSHAs are written to their primaries without
+//! waiting for any answer, so primaries work on one request's descriptors concurrently. TLS is the `rediss`
+//! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
+//! the URL (`rediss://user:password@host:port`), and never into logs or errors.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::clients::{Client, Pool};
+use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::{ClientLike, LuaInterface};
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig, TlsConnector};
+use fred::types::scripts::Script;
+use fred::types::{Builder, ClusterHash, CustomCommand, Value};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, StreamReset, TierOutcome};
+use crate::pem::{self as tls, TlsError};
+
+mod cluster;
+
+use cluster::{Cluster, Node};
+
+/// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
+/// unit. (`benches/run.sh` loads the same files in the same order to time the script under `redis-benchmark`.)
+pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/concurrency.lua"),
+    include_str!("../../lua/queue.lua"),
+    include_str!("../../lua/lone_fixed_window.lua"),
+    include_str!("../../lua/decide.lua"),
+    include_str!("../../lua/batch.lua"),
+);
+
+/// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
+/// holds Redis, where each descriptor costs a few microseconds.
+const MAX_BATCH: usize = 64;
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://`, `rediss://`, `redis-cluster://` or `redis-sentinel://` URL.
+    pub url: String,
+    /// The bound on every store call, connection included.
+    pub timeout: Duration,
+    /// Connections (fred clients), each pipelining many requests.
+    pub pool_size: usize,
+    /// Decide by Redis's own clock (`TIME` in the script), one clock for every sluice instance. Tests turn it off to
+    /// drive time themselves.
+    pub server_time: bool,
+    /// Files for TLS to Redis; only with a `rediss` URL.
+    pub tls: RedisTls,
+}
+
+/// TLS to Redis beyond what a `rediss://` URL gives (the system's roots, no client certificate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM CA certificates to trust instead of the system's roots.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a Redis with `tls-auth-clients`; needs `key`.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's PEM private key; needs `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl RedisTls {
+    /// Whether any file is given.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The rustls client configuration the files describe.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let roots = match &self.ca {
+            Some(ca) => tls::load_roots("redis tls ca", ca)?,
+            None => tls::native_roots(),
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(format!("redis tls: {e}")))?
+            .with_root_certificates(roots);
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(builder.with_no_client_auth()),
+            (Some(cert), Some(key)) => {
+                let chain = tls::load_certs("redis tls certificate", cert)?;
+                let private = tls::load_key("redis tls key", key)?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| TlsError::Pair {
+                        what: "redis tls key",
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        reason: e.to_string(),
+                    })
+            }
+            (Some(_), None) => Err(TlsError::Config("redis tls: a client certificate needs its key".into())),
+            (None, Some(_)) => Err(TlsError::Config("redis tls: a client key needs its certificate".into())),
+        }
+    }
+}
+
+/// State in Redis.
+#[derive(Clone)]
+pub struct RedisStore {
+    /// The connections to one server (standalone or through Sentinel); in a cluster, to the seeds.
+    pool: Pool,
+    /// In a cluster: the slot map and each node's connections.
+    cluster: Option<Arc<Cluster>>,
+    /// The decision script's SHA1, the first argument of every EVALSHA.
+    sha: Value,
+    timeout: Duration,
+    server_time: bool,
+    /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
+    /// waiting at one moment into one script call. `None` in a cluster, where each descriptor goes to its slot.
+    batches: Option<mpsc::UnboundedSender<Job>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Hit,
+    Peek,
+}
+
+/// One descriptor's part of a script call (`lua/batch.lua`): its keys, and its arguments headed by their counts.
+struct Call {
+    keys: Vec<Value>,
+    args: Vec<Value>,
+    /// The cluster slot of its keys, which share one hash tag.
+    slot: Option<u16>,
+}
+
+impl Call {
+    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
+    fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
+        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 1);
+        keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
+        if let Some(r) = record {
+            keys.push(Value::from(r.key.as_str()));
+        }
+        let count = 7 + 2 * hit.fields.len() + 4 * hit.tiers.len();
+        let mut args: Vec<Value> = Vec::with_capacity(2 + count);
+        args.push(Value::Integer(keys.len() as i64));
+        args.push(Value::Integer(count as i64));
+        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
+        args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
+        // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
+        args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
+        args.push(Value::from(hit.lease.as_str()));
+        match record {
+            Some(RecordSpec { size, value, .. }) => {
+                args.push(Value::Integer(i64::from(*size)));
+                args.push(Value::from(value.as_deref().unwrap_or_default()));
+            }
+            None => {
+                args.push(Value::Integer(0));
+                args.push(Value::from(""));
+            }
+        }
+        args.push(Value::Integer(2 * hit.fields.len() as i64));
+        for (k, v) in &hit.fields {
+            args.push(Value::from(k.as_str()));
+            args.push(Value::from(v.as_str()));
+        }
+        for t in &hit.tiers {
+            args.push(Value::from(t.algorithm.name()));
+            args.push(Value::Integer(t.limit as i64));
+            args.push(Value::Integer(t.window_us as i64));
+            args.push(Value::Integer(t.burst as i64));
+        }
+        let slot = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(record.map(|r| &r.key))
+            .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
+        Call { keys, args, slot }
+    }
+}
+
+/// One request's calls, waiting to be gathered into a script call, and where their answers go.
+struct Job {
+    calls: Vec<Call>,
+    /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
+    queued: Instant,
+    reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
+}
+
+impl RedisStore {
+    /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
+    /// reconnecting and `/readyz` says unready until it answers.
+    pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        let mut config = Config::from_url(&settings.url).map_err(|e| {
+            StoreError::Other(format!(
+                "invalid redis url '{}': {}",
+                redact(&settings.url),
+                e.details()
+            ))
+        })?;
+        if settings.tls.is_set() {
+            if !config.uses_tls() {
+                return Err(StoreError::Other(format!(
+                    "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
+                    redact(&settings.url)
+                )));
+            }
+            let client = settings
+                .tls
+                .client_config()
+                .map_err(|e| StoreError::Other(e.to_string()))?;
+            config.tls = Some(TlsConnector::from(client).into());
+        }
+        let timeout = settings.timeout;
+        let clustered = matches!(config.server, ServerConfig::Clustered { .. });
+        let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
+        let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
+        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
+        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
+        let patience = timeout.max(Duration::from_millis(500));
+        if clustered {
+            let cluster = Cluster::start(config, timeout, settings.pool_size, patience).await;
+            return Ok(RedisStore {
+                pool,
+                cluster: Some(Arc::new(cluster)),
+                sha,
+                timeout,
+                server_time: settings.server_time,
+                batches: None,
+            });
+        }
+        pool.connect();
+        match tokio::time::timeout(patience, pool.wait_for_connect()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
+            Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
+        }
+        let (queue, jobs) = mpsc::unbounded_channel();
+        tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
+        Ok(RedisStore {
+            pool,
+            cluster: None,
+            sha,
+            timeout,
+            server_time: settings.server_time,
+            batches: Some(queue),
+        })
+    }
+
+    /// The time argument of a call at `now_us`: empty to decide by the server's clock.
+    fn now(&self, now_us: u64) -> Option<u64> {
+        (!self.server_time).then_some(now_us)
+    }
+
+    /// Decides every hit, one script call for all of them against one server, one per descriptor in a cluster;
+    /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
+    async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Answers {
+        let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; hits.len()];
+        let mut pending: Vec<usize> = (0..hits.len()).collect();
+        for attempt in 0..2 {
+            let answers = match &self.cluster {
+                Some(cluster) => {
+                    let calls = pending
+                        .iter()
+                        .map(|&i| self.send_to_slot(cluster, mode, now_us, &hits[i]));
+                    futures::future::join_all(calls).await
+                }
+                None => {
+                    let calls = pending
+                        .iter()
+                        .map(|&i| Call::new(mode, self.now(now_us), &hits[i]))
+                        .collect();
+                    self.send(calls).await
+                }
+            };
+            let mut missing = Vec::new();
+            for (&i, answer) in pending.iter().zip(answers) {
+                results[i] = Some(match answer {
+                    Ok(value) => parse(value, hits[i].tiers.len()),
+                    Err((e, node)) if attempt == 0 && is_noscript(&e) => {
+                        missing.push((i, node));
+                        continue;
+                    }
+                    Err((e, _)) => Err(self.classify(e)),
+                });
+            }
+            if missing.is_empty() {
+                break;
+            }
+            let nodes: Vec<Option<Node>> = missing.iter().map(|(_, n)| n.clone()).collect();
+            pending = missing.into_iter().map(|(i, _)| i).collect();
+            if let Err(e) = self.load_script(nodes).await {
+                for &i in &pending {
+                    results[i] = Some(Err(e.clone()));
+                }
+                break;
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Script("script still missing after reload".into()))))
+            .collect()
+    }
+
+    /// Sends `calls` to the one server through the gathering task and returns one answer per call.
+    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, (FredError, Option<Node>)>> {
+        let n = calls.len();
+        let Some(queue) = &self.batches else {
+            let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
+            return (0..n).map(|_| Err((e.clone(), None))).collect();
+        };
+        let (reply, answer) = oneshot::channel();
+        let gone = || {
+            (
+                FredError::new(ErrorKind::Canceled, "the redis store is shutting down"),
+                None,
+            )
+        };
+        if queue
+            .send(Job {
+                calls,
+                queued: Instant::now(),
+                reply,
+            })
+            .is_err()
+        {
+            return (0..n).map(|_| Err(gone())).collect();
+        }
+        match answer.await {
+            Ok(Ok(values)) => values.into_iter().map(Ok).collect(),
+            Ok(Err(e)) => vec![Err((e, None)); n],
+            Err(_) => (0..n).map(|_| Err(gone())).collect(),
+        }
+    }
+
+    /// One hit's call to the primary of its slot, with the node that answered. MOVED and ASK (the call ran
+    /// nothing) are followed once, to the node they name; MOVED, a slot without a primary and a node that failed to
+    /// answer ask for a new slot map.
+    async fn send_to_slot(
+        &self,
+        cluster: &Cluster,
+        mode: Mode,
+        now_us: u64,
+        hit: &Hit,
+    ) -> Result<Value, (FredError, Option<Node>)> {
+        let call = Call::new(mode, self.now(now_us), hit);
+        let slot = call.slot.unwrap_or(0);
+        let Some(node) = cluster.owner(slot) else {
+            let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
+            return Err((e, None));
+        };
+        let first = eval(node.pool.next(), self.sha.clone(), vec![call], false).await;
+        let e = match first {
+            Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
+            Err(e) => e,
+        };
+        let redirect = redirection(&e);
+        if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
+            return Err((e, Some(node)));
+        }
+        cluster.refresh_soon();
+        let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+            return Err((e, Some(node)));
+        };
+        let call = Call::new(mode, self.now(now_us), hit);
+        eval(target.pool.next(), self.sha.clone(), vec![call], asking)
+            .await
+            .map(|mut values| values.pop().unwrap_or(Value::Null))
+            .map_err(|e| (e, Some(target)))
+    }
+
+    /// Loads the script where calls met NOSCRIPT: on the one server, or on each cluster node named.
+    async fn load_script(&self, nodes: Vec<Option<Node>>) -> Result<(), StoreError> {
+        let mut pools: Vec<Pool> = Vec::new();
+        let mut seen: Vec<Arc<str>> = Vec::new();
+        for node in nodes.into_iter().flatten() {
+            if !seen.contains(&node.addr) {
+                seen.push(node.addr.clone());
+                pools.push(node.pool);
+            }
+        }
+        if pools.is_empty() {
+            pools.push(self.pool.clone());
+        }
+        for pool in pools {
+            let loaded: Result<String, FredError> = pool.next().script_load(SCRIPT).await;
+            loaded.map_err(|e| self.classify(e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends one single-key command per key, each to the server that holds the key, all before any answer is
+    /// awaited, and adds up the integer answers.
+    async fn per_key(
+        &self,
+        command: &'static str,
+        keys: &[CounterKey],
+        extra: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let calls = keys.iter().map(|key| async move {
+            let mut args = vec![Value::from(key.as_str())];
+            args.extend(extra.map(Value::from));
+            let n: i64 = self
+                .client_for(key)?
+                .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), args)
+                .await
+                .map_err(|e| self.classify(e))?;
+            Ok::<u64, StoreError>(n.max(0) as u64)
+        });
+        futures::future::join_all(calls).await.into_iter().sum()
+    }
+
+    /// The connection for a single-key command on `key`: the one server's, or in a cluster the primary's that
+    /// serves the key's slot.
+    fn client_for(&self, key: &CounterKey) -> Result<Client, StoreError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(self.pool.next().clone());
+        };
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        cluster
+            .owner(slot)
+            .map(|node| node.pool.next().clone())
+            .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
+    }
+}
+
+/// The URL with its password, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_string();
+    };
+    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
+        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+/// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
+/// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
+/// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
+/// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
+async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>, asking: bool) -> Result<Vec<Value>, FredError> {
+    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
+    let args: usize = calls.iter().map(|c| c.args.len()).sum();
+    let mut command = Vec::with_capacity(3 + keys + args);
+    command.push(sha);
+    command.push(Value::Integer(keys as i64));
+    for call in &mut calls {
+        command.append(&mut call.keys);
+    }
+    command.push(Value::Integer(calls.len() as i64));
+    let route = calls
+        .first()
+        .and_then(|c| c.slot)
+        .map_or(ClusterHash::Random, ClusterHash::Custom);
+    let n = calls.len();
+    for call in calls {
+        command.extend(call.args);
+    }
+    let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
+    let answer: Value = if asking {
+        // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
+        let pipeline = client.pipeline();
+        let _: () = pipeline
+            .custom(
+                CustomCommand::new_static("ASKING", route.clone(), false),
+                Vec::<Value>::new(),
+            )
+            .await?;
+        let _: () = pipeline.custom(command_kind, command).await?;
+        let (_, answer): (Value, Value) = pipeline.all().await?;
+        answer
+    } else {
+        client.custom(command_kind, command).await?
+    };
+    match answer {
+        Value::Array(values) if values.len() == n => Ok(values),
+        _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
+    }
+}
+
+/// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
+const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
+
+/// Runs [`RESET_IDLE_STREAM`] by EVAL (a rare admin call, not worth a cached SHA) on each stream, each routed to its
+/// own slot, all written before any answer is awaited.
+async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+    let calls = keys.iter().map(|key| async move {
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+        let args = vec![
+            Value::from(RESET_IDLE_STREAM),
+            Value::Integer(1),
+            Value::from(key.as_str()),
+        ];
+        let client = store.client_for(key)?;
+        client
+            .custom::<i64, _>(command, args)
+            .await
+            .map_err(|e| store.classify(e))
+    });
+    let answers = futures::future::join_all(calls).await;
+    let mut reset = StreamReset::default();
+    for (key, answer) in keys.iter().zip(answers) {
+        match answer? {
+            n if n < 0 => reset.kept.push(key.clone()),
+            n => reset.deleted += n as u64,
+        }
+    }
+    Ok(reset)
+}
+
+/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
+/// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
+/// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
+/// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
+/// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
+/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
+/// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
+/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
+/// with the store.
+async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let flights = Arc::new(Semaphore::new(pool.size().max(2)));
+    let mut next: Option<Job> = None;
+    loop {
+        let Ok(permit) = flights.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut descriptors = 0;
+        while descriptors < MAX_BATCH {
+            let job = match next.take() {
+                Some(job) => job,
+                None if batch.is_empty() => match queue.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+                None => match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            if job.queued.elapsed() > timeout {
+                let _ = job.reply.send(Err(FredError::new(
+                    ErrorKind::Timeout,
+                    "no script call came free within the store's timeout",
+                )));
+                continue;
+            }
+            if !batch.is_empty() && descriptors + job.calls.len() > MAX_BATCH {
+                next = Some(job);
+                break;
+            }
+            descriptors += job.calls.len();
+            batch.push(job);
+        }
+        let client = pool.next().clone();
+        let sha = sha.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut calls = Vec::with_capacity(batch.len());
+            let mut replies = Vec::with_capacity(batch.len());
+            for job in batch {
+                replies.push((job.reply, job.calls.len()));
+                calls.extend(job.calls);
+            }
+            match eval(&client, sha, calls, false).await {
+                Ok(values) => {
+                    let mut values = values.into_iter();
+                    for (reply, n) in replies {
+                        let _ = reply.send(Ok(values.by_ref().take(n).collect()));
+                    }
+                }
+                Err(e) => {
+                    for (reply, _) in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Reads `decide.lua`'s answer.
+fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
+    let bad = || StoreError::Script("unexpected script answer".into());
+    let items = match value {
+        Value::Array(items) => items,
+        // The error that stopped this descriptor alone (see `lua/batch.lua`).
+        Value::String(error) => return Err(StoreError::Script(error.to_string())),
+        _ => return Err(bad()),
+    };
+    if items.len() < 1 + 6 * tiers {
+        return Err(bad());
+    }
+    let int = |v: &Value| v.as_i64().ok_or_else(bad);
+    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
+    let admitted = int(&items[0])? == 1;
+    let mut outcomes = Vec::with_capacity(tiers);
+    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
+        let retry = int(&t[4])?;
+        let id = t[5].as_string().filter(|s| !s.is_empty());
+        outcomes.push(TierOutcome {
+            ok: int(&t[0])? == 1,
+            used: count(&t[1])?,
+            remaining: count(&t[2])?,
+            reset_after_us: count(&t[3])?,
+            retry_after_us: u64::try_from(retry).ok(),
+            id,
+        });
+    }
+    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
+    Ok(Outcome {
+        admitted,
+        tiers: outcomes,
+        records,
+    })
+}
+
+fn is_noscript(e: &FredError) -> bool {
+    e.details().starts_with("NOSCRIPT")
+}
+
+/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
+fn redirection(e: &FredError) -> Option<(bool, String)> {
+    let mut parts = e.details().split_whitespace();
+    let ask = match parts.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = parts.next()?;
+    Some((ask, parts.next()?.to_string()))
+}
+
+/// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
+/// server that cannot be reached, at start as later, is retried in the background.
+fn build_pool(mut config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
+    // Keep retrying a server that is down at start instead of failing for good (fred's default).
+    config.fail_fast = false;
+    Builder::from_config(config)
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout.max(Duration::from_millis(500));
+            c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+            // A write that failed mid-flight may have been applied: never resend it.
+            c.max_command_attempts = 1;
+            // Requests and answers are small and latency is the product: no Nagle delay on the socket.
+            c.tcp.nodelay = Some(true);
+        })
+        // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
+        // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
+        .build_pool(size.max(1))
+        .map_err(|e| StoreError::Other(e.details().to_string()))
+}
+
+impl RedisStore {
+    fn classify(&self, e: FredError) -> StoreError {
+        match e.kind() {
+            ErrorKind::Timeout => StoreError::Timeout(self.timeout),
+            ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Routing | ErrorKind::Cluster | ErrorKind::Sentinel => {
+                StoreError::Connection(e.details().to_string())
+            }
+            _ if is_noscript(&e) || e.details().contains("script") => StoreError::Script(e.details().to_string()),
+            _ => StoreError::Other(e.details().to_string()),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn hit(&self, now_us: u64, hits: &[Hit]) -> Answers {
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        self.run(Mode::Hit, now_us, hits).await
+    }
+
+    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Answers {
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        self.run(Mode::Peek, now_us, hits).await
+    }
+
+    async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {
+        self.per_key("ZREM", keys, Some(lease)).await
+    }
+
+    async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
+        self.per_key("DEL", keys, None).await
+    }
+
+    async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+        reset_idle_streams(self, keys).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(cluster) = &self.cluster {
+            // The message names the node that did not answer.
+            return cluster
+                .ping()
+                .await
+                .map_err(|e| StoreError::Connection(e.details().to_string()));
+        }
+        let _: Value = self.pool.next().ping(None).await.map_err(|e| self.classify(e))?;
+        Ok(())
+    }
+
+    fn failure_domain(&self, hit: &Hit) -> u64 {
+        let Some(cluster) = &self.cluster else { return 0 };
+        let key = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(hit.record.as_ref().map(|r| &r.key));
+        key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("rediss://user:s3cr:et@h:1/0"), "rediss://user:***@h:1/0");
+        assert_eq!(redact("redis://:pw@h:1?x=a@b"), "redis://:***@h:1?x=a@b");
+        assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+
+    #[test]
+    fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
+        use crate::rules::Algorithm;
+        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+        let key = id.tier(Algorithm::FixedWindow, 60_000_000);
+        let hit = Hit {
+            tiers: vec![super::super::TierSpec {
+                key: key.clone(),
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                window_us: 60_000_000,
+                burst: 0,
+            }],
+            ..Hit::default()
+        };
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
+        // Not the slot of the first argument (the SHA), which fred would hash by default.
+        assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+    }
+
+    #[tokio::test]
+    async fn tls_files_are_checked_before_connecting() {
+        let settings = |url: &str, tls: RedisTls| RedisSettings {
+            url: url.to_string(),
+            timeout: Duration::from_millis(100),
+            pool_size: 1,
+            server_time: true,
+            tls,
+        };
+        let ca = RedisTls {
+            ca: Some("/nonexistent/ca.pem".into()),
+            ..RedisTls::default()
+        };
+        let e = RedisStore::connect(&settings("redis://u:pw@127.0.0.1:1", ca.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("need a TLS url") && e.contains("u:***@") && !e.contains("pw"),
+            "{e}"
+        );
+        let e = RedisStore::connect(&settings("rediss://127.0.0.1:1", ca))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis tls ca '/nonexistent/ca.pem'"), "{e}");
+        let half = RedisTls {
+            cert: Some("c.pem".into()),
+            ..RedisTls::default()
+        };
+        let e = RedisStore::connect(&settings("rediss://127.0.0.1:1", half))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs its key"), "{e}");
+    }
+}

@@ -1,0 +1,481 @@
+//! The store contract: every algorithm's behaviour, run against the in-memory store and against a real Redis, so the
+//! two can never drift apart, and once more against Redis as the README's least-privilege ACL user, so that the
+//! documented ACL allows every command the store sends. Time is passed explicitly.
+
+use sluice_core::rules::Algorithm;
+use sluice_core::store::{CounterKey, Hit, Outcome, RecordSpec, Store, TierSpec};
+
+use crate::harness::{RedisServer, T0, memory, redis_store, tier};
+
+const SECOND: u64 = 1_000_000;
+const MINUTE: u64 = 60 * SECOND;
+
+fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
+    Hit {
+        tiers,
+        cost,
+        lease: "lease-1".into(),
+        fields: vec![("k".into(), "v".into())],
+        record: None,
+    }
+}
+
+/// One descriptor, one tier.
+fn one(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, cost: u64) -> Hit {
+    let burst = if algorithm == Algorithm::LeakyBucket { 1 } else { limit };
+    hit(vec![tier(name, algorithm, limit, window_us, burst)], cost)
+}
+
+async fn apply(store: &impl Store, now: u64, h: &Hit) -> Outcome {
+    crate::harness::decided(store.hit(now, std::slice::from_ref(h)).await).remove(0)
+}
+
+async fn peek(store: &impl Store, now: u64, h: &Hit) -> Outcome {
+    crate::harness::decided(store.peek(now, std::slice::from_ref(h)).await).remove(0)
+}
+
+every_store!(
+    fixed_window_counts_denials_like_the_reference,
+    fixed_window_cost_zero_reads_without_creating,
+    sliding_window_weighs_the_previous_window,
+    sliding_log_is_exact_and_retry_is_exact,
+    token_bucket_bursts_then_refills,
+    leaky_bucket_spaces_hits_evenly,
+    concurrency_leases_release_and_expire,
+    queue_admits_until_full_and_returns_ids,
+    tiers_are_all_or_nothing,
+    records_keep_the_last_values,
+    peek_never_changes_anything,
+    reset_deletes_exactly_the_given_keys,
+    reset_keeps_streams_that_hold_entries,
+    many_descriptors_in_one_call,
+    extreme_windows_costs_and_clocks,
+    a_cost_that_can_never_fit_is_denied_and_consumes_nothing,
+    limits_up_to_u32_max_in_every_unit,
+);
+
+/// Costs no tier of 3 can ever take, the largest the APIs accept included.
+const NEVER: [u64; 5] = [4, 1 << 32, u64::MAX / 2 + 1, u64::MAX - 1, u64::MAX];
+
+async fn a_cost_that_can_never_fit_is_denied_and_consumes_nothing(store: impl Store) {
+    let hour = 3_600 * SECOND;
+    for algorithm in Algorithm::ALL {
+        let name = format!("never-{}", algorithm.name());
+        // A burst of 3 for both buckets, so that every tier of 3 has room for 3.
+        let alone = hit(vec![tier(&name, algorithm, 3, MINUTE, 3)], 1);
+        let mut tiered = alone.clone();
+        let roomy = u64::from(u32::MAX);
+        tiered
+            .tiers
+            .push(tier(&name, Algorithm::FixedWindow, roomy, hour, roomy));
+        let places = matches!(algorithm, Algorithm::Concurrency | Algorithm::Queue);
+        for (shape, h) in [("alone", &alone), ("tiered", &tiered)] {
+            for cost in NEVER {
+                let mut big = h.clone();
+                big.cost = cost;
+                big.lease = format!("lease-{cost}");
+                let p = peek(&store, T0, &big).await;
+                let o = apply(&store, T0, &big).await;
+                // Any positive cost takes one place of a concurrency or queue limit, which a roomy tier admits.
+                if places && (shape == "alone" || cost <= roomy) {
+                    assert!(o.admitted && p.admitted, "{name} {shape} cost {cost}");
+                    assert_eq!((p.tiers[0].used, o.tiers[0].used), (0, 1), "{name} {shape} cost {cost}");
+                    store.reset(&[h.tiers[0].key.clone()]).await.unwrap();
+                    continue;
+                }
+                let what = format!("{name} {shape} cost {cost}: {o:?}");
+                assert!(!o.admitted && !p.admitted, "{what}");
+                let denying: Vec<_> = o.tiers.iter().filter(|t| !t.ok).collect();
+                assert!(!denying.is_empty() && (places || !o.tiers[0].ok), "{what}");
+                for t in denying {
+                    assert_eq!((t.remaining, t.retry_after_us), (0, None), "{what}");
+                }
+                assert!(p.tiers.iter().all(|t| t.ok || t.retry_after_us.is_none()), "{what}");
+            }
+            if places {
+                continue;
+            }
+            // Nothing was consumed, not even by the lone fixed window, which counts the denials that could fit.
+            let o = apply(&store, T0, h).await;
+            assert!(o.admitted, "{name} {shape}: {o:?}");
+            assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (1, 2), "{name} {shape}");
+            // Reset between shapes: the tiered case shares the first tier's key.
+            store.reset(&[h.tiers[0].key.clone()]).await.unwrap();
+        }
+    }
+}
+
+async fn limits_up_to_u32_max_in_every_unit(store: impl Store) {
+    let max = u64::from(u32::MAX);
+    for unit in [1, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000] {
+        let window = unit * SECOND;
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::TokenBucket] {
+            let name = format!("max-{}-{unit}", algorithm.name());
+            let h = |cost| hit(vec![tier(&name, algorithm, max, window, max)], cost);
+            let what = &name;
+            let o = apply(&store, T0, &h(max - 1)).await;
+            assert!(o.admitted, "{what}: {o:?}");
+            assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (max - 1, 1), "{what}");
+            // A peek: a lone fixed window would count the denial.
+            let o = peek(&store, T0, &h(2)).await;
+            assert!(!o.admitted, "{what}: {o:?}");
+            // At most the next window (a sliding window's previous hits weigh in until its end).
+            let wait = o.tiers[0].retry_after_us;
+            assert!(wait.is_some_and(|r| r > 0 && r <= 2 * window), "{what}: {o:?}");
+            let o = apply(&store, T0, &h(1)).await;
+            assert!(o.admitted, "{what}: {o:?}");
+            assert_eq!(o.tiers[0].remaining, 0, "{what}");
+            let o = apply(&store, T0, &h(max + 1)).await;
+            assert_eq!((o.admitted, o.tiers[0].retry_after_us), (false, None), "{what}: {o:?}");
+        }
+        for algorithm in [Algorithm::Concurrency, Algorithm::Queue] {
+            let name = format!("max-{}-{unit}", algorithm.name());
+            let o = apply(
+                &store,
+                T0,
+                &hit(vec![tier(&name, algorithm, max, window, max)], u64::MAX),
+            )
+            .await;
+            assert!(o.admitted, "{name}: {o:?}");
+            assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (1, max - 1), "{name}");
+        }
+    }
+}
+
+async fn extreme_windows_costs_and_clocks(store: impl Store) {
+    // A queue whose window reaches back before 1970, a clock that goes back behind the queue's last entry, and a
+    // sliding-log hit of thousands (beyond what one Lua unpack takes): all decided, never a failure.
+    let century = 60 * 365 * 86_400 * SECOND;
+    let q = one("old-queue", Algorithm::Queue, 3, century, 1);
+    let first = apply(&store, T0 + 5 * SECOND, &q).await;
+    let back = apply(&store, T0, &q).await;
+    assert!(first.admitted && back.admitted);
+    let (a, b) = (first.tiers[0].id.clone().unwrap(), back.tiers[0].id.clone().unwrap());
+    assert_ne!(a, b, "the entry appended with the clock behind still gets a fresh id");
+    assert_eq!(peek(&store, T0, &q).await.tiers[0].remaining, 1);
+    let log = one("big-log", Algorithm::SlidingLog, 10_000, MINUTE, 6_000);
+    assert!(apply(&store, T0, &log).await.admitted);
+    assert_eq!(
+        peek(&store, T0, &one("big-log", Algorithm::SlidingLog, 10_000, MINUTE, 1))
+            .await
+            .tiers[0]
+            .remaining,
+        4_000
+    );
+}
+
+async fn fixed_window_counts_denials_like_the_reference(store: impl Store) {
+    let now = T0 + 5 * SECOND;
+    let h = one("fw", Algorithm::FixedWindow, 3, MINUTE, 1);
+    for expected in 1..=3 {
+        let o = apply(&store, now, &h).await;
+        assert!(o.admitted);
+        assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (expected, 3 - expected));
+        assert_eq!(
+            o.tiers[0].reset_after_us,
+            MINUTE - 15 * SECOND,
+            "T0 is 10 s into its minute"
+        );
+    }
+    let o = apply(&store, now, &h).await;
+    assert!(!o.admitted);
+    assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (4, 0));
+    let p = peek(&store, now, &h).await;
+    assert_eq!(p.tiers[0].used, 4, "a lone fixed window counts its denials");
+    assert_eq!(p.tiers[0].retry_after_us, Some(45 * SECOND));
+    let next = T0 + MINUTE;
+    let o = apply(&store, next, &h).await;
+    assert!(o.admitted, "the next epoch-aligned window starts empty");
+    assert_eq!(o.tiers[0].used, 1);
+}
+
+async fn fixed_window_cost_zero_reads_without_creating(store: impl Store) {
+    let check = one("z", Algorithm::FixedWindow, 2, MINUTE, 0);
+    let o = apply(&store, T0, &check).await;
+    assert_eq!((o.admitted, o.tiers[0].used, o.tiers[0].remaining), (true, 0, 2));
+    apply(&store, T0, &one("z", Algorithm::FixedWindow, 2, MINUTE, 1)).await;
+    let o = apply(&store, T0, &check).await;
+    assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (1, 1));
+    let o = apply(&store, T0, &one("zero", Algorithm::FixedWindow, 0, MINUTE, 1)).await;
+    assert!(!o.admitted, "a limit of 0 rejects every hit");
+}
+
+async fn sliding_window_weighs_the_previous_window(store: impl Store) {
+    let w = 10 * SECOND;
+    let start = T0 - T0 % w;
+    let h = one("sw", Algorithm::SlidingWindow, 10, w, 1);
+    for _ in 0..10 {
+        assert!(apply(&store, start + SECOND, &h).await.admitted);
+    }
+    let o = apply(&store, start + SECOND, &h).await;
+    assert!(!o.admitted);
+    // Half way through the next window half the previous window still counts: 5 places.
+    let mid = start + w + 5 * SECOND;
+    let p = peek(&store, mid, &h).await;
+    assert_eq!(p.tiers[0].remaining, 5, "the denied hit was not counted");
+    for _ in 0..5 {
+        assert!(apply(&store, mid, &h).await.admitted);
+    }
+    assert!(!apply(&store, mid, &h).await.admitted);
+    // The retry time is exact: one microsecond earlier does not fit, at it the hit fits.
+    let retry = peek(&store, mid, &h).await.tiers[0].retry_after_us.unwrap();
+    assert!(retry > 0);
+    assert!(!peek(&store, mid + retry - 1, &h).await.admitted);
+    assert!(peek(&store, mid + retry, &h).await.admitted);
+}
+
+async fn sliding_log_is_exact_and_retry_is_exact(store: impl Store) {
+    let w = 10 * SECOND;
+    let h = one("sl", Algorithm::SlidingLog, 3, w, 1);
+    for i in 0..3 {
+        assert!(apply(&store, T0 + i * SECOND, &h).await.admitted);
+    }
+    let o = apply(&store, T0 + 3 * SECOND, &h).await;
+    assert!(!o.admitted);
+    let p = peek(&store, T0 + 3 * SECOND, &h).await;
+    assert_eq!(
+        p.tiers[0].retry_after_us,
+        Some(7 * SECOND),
+        "the oldest hit (T0) leaves at T0 + 10 s"
+    );
+    assert_eq!(
+        p.tiers[0].reset_after_us,
+        9 * SECOND,
+        "empty when the newest (T0 + 2 s) leaves"
+    );
+    assert!(!apply(&store, T0 + w - 1, &h).await.admitted);
+    assert!(apply(&store, T0 + w, &h).await.admitted);
+    let big = one("sl", Algorithm::SlidingLog, 3, w, 4);
+    assert_eq!(peek(&store, T0 + w, &big).await.tiers[0].retry_after_us, None);
+}
+
+async fn token_bucket_bursts_then_refills(store: impl Store) {
+    // 10 per second, bucket of 5.
+    let t = tier("tb", Algorithm::TokenBucket, 10, SECOND, 5);
+    let h = hit(vec![t.clone()], 1);
+    for left in (0..5).rev() {
+        let o = apply(&store, T0, &h).await;
+        assert!(o.admitted);
+        assert_eq!(o.tiers[0].remaining, left);
+    }
+    let o = apply(&store, T0, &h).await;
+    assert!(!o.admitted);
+    assert_eq!(o.tiers[0].retry_after_us, Some(100_000), "one token every 100 ms");
+    assert_eq!(o.tiers[0].reset_after_us, 500_000, "full again after 5 tokens");
+    assert!(!apply(&store, T0 + 99_999, &h).await.admitted);
+    assert!(apply(&store, T0 + 100_000, &h).await.admitted);
+    let three = hit(vec![t.clone()], 3);
+    assert_eq!(
+        peek(&store, T0 + 100_000, &three).await.tiers[0].retry_after_us,
+        Some(300_000)
+    );
+    let six = hit(vec![t], 6);
+    assert_eq!(
+        peek(&store, T0 + 100_000, &six).await.tiers[0].retry_after_us,
+        None,
+        "more than the bucket"
+    );
+}
+
+async fn leaky_bucket_spaces_hits_evenly(store: impl Store) {
+    // 4 per second, burst 1: one hit every 250 ms.
+    let h = one("lb", Algorithm::LeakyBucket, 4, SECOND, 1);
+    assert!(apply(&store, T0, &h).await.admitted);
+    assert!(!apply(&store, T0 + 249_999, &h).await.admitted);
+    assert!(apply(&store, T0 + 250_000, &h).await.admitted);
+    assert!(!apply(&store, T0 + 250_001, &h).await.admitted);
+}
+
+async fn concurrency_leases_release_and_expire(store: impl Store) {
+    let lease = |id: &str| {
+        let mut h = one("cc", Algorithm::Concurrency, 2, 30 * SECOND, 1);
+        h.lease = id.into();
+        h
+    };
+    let a = apply(&store, T0, &lease("a")).await;
+    assert!(a.admitted);
+    assert_eq!(a.tiers[0].id.as_deref(), Some("a"));
+    assert!(apply(&store, T0, &lease("b")).await.admitted);
+    let c = apply(&store, T0 + SECOND, &lease("c")).await;
+    assert!(!c.admitted);
+    assert_eq!(
+        c.tiers[0].retry_after_us,
+        Some(29 * SECOND),
+        "until the first lease expires"
+    );
+    let key = lease("x").tiers[0].key.clone();
+    assert_eq!(store.release(std::slice::from_ref(&key), "a").await.unwrap(), 1);
+    assert_eq!(
+        store.release(std::slice::from_ref(&key), "a").await.unwrap(),
+        0,
+        "released once"
+    );
+    assert!(apply(&store, T0 + SECOND, &lease("c")).await.admitted);
+    // Leases b and c expire: a crashed caller never leaks capacity.
+    let later = T0 + 31 * SECOND;
+    let p = peek(&store, later, &lease("d")).await;
+    assert_eq!(p.tiers[0].remaining, 2);
+}
+
+async fn queue_admits_until_full_and_returns_ids(store: impl Store) {
+    let h = one("q", Algorithm::Queue, 2, MINUTE, 1);
+    let first = apply(&store, T0, &h).await;
+    let second = apply(&store, T0, &h).await;
+    assert!(first.admitted && second.admitted);
+    let (a, b) = (first.tiers[0].id.clone().unwrap(), second.tiers[0].id.clone().unwrap());
+    assert_ne!(a, b);
+    let third = apply(&store, T0, &h).await;
+    assert!(!third.admitted);
+    assert_eq!(third.tiers[0].id, None);
+    assert_eq!(peek(&store, T0, &h).await.tiers[0].remaining, 0);
+}
+
+async fn tiers_are_all_or_nothing(store: impl Store) {
+    // 2 per second AND 3 per minute: the minute tier denies the 4th hit; a denied hit consumes from no tier.
+    let tiers = vec![
+        tier("mt", Algorithm::FixedWindow, 2, SECOND, 2),
+        tier("mt", Algorithm::FixedWindow, 3, MINUTE, 3),
+    ];
+    let h = hit(tiers, 1);
+    assert!(apply(&store, T0, &h).await.admitted);
+    assert!(apply(&store, T0, &h).await.admitted);
+    let o = apply(&store, T0, &h).await;
+    assert!(!o.admitted);
+    assert!(!o.tiers[0].ok && o.tiers[1].ok);
+    let o = apply(&store, T0 + SECOND, &h).await;
+    assert!(o.admitted, "the denied hit did not consume the minute tier");
+    assert_eq!((o.tiers[0].remaining, o.tiers[1].remaining), (1, 0));
+    let o = apply(&store, T0 + 2 * SECOND, &h).await;
+    assert!(!o.admitted);
+    assert!(o.tiers[0].ok && !o.tiers[1].ok);
+    let p = peek(&store, T0 + 2 * SECOND, &h).await;
+    assert_eq!(
+        (p.tiers[0].used, p.tiers[1].used),
+        (0, 3),
+        "nothing charged to the second-window tier"
+    );
+}
+
+async fn records_keep_the_last_values(store: impl Store) {
+    let base = CounterKey::builder("test:", "d").entry("ip", "1.2.3.4").finish();
+    let mut h = one("rec", Algorithm::FixedWindow, 100, MINUTE, 1);
+    h.tiers[0].key = base.tier(Algorithm::FixedWindow, MINUTE);
+    for user in ["u1", "u2", "u3", "u4"] {
+        h.record = Some(RecordSpec {
+            key: base.records(),
+            size: 3,
+            value: Some(user.into()),
+        });
+        apply(&store, T0, &h).await;
+    }
+    let p = peek(&store, T0, &h).await;
+    assert_eq!(p.records, ["u4", "u3", "u2"]);
+}
+
+async fn peek_never_changes_anything(store: impl Store) {
+    for algorithm in Algorithm::ALL {
+        let burst = if algorithm == Algorithm::LeakyBucket { 1 } else { 3 };
+        let h = hit(vec![tier("pk", algorithm, 3, MINUTE, burst)], 1);
+        apply(&store, T0, &h).await;
+        let before = peek(&store, T0, &h).await;
+        for _ in 0..3 {
+            assert_eq!(peek(&store, T0, &h).await, before, "{algorithm:?}");
+        }
+        let fresh = hit(vec![tier("never-hit", algorithm, 3, MINUTE, burst)], 2);
+        let p = peek(&store, T0, &fresh).await;
+        assert_eq!(
+            p.tiers[0].remaining,
+            if algorithm == Algorithm::LeakyBucket { 1 } else { 3 },
+            "{algorithm:?}"
+        );
+        assert_eq!(p.tiers[0].used, 0, "{algorithm:?}");
+    }
+}
+
+async fn reset_deletes_exactly_the_given_keys(store: impl Store) {
+    let a = one("ra", Algorithm::TokenBucket, 1, MINUTE, 1);
+    let b = one("rb", Algorithm::TokenBucket, 1, MINUTE, 1);
+    apply(&store, T0, &a).await;
+    apply(&store, T0, &b).await;
+    let keys = [a.tiers[0].key.clone()];
+    assert_eq!(store.reset(&keys).await.unwrap(), 1);
+    assert!(apply(&store, T0, &a).await.admitted, "a starts over");
+    assert!(!apply(&store, T0, &b).await.admitted, "b is untouched");
+}
+
+async fn reset_keeps_streams_that_hold_entries(store: impl Store) {
+    let q = one("rq", Algorithm::Queue, 2, MINUTE, 1);
+    let never = one("rq-never", Algorithm::Queue, 2, MINUTE, 1);
+    assert!(apply(&store, T0, &q).await.admitted);
+    let keys = [q.tiers[0].key.clone(), never.tiers[0].key.clone()];
+    let reset = store.reset_idle_streams(T0, &keys).await.unwrap();
+    assert_eq!(
+        reset.deleted, 0,
+        "nothing deleted: one stream waits, the other never existed"
+    );
+    assert_eq!(reset.kept, [q.tiers[0].key.clone()], "the stream with an entry is kept");
+    assert_eq!(
+        peek(&store, T0, &q).await.tiers[0].remaining,
+        1,
+        "its entry still waits"
+    );
+    assert_eq!(store.reset(&keys[..1]).await.unwrap(), 1, "a plain reset drops it");
+    assert_eq!(peek(&store, T0, &q).await.tiers[0].remaining, 2);
+}
+
+async fn many_descriptors_in_one_call(store: impl Store) {
+    let hits = [
+        one("m1", Algorithm::FixedWindow, 1, MINUTE, 1),
+        one("m1", Algorithm::FixedWindow, 1, MINUTE, 1),
+        one("m2", Algorithm::SlidingLog, 5, MINUTE, 2),
+    ];
+    let out = crate::harness::decided(store.hit(T0, &hits).await);
+    assert_eq!(out.iter().map(|o| o.admitted).collect::<Vec<_>>(), [true, false, true]);
+    assert_eq!(out.iter().map(|o| o.tiers[0].used).collect::<Vec<_>>(), [1, 2, 2]);
+}
+
+#[tokio::test]
+async fn memory_store_evicts_expired_state() {
+    let store = memory();
+    for i in 0..100 {
+        apply(&store, T0, &one(&format!("e{i}"), Algorithm::FixedWindow, 5, SECOND, 1)).await;
+    }
+    assert_eq!(store.len(), 100);
+    // Two seconds on, every shard that is touched sweeps; touching many descriptors reaches every shard.
+    let later = T0 + 2 * SECOND;
+    for i in 0..1000 {
+        peek(
+            &store,
+            later,
+            &one(&format!("f{i}"), Algorithm::FixedWindow, 5, SECOND, 1),
+        )
+        .await;
+    }
+    assert_eq!(store.len(), 0, "expired state is evicted and peeks create nothing");
+}
+
+#[tokio::test]
+async fn redis_state_carries_ttls_and_huge_costs_do_not_overflow() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    for algorithm in Algorithm::ALL {
+        apply(&store, T0, &one("ttl", algorithm, 3, MINUTE, 1)).await;
+    }
+    let snapshot = redis.snapshot();
+    assert_eq!(snapshot.len(), Algorithm::ALL.len());
+    for (key, _, ttl) in &snapshot {
+        assert!(key.starts_with("test:{"), "{key}");
+        assert!(*ttl > 0 && *ttl <= 120_000, "{key}: TTL {ttl}, at most two windows");
+    }
+    // The largest cost the limiter sends is the capacity + 1; many of them stay far from overflow.
+    let big = u64::from(u32::MAX) + 1;
+    for _ in 0..3 {
+        let o = apply(
+            &store,
+            T0,
+            &one("big", Algorithm::FixedWindow, u64::from(u32::MAX), MINUTE, big),
+        )
+        .await;
+        assert!(!o.admitted);
+    }
+}

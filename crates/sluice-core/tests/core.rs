@@ -1,0 +1,13 @@
+//! The core's tests against real `redis-server` processes and the in-memory store: one binary, a module per
+//! concern.
+
+#[macro_use]
+mod harness;
+
+mod algorithms;
+mod contract;
+mod differential;
+mod embedded;
+mod exactness;
+mod instances;
+mod semantics;

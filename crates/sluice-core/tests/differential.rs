@@ -1,0 +1,239 @@
+//! Differential property test: random sequences of (time step, cost, hit or peek) driven through the Lua scripts on
+//! a real Redis and through the in-memory store must give identical decisions, remaining counts, reset and retry
+//! times, for every algorithm and for random combinations of tiers. Limits reach `u32::MAX` and costs the whole
+//! `u64` range, every edge of the tiers included. Every case without a queue tier runs twice, with
+//! and without queue fields, so that a lone fixed window goes both through `lua/lone_fixed_window.lua` and through
+//! the driver.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use sluice_core::rules::{Algorithm, MAX_LOG_LIMIT};
+use sluice_core::store::memory::MemoryStore;
+use sluice_core::store::{CounterKey, Hit, Store, TierSpec};
+
+use crate::harness::{RedisServer, T0, redis_store};
+
+const SECOND: u64 = 1_000_000;
+
+#[derive(Debug, Clone)]
+struct TierShape {
+    algorithm: Algorithm,
+    limit: u64,
+    window_us: u64,
+    burst: u64,
+}
+
+impl TierShape {
+    fn is_bucket(&self) -> bool {
+        matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    fn capacity(&self) -> u64 {
+        if self.is_bucket() { self.burst } else { self.limit }
+    }
+
+    /// What the configuration accepts: a sliding log of at most `MAX_LOG_LIMIT`, a bucket that fills within 100
+    /// years.
+    fn is_valid(&self) -> bool {
+        match self.algorithm {
+            Algorithm::SlidingLog => self.limit <= u64::from(MAX_LOG_LIMIT),
+            _ if self.is_bucket() => {
+                let fill = self.burst.checked_mul(self.window_us.div_ceil(self.limit));
+                fill.is_some_and(|us| us <= 100 * 365 * 86_400 * SECOND)
+            }
+            _ => true,
+        }
+    }
+}
+
+/// The cost of one hit: small ones most of the time, then every edge of the tier it is aimed at, and the extremes
+/// of both hits_addend fields (Envoy's uint32 and the per-descriptor UInt64Value).
+#[derive(Debug, Clone, Copy)]
+enum Cost {
+    Small(u64),
+    LimitMinusOne(usize),
+    Limit(usize),
+    LimitPlusOne(usize),
+    CapacityPlusOne(usize),
+    U32Max,
+    U64Max,
+    Any(u64),
+}
+
+impl Cost {
+    fn resolve(self, shapes: &[TierShape]) -> u64 {
+        let tier = |i: usize| &shapes[i % shapes.len()];
+        match self {
+            Cost::Small(n) | Cost::Any(n) => n,
+            Cost::LimitMinusOne(i) => tier(i).limit.saturating_sub(1),
+            Cost::Limit(i) => tier(i).limit,
+            Cost::LimitPlusOne(i) => tier(i).limit + 1,
+            Cost::CapacityPlusOne(i) => tier(i).capacity() + 1,
+            Cost::U32Max => u64::from(u32::MAX),
+            Cost::U64Max => u64::MAX,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    step_us: u64,
+    cost: Cost,
+    peek: bool,
+}
+
+/// Limits from 0 up to `u32::MAX` (what `requests_per_unit` holds), small ones most often so that windows fill.
+fn limit() -> impl Strategy<Value = u64> {
+    let max = u64::from(u32::MAX);
+    prop_oneof![
+        6 => 0u64..8,
+        1 => prop::sample::select(vec![u64::from(MAX_LOG_LIMIT), max - 1, max]),
+        1 => 8u64..=max,
+    ]
+}
+
+fn tier_shape() -> impl Strategy<Value = TierShape> {
+    (
+        prop::sample::select(Algorithm::ALL.to_vec()),
+        limit(),
+        prop::sample::select(vec![
+            SECOND,
+            2 * SECOND,
+            3 * SECOND,
+            60 * SECOND,
+            3_600 * SECOND,
+            31_536_000 * SECOND,
+        ]),
+        prop_oneof![4 => 1u64..6, 1 => limit()],
+    )
+        .prop_map(|(algorithm, limit, window_us, burst)| {
+            let bucket = matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            TierShape {
+                algorithm,
+                // Buckets refill at `limit` per window, so they need at least 1, and hold at least 1.
+                limit: if bucket { limit.max(1) } else { limit },
+                window_us,
+                burst: if bucket { burst.max(1) } else { limit },
+            }
+        })
+        .prop_filter("the configuration refuses it", TierShape::is_valid)
+}
+
+/// One to three tiers, or (a quarter of the cases) a lone fixed window, the call the script's fast path takes.
+fn tier_shapes() -> impl Strategy<Value = Vec<TierShape>> {
+    let lone_fixed_window = tier_shape().prop_map(|s| {
+        vec![TierShape {
+            algorithm: Algorithm::FixedWindow,
+            burst: s.limit,
+            ..s
+        }]
+    });
+    prop_oneof![3 => prop::collection::vec(tier_shape(), 1..=3), 1 => lone_fixed_window]
+}
+
+fn cost() -> impl Strategy<Value = Cost> {
+    prop_oneof![
+        18 => Just(Cost::Small(1)),
+        6 => (0u64..10).prop_map(Cost::Small),
+        1 => (0usize..3).prop_map(Cost::LimitMinusOne),
+        1 => (0usize..3).prop_map(Cost::Limit),
+        1 => (0usize..3).prop_map(Cost::LimitPlusOne),
+        1 => (0usize..3).prop_map(Cost::CapacityPlusOne),
+        1 => Just(Cost::U32Max),
+        1 => Just(Cost::U64Max),
+        1 => any::<u64>().prop_map(Cost::Any),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        prop_oneof![
+            3 => 0u64..5_000,
+            2 => 0u64..SECOND,
+            1 => 0u64..3 * SECOND,
+        ],
+        cost(),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(|(step_us, cost, peek)| Op { step_us, cost, peek })
+}
+
+#[test]
+fn lua_scripts_and_memory_store_agree() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = (runtime.block_on(redis_store(&redis.url())), redis);
+    let case = AtomicU64::new(0);
+    let strategy = (tier_shapes(), prop::collection::vec(op(), 1..40));
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&strategy, |(mut shapes, ops)| {
+        // Tiers of one rule differ in algorithm or window, as the configuration requires.
+        let mut seen = std::collections::HashSet::new();
+        shapes.retain(|s| seen.insert((s.algorithm, s.window_us)));
+        let case = case.fetch_add(1, Ordering::SeqCst).to_string();
+        runtime.block_on(async {
+            // Queue fields as the limiter sends them (only to queue tiers), then always.
+            let queue = shapes.iter().any(|s| s.algorithm == Algorithm::Queue);
+            let entry = vec![("case".to_string(), "x".to_string())];
+            let variants = if queue { vec![entry] } else { vec![vec![], entry] };
+            for fields in variants {
+                let id = CounterKey::builder("diff:", "d")
+                    .entry("case", &case)
+                    .entry("fields", &fields.len().to_string())
+                    .finish();
+                let tiers: Vec<TierSpec> = shapes
+                    .iter()
+                    .map(|s| TierSpec {
+                        key: id.tier(s.algorithm, s.window_us),
+                        algorithm: s.algorithm,
+                        limit: s.limit,
+                        window_us: s.window_us,
+                        burst: s.burst,
+                    })
+                    .collect();
+                let memory = MemoryStore::new();
+                let mut now = T0 + 123_457;
+                for (i, op) in ops.iter().enumerate() {
+                    now += op.step_us;
+                    let hit = Hit {
+                        tiers: tiers.clone(),
+                        cost: op.cost.resolve(&shapes),
+                        lease: format!("lease-{i}"),
+                        fields: fields.clone(),
+                        record: None,
+                    };
+                    let hits = std::slice::from_ref(&hit);
+                    let (m, r) = if op.peek {
+                        (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
+                    } else {
+                        (memory.hit(now, hits).await, redis.0.hit(now, hits).await)
+                    };
+                    let (m, r) = (
+                        crate::harness::decided(m).remove(0),
+                        crate::harness::decided(r).remove(0),
+                    );
+                    prop_assert_eq!(
+                        &m,
+                        &r,
+                        "op {} of {:?} ({} fields) at +{}us: {:?}",
+                        i,
+                        shapes,
+                        fields.len(),
+                        now - T0,
+                        op
+                    );
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

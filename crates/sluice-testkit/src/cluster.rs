@@ -1,0 +1,149 @@
+//! A Redis Cluster of three primaries with one replica each.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::redis::{RedisProcess, server_args};
+use crate::{free_port, info_field, poll_until, redis_cli};
+
+/// A Redis Cluster of three primaries with one replica each, on free ports in a temporary directory, with a node
+/// timeout of one second so that a replica takes over quickly. Every node is killed when dropped.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisProcess>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let cluster = RedisCluster::unformed();
+        cluster.create();
+        cluster
+    }
+
+    /// Six cluster-enabled nodes that know nothing of each other yet: no slot is served until [`Self::create`].
+    pub fn unformed() -> RedisCluster {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let nodes: Vec<RedisProcess> = (0..6)
+            .map(|_| RedisCluster::spawn_node(dir.path(), free_port()))
+            .collect();
+        RedisCluster { nodes, dir }
+    }
+
+    /// Forms the cluster (`redis-cli --cluster create`, one replica per primary) and waits until it has settled.
+    pub fn create(&self) {
+        let nodes = &self.nodes;
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut create = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli must be installed");
+        let created = poll_until(Duration::from_secs(30), || matches!(create.try_wait(), Ok(Some(_))));
+        if !created {
+            let _ = create.kill();
+            let _ = create.wait();
+            panic!("redis-cli --cluster create did not finish");
+        }
+        assert!(
+            self.wait_settled(Duration::from_secs(20)),
+            "the cluster did not reach cluster_state:ok with three synced replicas"
+        );
+    }
+
+    fn spawn_node(dir: &Path, port: u16) -> RedisProcess {
+        let mut args = server_args(port, dir);
+        args.extend(
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-port",
+                &free_port().to_string(),
+                "--cluster-node-timeout",
+                "1000",
+                // While one primary's slots fail over, the other primaries keep answering for theirs.
+                "--cluster-require-full-coverage",
+                "no",
+            ]
+            .map(String::from),
+        );
+        RedisProcess::spawn(port, &args, Some(dir.join(format!("{port}.log"))))
+    }
+
+    /// Until every live node says `cluster_state:ok`, there are three primaries and every replica's link is up.
+    pub fn wait_settled(&self, limit: Duration) -> bool {
+        poll_until(limit, || {
+            let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive()).map(|n| n.port).collect();
+            let ok = live.iter().all(|&p| {
+                redis_cli(p, &["CLUSTER", "INFO"])
+                    .lines()
+                    .any(|l| l.trim() == "cluster_state:ok")
+            });
+            let replicas_synced = live.iter().all(|&p| {
+                info_field(p, "replication", "role").as_deref() != Some("slave")
+                    || info_field(p, "replication", "master_link_status").as_deref() == Some("up")
+            });
+            ok && replicas_synced && self.primaries().len() == 3
+        })
+    }
+
+    /// `redis-cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let mut nodes = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port));
+        let first = nodes.next().unwrap_or_default();
+        let rest: Vec<String> = nodes.map(|n| format!("node={n}")).collect();
+        format!("redis-cluster://{first}?{}", rest.join("&"))
+    }
+
+    /// The ports of the live nodes that are primaries owning slots.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive())
+            .map(|n| n.port)
+            .filter(|&p| info_field(p, "replication", "role").as_deref() == Some("master") && owns_slots(p))
+            .collect()
+    }
+
+    /// The live primary holding a key that contains `needle`.
+    pub fn owner_of(&self, needle: &str) -> Option<u16> {
+        self.primaries()
+            .into_iter()
+            .find(|&p| keys(p).iter().any(|k| k.contains(needle)))
+    }
+
+    pub fn node(&mut self, port: u16) -> &mut RedisProcess {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster")
+    }
+
+    /// Starts a killed node again on its port, with its `nodes-P.conf` (so it rejoins as the same node).
+    pub fn restart(&mut self, port: u16) {
+        let node = RedisCluster::spawn_node(self.dir.path(), port);
+        *self.node(port) = node;
+    }
+}
+
+/// Whether a node's own line in `CLUSTER NODES` lists slots.
+fn owns_slots(port: u16) -> bool {
+    redis_cli(port, &["CLUSTER", "NODES"])
+        .lines()
+        .find(|l| l.contains("myself"))
+        .is_some_and(|l| l.split(' ').count() > 8)
+}
+
+/// Every key of a server (`KEYS *`; test servers hold few).
+pub fn keys(port: u16) -> Vec<String> {
+    redis_cli(port, &["KEYS", "*"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect()
+}

@@ -1,0 +1,94 @@
+//! Real components for sluice's tests, by what they start: `redis-server` processes on free ports ([`redis`]: one
+//! server, and a proxy that can hold its replies back), a Redis Cluster ([`cluster`]), a primary with a replica and
+//! a Sentinel ([`sentinel`]), TLS Redis and a throwaway CA ([`tls`]); and the decision core over them ([`core`]). Every process is killed by its PID when its
+//! handle is dropped. Shared by the core's, the service's and the tools' tests.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub mod cluster;
+pub mod core;
+pub mod redis;
+pub mod sentinel;
+pub mod tls;
+
+pub use cluster::{RedisCluster, keys};
+pub use core::{decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
+pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
+pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};
+pub use tls::{Pem, TestCa, redis_tls_server, write_file};
+
+/// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
+pub const T0: u64 = 1_704_067_210_000_000;
+
+/// The password the tests give the README's ACL user.
+pub const ACL_PASSWORD: &str = "s3cret-pw";
+
+/// The rules of the README's least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
+/// parsed from the README's `ACL SETUSER sluice ...` line with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
+/// README says to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
+pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
+    let readme = include_str!("../../../README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER sluice "))
+        .expect("the README has an `ACL SETUSER sluice ...` line");
+    std::iter::once("sluice")
+        .chain(line.split_whitespace())
+        .map(|rule| match rule {
+            ">PASSWORD" => format!(">{ACL_PASSWORD}"),
+            "~sluice:*" => format!("~{key_prefix}*"),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+/// Runs `redis-cli` against a plain port and returns its raw (`--raw`) output.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--raw"])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One field of `INFO` output (`INFO <section>`), e.g. `role` or `master_link_status`.
+pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let prefix = format!("{field}:");
+    redis_cli(port, &["INFO", section])
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
+}
+
+/// How many EVALSHA calls a server has run.
+pub fn evalsha_count(port: u16) -> u64 {
+    redis_cli(port, &["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(['=', ',']).nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `check` every 50 ms until it holds or `limit` passes; says whether it held.
+pub fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,269 @@
+//! One `redis-server` on a free port ([`RedisServer`]), any `redis-server` process ([`RedisProcess`]), and a TCP
+//! proxy in front of Redis that can hold back its replies ([`ReplyGate`]).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{ACL_PASSWORD, free_port, poll_until, readme_acl_user};
+
+/// A `redis-server` process on a free port, killed when dropped.
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_on(free_port())
+    }
+
+    /// Starts on a given port, e.g. to bring a stopped server back where clients expect it.
+    pub fn start_on(port: u16) -> RedisServer {
+        let child = Command::new("redis-server")
+            .args(base_args(port))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the README's test command installs it)");
+        let server = RedisServer { child, port };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Creates the README's ACL user (see [`readme_acl_user`]) for the tests' key prefix, `test:`, and returns a URL
+    /// that connects as it.
+    pub fn acl_user_url(&self) -> String {
+        let mut args = vec!["ACL", "SETUSER"];
+        let rules = readme_acl_user("test:");
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(self.cli(&args).trim(), "OK", "ACL SETUSER {rules:?}");
+        format!("redis://sluice:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
+    }
+
+    /// Runs one command with `redis-cli` and returns its raw output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "--no-raw"])
+            .args(args)
+            .output()
+            .expect("redis-cli must be installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Every key with its value and remaining TTL in milliseconds, sorted: a snapshot to compare.
+    pub fn snapshot(&self) -> Vec<(String, String, i64)> {
+        let keys = self.cli(&["--raw", "KEYS", "*"]);
+        let mut out: Vec<_> = keys
+            .lines()
+            .filter(|k| !k.is_empty())
+            .map(|k| {
+                let value = self.cli(&["DUMP", k]).trim().to_string();
+                let ttl: i64 = self.cli(&["--raw", "PTTL", k]).trim().parse().unwrap_or(-3);
+                (k.to_string(), value, ttl)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers, as with a hung host.
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+}
+
+/// Sends a signal to a process by its PID with `kill(1)`.
+pub fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(sent, "kill -{name} {pid}");
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy in front of Redis that can hold back every reply while forwarding requests, to prove that a client
+/// sends a batch of commands without waiting for answers (one round trip).
+pub struct ReplyGate {
+    pub port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl ReplyGate {
+    pub async fn start(redis_port: u16) -> ReplyGate {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (open, watcher) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let mut gate = watcher.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", redis_port)).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if gate.wait_for(|open| *open).await.is_err() || cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        ReplyGate { port, open }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn hold(&self) {
+        let _ = self.open.send(false);
+    }
+
+    pub fn release(&self) {
+        let _ = self.open.send(true);
+    }
+}
+
+/// A `redis-server` (or Sentinel) started with any arguments on `port`, ready once the port accepts connections,
+/// killed by its PID when dropped.
+pub struct RedisProcess {
+    child: Option<Child>,
+    pub port: u16,
+    log: Option<std::path::PathBuf>,
+}
+
+impl RedisProcess {
+    /// Starts `redis-server args...`; `log` is where the server writes (passed as `--logfile` by the caller, read
+    /// back when the server does not come up).
+    pub fn spawn(port: u16, args: &[String], log: Option<std::path::PathBuf>) -> RedisProcess {
+        let child = Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        let mut process = RedisProcess {
+            child: Some(child),
+            port,
+            log,
+        };
+        let up = poll_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || process.exited()
+        });
+        if !up || process.exited() {
+            let log = process
+                .log
+                .as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default();
+            panic!("redis-server on port {port} did not start: {args:?}\n{log}");
+        }
+        process
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the process (SIGKILL to its PID) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Every test server: loopback only, no persistence.
+pub fn base_args(port: u16) -> Vec<String> {
+    let port = port.to_string();
+    [
+        "--port",
+        &port,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The arguments of a cluster or Sentinel node: the base ones, a log file in `dir`.
+pub fn server_args(port: u16, dir: &Path) -> Vec<String> {
+    let mut args = base_args(port);
+    args.extend(
+        [
+            "--dir",
+            &dir.display().to_string(),
+            "--logfile",
+            &format!("{port}.log"),
+            // A replica's first sync starts at once instead of after the default 5 s wait for more replicas.
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        .map(String::from),
+    );
+    args
+}

@@ -1,0 +1,13 @@
+//! Tools around a running sluice, speaking to it only through its gRPC API (the service crate's generated
+//! protobuf types):
+//!
+//! - [`bench`]: `sluice-bench`, a load generator that drives either API over real gRPC connections and reports
+//!   throughput, checked answers and latency percentiles.
+//! - [`client`]: `sluice-client`, one call from the shell.
+
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod client;
+
+use sluice::{json, proto};

@@ -1,0 +1,154 @@
+//! The HTTP faces. The admin listener serves Prometheus `/metrics`, liveness `/healthz`, readiness `/readyz` (ready
+//! only when decisions can reach the store: it answers and no circuit breaker is open) and `GET /rlconfig`, the rules in force. The reference's JSON API, `POST /json`,
+//! decides (and counts) requests, so it is a face of its own: served only on its own listener (`--json-addr`), with
+//! the gRPC listener's TLS when that has one, and held to the same request caps as gRPC. A deployment that locks gRPC
+//! down (mutual TLS) therefore never leaves an open side door beside the health checks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio_stream::StreamExt as _;
+
+use crate::api::{check_request_bytes, over_cap, to_core, to_response};
+use crate::headers::HeaderMode;
+use crate::limiter::{Code, LimitError, Limiter};
+use crate::store::Store;
+
+/// The admin routes over a limiter: metrics, health, readiness and the rules in force. Nothing here decides.
+pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready::<S>))
+        .route("/rlconfig", get(rlconfig::<S>))
+        .with_state(limiter)
+}
+
+/// The JSON API: `POST /json`, answering with the rate limit headers `headers` asks for. A body is read up to
+/// `--max-request-bytes` and no further.
+pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: HeaderMode) -> Router {
+    let cap = limiter.settings().caps.max_request_bytes;
+    Router::new()
+        .route("/json", post(json::<S>))
+        .layer(DefaultBodyLimit::max(cap))
+        .with_state((limiter, headers))
+}
+
+/// The JSON API's connections, plain or after a TLS handshake, as axum takes them.
+pub struct JsonListener {
+    incoming: crate::tls::Incoming,
+    addr: SocketAddr,
+}
+
+impl JsonListener {
+    /// Accepts on `listener`, with TLS when `tls` is given (the gRPC listener's files), offering HTTP/1.1.
+    pub fn new(
+        listener: tokio::net::TcpListener,
+        tls: Option<&crate::tls::ServerTlsFiles>,
+    ) -> Result<JsonListener, crate::tls::TlsError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| crate::tls::TlsError::Config(format!("json listener: {e}")))?;
+        let incoming = crate::tls::incoming_for(crate::tls::Face::Json, listener, tls)?;
+        Ok(JsonListener { incoming, addr })
+    }
+}
+
+impl axum::serve::Listener for JsonListener {
+    type Io = crate::tls::Conn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(conn)) => return (conn, self.addr),
+                Some(Err(e)) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::warn!(error = %e, "json: cannot accept a connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
+}
+
+async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        limiter.metrics().render(),
+    )
+}
+
+async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+    match limiter.ready().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+    }
+}
+
+/// Every domain and rule in force, one per line, as `sluice check` prints them.
+async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+    limiter.rules().summary()
+}
+
+/// `POST /json`: a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out, with 200 for OK and 429 for
+/// OVER_LIMIT (as the reference answers); 413 for a body over `--max-request-bytes`, 400 for bad JSON or an invalid
+/// request, 503 when the store fails.
+async fn json<S: Store>(
+    State((limiter, headers)): State<(Arc<Limiter<S>>, HeaderMode)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let error = |status: StatusCode, message: String| (status, format!("{message}\n")).into_response();
+    let invalid = |status: StatusCode, message: String| {
+        limiter.metrics().invalid_request("should_rate_limit");
+        error(status, message)
+    };
+    let cap = limiter.settings().caps.max_request_bytes;
+    let body = match body {
+        Ok(body) => body,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return invalid(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is over the cap of {cap} bytes (--max-request-bytes)"),
+            );
+        }
+        Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}")),
+    };
+    if let Err(LimitError::OverCap { cap, message }) = check_request_bytes(&limiter, body.len()) {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, over_cap(cap, &message));
+    }
+    let value: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
+    };
+    let request = match crate::json::request(&value) {
+        Ok(r) => r,
+        Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("invalid RateLimitRequest: {e}")),
+    };
+    let core = to_core(request.domain, request.descriptors, request.hits_addend);
+    match limiter.should_rate_limit(&core).await {
+        Ok(decision) => {
+            let status = match decision.overall {
+                Code::Ok => StatusCode::OK,
+                Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+            };
+            let body = crate::json::response(&to_response(decision, headers));
+            (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+        }
+        Err(LimitError::InvalidArgument(m)) => error(StatusCode::BAD_REQUEST, m),
+        Err(LimitError::OverCap { cap, message }) => error(StatusCode::BAD_REQUEST, over_cap(cap, &message)),
+        Err(LimitError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable".into()),
+    }
+}

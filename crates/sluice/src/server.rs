@@ -1,0 +1,275 @@
+//! Assembly and lifecycle: loads the configuration, picks the store, binds the gRPC and HTTP listeners, serves until
+//! the shutdown future resolves, then drains in-flight calls within a bounded grace period.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
+
+use crate::api::{EnvoyService, SluiceService};
+use crate::clock::SystemClock;
+use crate::config::{self, ConfigError};
+use crate::limiter::{Limiter, LimiterSettings};
+use crate::metrics::Metrics;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
+use crate::reload::{Reloader, WatchError};
+use crate::rules::RuleSet;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::{Store, StoreError};
+
+/// Everything `sluice serve` is told.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A YAML file or a directory of them.
+    pub config: PathBuf,
+    pub grpc_addr: SocketAddr,
+    /// The admin endpoints: metrics, health, readiness, the rules in force.
+    pub http_addr: SocketAddr,
+    /// The JSON API (`POST /json`); `None`: not served.
+    pub json_addr: Option<SocketAddr>,
+    /// `None`: the in-memory store.
+    pub redis: Option<RedisSettings>,
+    pub limiter: LimiterSettings,
+    pub near_limit_ratio: f64,
+    pub serve: ServeOptions,
+}
+
+/// How the listeners behave.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// How long in-flight calls may take to finish after a shutdown signal.
+    pub grace_period: Duration,
+    /// Enables `sluice.v1.RateLimiter/Reset` for callers that present it.
+    pub admin_token: Option<String>,
+    /// TLS (mutual when a client CA is given) on the gRPC listener and the JSON API's; the files are re-read when
+    /// they change.
+    pub tls: Option<crate::tls::ServerTlsFiles>,
+    /// Rate limit headers to add to responses, for the most constrained status.
+    pub response_headers: crate::headers::HeaderMode,
+}
+
+/// The bound HTTP listeners: the admin endpoints, and the JSON API when it is served.
+#[derive(Debug)]
+pub struct HttpListeners {
+    pub admin: TcpListener,
+    pub json: Option<TcpListener>,
+}
+
+impl From<TcpListener> for HttpListeners {
+    /// The admin endpoints alone.
+    fn from(admin: TcpListener) -> Self {
+        HttpListeners { admin, json: None }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// The tokio runtime for `threads` threads (0: one per CPU). One thread gets the current-thread scheduler, which
+/// runs woken tasks in the order they were woken: the replies Redis sent in one read complete many requests before
+/// their HTTP/2 connection task runs again, so their answers leave in one write (about 24 per write, against 3 with
+/// the multi-thread scheduler's one worker, whose LIFO slot runs each woken connection task at once). That costs a
+/// fifth less CPU per decision (BENCHMARKS.md).
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    builder.enable_all().build()
+}
+
+/// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
+    let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
+    let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
+    metrics.config_loaded(rules.digest());
+    tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
+    let grpc = bind(settings.grpc_addr).await?;
+    let http = HttpListeners {
+        admin: bind(settings.http_addr).await?,
+        json: match settings.json_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        },
+    };
+    let listeners = (grpc, http);
+    match &settings.redis {
+        None => {
+            tracing::info!("store: in memory");
+            start(&settings, rules, metrics, MemoryStore::new(), listeners, shutdown).await
+        }
+        Some(redis) => {
+            let store = RedisStore::connect(redis).await?;
+            tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
+            start(&settings, rules, metrics, store, listeners, shutdown).await
+        }
+    }
+}
+
+async fn start<S: Store>(
+    settings: &Settings,
+    rules: RuleSet,
+    metrics: Metrics,
+    store: S,
+    (grpc, http): (TcpListener, HttpListeners),
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let limiter = Arc::new(Limiter::new(
+        rules,
+        store,
+        Arc::new(SystemClock),
+        metrics,
+        settings.limiter.clone(),
+    ));
+    let _reloader = Reloader::start(limiter.clone(), settings.config.clone())?;
+    serve(limiter, grpc, http, shutdown, &settings.serve).await
+}
+
+/// Keeps the metrics' memory flat between scrapes.
+async fn upkeep(metrics: Metrics) {
+    let mut every = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        metrics.run_upkeep();
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves gRPC (both rate limit services, health, reflection), the admin endpoints and, when it has a listener, the
+/// JSON API on bound listeners until `shutdown` resolves, then stops accepting and gives in-flight calls `grace` to
+/// finish.
+pub async fn serve<S: Store>(
+    limiter: Arc<Limiter<S>>,
+    grpc: TcpListener,
+    http: impl Into<HttpListeners>,
+    shutdown: impl Future<Output = ()> + Send,
+    options: &ServeOptions,
+) -> Result<(), ServerError> {
+    let grace = options.grace_period;
+    let admin_token = options.admin_token.as_deref().map(Arc::from);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "sluice.v1.RateLimiter",
+    ] {
+        health.set_service_status(service, ServingStatus::Serving).await;
+    }
+    fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
+        b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    }
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
+
+    let (stop, stopped) = watch::channel(false);
+    let signal = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let HttpListeners { admin: http, json } = http.into();
+    let grpc_addr = grpc.local_addr().ok();
+    let http_addr = http.local_addr().ok();
+    let json_addr = json.as_ref().and_then(|j| j.local_addr().ok());
+    let json_on = json.is_some();
+    let json = match json {
+        Some(listener) => Some(
+            crate::http::JsonListener::new(listener, options.tls.as_ref())
+                .map_err(|e| ServerError::Serve(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let grpc_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .layer(crate::telemetry::GrpcTraceLayer)
+        .add_service(RateLimitServiceServer::new(EnvoyService::new(
+            limiter.clone(),
+            options.response_headers,
+        )))
+        .add_service(RateLimiterServer::new(SluiceService::new(
+            limiter.clone(),
+            options.response_headers,
+            admin_token,
+        )))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(
+            crate::tls::incoming(grpc, options.tls.as_ref()).map_err(|e| ServerError::Serve(e.to_string()))?,
+            signal(stopped.clone()),
+        );
+    let limiter_metrics = limiter.metrics().clone();
+    let json_server = json.map(|listener| {
+        axum::serve(
+            listener,
+            crate::http::json_router(limiter.clone(), options.response_headers),
+        )
+        .with_graceful_shutdown(signal(stopped.clone()))
+    });
+    let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
+    let mut grpc_task = tokio::spawn(grpc_server);
+    let mut http_task = tokio::spawn(async move { http_server.await });
+    let mut json_task = tokio::spawn(async move {
+        match json_server {
+            Some(server) => server.await,
+            None => Ok(()),
+        }
+    });
+    let upkeep = tokio::spawn(upkeep(limiter_metrics));
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, "serving");
+
+    tokio::select! {
+        () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
+        r = &mut grpc_task => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
+        r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
+        r = &mut json_task, if json_on => return Err(ServerError::Serve(format!("json server stopped: {r:?}"))),
+    }
+    let _ = stop.send(true);
+    upkeep.abort();
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "sluice.v1.RateLimiter",
+    ] {
+        health.set_service_status(service, ServingStatus::NotServing).await;
+    }
+    match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await, json_task.await) }).await {
+        Ok(_) => tracing::info!("drained; stopped"),
+        Err(_) => {
+            tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
+        }
+    }
+    Ok(())
+}

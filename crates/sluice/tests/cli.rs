@@ -1,0 +1,309 @@
+//! The `sluice` binary's `check` command: reference-style configuration directories are accepted, and every load
+//! error is rejected with a message naming the file and the path inside it.
+
+use std::path::Path;
+use std::process::Command;
+
+use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+fn check(dir: &Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--config"])
+        .arg(dir)
+        .output()
+        .expect("the sluice binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn accepts_a_directory_of_reference_files() {
+    let dir = dir_with(&[
+        (
+            "edge.yaml",
+            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: SECOND\n      requests_per_unit: 10\n  - key: path\n    value: /login\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 5, name: login}\n  - key: path\n    value: /api/*\n    descriptors:\n      - key: user\n        rate_limit: {unit: hour, requests_per_unit: 1000, replaces: [{name: login}]}\n  - key: tier\n    value: internal\n    rate_limit: {unlimited: true}\n",
+        ),
+        (
+            "internal.yml",
+            "domain: internal\ndescriptors:\n  - key: service\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+        ),
+        ("README.txt", "not a config"),
+        (".hidden.yaml", "this is: [not: valid"),
+    ]);
+    let (ok, stdout, stderr) = check(dir.path());
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("2 file(s), 2 domain(s), 5 rule(s)"), "{stdout}");
+    assert!(
+        stdout.contains("edge.path_/login: 5 per minute (fixed_window), name login, shadow mode"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("domain internal"), "{stdout}");
+}
+
+#[test]
+fn rejects_every_load_error_naming_file_and_path() {
+    let cases: &[(&str, &str)] = &[
+        ("descriptors: []\n", "domain: domain is empty"),
+        (
+            "domain: d\ndescriptors:\n  - value: x\n",
+            "descriptors[0].key: descriptor key is empty",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n  - key: b\n    descriptors:\n      - key: c\n        value: v\n      - key: c\n        value: v\n",
+            "descriptors[1].descriptors[1]: duplicate descriptor 'd.b.c_v'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "descriptors[0].rate_limit.unit: unknown unit 'fortnight'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: hour}\n",
+            "descriptors[0].rate_limit.unit: a rule cannot be unlimited and have a unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1, replaces: [{name: ''}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name: replaces entry is empty",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1, name: me, replaces: [{name: me}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name: a rule cannot replace itself ('me')",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n   value: b\n",
+            "did not find expected",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    colour: red\n",
+            "descriptors[0]: unknown field `colour`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    7: b\n",
+            "descriptors[0]: key is not a string: 7",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: -5}\n",
+            "descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-5`, expected u32",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 99999999999}\n",
+            "descriptors[0].rate_limit.requests_per_unit: invalid value",
+        ),
+    ];
+    for (text, want) in cases {
+        let dir = dir_with(&[("a-ok.yaml", "domain: fine\n"), ("b-bad.yaml", text)]);
+        let (ok, _, stderr) = check(dir.path());
+        assert!(!ok, "{text} was accepted");
+        assert!(stderr.contains("b-bad.yaml"), "file not named: {stderr}");
+        assert!(stderr.contains(want), "want {want:?} in {stderr}");
+    }
+    let dir = dir_with(&[("one.yaml", "domain: same\n"), ("two.yaml", "domain: same\n")]);
+    let (ok, _, stderr) = check(dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("'") && stderr.contains("two.yaml': domain: domain 'same' is also defined in"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_flags_and_env_are_named() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+            "--grpc-addr",
+            "nowhere",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--grpc-addr"), "{err}");
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+        ],
+        &[("SLUICE_KEY_PREFIX", "a{b")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--key-prefix") && err.contains("may not contain"), "{err}");
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+        ],
+        &[("SLUICE_NEAR_LIMIT_RATIO", "2")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("not a ratio"), "{err}");
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+        ],
+        &[("SLUICE_WORKER_THREADS", "2000")],
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--worker-threads") && err.contains("0..=1024"), "{err}");
+    let (code, err) = run(
+        &[
+            "serve",
+            "--config",
+            "/nonexistent/sluice.yaml",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("config '/nonexistent/sluice.yaml': cannot read"), "{err}");
+}
+
+/// One ShouldRateLimit call in domain `edge` to a server on `port`, from a runtime of its own.
+fn one_call(port: u16, key: &str, value: &str) -> Result<RateLimitResponse, String> {
+    let request = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = client.should_rate_limit(request).await.map_err(|e| e.to_string())?;
+        Ok(answer.into_inner())
+    })
+}
+
+/// `--worker-threads` sets how many runtime threads serve requests: with 1 the main thread serves alone (the
+/// current-thread scheduler), with n there are n workers. Either way the server answers and drains on SIGTERM.
+#[test]
+fn worker_threads_sets_the_serving_threads() {
+    let workers = |n: &str| -> usize {
+        let port = crate::harness::free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "serve",
+                "--config",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+                "--grpc-addr",
+            ])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--http-addr", "127.0.0.1:0", "--worker-threads", n])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The runtime is built before the listener binds: once the port answers, every worker exists.
+        let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
+        let seen = tasks
+            .filter_map(Result::ok)
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "tokio-rt-worker"))
+            .count();
+        let answer = one_call(port, "remote_address", "10.0.0.1");
+        let term = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let exit = child.wait().unwrap();
+        assert!(listening, "sluice serve --worker-threads {n} did not start");
+        let remaining = answer
+            .as_ref()
+            .ok()
+            .map(|r| (r.overall_code, r.statuses[0].limit_remaining));
+        assert_eq!(remaining, Some((1, 9)), "--worker-threads {n}: {answer:?}");
+        assert!(
+            term.success() && exit.success(),
+            "--worker-threads {n}: no graceful exit: {exit}"
+        );
+        seen
+    };
+    assert_eq!(workers("1"), 0);
+    assert_eq!(workers("3"), 3);
+}
+
+/// `sluice serve` serves `POST /json` only on `--json-addr` (here through its variable), never on the admin port.
+#[test]
+fn the_json_api_is_served_on_json_addr_only() {
+    use std::io::{Read, Write};
+    let (http, json) = (crate::harness::free_port(), crate::harness::free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{http}"))
+        .env("SLUICE_JSON_ADDR", format!("127.0.0.1:{json}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", json)).is_ok()
+            && std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()
+    });
+    let post = |port: u16| -> String {
+        let body =
+            r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.9"}]}]}"#;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .write_all(crate::harness::post_request("/json", body).as_bytes())
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let (on_json, on_admin) = if listening {
+        (post(json), post(http))
+    } else {
+        Default::default()
+    };
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(listening, "sluice serve did not start");
+    assert!(on_json.starts_with("HTTP/1.1 200"), "{on_json}");
+    assert!(on_json.contains(r#""limitRemaining":9"#), "{on_json}");
+    assert!(on_admin.starts_with("HTTP/1.1 404"), "{on_admin}");
+}

@@ -1,0 +1,17 @@
+//! The service's tests through its faces: gRPC, HTTP, the built binary, TLS, Redis deployments and their faults.
+//! One binary, a module per concern.
+
+mod harness;
+
+mod chaos;
+mod cli;
+mod cluster;
+mod exposition;
+mod faults;
+mod fuzz;
+mod grpc;
+mod http;
+mod recovery;
+mod reload;
+mod sentinel;
+mod tls;
