@@ -4,275 +4,46 @@
 //! Per request it reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
 //! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call.
 
+//!
+//! Its parts: [`request`] (what a request is, and the checks it passes), [`resolve`] (which rule each descriptor
+//! meets), [`decision`] (what the core answers), [`settings`] (the core's switches and caps), and [`guard`] (the
+//! breakers, local cache and timing around every store call).
+
+mod decision;
+mod guard;
+mod request;
+mod resolve;
+mod settings;
+
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
-use tracing::Instrument;
 
-use crate::breaker::{BreakerSettings, Breakers};
-use crate::cache::{Denial, LocalCache};
+use decision::fallback_status;
+pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
+use guard::{Guard, constraining};
+pub use request::{Descriptor, Override, Request};
+use request::{cost, validate};
+use resolve::{Target, resolve};
+pub use settings::{Cap, Caps, LimiterSettings};
+
+use crate::breaker::Breakers;
+use crate::cache::LocalCache;
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
-use crate::rules::{Algorithm, Domain, FailurePolicy, Limit, Rule, RuleSet, Tier, Unit};
-use crate::store::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierOutcome, TierSpec};
-
-/// A rate limit request, as Envoy sends it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Request {
-    pub domain: String,
-    pub descriptors: Vec<Descriptor>,
-    /// The cost of each descriptor's hit; 0 means 1.
-    pub hits_addend: u32,
-}
-
-/// One descriptor of a request: ordered entries, an optional limit override and an optional own cost.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Descriptor {
-    pub entries: Vec<(String, String)>,
-    pub limit_override: Option<Override>,
-    /// Overrides the request's `hits_addend`; `Some(0)` checks without consuming.
-    pub hits_addend: Option<u64>,
-}
-
-/// A `RateLimitOverride` as received: `unit` is the raw `envoy.type.v3.RateLimitUnit` number.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Override {
-    pub requests_per_unit: u32,
-    pub unit: i32,
-}
-
-/// The answer for a request or a descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    Ok,
-    OverLimit,
-}
-
-/// The limit a status reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppliedLimit {
-    pub limit: Limit,
-    pub name: Option<Arc<str>>,
-}
-
-impl From<&Tier> for AppliedLimit {
-    fn from(tier: &Tier) -> Self {
-        AppliedLimit {
-            limit: tier.limit,
-            name: tier.name.clone(),
-        }
-    }
-}
-
-/// The answer for one descriptor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub code: Code,
-    /// Set whenever a finite limit applied.
-    pub limit: Option<AppliedLimit>,
-    /// Hits left in the window; `u32::MAX` for an unlimited rule, 0 when no rule applied.
-    pub remaining: u32,
-    /// In microseconds, set whenever a finite limit applied: for an admitted hit, the time until the counter resets
-    /// (is full again); for a denied one, the wait until the same hit would be admitted (the time until the
-    /// counter resets when the cost can never fit).
-    pub reset_after_us: Option<u64>,
-}
-
-impl Status {
-    const NO_RULE: Status = Status {
-        code: Code::Ok,
-        limit: None,
-        remaining: 0,
-        reset_after_us: None,
-    };
-    const UNLIMITED: Status = Status {
-        code: Code::Ok,
-        limit: None,
-        remaining: u32::MAX,
-        reset_after_us: None,
-    };
-}
-
-/// The answer for a request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    pub overall: Code,
-    /// One per request descriptor, in order.
-    pub statuses: Vec<Status>,
-    /// The `metadata` of the rules whose descriptors passed, when response metadata is on.
-    pub metadata: Vec<Arc<crate::rules::Metadata>>,
-    /// The lease this request holds in `concurrency` limits, to hand back with `Release`.
-    pub lease: Option<String>,
-    /// The entries this request appended to `queue` limits.
-    pub queued: Vec<Queued>,
-}
-
-/// An entry appended to a `queue` limit's stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Queued {
-    /// The request descriptor's index.
-    pub descriptor: usize,
-    /// The stream's key, where workers read.
-    pub stream: String,
-    pub entry_id: String,
-}
-
-/// What GetRemaining reports for one descriptor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Report {
-    NoRule,
-    Unlimited,
-    Limited {
-        /// The most constrained limit.
-        limit: AppliedLimit,
-        /// What is left of it now.
-        remaining: u64,
-        /// Time until it is full again, in microseconds.
-        reset_after_us: u64,
-        /// Time until a hit of the asked cost fits every limit; `None`: never.
-        retry_after_us: Option<u64>,
-        /// Recorded entry values, newest first (`record`).
-        records: Vec<String>,
-    },
-}
-
-/// What Reset does with a `queue` limit's stream that still holds entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueuedWork {
-    /// Keep the stream and report it: workers may still be due to process its entries.
-    Keep,
-    /// Delete it with the rest, abandoning the waiting entries.
-    Drop,
-}
-
-/// What a Reset did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResetReport {
-    /// Stored states that existed and were deleted.
-    pub deleted: u64,
-    /// The `queue` streams kept because entries still wait in them.
-    pub kept_streams: Vec<String>,
-}
-
-/// Why a request got no decision.
-#[derive(Debug, thiserror::Error)]
-pub enum LimitError {
-    /// The request itself is malformed; the message names what is wrong.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The request exceeds one of the [`Caps`]; the message names the field and says by how much, and `cap` which
-    /// setting bounds it (a face names it as its users set it: the service, by its flag).
-    #[error("{message} ({})", cap.setting())]
-    OverCap { cap: Cap, message: String },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Switches of the decision core.
-#[derive(Debug, Clone)]
-pub struct LimiterSettings {
-    /// Prefix of every counter key (no `{` or `}`).
-    pub key_prefix: String,
-    /// Global shadow mode: an overall OVER_LIMIT is answered OK; statuses keep OVER_LIMIT.
-    pub shadow_mode: bool,
-    /// Merge the `metadata` of passing rules into the response.
-    pub response_metadata: bool,
-    /// What to answer when the store fails, for domains that do not say.
-    pub failure_policy: FailurePolicy,
-    pub breaker: BreakerSettings,
-    /// Denials remembered locally (0: none).
-    pub local_cache_size: usize,
-    pub caps: Caps,
-}
-
-/// One of the [`Caps`], as an over-cap error names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cap {
-    Descriptors,
-    Entries,
-    ValueBytes,
-    RequestBytes,
-}
-
-impl Cap {
-    /// The name of the [`Caps`] field that sets it.
-    pub fn setting(self) -> &'static str {
-        match self {
-            Cap::Descriptors => "max_descriptors",
-            Cap::Entries => "max_entries",
-            Cap::ValueBytes => "max_value_bytes",
-            Cap::RequestBytes => "max_request_bytes",
-        }
-    }
-}
-
-/// Bounds on a request, each refused with INVALID_ARGUMENT naming it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caps {
-    pub max_descriptors: usize,
-    pub max_entries: usize,
-    /// Bytes of one entry key or value (and of the domain).
-    pub max_value_bytes: usize,
-    /// Bytes of one encoded request (checked by the API, which sees the encoding).
-    pub max_request_bytes: usize,
-}
-
-impl Default for Caps {
-    fn default() -> Self {
-        Caps {
-            max_descriptors: 64,
-            max_entries: 32,
-            max_value_bytes: 4_096,
-            max_request_bytes: 65_536,
-        }
-    }
-}
-
-impl Default for LimiterSettings {
-    fn default() -> Self {
-        LimiterSettings {
-            key_prefix: "sluice:".to_string(),
-            shadow_mode: false,
-            response_metadata: false,
-            failure_policy: FailurePolicy::Error,
-            breaker: BreakerSettings::default(),
-            local_cache_size: 100_000,
-            caps: Caps::default(),
-        }
-    }
-}
+use crate::rules::{Algorithm, Domain, FailurePolicy, Rule, RuleSet, Tier};
+use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierSpec};
 
 /// The decision core over a store.
 pub struct Limiter<S> {
     rules: ArcSwap<RuleSet>,
-    store: S,
-    /// Store call latency, registered once: hits and peeks.
-    latency: [metrics::Histogram; 2],
-    breakers: Breakers,
-    cache: LocalCache,
+    /// The store, behind its breakers and the local cache.
+    guard: Guard<S>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
     settings: LimiterSettings,
-}
-
-/// What one request descriptor resolved to.
-enum Target<'a> {
-    NoRule,
-    Unlimited(&'a Rule),
-    Limited {
-        tiers: Cow<'a, [Tier]>,
-        rule: Option<&'a Rule>,
-        shared: Vec<(usize, &'a str)>,
-    },
-}
-
-impl Target<'_> {
-    fn has(&self, algorithm: Algorithm) -> bool {
-        matches!(self, Target::Limited { tiers, .. } if tiers.iter().any(|t| t.limit.algorithm == algorithm))
-    }
 }
 
 impl<S: Store> Limiter<S> {
@@ -285,13 +56,12 @@ impl<S: Store> Limiter<S> {
     ) -> Limiter<S> {
         Limiter {
             rules: ArcSwap::from_pointee(rules),
-            latency: [
-                metrics.store_histogram(store.name(), "hit"),
-                metrics.store_histogram(store.name(), "peek"),
-            ],
-            store,
-            breakers: Breakers::new(settings.breaker),
-            cache: LocalCache::new(settings.local_cache_size),
+            guard: Guard::new(
+                store,
+                Breakers::new(settings.breaker),
+                LocalCache::new(settings.local_cache_size),
+                metrics.clone(),
+            ),
             clock,
             metrics,
             settings,
@@ -299,7 +69,7 @@ impl<S: Store> Limiter<S> {
     }
 
     pub fn store(&self) -> &S {
-        &self.store
+        self.guard.store()
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -319,7 +89,7 @@ impl<S: Store> Limiter<S> {
     pub fn reload(&self, rules: RuleSet) {
         self.rules.store(Arc::new(rules));
         // A denial cached under the old limits may not hold under the new ones.
-        self.cache.clear();
+        self.guard.cache().clear();
     }
 
     /// Decides a request, counting each descriptor's hit against its limits.
@@ -459,15 +229,15 @@ impl<S: Store> Limiter<S> {
         domain: Option<&Domain>,
         stats: &DomainStats,
     ) -> Result<Vec<Option<Outcome>>, LimitError> {
-        let generation = self.cache.generation();
-        let mut decided: Vec<Option<Outcome>> = hits.iter().map(|h| self.cached(h, now_us)).collect();
+        let generation = self.guard.cache().generation();
+        let mut decided: Vec<Option<Outcome>> = hits.iter().map(|h| self.guard.cached(h, now_us)).collect();
         let pending: Vec<usize> = (0..hits.len()).filter(|&i| decided[i].is_none()).collect();
         if pending.is_empty() {
             return Ok(decided);
         }
         // Lend the pending hits to the store call without copying them, then put them back.
         let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
-        let answers = self.store_call("hit", now_us, &sent).await;
+        let answers = self.guard.call("hit", now_us, &sent).await;
         for (&i, hit) in pending.iter().zip(sent.drain(..)) {
             hits[i] = hit;
         }
@@ -475,7 +245,7 @@ impl<S: Store> Limiter<S> {
         for (&i, answer) in pending.iter().zip(answers) {
             match answer {
                 Ok(outcome) => {
-                    self.remember(&hits[i], &outcome, now_us, generation);
+                    self.guard.remember(&hits[i], &outcome, now_us, generation);
                     decided[i] = Some(outcome);
                 }
                 Err(e) => failed = Some(e),
@@ -490,145 +260,9 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker
-    /// is open are refused at once, the others go to the store together, and each domain's breaker then learns
-    /// whether its server answered. One answer per hit, in order.
-    async fn store_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
-        let domains: Vec<u64> = hits.iter().map(|h| self.store.failure_domain(h)).collect();
-        let mut breakers = Vec::with_capacity(1);
-        for &d in &domains {
-            if !breakers.iter().any(|(known, _)| *known == d) {
-                breakers.push((d, self.breakers.get(d)));
-            }
-        }
-        // Passes are dropped unrecorded if this future is: an abandoned probe frees its slot (see `breaker`).
-        let passes: Vec<_> = breakers.iter().map(|(d, b)| (*d, b.allow(now_us))).collect();
-        let allowed = |d: u64| passes.iter().any(|(known, pass)| *known == d && pass.is_some());
-        let refused = || Err(StoreError::Connection("circuit breaker open".into()));
-        let answers = if domains.iter().all(|&d| allowed(d)) {
-            self.timed_call(op, now_us, hits).await
-        } else {
-            let open: Vec<Hit> = hits
-                .iter()
-                .zip(&domains)
-                .filter(|(_, d)| allowed(**d))
-                .map(|(h, _)| h.clone())
-                .collect();
-            let mut answers = if open.is_empty() {
-                Vec::new()
-            } else {
-                self.timed_call(op, now_us, &open).await
-            }
-            .into_iter();
-            domains
-                .iter()
-                .map(|&d| {
-                    if allowed(d) {
-                        answers.next().unwrap_or_else(refused)
-                    } else {
-                        refused()
-                    }
-                })
-                .collect()
-        };
-        for (d, pass) in passes {
-            if let Some(pass) = pass {
-                let reached = domains
-                    .iter()
-                    .zip(&answers)
-                    .filter(|(known, _)| **known == d)
-                    .all(|(_, a)| a.as_ref().err().is_none_or(|e| !e.is_unreachable()));
-                pass.record(reached, now_us);
-            }
-        }
-        self.metrics.breaker_state(self.breakers.state(now_us) as u8);
-        answers
-    }
-
-    /// The store call itself, timed, its errors counted and logged.
-    async fn timed_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
-        let started = std::time::Instant::now();
-        let (store, descriptors) = (self.store.name(), hits.len());
-        // The store's future is boxed: moved by value through this state machine it cost a large memmove per call.
-        let answers = match op {
-            "peek" => {
-                let span = tracing::debug_span!("store.peek", store, descriptors);
-                Box::pin(self.store.peek(now_us, hits)).instrument(span).await
-            }
-            _ => {
-                let span = tracing::debug_span!("store.hit", store, descriptors);
-                Box::pin(self.store.hit(now_us, hits)).instrument(span).await
-            }
-        };
-        let mut answers = answers;
-        answers.resize_with(hits.len(), || {
-            Err(StoreError::Other("store returned too few outcomes".into()))
-        });
-        self.record_store_call(op, started, answers.iter().find_map(|a| a.as_ref().err()));
-        answers
-    }
-
     /// Whether decisions can reach the store now: it answers a ping and no failure domain's breaker is open.
     pub async fn ready(&self) -> Result<(), StoreError> {
-        self.store.ping().await?;
-        match self.breakers.state(self.clock.now_us()) {
-            crate::breaker::State::Open => Err(StoreError::Connection("circuit breaker open".into())),
-            _ => Ok(()),
-        }
-    }
-
-    /// A denial from the local cache, as the outcome the store gave.
-    fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
-        let first = hit.tiers.first()?;
-        let denial = self
-            .cache
-            .get(first.key.as_str(), limits_fingerprint(hit), hit.cost, now_us)?;
-        self.metrics.local_cache_hit();
-        let tiers = hit
-            .tiers
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let denying = i == denial.tier;
-                TierOutcome {
-                    ok: !denying,
-                    used: if denying { t.limit.saturating_add(hit.cost) } else { 0 },
-                    remaining: 0,
-                    reset_after_us: if denying {
-                        denial.reset_at_us.saturating_sub(now_us)
-                    } else {
-                        0
-                    },
-                    retry_after_us: Some(if denying { denial.until_us - now_us } else { 0 }),
-                    id: None,
-                }
-            })
-            .collect();
-        Some(Outcome {
-            admitted: false,
-            tiers,
-            records: Vec::new(),
-        })
-    }
-
-    /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]), made by a request that
-    /// started in the cache's `generation`.
-    fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
-        let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
-        if outcome.admitted || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
-            return;
-        }
-        let (tier, denied) = constraining(outcome);
-        if let (Some(first), Some(retry)) = (hit.tiers.first(), denied.retry_after_us) {
-            let denial = Denial {
-                limits: limits_fingerprint(hit),
-                until_us: now_us.saturating_add(retry),
-                cost: hit.cost,
-                tier,
-                reset_at_us: now_us.saturating_add(denied.reset_after_us),
-            };
-            self.cache.insert(first.key.as_str(), denial, now_us, generation);
-        }
+        self.guard.ready(self.clock.now_us()).await
     }
 
     /// The failure policy of a domain: its own, or the server's default.
@@ -662,7 +296,7 @@ impl<S: Store> Limiter<S> {
         let outcomes: Result<Vec<Outcome>, StoreError> = if hits.is_empty() {
             Ok(Vec::new())
         } else {
-            self.store_call("peek", now_us, &hits).await.into_iter().collect()
+            self.guard.call("peek", now_us, &hits).await.into_iter().collect()
         };
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?
@@ -721,7 +355,7 @@ impl<S: Store> Limiter<S> {
             });
         }
         let keys = self.keys(request, |t| t.limit.algorithm == Algorithm::Concurrency, false);
-        Ok(self.store.release(&keys, lease).await?)
+        Ok(self.guard.store().release(&keys, lease).await?)
     }
 
     /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to. A `queue`
@@ -733,13 +367,17 @@ impl<S: Store> Limiter<S> {
         let is_stream = |t: &Tier| keep_streams && t.limit.algorithm == Algorithm::Queue;
         let keys = self.keys(request, |t| !is_stream(t), true);
         let streams = self.keys(request, is_stream, false);
-        self.cache
+        self.guard
+            .cache()
             .remove(&keys.iter().chain(&streams).map(CounterKey::as_str).collect::<Vec<_>>());
-        let deleted = self.store.reset(&keys).await?;
+        let deleted = self.guard.store().reset(&keys).await?;
         let streams = if streams.is_empty() {
             crate::store::StreamReset::default()
         } else {
-            self.store.reset_idle_streams(self.clock.now_us(), &streams).await?
+            self.guard
+                .store()
+                .reset_idle_streams(self.clock.now_us(), &streams)
+                .await?
         };
         Ok(ResetReport {
             deleted: deleted + streams.deleted,
@@ -845,38 +483,6 @@ impl<S: Store> Limiter<S> {
             None => Cow::Borrowed(&domain.override_stats),
         }
     }
-
-    fn record_store_call(&self, op: &'static str, started: std::time::Instant, error: Option<&StoreError>) {
-        self.latency[usize::from(op == "peek")].record(started.elapsed().as_secs_f64());
-        if let Some(e) = error {
-            self.metrics.store_error(self.store.name(), e.kind());
-            tracing::warn!(store = self.store.name(), op, error = %e, "store call failed");
-        }
-    }
-}
-
-/// The tier that decides a descriptor's status: when admitted, the one with the least left (then the longest
-/// reset); when denied, the one that frees up last.
-fn constraining(outcome: &Outcome) -> (usize, &TierOutcome) {
-    let tiers = outcome.tiers.iter().enumerate();
-    let chosen = if outcome.admitted {
-        tiers.min_by_key(|(_, t)| (t.remaining, std::cmp::Reverse(t.reset_after_us)))
-    } else {
-        tiers
-            .filter(|(_, t)| !t.ok)
-            .max_by_key(|(_, t)| t.retry_after_us.unwrap_or(u64::MAX))
-    };
-    chosen.unwrap_or((0, &outcome.tiers[0]))
-}
-
-/// What a cached denial is bound to besides its counter: every limit of the hit (algorithm, size, window, burst).
-fn limits_fingerprint(hit: &Hit) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    for t in &hit.tiers {
-        (t.algorithm.name(), t.limit, t.window_us, t.burst).hash(&mut h);
-    }
-    h.finish()
 }
 
 /// A lease id unique across processes and time: 128 bits from the process's random hasher keys, a counter and the
@@ -891,144 +497,4 @@ fn new_lease() -> String {
         .map_or(0, |d| d.as_nanos() as u64);
     let (a, b) = STATE.with(|s| (s.hash_one((seq, nanos, 1u8)), s.hash_one((seq, nanos, 2u8))));
     format!("{a:016x}{b:016x}")
-}
-
-/// The status a failure policy gives a limited descriptor when the store could not decide.
-fn fallback_status(policy: FailurePolicy, tier: &Tier, shadow: bool) -> Status {
-    match policy {
-        FailurePolicy::FailClosed => Status {
-            code: if shadow { Code::Ok } else { Code::OverLimit },
-            limit: Some(AppliedLimit::from(tier)),
-            remaining: 0,
-            reset_after_us: Some(1_000_000),
-        },
-        FailurePolicy::FailOpen | FailurePolicy::Error => Status::NO_RULE,
-    }
-}
-
-/// The cost of a descriptor's hit: its own `hits_addend` if present (0 = check only), else the request's, 0 = 1.
-fn cost(request: &Request, descriptor: &Descriptor) -> u64 {
-    descriptor.hits_addend.unwrap_or(u64::from(request.hits_addend.max(1)))
-}
-
-/// Rejects what Envoy's protocol forbids and what exceeds the caps, naming the offending field or cap.
-fn validate(request: &Request, caps: &Caps) -> Result<(), LimitError> {
-    let invalid = |m: String| Err(LimitError::InvalidArgument(m));
-    let over = |cap: Cap, message: String| Err(LimitError::OverCap { cap, message });
-    if request.domain.is_empty() {
-        return invalid("domain is empty".into());
-    }
-    if request.domain.len() > caps.max_value_bytes {
-        return over(
-            Cap::ValueBytes,
-            format!(
-                "domain is {} bytes, over the cap of {}",
-                request.domain.len(),
-                caps.max_value_bytes
-            ),
-        );
-    }
-    if request.descriptors.is_empty() {
-        return invalid("no descriptors".into());
-    }
-    if request.descriptors.len() > caps.max_descriptors {
-        return over(
-            Cap::Descriptors,
-            format!(
-                "{} descriptors, over the cap of {}",
-                request.descriptors.len(),
-                caps.max_descriptors
-            ),
-        );
-    }
-    for (i, d) in request.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
-            return invalid(format!("descriptors[{i}] has no entries"));
-        }
-        if d.entries.len() > caps.max_entries {
-            return over(
-                Cap::Entries,
-                format!(
-                    "descriptors[{i}] has {} entries, over the cap of {}",
-                    d.entries.len(),
-                    caps.max_entries
-                ),
-            );
-        }
-        for (j, (k, v)) in d.entries.iter().enumerate() {
-            if k.is_empty() {
-                return invalid(format!("descriptors[{i}].entries[{j}].key is empty"));
-            }
-            if k.len() > caps.max_value_bytes || v.len() > caps.max_value_bytes {
-                return over(
-                    Cap::ValueBytes,
-                    format!(
-                        "descriptors[{i}].entries[{j}] is over the cap of {} bytes per key or value",
-                        caps.max_value_bytes
-                    ),
-                );
-            }
-        }
-        if let Some(o) = d.limit_override {
-            if Unit::from_override(o.unit).is_none() {
-                return invalid(format!(
-                    "descriptors[{i}].limit.unit {} is not a valid unit (SECOND to YEAR)",
-                    o.unit
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Matches every descriptor, then drops the rules named in the `replaces` of any matched rule.
-fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<'a>> {
-    let Some(domain) = domain else {
-        return request.descriptors.iter().map(|_| Target::NoRule).collect();
-    };
-    let mut replaced: Option<HashSet<&str>> = None;
-    let mut targets: Vec<Target<'a>> = request
-        .descriptors
-        .iter()
-        .map(|d| {
-            if let Some(o) = d.limit_override {
-                let unit = Unit::from_override(o.unit).unwrap_or(Unit::Second);
-                return Target::Limited {
-                    tiers: Cow::Owned(vec![Tier {
-                        limit: Limit::fixed(o.requests_per_unit, unit),
-                        name: None,
-                    }]),
-                    rule: None,
-                    shared: Vec::new(),
-                };
-            }
-            let Some(m) = domain.find(&d.entries) else {
-                return Target::NoRule;
-            };
-            if !m.rule.replaces.is_empty() {
-                replaced
-                    .get_or_insert_with(HashSet::new)
-                    .extend(m.rule.replaces.iter().map(|n| &**n));
-            }
-            if m.rule.tiers.is_empty() {
-                Target::Unlimited(m.rule)
-            } else {
-                Target::Limited {
-                    tiers: Cow::Borrowed(&m.rule.tiers),
-                    rule: Some(m.rule),
-                    shared: m.shared,
-                }
-            }
-        })
-        .collect();
-    if let Some(replaced) = replaced {
-        for target in &mut targets {
-            if let Target::Limited { rule: Some(r), .. } | Target::Unlimited(r) = target {
-                if r.is_replaced(&replaced) {
-                    *target = Target::NoRule;
-                }
-            }
-        }
-    }
-    targets
 }

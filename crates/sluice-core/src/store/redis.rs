@@ -30,7 +30,6 @@
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,14 +40,19 @@ use fred::types::config::{Config, ReconnectPolicy, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
-use super::{Answers, CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, StreamReset, TierOutcome};
-use crate::pem::{self as tls, TlsError};
+use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, StreamReset};
 
+mod call;
 mod cluster;
+mod gather;
+mod settings;
 
+use call::{Call, Mode, eval, is_noscript, parse, redirection};
 use cluster::{Cluster, Node};
+use gather::{Job, gather};
+pub use settings::{RedisSettings, RedisTls};
 
 /// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
 /// unit. (`benches/run.sh` loads the same files in the same order to time the script under `redis-benchmark`.)
@@ -64,73 +68,6 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/decide.lua"),
     include_str!("../../lua/batch.lua"),
 );
-
-/// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
-/// holds Redis, where each descriptor costs a few microseconds.
-const MAX_BATCH: usize = 64;
-
-/// How to reach Redis.
-#[derive(Debug, Clone)]
-pub struct RedisSettings {
-    /// `redis://`, `rediss://`, `redis-cluster://` or `redis-sentinel://` URL.
-    pub url: String,
-    /// The bound on every store call, connection included.
-    pub timeout: Duration,
-    /// Connections (fred clients), each pipelining many requests.
-    pub pool_size: usize,
-    /// Decide by Redis's own clock (`TIME` in the script), one clock for every sluice instance. Tests turn it off to
-    /// drive time themselves.
-    pub server_time: bool,
-    /// Files for TLS to Redis; only with a `rediss` URL.
-    pub tls: RedisTls,
-}
-
-/// TLS to Redis beyond what a `rediss://` URL gives (the system's roots, no client certificate).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RedisTls {
-    /// PEM CA certificates to trust instead of the system's roots.
-    pub ca: Option<PathBuf>,
-    /// PEM client certificate chain, for a Redis with `tls-auth-clients`; needs `key`.
-    pub cert: Option<PathBuf>,
-    /// The client certificate's PEM private key; needs `cert`.
-    pub key: Option<PathBuf>,
-}
-
-impl RedisTls {
-    /// Whether any file is given.
-    pub fn is_set(&self) -> bool {
-        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
-    }
-
-    /// The rustls client configuration the files describe.
-    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
-        let roots = match &self.ca {
-            Some(ca) => tls::load_roots("redis tls ca", ca)?,
-            None => tls::native_roots(),
-        };
-        let builder = rustls::ClientConfig::builder_with_provider(tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(format!("redis tls: {e}")))?
-            .with_root_certificates(roots);
-        match (&self.cert, &self.key) {
-            (None, None) => Ok(builder.with_no_client_auth()),
-            (Some(cert), Some(key)) => {
-                let chain = tls::load_certs("redis tls certificate", cert)?;
-                let private = tls::load_key("redis tls key", key)?;
-                builder
-                    .with_client_auth_cert(chain, private)
-                    .map_err(|e| TlsError::Pair {
-                        what: "redis tls key",
-                        cert: cert.clone(),
-                        key: key.clone(),
-                        reason: e.to_string(),
-                    })
-            }
-            (Some(_), None) => Err(TlsError::Config("redis tls: a client certificate needs its key".into())),
-            (None, Some(_)) => Err(TlsError::Config("redis tls: a client key needs its certificate".into())),
-        }
-    }
-}
 
 /// State in Redis.
 #[derive(Clone)]
@@ -154,77 +91,6 @@ impl std::fmt::Debug for RedisStore {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Hit,
-    Peek,
-}
-
-/// One descriptor's part of a script call (`lua/batch.lua`): its keys, and its arguments headed by their counts.
-struct Call {
-    keys: Vec<Value>,
-    args: Vec<Value>,
-    /// The cluster slot of its keys, which share one hash tag.
-    slot: Option<u16>,
-}
-
-impl Call {
-    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
-    fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
-        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
-        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 1);
-        keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
-        if let Some(r) = record {
-            keys.push(Value::from(r.key.as_str()));
-        }
-        let count = 7 + 2 * hit.fields.len() + 4 * hit.tiers.len();
-        let mut args: Vec<Value> = Vec::with_capacity(2 + count);
-        args.push(Value::Integer(keys.len() as i64));
-        args.push(Value::Integer(count as i64));
-        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
-        args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
-        // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
-        args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
-        args.push(Value::from(hit.lease.as_str()));
-        match record {
-            Some(RecordSpec { size, value, .. }) => {
-                args.push(Value::Integer(i64::from(*size)));
-                args.push(Value::from(value.as_deref().unwrap_or_default()));
-            }
-            None => {
-                args.push(Value::Integer(0));
-                args.push(Value::from(""));
-            }
-        }
-        args.push(Value::Integer(2 * hit.fields.len() as i64));
-        for (k, v) in &hit.fields {
-            args.push(Value::from(k.as_str()));
-            args.push(Value::from(v.as_str()));
-        }
-        for t in &hit.tiers {
-            args.push(Value::from(t.algorithm.name()));
-            args.push(Value::Integer(t.limit as i64));
-            args.push(Value::Integer(t.window_us as i64));
-            args.push(Value::Integer(t.burst as i64));
-        }
-        let slot = hit
-            .tiers
-            .first()
-            .map(|t| &t.key)
-            .or(record.map(|r| &r.key))
-            .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        Call { keys, args, slot }
-    }
-}
-
-/// One request's calls, waiting to be gathered into a script call, and where their answers go.
-struct Job {
-    calls: Vec<Call>,
-    /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
-    queued: Instant,
-    reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
 }
 
 impl RedisStore {
@@ -481,50 +347,6 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
-/// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
-/// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
-/// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
-async fn eval(client: &Client, sha: Value, mut calls: Vec<Call>, asking: bool) -> Result<Vec<Value>, FredError> {
-    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
-    let args: usize = calls.iter().map(|c| c.args.len()).sum();
-    let mut command = Vec::with_capacity(3 + keys + args);
-    command.push(sha);
-    command.push(Value::Integer(keys as i64));
-    for call in &mut calls {
-        command.append(&mut call.keys);
-    }
-    command.push(Value::Integer(calls.len() as i64));
-    let route = calls
-        .first()
-        .and_then(|c| c.slot)
-        .map_or(ClusterHash::Random, ClusterHash::Custom);
-    let n = calls.len();
-    for call in calls {
-        command.extend(call.args);
-    }
-    let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
-    let answer: Value = if asking {
-        // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
-        let pipeline = client.pipeline();
-        let _: () = pipeline
-            .custom(
-                CustomCommand::new_static("ASKING", route.clone(), false),
-                Vec::<Value>::new(),
-            )
-            .await?;
-        let _: () = pipeline.custom(command_kind, command).await?;
-        let (_, answer): (Value, Value) = pipeline.all().await?;
-        answer
-    } else {
-        client.custom(command_kind, command).await?
-    };
-    match answer {
-        Value::Array(values) if values.len() == n => Ok(values),
-        _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
-    }
-}
-
 /// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
 const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
 
@@ -554,129 +376,6 @@ async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<S
         }
     }
     Ok(reset)
-}
-
-/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
-/// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
-/// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
-/// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
-/// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
-/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
-/// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
-/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
-/// with the store.
-async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
-    let flights = Arc::new(Semaphore::new(pool.size().max(2)));
-    let mut next: Option<Job> = None;
-    loop {
-        let Ok(permit) = flights.clone().acquire_owned().await else {
-            return;
-        };
-        let mut batch = Vec::new();
-        let mut descriptors = 0;
-        while descriptors < MAX_BATCH {
-            let job = match next.take() {
-                Some(job) => job,
-                None if batch.is_empty() => match queue.recv().await {
-                    Some(job) => job,
-                    None => return,
-                },
-                None => match queue.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
-                },
-            };
-            if job.queued.elapsed() > timeout {
-                let _ = job.reply.send(Err(FredError::new(
-                    ErrorKind::Timeout,
-                    "no script call came free within the store's timeout",
-                )));
-                continue;
-            }
-            if !batch.is_empty() && descriptors + job.calls.len() > MAX_BATCH {
-                next = Some(job);
-                break;
-            }
-            descriptors += job.calls.len();
-            batch.push(job);
-        }
-        let client = pool.next().clone();
-        let sha = sha.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut calls = Vec::with_capacity(batch.len());
-            let mut replies = Vec::with_capacity(batch.len());
-            for job in batch {
-                replies.push((job.reply, job.calls.len()));
-                calls.extend(job.calls);
-            }
-            match eval(&client, sha, calls, false).await {
-                Ok(values) => {
-                    let mut values = values.into_iter();
-                    for (reply, n) in replies {
-                        let _ = reply.send(Ok(values.by_ref().take(n).collect()));
-                    }
-                }
-                Err(e) => {
-                    for (reply, _) in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// Reads `decide.lua`'s answer.
-fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
-    let bad = || StoreError::Script("unexpected script answer".into());
-    let items = match value {
-        Value::Array(items) => items,
-        // The error that stopped this descriptor alone (see `lua/batch.lua`).
-        Value::String(error) => return Err(StoreError::Script(error.to_string())),
-        _ => return Err(bad()),
-    };
-    if items.len() < 1 + 6 * tiers {
-        return Err(bad());
-    }
-    let int = |v: &Value| v.as_i64().ok_or_else(bad);
-    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
-    let admitted = int(&items[0])? == 1;
-    let mut outcomes = Vec::with_capacity(tiers);
-    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
-        let retry = int(&t[4])?;
-        let id = t[5].as_string().filter(|s| !s.is_empty());
-        outcomes.push(TierOutcome {
-            ok: int(&t[0])? == 1,
-            used: count(&t[1])?,
-            remaining: count(&t[2])?,
-            reset_after_us: count(&t[3])?,
-            retry_after_us: u64::try_from(retry).ok(),
-            id,
-        });
-    }
-    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
-    Ok(Outcome {
-        admitted,
-        tiers: outcomes,
-        records,
-    })
-}
-
-fn is_noscript(e: &FredError) -> bool {
-    e.details().starts_with("NOSCRIPT")
-}
-
-/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
-fn redirection(e: &FredError) -> Option<(bool, String)> {
-    let mut parts = e.details().split_whitespace();
-    let ask = match parts.next()? {
-        "MOVED" => false,
-        "ASK" => true,
-        _ => return None,
-    };
-    let _slot = parts.next()?;
-    Some((ask, parts.next()?.to_string()))
 }
 
 /// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
@@ -779,27 +478,6 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:1?x=a@b"), "redis://:***@h:1?x=a@b");
         assert_eq!(redact("redis://user@h:1"), "redis://user@h:1");
         assert_eq!(redact("not a url"), "not a url");
-    }
-
-    #[test]
-    fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
-        use crate::rules::Algorithm;
-        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
-        let key = id.tier(Algorithm::FixedWindow, 60_000_000);
-        let hit = Hit {
-            tiers: vec![super::super::TierSpec {
-                key: key.clone(),
-                algorithm: Algorithm::FixedWindow,
-                limit: 1,
-                window_us: 60_000_000,
-                burst: 0,
-            }],
-            ..Hit::default()
-        };
-        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
-        assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
-        // Not the slot of the first argument (the SHA), which fred would hash by default.
-        assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
     }
 
     #[tokio::test]

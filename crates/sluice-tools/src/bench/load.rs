@@ -14,7 +14,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
-use super::Api;
+use super::args::Api;
 use super::keys::{Keys, SplitMix64};
 use super::pace::Pacer;
 use super::wire::Connection;
@@ -75,37 +75,6 @@ pub(super) struct Plan {
     /// At a fixed rate: what releases the scheduled requests at their times; `None` for a closed loop.
     pub pacer: Option<Pacer>,
     pub timeout: Duration,
-}
-
-/// The fixed-rate schedule: request `j` is due at `start + j / rate`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Schedule {
-    pub rate: f64,
-    /// The first request due at or after `measure_from`.
-    pub first_measured: u64,
-    /// The first request due at or after `deadline`: the schedule's end.
-    pub end: u64,
-}
-
-impl Schedule {
-    pub fn new(rate: f64, warmup: Duration, duration: Duration) -> Schedule {
-        let index_at = |d: Duration| (d.as_secs_f64() * rate).ceil() as u64;
-        Schedule {
-            rate,
-            first_measured: index_at(warmup),
-            end: index_at(warmup + duration),
-        }
-    }
-
-    /// How many requests are due in the measured window.
-    pub fn measured(&self) -> u64 {
-        self.end - self.first_measured
-    }
-
-    /// When request `index` is due, from the schedule's start.
-    pub fn offset(&self, index: u64) -> Duration {
-        Duration::from_secs_f64(index as f64 / self.rate)
-    }
 }
 
 /// A client of the chosen RPC over one connection.
@@ -462,12 +431,5 @@ mod tests {
         assert_eq!(a.first_failure, Some(CheckFailure::OverallCode(7)));
         assert_eq!(a.latency.len(), 5);
         assert_eq!(a.latency.max(), a.latency.highest_equivalent(5_000));
-    }
-
-    #[test]
-    fn schedule_counts_the_measured_window() {
-        let s = Schedule::new(1000.0, Duration::from_millis(500), Duration::from_secs(2));
-        assert_eq!((s.first_measured, s.end, s.measured()), (500, 2500, 2000));
-        assert_eq!(s.offset(1500), Duration::from_millis(1500));
     }
 }

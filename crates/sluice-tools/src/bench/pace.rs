@@ -1,4 +1,4 @@
-//! The fixed-rate schedule's clock: a thread that releases requests at their scheduled times.
+//! The fixed-rate schedule, and its clock: a thread that releases requests at their scheduled times.
 //!
 //! Tokio's timer fires on whole milliseconds. Slots that each slept until their own request's time woke together
 //! on every tick and sent that millisecond's requests as one burst (20 at once at 20 000/s); the server then answered
@@ -14,7 +14,36 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::load::Schedule;
+/// The fixed-rate schedule: request `j` is due at `start + j / rate`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Schedule {
+    pub rate: f64,
+    /// The first request due at or after `measure_from`.
+    pub first_measured: u64,
+    /// The first request due at or after `deadline`: the schedule's end.
+    pub end: u64,
+}
+
+impl Schedule {
+    pub fn new(rate: f64, warmup: Duration, duration: Duration) -> Schedule {
+        let index_at = |d: Duration| (d.as_secs_f64() * rate).ceil() as u64;
+        Schedule {
+            rate,
+            first_measured: index_at(warmup),
+            end: index_at(warmup + duration),
+        }
+    }
+
+    /// How many requests are due in the measured window.
+    pub fn measured(&self) -> u64 {
+        self.end - self.first_measured
+    }
+
+    /// When request `index` is due, from the schedule's start.
+    pub fn offset(&self, index: u64) -> Duration {
+        Duration::from_secs_f64(index as f64 / self.rate)
+    }
+}
 
 /// The longest the pacer's thread sleeps at once, so that it notices a stopped run.
 const LONGEST_SLEEP: Duration = Duration::from_millis(100);
@@ -106,5 +135,12 @@ mod tests {
         // The schedule is over for every other slot too.
         assert_eq!(pacer.take().await, None);
         assert_eq!(pacer.take().await, None);
+    }
+
+    #[test]
+    fn schedule_counts_the_measured_window() {
+        let s = Schedule::new(1000.0, Duration::from_millis(500), Duration::from_secs(2));
+        assert_eq!((s.first_measured, s.end, s.measured()), (500, 2500, 2000));
+        assert_eq!(s.offset(1500), Duration::from_millis(1500));
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use super::Api;
+use super::args::Api;
 use super::keys::KeySpec;
 use super::load::Tally;
 

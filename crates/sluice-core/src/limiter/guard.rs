@@ -1,0 +1,219 @@
+//! The guard around every store call: the circuit breaker of each failure domain (a refused domain's hits answer
+//! at once), the local over-limit cache (a denial that still holds answers without a call), and the call's timing,
+//! error count and log. The limiter decides; this file is what stands between its decisions and the store.
+
+use std::time::Instant;
+
+use tracing::Instrument;
+
+use crate::breaker::Breakers;
+use crate::cache::{Denial, LocalCache};
+use crate::metrics::Metrics;
+use crate::rules::Algorithm;
+use crate::store::{Answers, Hit, Outcome, Store, StoreError, TierOutcome};
+
+/// A store with its breakers, its local cache and its call metrics.
+pub struct Guard<S> {
+    store: S,
+    breakers: Breakers,
+    cache: LocalCache,
+    /// Store call latency, registered once: hits and peeks.
+    latency: [metrics::Histogram; 2],
+    metrics: Metrics,
+}
+
+impl<S: Store> Guard<S> {
+    pub fn new(store: S, breakers: Breakers, cache: LocalCache, metrics: Metrics) -> Guard<S> {
+        Guard {
+            latency: [
+                metrics.store_histogram(store.name(), "hit"),
+                metrics.store_histogram(store.name(), "peek"),
+            ],
+            store,
+            breakers,
+            cache,
+            metrics,
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn cache(&self) -> &LocalCache {
+        &self.cache
+    }
+
+    /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker
+    /// is open are refused at once, the others go to the store together, and each domain's breaker then learns
+    /// whether its server answered. One answer per hit, in order.
+    pub async fn call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+        let domains: Vec<u64> = hits.iter().map(|h| self.store.failure_domain(h)).collect();
+        let mut breakers = Vec::with_capacity(1);
+        for &d in &domains {
+            if !breakers.iter().any(|(known, _)| *known == d) {
+                breakers.push((d, self.breakers.get(d)));
+            }
+        }
+        // Passes are dropped unrecorded if this future is: an abandoned probe frees its slot (see `breaker`).
+        let passes: Vec<_> = breakers.iter().map(|(d, b)| (*d, b.allow(now_us))).collect();
+        let allowed = |d: u64| passes.iter().any(|(known, pass)| *known == d && pass.is_some());
+        let refused = || Err(StoreError::Connection("circuit breaker open".into()));
+        let answers = if domains.iter().all(|&d| allowed(d)) {
+            self.timed_call(op, now_us, hits).await
+        } else {
+            let open: Vec<Hit> = hits
+                .iter()
+                .zip(&domains)
+                .filter(|(_, d)| allowed(**d))
+                .map(|(h, _)| h.clone())
+                .collect();
+            let mut answers = if open.is_empty() {
+                Vec::new()
+            } else {
+                self.timed_call(op, now_us, &open).await
+            }
+            .into_iter();
+            domains
+                .iter()
+                .map(|&d| {
+                    if allowed(d) {
+                        answers.next().unwrap_or_else(refused)
+                    } else {
+                        refused()
+                    }
+                })
+                .collect()
+        };
+        for (d, pass) in passes {
+            if let Some(pass) = pass {
+                let reached = domains
+                    .iter()
+                    .zip(&answers)
+                    .filter(|(known, _)| **known == d)
+                    .all(|(_, a)| a.as_ref().err().is_none_or(|e| !e.is_unreachable()));
+                pass.record(reached, now_us);
+            }
+        }
+        self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+        answers
+    }
+
+    /// The store call itself, timed, its errors counted and logged.
+    async fn timed_call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+        let started = Instant::now();
+        let (store, descriptors) = (self.store.name(), hits.len());
+        // The store's future is boxed: moved by value through this state machine it cost a large memmove per call.
+        let answers = match op {
+            "peek" => {
+                let span = tracing::debug_span!("store.peek", store, descriptors);
+                Box::pin(self.store.peek(now_us, hits)).instrument(span).await
+            }
+            _ => {
+                let span = tracing::debug_span!("store.hit", store, descriptors);
+                Box::pin(self.store.hit(now_us, hits)).instrument(span).await
+            }
+        };
+        let mut answers = answers;
+        answers.resize_with(hits.len(), || {
+            Err(StoreError::Other("store returned too few outcomes".into()))
+        });
+        self.record_store_call(op, started, answers.iter().find_map(|a| a.as_ref().err()));
+        answers
+    }
+
+    /// Whether decisions can reach the store now: it answers a ping and no failure domain's breaker is open.
+    pub async fn ready(&self, now_us: u64) -> Result<(), StoreError> {
+        self.store.ping().await?;
+        match self.breakers.state(now_us) {
+            crate::breaker::State::Open => Err(StoreError::Connection("circuit breaker open".into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// A denial from the local cache, as the outcome the store gave.
+    pub fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
+        let first = hit.tiers.first()?;
+        let denial = self
+            .cache
+            .get(first.key.as_str(), limits_fingerprint(hit), hit.cost, now_us)?;
+        self.metrics.local_cache_hit();
+        let tiers = hit
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let denying = i == denial.tier;
+                TierOutcome {
+                    ok: !denying,
+                    used: if denying { t.limit.saturating_add(hit.cost) } else { 0 },
+                    remaining: 0,
+                    reset_after_us: if denying {
+                        denial.reset_at_us.saturating_sub(now_us)
+                    } else {
+                        0
+                    },
+                    retry_after_us: Some(if denying { denial.until_us - now_us } else { 0 }),
+                    id: None,
+                }
+            })
+            .collect();
+        Some(Outcome {
+            admitted: false,
+            tiers,
+            records: Vec::new(),
+        })
+    }
+
+    /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]), made by a request that
+    /// started in the cache's `generation`.
+    pub fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
+        let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
+        if outcome.admitted || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
+            return;
+        }
+        let (tier, denied) = constraining(outcome);
+        if let (Some(first), Some(retry)) = (hit.tiers.first(), denied.retry_after_us) {
+            let denial = Denial {
+                limits: limits_fingerprint(hit),
+                until_us: now_us.saturating_add(retry),
+                cost: hit.cost,
+                tier,
+                reset_at_us: now_us.saturating_add(denied.reset_after_us),
+            };
+            self.cache.insert(first.key.as_str(), denial, now_us, generation);
+        }
+    }
+
+    fn record_store_call(&self, op: &'static str, started: Instant, error: Option<&StoreError>) {
+        self.latency[usize::from(op == "peek")].record(started.elapsed().as_secs_f64());
+        if let Some(e) = error {
+            self.metrics.store_error(self.store.name(), e.kind());
+            tracing::warn!(store = self.store.name(), op, error = %e, "store call failed");
+        }
+    }
+}
+
+/// The tier that decides a descriptor's status: when admitted, the one with the least left (then the longest
+/// reset); when denied, the one that frees up last.
+pub fn constraining(outcome: &Outcome) -> (usize, &TierOutcome) {
+    let tiers = outcome.tiers.iter().enumerate();
+    let chosen = if outcome.admitted {
+        tiers.min_by_key(|(_, t)| (t.remaining, std::cmp::Reverse(t.reset_after_us)))
+    } else {
+        tiers
+            .filter(|(_, t)| !t.ok)
+            .max_by_key(|(_, t)| t.retry_after_us.unwrap_or(u64::MAX))
+    };
+    chosen.unwrap_or((0, &outcome.tiers[0]))
+}
+
+/// What a cached denial is bound to besides its counter: every limit of the hit (algorithm, size, window, burst).
+fn limits_fingerprint(hit: &Hit) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    for t in &hit.tiers {
+        (t.algorithm.name(), t.limit, t.window_us, t.burst).hash(&mut h);
+    }
+    h.finish()
+}

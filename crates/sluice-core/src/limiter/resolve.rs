@@ -1,0 +1,77 @@
+//! Which rule each descriptor of a request meets: a limit override, the match tree of its domain, or nothing; and
+//! the rules that others `replace`, dropped.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use super::request::Request;
+use crate::rules::{Algorithm, Domain, Limit, Rule, Tier, Unit};
+
+/// What one request descriptor resolved to.
+pub enum Target<'a> {
+    NoRule,
+    Unlimited(&'a Rule),
+    Limited {
+        tiers: Cow<'a, [Tier]>,
+        rule: Option<&'a Rule>,
+        shared: Vec<(usize, &'a str)>,
+    },
+}
+
+impl Target<'_> {
+    pub fn has(&self, algorithm: Algorithm) -> bool {
+        matches!(self, Target::Limited { tiers, .. } if tiers.iter().any(|t| t.limit.algorithm == algorithm))
+    }
+}
+
+/// Matches every descriptor, then drops the rules named in the `replaces` of any matched rule.
+pub fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<'a>> {
+    let Some(domain) = domain else {
+        return request.descriptors.iter().map(|_| Target::NoRule).collect();
+    };
+    let mut replaced: Option<HashSet<&str>> = None;
+    let mut targets: Vec<Target<'a>> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            if let Some(o) = d.limit_override {
+                let unit = Unit::from_override(o.unit).unwrap_or(Unit::Second);
+                return Target::Limited {
+                    tiers: Cow::Owned(vec![Tier {
+                        limit: Limit::fixed(o.requests_per_unit, unit),
+                        name: None,
+                    }]),
+                    rule: None,
+                    shared: Vec::new(),
+                };
+            }
+            let Some(m) = domain.find(&d.entries) else {
+                return Target::NoRule;
+            };
+            if !m.rule.replaces.is_empty() {
+                replaced
+                    .get_or_insert_with(HashSet::new)
+                    .extend(m.rule.replaces.iter().map(|n| &**n));
+            }
+            if m.rule.tiers.is_empty() {
+                Target::Unlimited(m.rule)
+            } else {
+                Target::Limited {
+                    tiers: Cow::Borrowed(&m.rule.tiers),
+                    rule: Some(m.rule),
+                    shared: m.shared,
+                }
+            }
+        })
+        .collect();
+    if let Some(replaced) = replaced {
+        for target in &mut targets {
+            if let Target::Limited { rule: Some(r), .. } | Target::Unlimited(r) = target {
+                if r.is_replaced(&replaced) {
+                    *target = Target::NoRule;
+                }
+            }
+        }
+    }
+    targets
+}

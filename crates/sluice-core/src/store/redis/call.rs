@@ -1,0 +1,200 @@
+//! One script call: each descriptor's keys and arguments as `lua/batch.lua` reads them, the EVALSHA that carries
+//! them (after ASKING when a cluster said ASK), and the reading of the answers and of Redis's errors.
+
+use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use crate::store::{Hit, Outcome, RecordSpec, StoreError, TierOutcome};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Hit,
+    Peek,
+}
+
+/// One descriptor's part of a script call (`lua/batch.lua`): its keys, and its arguments headed by their counts.
+pub(super) struct Call {
+    keys: Vec<Value>,
+    args: Vec<Value>,
+    /// The cluster slot of its keys, which share one hash tag.
+    pub(super) slot: Option<u16>,
+}
+
+impl Call {
+    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
+    pub(super) fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
+        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 1);
+        keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
+        if let Some(r) = record {
+            keys.push(Value::from(r.key.as_str()));
+        }
+        let count = 7 + 2 * hit.fields.len() + 4 * hit.tiers.len();
+        let mut args: Vec<Value> = Vec::with_capacity(2 + count);
+        args.push(Value::Integer(keys.len() as i64));
+        args.push(Value::Integer(count as i64));
+        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
+        args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
+        // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
+        args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
+        args.push(Value::from(hit.lease.as_str()));
+        match record {
+            Some(RecordSpec { size, value, .. }) => {
+                args.push(Value::Integer(i64::from(*size)));
+                args.push(Value::from(value.as_deref().unwrap_or_default()));
+            }
+            None => {
+                args.push(Value::Integer(0));
+                args.push(Value::from(""));
+            }
+        }
+        args.push(Value::Integer(2 * hit.fields.len() as i64));
+        for (k, v) in &hit.fields {
+            args.push(Value::from(k.as_str()));
+            args.push(Value::from(v.as_str()));
+        }
+        for t in &hit.tiers {
+            args.push(Value::from(t.algorithm.name()));
+            args.push(Value::Integer(t.limit as i64));
+            args.push(Value::Integer(t.window_us as i64));
+            args.push(Value::Integer(t.burst as i64));
+        }
+        let slot = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(record.map(|r| &r.key))
+            .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
+        Call { keys, args, slot }
+    }
+}
+
+/// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
+/// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
+/// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
+/// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
+pub(super) async fn eval(
+    client: &Client,
+    sha: Value,
+    mut calls: Vec<Call>,
+    asking: bool,
+) -> Result<Vec<Value>, FredError> {
+    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
+    let args: usize = calls.iter().map(|c| c.args.len()).sum();
+    let mut command = Vec::with_capacity(3 + keys + args);
+    command.push(sha);
+    command.push(Value::Integer(keys as i64));
+    for call in &mut calls {
+        command.append(&mut call.keys);
+    }
+    command.push(Value::Integer(calls.len() as i64));
+    let route = calls
+        .first()
+        .and_then(|c| c.slot)
+        .map_or(ClusterHash::Random, ClusterHash::Custom);
+    let n = calls.len();
+    for call in calls {
+        command.extend(call.args);
+    }
+    let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
+    let answer: Value = if asking {
+        // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
+        let pipeline = client.pipeline();
+        let _: () = pipeline
+            .custom(
+                CustomCommand::new_static("ASKING", route.clone(), false),
+                Vec::<Value>::new(),
+            )
+            .await?;
+        let _: () = pipeline.custom(command_kind, command).await?;
+        let (_, answer): (Value, Value) = pipeline.all().await?;
+        answer
+    } else {
+        client.custom(command_kind, command).await?
+    };
+    match answer {
+        Value::Array(values) if values.len() == n => Ok(values),
+        _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
+    }
+}
+
+/// Reads `decide.lua`'s answer.
+pub(super) fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
+    let bad = || StoreError::Script("unexpected script answer".into());
+    let items = match value {
+        Value::Array(items) => items,
+        // The error that stopped this descriptor alone (see `lua/batch.lua`).
+        Value::String(error) => return Err(StoreError::Script(error.to_string())),
+        _ => return Err(bad()),
+    };
+    if items.len() < 1 + 6 * tiers {
+        return Err(bad());
+    }
+    let int = |v: &Value| v.as_i64().ok_or_else(bad);
+    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
+    let admitted = int(&items[0])? == 1;
+    let mut outcomes = Vec::with_capacity(tiers);
+    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
+        let retry = int(&t[4])?;
+        let id = t[5].as_string().filter(|s| !s.is_empty());
+        outcomes.push(TierOutcome {
+            ok: int(&t[0])? == 1,
+            used: count(&t[1])?,
+            remaining: count(&t[2])?,
+            reset_after_us: count(&t[3])?,
+            retry_after_us: u64::try_from(retry).ok(),
+            id,
+        });
+    }
+    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
+    Ok(Outcome {
+        admitted,
+        tiers: outcomes,
+        records,
+    })
+}
+
+pub(super) fn is_noscript(e: &FredError) -> bool {
+    e.details().starts_with("NOSCRIPT")
+}
+
+/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
+pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
+    let mut parts = e.details().split_whitespace();
+    let ask = match parts.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = parts.next()?;
+    Some((ask, parts.next()?.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::CounterKey;
+
+    #[test]
+    fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
+        use crate::rules::Algorithm;
+        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+        let key = id.tier(Algorithm::FixedWindow, 60_000_000);
+        let hit = Hit {
+            tiers: vec![crate::store::TierSpec {
+                key: key.clone(),
+                algorithm: Algorithm::FixedWindow,
+                limit: 1,
+                window_us: 60_000_000,
+                burst: 0,
+            }],
+            ..Hit::default()
+        };
+        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+        assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
+        // Not the slot of the first argument (the SHA), which fred would hash by default.
+        assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+    }
+}

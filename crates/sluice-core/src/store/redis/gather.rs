@@ -1,0 +1,94 @@
+//! Against one server, the requests waiting at one moment share one script call: the task that gathers them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::clients::Pool;
+use fred::error::{Error as FredError, ErrorKind};
+use fred::types::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::call::{Call, eval};
+
+/// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
+/// holds Redis, where each descriptor costs a few microseconds.
+pub(super) const MAX_BATCH: usize = 64;
+
+/// One request's calls, waiting to be gathered into a script call, and where their answers go.
+pub(super) struct Job {
+    pub(super) calls: Vec<Call>,
+    /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
+    pub(super) queued: Instant,
+    pub(super) reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
+}
+
+/// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
+/// calls in flight as the pool has connections (at least two, so that Redis works on one while the answer to the
+/// other travels). It never waits for more requests to come: while a call is free, a request that finds nothing else
+/// waiting goes out alone at once; under load, the requests that arrive while every call is in flight go out
+/// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
+/// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
+/// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
+/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
+/// with the store.
+pub(super) async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let flights = Arc::new(Semaphore::new(pool.size().max(2)));
+    let mut next: Option<Job> = None;
+    loop {
+        let Ok(permit) = flights.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut descriptors = 0;
+        while descriptors < MAX_BATCH {
+            let job = match next.take() {
+                Some(job) => job,
+                None if batch.is_empty() => match queue.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+                None => match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            if job.queued.elapsed() > timeout {
+                let _ = job.reply.send(Err(FredError::new(
+                    ErrorKind::Timeout,
+                    "no script call came free within the store's timeout",
+                )));
+                continue;
+            }
+            if !batch.is_empty() && descriptors + job.calls.len() > MAX_BATCH {
+                next = Some(job);
+                break;
+            }
+            descriptors += job.calls.len();
+            batch.push(job);
+        }
+        let client = pool.next().clone();
+        let sha = sha.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut calls = Vec::with_capacity(batch.len());
+            let mut replies = Vec::with_capacity(batch.len());
+            for job in batch {
+                replies.push((job.reply, job.calls.len()));
+                calls.extend(job.calls);
+            }
+            match eval(&client, sha, calls, false).await {
+                Ok(values) => {
+                    let mut values = values.into_iter();
+                    for (reply, n) in replies {
+                        let _ = reply.send(Ok(values.by_ref().take(n).collect()));
+                    }
+                }
+                Err(e) => {
+                    for (reply, _) in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,69 @@
+//! How to reach Redis: the URL, the timeout bounding every call, the pool, whose clock decides, and TLS files.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::pem::{self as tls, TlsError};
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://`, `rediss://`, `redis-cluster://` or `redis-sentinel://` URL.
+    pub url: String,
+    /// The bound on every store call, connection included.
+    pub timeout: Duration,
+    /// Connections (fred clients), each pipelining many requests.
+    pub pool_size: usize,
+    /// Decide by Redis's own clock (`TIME` in the script), one clock for every sluice instance. Tests turn it off to
+    /// drive time themselves.
+    pub server_time: bool,
+    /// Files for TLS to Redis; only with a `rediss` URL.
+    pub tls: RedisTls,
+}
+
+/// TLS to Redis beyond what a `rediss://` URL gives (the system's roots, no client certificate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM CA certificates to trust instead of the system's roots.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain, for a Redis with `tls-auth-clients`; needs `key`.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's PEM private key; needs `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl RedisTls {
+    /// Whether any file is given.
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The rustls client configuration the files describe.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let roots = match &self.ca {
+            Some(ca) => tls::load_roots("redis tls ca", ca)?,
+            None => tls::native_roots(),
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(format!("redis tls: {e}")))?
+            .with_root_certificates(roots);
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(builder.with_no_client_auth()),
+            (Some(cert), Some(key)) => {
+                let chain = tls::load_certs("redis tls certificate", cert)?;
+                let private = tls::load_key("redis tls key", key)?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| TlsError::Pair {
+                        what: "redis tls key",
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        reason: e.to_string(),
+                    })
+            }
+            (Some(_), None) => Err(TlsError::Config("redis tls: a client certificate needs its key".into())),
+            (None, Some(_)) => Err(TlsError::Config("redis tls: a client key needs its certificate".into())),
+        }
+    }
+}
