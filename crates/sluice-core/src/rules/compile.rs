@@ -1,0 +1,998 @@
+//! The compiled, immutable rule set: what the decision core matches request descriptors against.
+//!
+//! [`RuleSet::compile`] turns the raw files of [`crate::config`] into a tree per domain and rejects everything the
+//! reference rejects at load time, naming file and path. The result cannot be invalid, so the hot path neither
+//! re-validates nor allocates to match: one hash lookup per entry for exact values, a short scan of the wildcard
+//! patterns of that key, then the key-only branch. There is no backtracking.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{ConfigError, ConfigFile, RawDescriptor, RawRateLimit};
+use crate::metrics::{DomainStats, Metrics, RuleStats};
+
+/// The longest window a limit may have: 100 years, so microsecond times stay far below 2^53.
+const MAX_WINDOW_SECONDS: u64 = 100 * 365 * 86_400;
+
+/// The time unit of a limit. Months are 30 days and years 365 days, as in the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// Parses a unit name, case-insensitively, as the reference does.
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The unit of a `RateLimitOverride` (`envoy.type.v3.RateLimitUnit`, which has no week).
+    pub fn from_override(value: i32) -> Option<Unit> {
+        Some(match value {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+}
+
+/// How a limit counts hits. Each has one Lua script in `lua/` and the same logic in the in-memory store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Epoch-aligned fixed windows, the reference's only algorithm.
+    FixedWindow,
+    /// The two-window weighted counter.
+    SlidingWindow,
+    /// Exactly at most N in any interval of the window's length.
+    SlidingLog,
+    /// Continuous refill at `requests_per_unit` per window into a bucket of `burst`.
+    TokenBucket,
+    /// The token bucket with a default burst of 1: evenly spaced hits.
+    LeakyBucket,
+    /// At most N in flight; a lease per admitted hit, released or expiring after the window.
+    Concurrency,
+    /// At most N waiting entries in a Redis Stream that workers drain.
+    Queue,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+        Algorithm::Queue,
+    ];
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+            Algorithm::Queue => "queue",
+        }
+    }
+
+    fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+/// What to answer when the store cannot decide (it failed, timed out, or the circuit breaker is open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Answer OK (counted in `sluice_store_fallback_total`).
+    FailOpen,
+    /// Answer OVER_LIMIT for every limited descriptor.
+    FailClosed,
+    /// Answer UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    Error,
+}
+
+impl FailurePolicy {
+    pub fn from_name(name: &str) -> Option<FailurePolicy> {
+        [FailurePolicy::FailOpen, FailurePolicy::FailClosed, FailurePolicy::Error]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::Error => "error",
+        }
+    }
+}
+
+/// The most hits a `sliding_log` limit may allow per window: each admitted hit is one sorted-set member.
+pub const MAX_LOG_LIMIT: u32 = 10_000;
+
+/// The most values `record` may keep per counter.
+pub const MAX_RECORDS: u32 = 1_000;
+
+/// A finite limit: at most `requests` hits per window of `multiplier` units, counted by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub requests: u32,
+    pub unit: Unit,
+    pub multiplier: u32,
+    pub algorithm: Algorithm,
+    /// Bucket capacity (`token_bucket`, `leaky_bucket`); equals `requests` for the other algorithms.
+    pub burst: u32,
+}
+
+impl Limit {
+    /// A fixed-window limit, as the reference and Envoy's overrides know them.
+    pub fn fixed(requests: u32, unit: Unit) -> Limit {
+        Limit {
+            requests,
+            unit,
+            multiplier: 1,
+            algorithm: Algorithm::FixedWindow,
+            burst: requests,
+        }
+    }
+
+    /// The window length in microseconds.
+    pub fn window_us(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.multiplier) * 1_000_000
+    }
+
+    /// The most hits that can ever pass at once: the bucket for buckets, the limit otherwise.
+    pub fn capacity(&self) -> u32 {
+        if self.algorithm.is_bucket() {
+            self.burst
+        } else {
+            self.requests
+        }
+    }
+}
+
+/// One limit of a rule, with its own name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub limit: Limit,
+    pub name: Option<Arc<str>>,
+}
+
+/// `record`: keep the last `size` values of the request entry `key` that hit a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Arc<str>,
+    pub size: u32,
+}
+
+/// The `rate_limit` (or `rate_limits`) of one node of the tree.
+#[derive(Debug)]
+pub struct Rule {
+    /// The limits, all decided together; empty for `unlimited: true`.
+    pub tiers: Box<[Tier]>,
+    /// The rule's name (its first named limit), reported and matched by `replaces`.
+    pub name: Option<Arc<str>>,
+    pub replaces: Box<[Arc<str>]>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub record: Option<Record>,
+    /// The rule's own metric label, e.g. `edge.path_/login.user` (no request values).
+    pub path: Arc<str>,
+    /// The metric label must be built from the request (`detailed_metric` or `value_to_metric` on the way).
+    pub dynamic_label: bool,
+    pub detailed_metric: bool,
+    pub metadata: Option<Arc<Metadata>>,
+    pub stats: RuleStats,
+}
+
+impl Rule {
+    /// Whether any of the rule's names is in `replaced`.
+    pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
+        self.name
+            .iter()
+            .chain(self.tiers.iter().filter_map(|t| t.name.as_ref()))
+            .any(|n| replaced.contains(&**n))
+    }
+}
+
+/// A node of a domain's tree: an optional rule and the next level.
+#[derive(Debug, Default)]
+struct Node {
+    rule: Option<Rule>,
+    /// The label of this level in metric paths: `key` or `key_value`.
+    segment: Arc<str>,
+    value_to_metric: bool,
+    /// For a wildcard node with `share_threshold`: every matching value shares the counter named by the pattern.
+    shared_value: Option<Arc<str>>,
+    children: HashMap<Box<str>, Branches>,
+}
+
+/// The nodes of one level that share a key.
+#[derive(Debug, Default)]
+struct Branches {
+    exact: HashMap<Box<str>, Node>,
+    wildcards: Vec<(Pattern, Node)>,
+    any: Option<Box<Node>>,
+}
+
+/// A value with `*` wildcards, each matching any run of characters.
+#[derive(Debug)]
+struct Pattern {
+    parts: Box<[Box<str>]>,
+}
+
+impl Pattern {
+    fn new(value: &str) -> Pattern {
+        Pattern {
+            parts: value.split('*').map(Box::from).collect(),
+        }
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(split) => split,
+            None => return value.is_empty(),
+        };
+        let Some(mut tail) = value.strip_prefix(&**first) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return tail.is_empty();
+        };
+        for part in middle {
+            match tail.find(&**part) {
+                Some(at) => tail = &tail[at + part.len()..],
+                None => return false,
+            }
+        }
+        tail.len() >= last.len() && tail.ends_with(&**last)
+    }
+}
+
+/// The rules of one domain.
+#[derive(Debug)]
+pub struct Domain {
+    pub name: Arc<str>,
+    /// The domain's own failure policy (`failure_policy` in its file), if any.
+    pub failure_policy: Option<FailurePolicy>,
+    root: Node,
+    pub stats: DomainStats,
+    /// The hit counters of every descriptor that carries its own limit (`RateLimitOverride`): one label per domain
+    /// whatever the descriptor's entries, so clients cannot create series.
+    pub override_stats: RuleStats,
+}
+
+/// What a request descriptor matched.
+#[derive(Debug)]
+pub struct Match<'a> {
+    pub rule: &'a Rule,
+    /// Levels whose counter identity is the `share_threshold` pattern instead of the request's value.
+    pub shared: Vec<(usize, &'a str)>,
+}
+
+impl Domain {
+    /// Finds the rule for a descriptor's entries, one entry per level: exact value, then wildcards in config order,
+    /// then the key alone. The rule is the one on the node the last entry lands on; no backtracking.
+    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
+        let mut node = &self.root;
+        let mut shared = Vec::new();
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let branches = node.children.get(key.as_ref())?;
+            node = branches.find(value.as_ref())?;
+            if let Some(pattern) = &node.shared_value {
+                shared.push((depth, &**pattern));
+            }
+        }
+        Some(Match {
+            rule: node.rule.as_ref()?,
+            shared,
+        })
+    }
+
+    /// The metric label of a match that includes request values (`detailed_metric`, `value_to_metric`).
+    pub fn detailed_label<K: AsRef<str>, V: AsRef<str>>(&self, entries: &[(K, V)]) -> String {
+        let mut label = String::from(&*self.name);
+        let mut node = &self.root;
+        for (key, value) in entries {
+            let Some(next) = node.children.get(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
+                break;
+            };
+            node = next;
+            label.push('.');
+            label.push_str(&node.segment);
+            let detailed = node.rule.as_ref().is_some_and(|r| r.detailed_metric);
+            if (node.value_to_metric || detailed) && node.segment.len() == key.as_ref().len() {
+                label.push('_');
+                label.push_str(value.as_ref());
+            }
+        }
+        label
+    }
+}
+
+impl Branches {
+    fn find(&self, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(value) {
+            return Some(node);
+        }
+        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some(node);
+        }
+        self.any.as_deref()
+    }
+}
+
+/// Every domain's rules, compiled. Immutable; a reload builds a new one.
+#[derive(Debug)]
+pub struct RuleSet {
+    domains: HashMap<Box<str>, Domain>,
+    files: usize,
+    rules: usize,
+    digest: u64,
+}
+
+impl RuleSet {
+    /// Compiles shape-checked files, rejecting what the reference rejects at load time.
+    pub fn compile(files: &[ConfigFile], metrics: &Metrics) -> Result<RuleSet, ConfigError> {
+        let mut domains: HashMap<Box<str>, Domain> = HashMap::new();
+        let mut origin: HashMap<String, &Path> = HashMap::new();
+        let mut rules = 0;
+        for file in files {
+            let raw = &file.domain;
+            if raw.domain.is_empty() {
+                return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
+            }
+            if let Some(first) = origin.insert(raw.domain.clone(), &file.path) {
+                return Err(ConfigError::invalid(
+                    &file.path,
+                    "domain",
+                    format!("domain '{}' is also defined in '{}'", raw.domain, first.display()),
+                ));
+            }
+            let failure_policy = match raw.failure_policy.as_deref() {
+                None => None,
+                Some(p) => Some(FailurePolicy::from_name(p).ok_or_else(|| {
+                    ConfigError::invalid(
+                        &file.path,
+                        "failure_policy",
+                        format!("unknown failure policy '{p}' (expected fail_open, fail_closed or error)"),
+                    )
+                })?),
+            };
+            let mut compiler = Compiler {
+                file: &file.path,
+                domain: &raw.domain,
+                metrics,
+                rules: 0,
+            };
+            let mut root = Node {
+                segment: Arc::from(raw.domain.as_str()),
+                ..Node::default()
+            };
+            compiler.level(&mut root, &raw.descriptors, "descriptors", &raw.domain, false)?;
+            rules += compiler.rules;
+            domains.insert(
+                raw.domain.as_str().into(),
+                Domain {
+                    name: Arc::from(raw.domain.as_str()),
+                    failure_policy,
+                    root,
+                    stats: metrics.domain_stats(&raw.domain),
+                    override_stats: metrics.override_stats(&raw.domain),
+                },
+            );
+        }
+        let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
+            (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
+        });
+        Ok(RuleSet {
+            domains,
+            files: files.len(),
+            rules,
+            digest,
+        })
+    }
+
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// A hash of every file's name and text: equal digests, equal configurations.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// A human summary for `sluice check` and logs: domains and their rules.
+    pub fn summary(&self) -> String {
+        let mut names: Vec<&Domain> = self.domains.values().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = format!(
+            "{} file(s), {} domain(s), {} rule(s)\n",
+            self.files,
+            self.domains.len(),
+            self.rules
+        );
+        for domain in names {
+            out.push_str(&format!("domain {}\n", domain.name));
+            for line in domain.rule_lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        out
+    }
+}
+
+impl Domain {
+    /// One line per rule, in a stable order: `path: limit`.
+    pub fn rule_lines(&self) -> Vec<String> {
+        fn walk(node: &Node, out: &mut Vec<String>) {
+            if let Some(rule) = &node.rule {
+                out.push(format!("{}: {}", rule.path, describe(rule)));
+            }
+            let mut keys: Vec<_> = node.children.iter().collect();
+            keys.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, b) in keys {
+                let mut exact: Vec<_> = b.exact.iter().collect();
+                exact.sort_by(|a, b| a.0.cmp(b.0));
+                exact.into_iter().for_each(|(_, n)| walk(n, out));
+                b.wildcards.iter().for_each(|(_, n)| walk(n, out));
+                b.any.iter().for_each(|n| walk(n, out));
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &mut out);
+        out
+    }
+}
+
+fn describe(rule: &Rule) -> String {
+    let mut s = if rule.tiers.is_empty() {
+        "unlimited".to_string()
+    } else {
+        let tiers: Vec<String> = rule.tiers.iter().map(describe_tier).collect();
+        tiers.join(" and ")
+    };
+    if let Some(name) = &rule.name {
+        s.push_str(&format!(", name {name}"));
+    }
+    if rule.shadow_mode {
+        s.push_str(", shadow mode");
+    }
+    if rule.quota_mode {
+        s.push_str(", quota mode");
+    }
+    if let Some(r) = &rule.record {
+        s.push_str(&format!(", records last {} '{}'", r.size, r.key));
+    }
+    s
+}
+
+fn describe_tier(tier: &Tier) -> String {
+    let l = &tier.limit;
+    let per = if l.multiplier == 1 {
+        l.unit.name().to_string()
+    } else {
+        format!("{} {}s", l.multiplier, l.unit.name())
+    };
+    let mut s = format!("{} per {per} ({}", l.requests, l.algorithm.name());
+    if l.algorithm.is_bucket() {
+        s.push_str(&format!(", burst {}", l.burst));
+    }
+    s.push(')');
+    s
+}
+
+struct Compiler<'a> {
+    file: &'a Path,
+    domain: &'a str,
+    metrics: &'a Metrics,
+    rules: usize,
+}
+
+impl Compiler<'_> {
+    fn err(&self, path: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::invalid(self.file, path, message)
+    }
+
+    fn level(
+        &mut self,
+        parent: &mut Node,
+        descriptors: &[RawDescriptor],
+        path: &str,
+        label: &str,
+        dynamic: bool,
+    ) -> Result<(), ConfigError> {
+        for (i, raw) in descriptors.iter().enumerate() {
+            let here = format!("{path}[{i}]");
+            if raw.key.is_empty() {
+                return Err(self.err(&format!("{here}.key"), "descriptor key is empty"));
+            }
+            let segment = match &raw.value {
+                Some(v) if !v.is_empty() => format!("{}_{}", raw.key, v),
+                _ => raw.key.clone(),
+            };
+            let node_label = format!("{label}.{segment}");
+            let wildcard = raw.value.as_deref().filter(|v| v.contains('*'));
+            if raw.share_threshold && wildcard.is_none() {
+                return Err(self.err(
+                    &format!("{here}.share_threshold"),
+                    "share_threshold needs a wildcard value (one containing '*')",
+                ));
+            }
+            let dynamic = dynamic || raw.value_to_metric;
+            let mut node = Node {
+                segment: Arc::from(segment.as_str()),
+                value_to_metric: raw.value_to_metric,
+                shared_value: wildcard.filter(|_| raw.share_threshold).map(Arc::from),
+                ..Node::default()
+            };
+            node.rule = self.rule(raw, &here, &node_label, dynamic)?;
+            self.rules += usize::from(node.rule.is_some());
+            let child_path = format!("{here}.descriptors");
+            self.level(&mut node, &raw.descriptors, &child_path, &node_label, dynamic)?;
+
+            let duplicate = || self.err(&here, format!("duplicate descriptor '{node_label}' at this level"));
+            let branches = parent.children.entry(raw.key.as_str().into()).or_default();
+            match raw.value.as_deref() {
+                None | Some("") => {
+                    if branches.any.is_some() {
+                        return Err(duplicate());
+                    }
+                    branches.any = Some(Box::new(node));
+                }
+                Some(v) if v.contains('*') => {
+                    if branches.wildcards.iter().any(|(_, n)| n.segment == node.segment) {
+                        return Err(duplicate());
+                    }
+                    branches.wildcards.push((Pattern::new(v), node));
+                }
+                Some(v) => match branches.exact.entry(v.into()) {
+                    MapEntry::Occupied(_) => return Err(duplicate()),
+                    MapEntry::Vacant(slot) => {
+                        slot.insert(node);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
+        let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                    &format!("{here}.rate_limits"),
+                    "use either rate_limit or rate_limits, not both",
+                ));
+            }
+            (Some(one), None) => (vec![one], format!("{here}.rate_limit")),
+            (None, Some(list)) => {
+                if list.is_empty() {
+                    return Err(self.err(&format!("{here}.rate_limits"), "the list of limits is empty"));
+                }
+                (list.iter().collect(), format!("{here}.rate_limits"))
+            }
+        };
+        let several = raw.rate_limits.is_some();
+        let mut tiers = Vec::with_capacity(raws.len());
+        let mut replaces = Vec::new();
+        let mut record = None;
+        let mut unlimited = false;
+        for (i, rl) in raws.iter().enumerate() {
+            let at = if several { format!("{base}[{i}]") } else { base.clone() };
+            let tier = self.tier(rl, &at)?;
+            for (j, r) in rl.replaces.iter().enumerate() {
+                let at = format!("{at}.replaces[{j}].name");
+                if r.name.is_empty() {
+                    return Err(self.err(&at, "replaces entry is empty"));
+                }
+                if rl.name.as_deref() == Some(r.name.as_str()) {
+                    return Err(self.err(&at, format!("a rule cannot replace itself ('{}')", r.name)));
+                }
+                replaces.push(Arc::from(r.name.as_str()));
+            }
+            if let Some(r) = &rl.record {
+                if record.is_some() {
+                    return Err(self.err(&format!("{at}.record"), "only one limit of a rule may keep records"));
+                }
+                if r.key.is_empty() {
+                    return Err(self.err(&format!("{at}.record.key"), "the entry key to record is empty"));
+                }
+                if r.size == 0 || r.size > MAX_RECORDS {
+                    return Err(self.err(
+                        &format!("{at}.record.size"),
+                        format!("must be between 1 and {MAX_RECORDS}"),
+                    ));
+                }
+                record = Some(Record {
+                    key: Arc::from(r.key.as_str()),
+                    size: r.size,
+                });
+            }
+            match tier {
+                None if several => {
+                    return Err(self.err(
+                        &format!("{at}.unlimited"),
+                        "an unlimited limit cannot be combined with others",
+                    ));
+                }
+                None => unlimited = true,
+                Some(t) => {
+                    if let Some(other) = tiers.iter().position(|o: &Tier| {
+                        o.limit.algorithm == t.limit.algorithm && o.limit.window_us() == t.limit.window_us()
+                    }) {
+                        return Err(self.err(
+                            &at,
+                            format!("same algorithm and window as {base}[{other}]; merge them into one limit"),
+                        ));
+                    }
+                    tiers.push(t);
+                }
+            }
+        }
+        let name = if unlimited {
+            raws[0].name.as_deref().filter(|n| !n.is_empty()).map(Arc::from)
+        } else {
+            tiers.iter().find_map(|t| t.name.clone())
+        };
+        Ok(Some(Rule {
+            tiers: tiers.into(),
+            name,
+            replaces: replaces.into(),
+            shadow_mode: raw.shadow_mode,
+            quota_mode: raw.quota_mode,
+            record,
+            path: Arc::from(label),
+            dynamic_label: dynamic || raw.detailed_metric,
+            detailed_metric: raw.detailed_metric,
+            metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
+            stats: self.metrics.rule_stats(self.domain, label),
+        }))
+    }
+
+    /// One limit; `None` for `unlimited: true`.
+    fn tier(&self, rl: &RawRateLimit, base: &str) -> Result<Option<Tier>, ConfigError> {
+        let at = |field: &str| format!("{base}.{field}");
+        let name = rl.name.as_deref().filter(|n| !n.is_empty()).map(Arc::from);
+        if rl.unlimited {
+            if let Some(unit) = &rl.unit {
+                if Unit::from_name(unit).is_none() {
+                    return Err(self.err(&at("unit"), format!("unknown unit '{unit}'")));
+                }
+                return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
+            }
+            for (field, set) in [
+                ("algorithm", rl.algorithm.is_some()),
+                ("unit_multiplier", rl.unit_multiplier.is_some()),
+                ("burst", rl.burst.is_some()),
+                ("record", rl.record.is_some()),
+            ] {
+                if set {
+                    return Err(self.err(&at(field), "does not apply to an unlimited rule"));
+                }
+            }
+            return Ok(None);
+        }
+        let unit = match rl.unit.as_deref() {
+            None => return Err(self.err(&at("unit"), "unit is missing (or set unlimited: true)")),
+            Some(u) => Unit::from_name(u).ok_or_else(|| {
+                self.err(
+                    &at("unit"),
+                    format!("unknown unit '{u}' (expected second, minute, hour, day, week, month or year)"),
+                )
+            })?,
+        };
+        let algorithm = match rl.algorithm.as_deref() {
+            None => Algorithm::FixedWindow,
+            Some(a) => Algorithm::from_name(a).ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                self.err(
+                    &at("algorithm"),
+                    format!("unknown algorithm '{a}' (expected {})", names.join(", ")),
+                )
+            })?,
+        };
+        let multiplier = rl.unit_multiplier.unwrap_or(1);
+        if multiplier == 0 {
+            return Err(self.err(&at("unit_multiplier"), "must be at least 1"));
+        }
+        let window_s = unit.seconds() * u64::from(multiplier);
+        if window_s > MAX_WINDOW_SECONDS {
+            return Err(self.err(
+                &at("unit_multiplier"),
+                format!("a window of {multiplier} {}s is longer than 100 years", unit.name()),
+            ));
+        }
+        let requests = rl.requests_per_unit;
+        let burst = match (algorithm, rl.burst) {
+            (Algorithm::TokenBucket, None) => requests,
+            (Algorithm::LeakyBucket, None) => 1,
+            (a, Some(_)) if !a.is_bucket() => {
+                return Err(self.err(
+                    &at("burst"),
+                    format!("burst applies to token_bucket and leaky_bucket, not {}", a.name()),
+                ));
+            }
+            (_, Some(b)) => b,
+            (_, None) => requests,
+        };
+        if algorithm.is_bucket() {
+            if requests == 0 {
+                return Err(self.err(
+                    &at("requests_per_unit"),
+                    format!("must be at least 1 for {} (the refill rate)", algorithm.name()),
+                ));
+            }
+            if burst == 0 {
+                return Err(self.err(&at("burst"), "must be at least 1"));
+            }
+            let interval = (window_s * 1_000_000).div_ceil(u64::from(requests));
+            if u64::from(burst) * interval > MAX_WINDOW_SECONDS * 1_000_000 {
+                return Err(self.err(&at("burst"), "the bucket takes longer than 100 years to fill"));
+            }
+        }
+        if algorithm == Algorithm::SlidingLog && requests > MAX_LOG_LIMIT {
+            return Err(self.err(
+                &at("requests_per_unit"),
+                format!(
+                    "{requests} is too many for sliding_log (at most {MAX_LOG_LIMIT}: it stores every hit); \
+                     use sliding_window"
+                ),
+            ));
+        }
+        Ok(Some(Tier {
+            limit: Limit {
+                requests,
+                unit,
+                multiplier,
+                algorithm,
+                burst,
+            },
+            name,
+        }))
+    }
+}
+
+/// A rule's `metadata`, as plain data: a map of strings to JSON-like values.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// A `metadata` mapping of the YAML file as plain data (its keys are strings: the loader checks it).
+fn metadata(map: &serde_yaml_ng::Mapping) -> Metadata {
+    fn value(v: &serde_yaml_ng::Value) -> serde_json::Value {
+        use serde_yaml_ng::Value as Y;
+        match v {
+            Y::Null => serde_json::Value::Null,
+            Y::Bool(b) => serde_json::Value::Bool(*b),
+            Y::Number(n) => n
+                .as_i64()
+                .map(serde_json::Value::from)
+                .or_else(|| n.as_u64().map(serde_json::Value::from))
+                .unwrap_or_else(|| serde_json::Value::from(n.as_f64().unwrap_or_default())),
+            Y::String(s) => serde_json::Value::String(s.clone()),
+            Y::Sequence(items) => serde_json::Value::Array(items.iter().map(value).collect()),
+            Y::Mapping(map) => serde_json::Value::Object(metadata(map)),
+            Y::Tagged(t) => value(&t.value),
+        }
+    }
+    map.iter()
+        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), value(v))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn compile(texts: &[(&str, &str)]) -> Result<RuleSet, ConfigError> {
+        let files: Result<Vec<_>, _> = texts.iter().map(|(n, t)| parse(Path::new(n), t)).collect();
+        RuleSet::compile(&files?, &Metrics::discarded(0.8))
+    }
+
+    fn err(text: &str) -> String {
+        compile(&[("d.yaml", text)]).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn patterns_match_anywhere() {
+        let p = Pattern::new("/api/*/items*");
+        assert!(p.matches("/api/v1/items"));
+        assert!(p.matches("/api/v1/items/3"));
+        assert!(!p.matches("/api/v1/things"));
+        assert!(Pattern::new("*").matches(""));
+        assert!(Pattern::new("a*a").matches("aa"));
+        assert!(!Pattern::new("a*a").matches("a"));
+        assert!(Pattern::new("*.png").matches("x.png"));
+        assert!(!Pattern::new("*.png").matches("x.pngx"));
+    }
+
+    #[test]
+    fn load_errors_name_file_and_path() {
+        let cases = [
+            ("descriptors: []\n", "'d.yaml': domain: domain is empty"),
+            (
+                "domain: d\ndescriptors: [{key: ''}]\n",
+                "descriptors[0].key: descriptor key is empty",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, value: b}, {key: a, value: b}]\n",
+                "descriptors[1]: duplicate descriptor 'd.a_b'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n",
+                "descriptors[0].rate_limit.unit: unknown unit 'fortnight'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: second}}]\n",
+                "descriptors[0].rate_limit.unit: a rule cannot be unlimited and have a unit",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: bogus}}]\n",
+                "descriptors[0].rate_limit.unit: unknown unit 'bogus'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n",
+                "descriptors[0].rate_limit.replaces[0].name: replaces entry is empty",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}}]\n",
+                "replaces[0].name: a rule cannot replace itself",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}}]\n",
+                "descriptors[0].rate_limit.algorithm: unknown algorithm 'magic'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 0}}]\n",
+                "descriptors[0].rate_limit.unit_multiplier: must be at least 1",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 1000}}]\n",
+                "longer than 100 years",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, value: b, share_threshold: true}]\n",
+                "descriptors[0].share_threshold",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.starts_with("config 'd.yaml': "), "{e}");
+        }
+    }
+
+    #[test]
+    fn same_domain_in_two_files() {
+        let e = compile(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"), "{e}");
+    }
+
+    #[test]
+    fn matching_order_and_depth() {
+        let rules = compile(&[(
+            "d.yaml",
+            "domain: d
+descriptors:
+  - key: k
+    value: exact
+    rate_limit: {unit: second, requests_per_unit: 1, name: exact}
+  - key: k
+    value: ex*
+    rate_limit: {unit: second, requests_per_unit: 2, name: wild1}
+  - key: k
+    value: e*
+    rate_limit: {unit: second, requests_per_unit: 3, name: wild2}
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 4, name: any}
+  - key: n
+    value: v
+    descriptors:
+      - key: m
+        rate_limit: {unit: minute, requests_per_unit: 5, name: nested}
+  - key: n
+    rate_limit: {unit: second, requests_per_unit: 6, name: n-any}
+    descriptors:
+      - key: o
+        rate_limit: {unit: minute, requests_per_unit: 7, name: n-o}
+",
+        )])
+        .unwrap();
+        let d = rules.domain("d").unwrap();
+        let name = |entries: &[(&str, &str)]| d.find(entries).and_then(|m| m.rule.name.as_deref().map(str::to_string));
+        assert_eq!(name(&[("k", "exact")]).as_deref(), Some("exact"));
+        assert_eq!(name(&[("k", "extra")]).as_deref(), Some("wild1"));
+        assert_eq!(name(&[("k", "eel")]).as_deref(), Some("wild2"));
+        assert_eq!(name(&[("k", "zzz")]).as_deref(), Some("any"));
+        assert_eq!(name(&[("n", "v"), ("m", "1")]).as_deref(), Some("nested"));
+        // n=v has no rule of its own.
+        assert_eq!(name(&[("n", "v")]), None);
+        // no backtracking: n=v dead-ends at o, the key-only branch n is not retried.
+        assert_eq!(name(&[("n", "v"), ("o", "1")]), None);
+        assert_eq!(name(&[("n", "w"), ("o", "1")]).as_deref(), Some("n-o"));
+        // deeper than the tree.
+        assert_eq!(name(&[("k", "exact"), ("x", "y")]), None);
+        assert_eq!(name(&[("unknown", "x")]), None);
+    }
+
+    #[test]
+    fn labels_and_shared_patterns() {
+        let rules = compile(&[(
+            "d.yaml",
+            "domain: d
+descriptors:
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+",
+        )])
+        .unwrap();
+        let d = rules.domain("d").unwrap();
+        let m = d.find(&[("path", "/api/x")]).unwrap();
+        assert_eq!(&*m.rule.path, "d.path_/api/*");
+        assert_eq!(m.shared, vec![(0, "/api/*")]);
+        assert!(!m.rule.dynamic_label);
+        let m = d.find(&[("user", "42")]).unwrap();
+        assert!(m.rule.dynamic_label);
+        assert_eq!(d.detailed_label(&[("user", "42")]), "d.user_42");
+    }
+}
