@@ -2,5 +2,7 @@
 //! `sluice_core::rules::X`.
 
 mod compile;
+mod vocabulary;
 
 pub use compile::*;
+pub use vocabulary::*;
