@@ -2,7 +2,9 @@
 //! `sluice_core::rules::X`.
 
 mod compile;
+mod tree;
 mod vocabulary;
 
 pub use compile::*;
+pub use tree::*;
 pub use vocabulary::*;
