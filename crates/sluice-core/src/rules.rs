@@ -5,18 +5,19 @@
 //! re-validates nor allocates to match: one hash lookup per entry for exact values, a short scan of the wildcard
 //! patterns of that key, then the key-only branch. There is no backtracking.
 //!
-//! One question per file; a file uses only the ones listed before it and, for the compiler, [`RuleSet`] here:
+//! One question per file; a file uses only the ones listed before it and [`RuleSet`] here:
 //!
 //! - `rules/vocabulary.rs`: what a rule can say: [`Unit`], [`Algorithm`], [`Limit`], [`Tier`], [`Record`],
 //!   [`FailurePolicy`], [`Metadata`], and the bounds the compiler enforces ([`MAX_LOG_LIMIT`], [`MAX_RECORDS`]).
 //! - `rules/tree.rs`: the compiled [`Rule`] and the match tree of a [`Domain`]; how a descriptor finds its rule.
-//! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error, and the text of
-//!   [`RuleSet::summary`].
+//! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error.
+//! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
 //! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
 //! to name it.
 
 mod compile;
+mod summary;
 mod tree;
 mod vocabulary;
 
