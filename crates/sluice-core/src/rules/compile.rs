@@ -1,0 +1,456 @@
+//! The compiler: [`RuleSet::compile`] turns the shape-checked files of [`crate::config`] into one match tree per
+//! domain, and a rule's YAML `metadata` into plain data.
+//!
+//! It rejects everything the reference rejects at load time, each error naming the file and the path of the offending
+//! key (`config 'edge.yaml': descriptors[2].rate_limit.unit: unknown unit 'fortnight'`). What it returns cannot be
+//! invalid, so the limiter never validates again.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{ConfigError, ConfigFile, RawDescriptor, RawRateLimit};
+use crate::metrics::Metrics;
+
+use super::RuleSet;
+use super::tree::{Domain, Node, Pattern, Rule};
+use super::vocabulary::{
+    Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Metadata, Record, Tier, Unit,
+};
+
+impl RuleSet {
+    /// Compiles shape-checked files, rejecting what the reference rejects at load time.
+    pub fn compile(files: &[ConfigFile], metrics: &Metrics) -> Result<RuleSet, ConfigError> {
+        let mut domains: HashMap<Box<str>, Domain> = HashMap::new();
+        let mut origin: HashMap<String, &Path> = HashMap::new();
+        let mut rules = 0;
+        for file in files {
+            let raw = &file.domain;
+            if raw.domain.is_empty() {
+                return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
+            }
+            if let Some(first) = origin.insert(raw.domain.clone(), &file.path) {
+                return Err(ConfigError::invalid(
+                    &file.path,
+                    "domain",
+                    format!("domain '{}' is also defined in '{}'", raw.domain, first.display()),
+                ));
+            }
+            let failure_policy = match raw.failure_policy.as_deref() {
+                None => None,
+                Some(p) => Some(FailurePolicy::from_name(p).ok_or_else(|| {
+                    ConfigError::invalid(
+                        &file.path,
+                        "failure_policy",
+                        format!("unknown failure policy '{p}' (expected fail_open, fail_closed or error)"),
+                    )
+                })?),
+            };
+            let mut compiler = Compiler {
+                file: &file.path,
+                domain: &raw.domain,
+                metrics,
+                rules: 0,
+            };
+            let mut root = Node {
+                segment: Arc::from(raw.domain.as_str()),
+                ..Node::default()
+            };
+            compiler.level(&mut root, &raw.descriptors, "descriptors", &raw.domain, false)?;
+            rules += compiler.rules;
+            domains.insert(
+                raw.domain.as_str().into(),
+                Domain {
+                    name: Arc::from(raw.domain.as_str()),
+                    failure_policy,
+                    root,
+                    stats: metrics.domain_stats(&raw.domain),
+                    override_stats: metrics.override_stats(&raw.domain),
+                },
+            );
+        }
+        let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
+            (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
+        });
+        Ok(RuleSet {
+            domains,
+            files: files.len(),
+            rules,
+            digest,
+        })
+    }
+}
+struct Compiler<'a> {
+    file: &'a Path,
+    domain: &'a str,
+    metrics: &'a Metrics,
+    rules: usize,
+}
+
+impl Compiler<'_> {
+    fn err(&self, path: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::invalid(self.file, path, message)
+    }
+
+    fn level(
+        &mut self,
+        parent: &mut Node,
+        descriptors: &[RawDescriptor],
+        path: &str,
+        label: &str,
+        dynamic: bool,
+    ) -> Result<(), ConfigError> {
+        for (i, raw) in descriptors.iter().enumerate() {
+            let here = format!("{path}[{i}]");
+            if raw.key.is_empty() {
+                return Err(self.err(&format!("{here}.key"), "descriptor key is empty"));
+            }
+            let segment = match &raw.value {
+                Some(v) if !v.is_empty() => format!("{}_{}", raw.key, v),
+                _ => raw.key.clone(),
+            };
+            let node_label = format!("{label}.{segment}");
+            let wildcard = raw.value.as_deref().filter(|v| v.contains('*'));
+            if raw.share_threshold && wildcard.is_none() {
+                return Err(self.err(
+                    &format!("{here}.share_threshold"),
+                    "share_threshold needs a wildcard value (one containing '*')",
+                ));
+            }
+            let dynamic = dynamic || raw.value_to_metric;
+            let mut node = Node {
+                segment: Arc::from(segment.as_str()),
+                value_to_metric: raw.value_to_metric,
+                shared_value: wildcard.filter(|_| raw.share_threshold).map(Arc::from),
+                ..Node::default()
+            };
+            node.rule = self.rule(raw, &here, &node_label, dynamic)?;
+            self.rules += usize::from(node.rule.is_some());
+            let child_path = format!("{here}.descriptors");
+            self.level(&mut node, &raw.descriptors, &child_path, &node_label, dynamic)?;
+
+            let duplicate = || self.err(&here, format!("duplicate descriptor '{node_label}' at this level"));
+            let branches = parent.children.entry(raw.key.as_str().into()).or_default();
+            match raw.value.as_deref() {
+                None | Some("") => {
+                    if branches.any.is_some() {
+                        return Err(duplicate());
+                    }
+                    branches.any = Some(Box::new(node));
+                }
+                Some(v) if v.contains('*') => {
+                    if branches.wildcards.iter().any(|(_, n)| n.segment == node.segment) {
+                        return Err(duplicate());
+                    }
+                    branches.wildcards.push((Pattern::new(v), node));
+                }
+                Some(v) => match branches.exact.entry(v.into()) {
+                    MapEntry::Occupied(_) => return Err(duplicate()),
+                    MapEntry::Vacant(slot) => {
+                        slot.insert(node);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
+        let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                    &format!("{here}.rate_limits"),
+                    "use either rate_limit or rate_limits, not both",
+                ));
+            }
+            (Some(one), None) => (vec![one], format!("{here}.rate_limit")),
+            (None, Some(list)) => {
+                if list.is_empty() {
+                    return Err(self.err(&format!("{here}.rate_limits"), "the list of limits is empty"));
+                }
+                (list.iter().collect(), format!("{here}.rate_limits"))
+            }
+        };
+        let several = raw.rate_limits.is_some();
+        let mut tiers = Vec::with_capacity(raws.len());
+        let mut replaces = Vec::new();
+        let mut record = None;
+        let mut unlimited = false;
+        for (i, rl) in raws.iter().enumerate() {
+            let at = if several { format!("{base}[{i}]") } else { base.clone() };
+            let tier = self.tier(rl, &at)?;
+            for (j, r) in rl.replaces.iter().enumerate() {
+                let at = format!("{at}.replaces[{j}].name");
+                if r.name.is_empty() {
+                    return Err(self.err(&at, "replaces entry is empty"));
+                }
+                if rl.name.as_deref() == Some(r.name.as_str()) {
+                    return Err(self.err(&at, format!("a rule cannot replace itself ('{}')", r.name)));
+                }
+                replaces.push(Arc::from(r.name.as_str()));
+            }
+            if let Some(r) = &rl.record {
+                if record.is_some() {
+                    return Err(self.err(&format!("{at}.record"), "only one limit of a rule may keep records"));
+                }
+                if r.key.is_empty() {
+                    return Err(self.err(&format!("{at}.record.key"), "the entry key to record is empty"));
+                }
+                if r.size == 0 || r.size > MAX_RECORDS {
+                    return Err(self.err(
+                        &format!("{at}.record.size"),
+                        format!("must be between 1 and {MAX_RECORDS}"),
+                    ));
+                }
+                record = Some(Record {
+                    key: Arc::from(r.key.as_str()),
+                    size: r.size,
+                });
+            }
+            match tier {
+                None if several => {
+                    return Err(self.err(
+                        &format!("{at}.unlimited"),
+                        "an unlimited limit cannot be combined with others",
+                    ));
+                }
+                None => unlimited = true,
+                Some(t) => {
+                    if let Some(other) = tiers.iter().position(|o: &Tier| {
+                        o.limit.algorithm == t.limit.algorithm && o.limit.window_us() == t.limit.window_us()
+                    }) {
+                        return Err(self.err(
+                            &at,
+                            format!("same algorithm and window as {base}[{other}]; merge them into one limit"),
+                        ));
+                    }
+                    tiers.push(t);
+                }
+            }
+        }
+        let name = if unlimited {
+            raws[0].name.as_deref().filter(|n| !n.is_empty()).map(Arc::from)
+        } else {
+            tiers.iter().find_map(|t| t.name.clone())
+        };
+        Ok(Some(Rule {
+            tiers: tiers.into(),
+            name,
+            replaces: replaces.into(),
+            shadow_mode: raw.shadow_mode,
+            quota_mode: raw.quota_mode,
+            record,
+            path: Arc::from(label),
+            dynamic_label: dynamic || raw.detailed_metric,
+            detailed_metric: raw.detailed_metric,
+            metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
+            stats: self.metrics.rule_stats(self.domain, label),
+        }))
+    }
+
+    /// One limit; `None` for `unlimited: true`.
+    fn tier(&self, rl: &RawRateLimit, base: &str) -> Result<Option<Tier>, ConfigError> {
+        let at = |field: &str| format!("{base}.{field}");
+        let name = rl.name.as_deref().filter(|n| !n.is_empty()).map(Arc::from);
+        if rl.unlimited {
+            if let Some(unit) = &rl.unit {
+                if Unit::from_name(unit).is_none() {
+                    return Err(self.err(&at("unit"), format!("unknown unit '{unit}'")));
+                }
+                return Err(self.err(&at("unit"), "a rule cannot be unlimited and have a unit"));
+            }
+            for (field, set) in [
+                ("algorithm", rl.algorithm.is_some()),
+                ("unit_multiplier", rl.unit_multiplier.is_some()),
+                ("burst", rl.burst.is_some()),
+                ("record", rl.record.is_some()),
+            ] {
+                if set {
+                    return Err(self.err(&at(field), "does not apply to an unlimited rule"));
+                }
+            }
+            return Ok(None);
+        }
+        let unit = match rl.unit.as_deref() {
+            None => return Err(self.err(&at("unit"), "unit is missing (or set unlimited: true)")),
+            Some(u) => Unit::from_name(u).ok_or_else(|| {
+                self.err(
+                    &at("unit"),
+                    format!("unknown unit '{u}' (expected second, minute, hour, day, week, month or year)"),
+                )
+            })?,
+        };
+        let algorithm = match rl.algorithm.as_deref() {
+            None => Algorithm::FixedWindow,
+            Some(a) => Algorithm::from_name(a).ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                self.err(
+                    &at("algorithm"),
+                    format!("unknown algorithm '{a}' (expected {})", names.join(", ")),
+                )
+            })?,
+        };
+        let multiplier = rl.unit_multiplier.unwrap_or(1);
+        if multiplier == 0 {
+            return Err(self.err(&at("unit_multiplier"), "must be at least 1"));
+        }
+        let window_s = unit.seconds() * u64::from(multiplier);
+        if window_s > MAX_WINDOW_SECONDS {
+            return Err(self.err(
+                &at("unit_multiplier"),
+                format!("a window of {multiplier} {}s is longer than 100 years", unit.name()),
+            ));
+        }
+        let requests = rl.requests_per_unit;
+        let burst = match (algorithm, rl.burst) {
+            (Algorithm::TokenBucket, None) => requests,
+            (Algorithm::LeakyBucket, None) => 1,
+            (a, Some(_)) if !a.is_bucket() => {
+                return Err(self.err(
+                    &at("burst"),
+                    format!("burst applies to token_bucket and leaky_bucket, not {}", a.name()),
+                ));
+            }
+            (_, Some(b)) => b,
+            (_, None) => requests,
+        };
+        if algorithm.is_bucket() {
+            if requests == 0 {
+                return Err(self.err(
+                    &at("requests_per_unit"),
+                    format!("must be at least 1 for {} (the refill rate)", algorithm.name()),
+                ));
+            }
+            if burst == 0 {
+                return Err(self.err(&at("burst"), "must be at least 1"));
+            }
+            let interval = (window_s * 1_000_000).div_ceil(u64::from(requests));
+            if u64::from(burst) * interval > MAX_WINDOW_SECONDS * 1_000_000 {
+                return Err(self.err(&at("burst"), "the bucket takes longer than 100 years to fill"));
+            }
+        }
+        if algorithm == Algorithm::SlidingLog && requests > MAX_LOG_LIMIT {
+            return Err(self.err(
+                &at("requests_per_unit"),
+                format!(
+                    "{requests} is too many for sliding_log (at most {MAX_LOG_LIMIT}: it stores every hit); \
+                     use sliding_window"
+                ),
+            ));
+        }
+        Ok(Some(Tier {
+            limit: Limit {
+                requests,
+                unit,
+                multiplier,
+                algorithm,
+                burst,
+            },
+            name,
+        }))
+    }
+}
+
+/// A `metadata` mapping of the YAML file as plain data (its keys are strings: the loader checks it).
+fn metadata(map: &serde_yaml_ng::Mapping) -> Metadata {
+    fn value(v: &serde_yaml_ng::Value) -> serde_json::Value {
+        use serde_yaml_ng::Value as Y;
+        match v {
+            Y::Null => serde_json::Value::Null,
+            Y::Bool(b) => serde_json::Value::Bool(*b),
+            Y::Number(n) => n
+                .as_i64()
+                .map(serde_json::Value::from)
+                .or_else(|| n.as_u64().map(serde_json::Value::from))
+                .unwrap_or_else(|| serde_json::Value::from(n.as_f64().unwrap_or_default())),
+            Y::String(s) => serde_json::Value::String(s.clone()),
+            Y::Sequence(items) => serde_json::Value::Array(items.iter().map(value).collect()),
+            Y::Mapping(map) => serde_json::Value::Object(metadata(map)),
+            Y::Tagged(t) => value(&t.value),
+        }
+    }
+    map.iter()
+        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), value(v))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn compile(texts: &[(&str, &str)]) -> Result<RuleSet, ConfigError> {
+        let files: Result<Vec<_>, _> = texts.iter().map(|(n, t)| parse(Path::new(n), t)).collect();
+        RuleSet::compile(&files?, &Metrics::discarded(0.8))
+    }
+
+    fn err(text: &str) -> String {
+        compile(&[("d.yaml", text)]).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn load_errors_name_file_and_path() {
+        let cases = [
+            ("descriptors: []\n", "'d.yaml': domain: domain is empty"),
+            (
+                "domain: d\ndescriptors: [{key: ''}]\n",
+                "descriptors[0].key: descriptor key is empty",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, value: b}, {key: a, value: b}]\n",
+                "descriptors[1]: duplicate descriptor 'd.a_b'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n",
+                "descriptors[0].rate_limit.unit: unknown unit 'fortnight'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: second}}]\n",
+                "descriptors[0].rate_limit.unit: a rule cannot be unlimited and have a unit",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unlimited: true, unit: bogus}}]\n",
+                "descriptors[0].rate_limit.unit: unknown unit 'bogus'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}}]\n",
+                "descriptors[0].rate_limit.replaces[0].name: replaces entry is empty",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}}]\n",
+                "replaces[0].name: a rule cannot replace itself",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}}]\n",
+                "descriptors[0].rate_limit.algorithm: unknown algorithm 'magic'",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 0}}]\n",
+                "descriptors[0].rate_limit.unit_multiplier: must be at least 1",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 1000}}]\n",
+                "longer than 100 years",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: a, value: b, share_threshold: true}]\n",
+                "descriptors[0].share_threshold",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.starts_with("config 'd.yaml': "), "{e}");
+        }
+    }
+
+    #[test]
+    fn same_domain_in_two_files() {
+        let e = compile(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'b.yaml'") && e.contains("also defined in 'a.yaml'"), "{e}");
+    }
+}

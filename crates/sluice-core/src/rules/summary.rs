@@ -1,0 +1,89 @@
+//! The text summary of a compiled rule set: [`RuleSet::summary`], what `sluice check` prints, the service's
+//! `/rlconfig` page serves and a (re)load logs the first line of; one line per rule, in a stable order.
+//!
+//! It only reads the tree, so it lives apart from the compiler that builds it and the matching that serves requests.
+
+use super::RuleSet;
+use super::tree::{Domain, Node, Rule};
+use super::vocabulary::Tier;
+
+impl RuleSet {
+    /// A human summary for `sluice check` and logs: domains and their rules.
+    pub fn summary(&self) -> String {
+        let mut names: Vec<&Domain> = self.domains.values().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = format!(
+            "{} file(s), {} domain(s), {} rule(s)\n",
+            self.files,
+            self.domains.len(),
+            self.rules
+        );
+        for domain in names {
+            out.push_str(&format!("domain {}\n", domain.name));
+            for line in domain.rule_lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        out
+    }
+}
+
+impl Domain {
+    /// One line per rule, in a stable order: `path: limit`.
+    pub fn rule_lines(&self) -> Vec<String> {
+        fn walk(node: &Node, out: &mut Vec<String>) {
+            if let Some(rule) = &node.rule {
+                out.push(format!("{}: {}", rule.path, describe(rule)));
+            }
+            let mut keys: Vec<_> = node.children.iter().collect();
+            keys.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, b) in keys {
+                let mut exact: Vec<_> = b.exact.iter().collect();
+                exact.sort_by(|a, b| a.0.cmp(b.0));
+                exact.into_iter().for_each(|(_, n)| walk(n, out));
+                b.wildcards.iter().for_each(|(_, n)| walk(n, out));
+                b.any.iter().for_each(|n| walk(n, out));
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &mut out);
+        out
+    }
+}
+
+fn describe(rule: &Rule) -> String {
+    let mut s = if rule.tiers.is_empty() {
+        "unlimited".to_string()
+    } else {
+        let tiers: Vec<String> = rule.tiers.iter().map(describe_tier).collect();
+        tiers.join(" and ")
+    };
+    if let Some(name) = &rule.name {
+        s.push_str(&format!(", name {name}"));
+    }
+    if rule.shadow_mode {
+        s.push_str(", shadow mode");
+    }
+    if rule.quota_mode {
+        s.push_str(", quota mode");
+    }
+    if let Some(r) = &rule.record {
+        s.push_str(&format!(", records last {} '{}'", r.size, r.key));
+    }
+    s
+}
+
+fn describe_tier(tier: &Tier) -> String {
+    let l = &tier.limit;
+    let per = if l.multiplier == 1 {
+        l.unit.name().to_string()
+    } else {
+        format!("{} {}s", l.multiplier, l.unit.name())
+    };
+    let mut s = format!("{} per {per} ({}", l.requests, l.algorithm.name());
+    if l.algorithm.is_bucket() {
+        s.push_str(&format!(", burst {}", l.burst));
+    }
+    s.push(')');
+    s
+}

@@ -1,0 +1,186 @@
+//! The compiled match tree of a domain: [`Rule`]s on nodes, one level per descriptor entry, and [`Domain::find`].
+//!
+//! A level holds, per key, the exact values in a hash map, the wildcard patterns in config order and the key-only
+//! branch, tried in that order. The tree is built once by the compiler and never changes, so matching neither
+//! re-validates nor allocates (beyond the list of shared levels), and never backtracks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::metrics::{DomainStats, RuleStats};
+
+use super::vocabulary::{FailurePolicy, Metadata, Record, Tier};
+/// The `rate_limit` (or `rate_limits`) of one node of the tree.
+#[derive(Debug)]
+pub struct Rule {
+    /// The limits, all decided together; empty for `unlimited: true`.
+    pub tiers: Box<[Tier]>,
+    /// The rule's name (its first named limit), reported and matched by `replaces`.
+    pub name: Option<Arc<str>>,
+    pub replaces: Box<[Arc<str>]>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub record: Option<Record>,
+    /// The rule's own metric label, e.g. `edge.path_/login.user` (no request values).
+    pub path: Arc<str>,
+    /// The metric label must be built from the request (`detailed_metric` or `value_to_metric` on the way).
+    pub dynamic_label: bool,
+    pub detailed_metric: bool,
+    pub metadata: Option<Arc<Metadata>>,
+    pub stats: RuleStats,
+}
+
+impl Rule {
+    /// Whether any of the rule's names is in `replaced`.
+    pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
+        self.name
+            .iter()
+            .chain(self.tiers.iter().filter_map(|t| t.name.as_ref()))
+            .any(|n| replaced.contains(&**n))
+    }
+}
+
+/// A node of a domain's tree: an optional rule and the next level.
+#[derive(Debug, Default)]
+pub(super) struct Node {
+    pub(super) rule: Option<Rule>,
+    /// The label of this level in metric paths: `key` or `key_value`.
+    pub(super) segment: Arc<str>,
+    pub(super) value_to_metric: bool,
+    /// For a wildcard node with `share_threshold`: every matching value shares the counter named by the pattern.
+    pub(super) shared_value: Option<Arc<str>>,
+    pub(super) children: HashMap<Box<str>, Branches>,
+}
+
+/// The nodes of one level that share a key.
+#[derive(Debug, Default)]
+pub(super) struct Branches {
+    pub(super) exact: HashMap<Box<str>, Node>,
+    pub(super) wildcards: Vec<(Pattern, Node)>,
+    pub(super) any: Option<Box<Node>>,
+}
+
+/// A value with `*` wildcards, each matching any run of characters.
+#[derive(Debug)]
+pub(super) struct Pattern {
+    parts: Box<[Box<str>]>,
+}
+
+impl Pattern {
+    pub(super) fn new(value: &str) -> Pattern {
+        Pattern {
+            parts: value.split('*').map(Box::from).collect(),
+        }
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(split) => split,
+            None => return value.is_empty(),
+        };
+        let Some(mut tail) = value.strip_prefix(&**first) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return tail.is_empty();
+        };
+        for part in middle {
+            match tail.find(&**part) {
+                Some(at) => tail = &tail[at + part.len()..],
+                None => return false,
+            }
+        }
+        tail.len() >= last.len() && tail.ends_with(&**last)
+    }
+}
+
+/// The rules of one domain.
+#[derive(Debug)]
+pub struct Domain {
+    pub name: Arc<str>,
+    /// The domain's own failure policy (`failure_policy` in its file), if any.
+    pub failure_policy: Option<FailurePolicy>,
+    pub(super) root: Node,
+    pub stats: DomainStats,
+    /// The hit counters of every descriptor that carries its own limit (`RateLimitOverride`): one label per domain
+    /// whatever the descriptor's entries, so clients cannot create series.
+    pub override_stats: RuleStats,
+}
+
+/// What a request descriptor matched.
+#[derive(Debug)]
+pub struct Match<'a> {
+    pub rule: &'a Rule,
+    /// Levels whose counter identity is the `share_threshold` pattern instead of the request's value.
+    pub shared: Vec<(usize, &'a str)>,
+}
+
+impl Domain {
+    /// Finds the rule for a descriptor's entries, one entry per level: exact value, then wildcards in config order,
+    /// then the key alone. The rule is the one on the node the last entry lands on; no backtracking.
+    pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
+        let mut node = &self.root;
+        let mut shared = Vec::new();
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let branches = node.children.get(key.as_ref())?;
+            node = branches.find(value.as_ref())?;
+            if let Some(pattern) = &node.shared_value {
+                shared.push((depth, &**pattern));
+            }
+        }
+        Some(Match {
+            rule: node.rule.as_ref()?,
+            shared,
+        })
+    }
+
+    /// The metric label of a match that includes request values (`detailed_metric`, `value_to_metric`).
+    pub fn detailed_label<K: AsRef<str>, V: AsRef<str>>(&self, entries: &[(K, V)]) -> String {
+        let mut label = String::from(&*self.name);
+        let mut node = &self.root;
+        for (key, value) in entries {
+            let Some(next) = node.children.get(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
+                break;
+            };
+            node = next;
+            label.push('.');
+            label.push_str(&node.segment);
+            let detailed = node.rule.as_ref().is_some_and(|r| r.detailed_metric);
+            if (node.value_to_metric || detailed) && node.segment.len() == key.as_ref().len() {
+                label.push('_');
+                label.push_str(value.as_ref());
+            }
+        }
+        label
+    }
+}
+
+impl Branches {
+    fn find(&self, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(value) {
+            return Some(node);
+        }
+        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some(node);
+        }
+        self.any.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_anywhere() {
+        let p = Pattern::new("/api/*/items*");
+        assert!(p.matches("/api/v1/items"));
+        assert!(p.matches("/api/v1/items/3"));
+        assert!(!p.matches("/api/v1/things"));
+        assert!(Pattern::new("*").matches(""));
+        assert!(Pattern::new("a*a").matches("aa"));
+        assert!(!Pattern::new("a*a").matches("a"));
+        assert!(Pattern::new("*.png").matches("x.png"));
+        assert!(!Pattern::new("*.png").matches("x.pngx"));
+    }
+}

@@ -1,0 +1,214 @@
+//! The words a rule is made of: units, algorithms, limits and their tiers, `record`, the failure policy, rule
+//! metadata, and the bounds the compiler enforces on them.
+//!
+//! These are plain values with no tree and no request in sight, so the limiter, the stores and the service's faces
+//! can all name them without depending on how rules are matched or compiled.
+
+use std::sync::Arc;
+
+/// The longest window a limit may have: 100 years, so microsecond times stay far below 2^53.
+pub(super) const MAX_WINDOW_SECONDS: u64 = 100 * 365 * 86_400;
+
+/// The time unit of a limit. Months are 30 days and years 365 days, as in the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// Parses a unit name, case-insensitively, as the reference does.
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The unit of a `RateLimitOverride` (`envoy.type.v3.RateLimitUnit`, which has no week).
+    pub fn from_override(value: i32) -> Option<Unit> {
+        Some(match value {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+}
+
+/// How a limit counts hits. Each has one Lua script in `lua/` and the same logic in the in-memory store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Epoch-aligned fixed windows, the reference's only algorithm.
+    FixedWindow,
+    /// The two-window weighted counter.
+    SlidingWindow,
+    /// Exactly at most N in any interval of the window's length.
+    SlidingLog,
+    /// Continuous refill at `requests_per_unit` per window into a bucket of `burst`.
+    TokenBucket,
+    /// The token bucket with a default burst of 1: evenly spaced hits.
+    LeakyBucket,
+    /// At most N in flight; a lease per admitted hit, released or expiring after the window.
+    Concurrency,
+    /// At most N waiting entries in a Redis Stream that workers drain.
+    Queue,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+        Algorithm::Queue,
+    ];
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+            Algorithm::Queue => "queue",
+        }
+    }
+
+    pub(super) fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+/// What to answer when the store cannot decide (it failed, timed out, or the circuit breaker is open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Answer OK (counted in `sluice_store_fallback_total`).
+    FailOpen,
+    /// Answer OVER_LIMIT for every limited descriptor.
+    FailClosed,
+    /// Answer UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    Error,
+}
+
+impl FailurePolicy {
+    pub fn from_name(name: &str) -> Option<FailurePolicy> {
+        [FailurePolicy::FailOpen, FailurePolicy::FailClosed, FailurePolicy::Error]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::Error => "error",
+        }
+    }
+}
+
+/// The most hits a `sliding_log` limit may allow per window: each admitted hit is one sorted-set member.
+pub const MAX_LOG_LIMIT: u32 = 10_000;
+
+/// The most values `record` may keep per counter.
+pub const MAX_RECORDS: u32 = 1_000;
+
+/// A finite limit: at most `requests` hits per window of `multiplier` units, counted by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub requests: u32,
+    pub unit: Unit,
+    pub multiplier: u32,
+    pub algorithm: Algorithm,
+    /// Bucket capacity (`token_bucket`, `leaky_bucket`); equals `requests` for the other algorithms.
+    pub burst: u32,
+}
+
+impl Limit {
+    /// A fixed-window limit, as the reference and Envoy's overrides know them.
+    pub fn fixed(requests: u32, unit: Unit) -> Limit {
+        Limit {
+            requests,
+            unit,
+            multiplier: 1,
+            algorithm: Algorithm::FixedWindow,
+            burst: requests,
+        }
+    }
+
+    /// The window length in microseconds.
+    pub fn window_us(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.multiplier) * 1_000_000
+    }
+
+    /// The most hits that can ever pass at once: the bucket for buckets, the limit otherwise.
+    pub fn capacity(&self) -> u32 {
+        if self.algorithm.is_bucket() {
+            self.burst
+        } else {
+            self.requests
+        }
+    }
+}
+
+/// One limit of a rule, with its own name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub limit: Limit,
+    pub name: Option<Arc<str>>,
+}
+
+/// `record`: keep the last `size` values of the request entry `key` that hit a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Arc<str>,
+    pub size: u32,
+}
+
+/// A rule's `metadata`, as plain data: a map of strings to JSON-like values.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
