@@ -302,7 +302,7 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use super::prelude::{Fixed, Tat};
+    use super::prelude::{Fixed, Log, Tat};
     use super::*;
 
     fn fixed(expires_at_us: u64) -> Entry {
@@ -355,5 +355,34 @@ mod tests {
         );
         shard.sweep(20);
         assert!(shard.entries.is_empty() && shard.schedule.is_empty());
+    }
+
+    #[test]
+    fn upsert_updates_a_live_state_of_its_shape_and_creates_one_otherwise() {
+        let mut shard = Shard::default();
+        let count = |shard: &mut Shard, now, expiry| shard.upsert("k", now, expiry, |f: &mut Fixed| f.n += 1);
+        count(&mut shard, 0, Expiry::OnCreate(10));
+        assert_eq!(shard.schedule.len(), 1, "a new key is scheduled");
+        count(&mut shard, 5, Expiry::OnCreate(50));
+        assert!(matches!(shard.live("k", 5), Some(State::Fixed(Fixed { n: 2, .. }))));
+        assert_eq!(
+            shard.entries["k"].expires_at_us, 10,
+            "an update keeps an on-create expiry"
+        );
+        count(&mut shard, 6, Expiry::Always(20));
+        assert_eq!(shard.entries["k"].expires_at_us, 20, "and takes an always one");
+        count(&mut shard, 20, Expiry::OnCreate(40));
+        assert!(
+            matches!(shard.live("k", 20), Some(State::Fixed(Fixed { n: 1, .. }))),
+            "an expired state is replaced, not updated"
+        );
+        assert_eq!(shard.entries["k"].expires_at_us, 40);
+        shard.upsert("k", 21, Expiry::OnCreate(60), |Log(log): &mut Log| log.push_back(21));
+        assert!(
+            matches!(shard.live("k", 21), Some(State::Log(_))),
+            "another shape is replaced"
+        );
+        assert_eq!(shard.entries["k"].expires_at_us, 60);
+        assert_eq!(shard.schedule.len(), 1, "a key written again is not scheduled twice");
     }
 }
