@@ -9,20 +9,31 @@
 //! bounded by the live counters and the work of evicting is proportional to what expires: nothing scans a shard, and
 //! states that expire together (fixed windows all end on the same boundary) go over the next accesses rather than in
 //! one pause.
+//!
+//! The file layout mirrors `lua/`: this file is the driver, as `decide.lua` and `batch.lua` are (the store, its
+//! shards and their eviction schedule, the decision of one descriptor across its tiers, the hit records, and the
+//! [`Store`] impl); each algorithm's check and commit is in `memory/<algorithm>.rs`, named as its script; and
+//! `memory/prelude.rs`, as `lua/prelude.lua`, holds what they share, including the one "update the state or create
+//! it" step ([`Keyspace::upsert`]) that every commit goes through.
+
+mod concurrency;
+mod fixed_window;
+mod prelude;
+mod queue;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, StreamReset, TierOutcome, TierSpec};
 use crate::rules::Algorithm;
+use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Shape, State, Write, ceil_ms_us};
 
 const SHARDS: usize = 64;
-/// The most a fixed window's count holds (`MAX_COUNT` in `lua/fixed_window.lua`): a lone fixed window counts its
-/// denials, so hits of up to `u32::MAX` each could otherwise push it past 2^53, where the scripts' doubles stop
-/// being exact. Any count above a limit answers the same.
-const MAX_COUNT: u64 = 1 << 52;
 /// States evicted per shard access at most: about the cost of one more lookup, and far more than one access adds.
 const SWEEP_BATCH: usize = 16;
 
@@ -48,65 +59,10 @@ struct Entry {
     expires_at_us: u64,
 }
 
-/// The state of one key, shaped like the Redis value its script keeps.
-#[derive(Debug, Clone)]
-enum State {
-    Fixed {
-        w: u64,
-        n: u64,
-    },
-    Sliding {
-        w: u64,
-        c: u64,
-        p: u64,
-    },
-    /// Hit times, ascending.
-    Log(VecDeque<u64>),
-    Tat(u64),
-    /// (lease id, deadline).
-    Leases(Vec<(String, u64)>),
-    /// Entry ids (ms, seq), oldest first, and the last id generated.
-    Queue {
-        entries: VecDeque<(u64, u64)>,
-        last: (u64, u64),
-    },
-    Records(VecDeque<String>),
-}
-
-/// What a tier's check found, as the scripts' `check` returns it.
-#[derive(Debug, Clone)]
-struct Check {
-    ok: bool,
-    used0: u64,
-    used: u64,
-    rem0: u64,
-    rem1: u64,
-    reset0: u64,
-    reset1: u64,
-    /// `None`: never.
-    retry: Option<u64>,
-    /// What commit writes.
-    write: Write,
-}
-
-#[derive(Debug, Clone)]
-enum Write {
-    Fixed { start: u64, n: u64, reset: u64 },
-    Sliding { start: u64, c: u64, p: u64 },
-    Log,
-    Tat(u64),
-    Lease,
-    Queue,
-}
-
 impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::new()
     }
-}
-
-fn ceil_ms_us(us: u64) -> u64 {
-    us.div_ceil(1_000).max(1) * 1_000
 }
 
 impl MemoryStore {
@@ -167,27 +123,13 @@ impl MemoryStore {
         if let Some(record) = &hit.record {
             let key = record.key.as_str();
             if let (true, Some(value)) = (commit, &record.value) {
-                let expires = now + ceil_ms_us(longest.max(1));
-                let push = |list: &mut VecDeque<String>| {
+                let expiry = Expiry::Always(now + ceil_ms_us(longest.max(1)));
+                shard.upsert(key, now, expiry, |Records(list): &mut Records| {
                     list.push_front(value.clone());
                     list.truncate(record.size as usize);
-                };
-                match shard.live_mut(key, now) {
-                    Some(Entry {
-                        state: State::Records(list),
-                        expires_at_us,
-                    }) => {
-                        push(list);
-                        *expires_at_us = expires;
-                    }
-                    _ => {
-                        let mut list = VecDeque::new();
-                        push(&mut list);
-                        shard.set(key, State::Records(list), expires);
-                    }
-                }
+                });
             } else if peek {
-                if let Some(State::Records(list)) = shard.live(key, now) {
+                if let Some(State::Records(Records(list))) = shard.live(key, now) {
                     records = list.iter().take(record.size as usize).cloned().collect();
                 }
             }
@@ -253,352 +195,50 @@ impl Shard {
         }
     }
 
+    /// What a tier's hit would find, by its algorithm's check.
     fn check(&self, t: &TierSpec, now: u64, cost: u64) -> Check {
         let state = self.live(t.key.as_str(), now);
-        let (limit, window) = (t.limit, t.window_us);
         match t.algorithm {
-            Algorithm::FixedWindow => {
-                let start = now - now % window;
-                let n = match state {
-                    Some(State::Fixed { w, n }) if *w == start => *n,
-                    _ => 0,
-                };
-                let reset = start + window - now;
-                let used = n.saturating_add(cost);
-                let ok = used <= limit;
-                Check {
-                    ok,
-                    used0: n,
-                    used,
-                    rem0: limit.saturating_sub(n),
-                    rem1: limit.saturating_sub(used),
-                    reset0: reset,
-                    reset1: reset,
-                    retry: retry(cost > limit, ok, reset),
-                    write: Write::Fixed { start, n, reset },
-                }
-            }
-            Algorithm::SlidingWindow => {
-                let start = now - now % window;
-                let (mut c, mut p) = (0, 0);
-                match state {
-                    Some(State::Sliding { w, c: sc, p: sp }) if *w == start => (c, p) = (*sc, *sp),
-                    Some(State::Sliding { w, c: sc, .. }) if *w + window == start => (c, p) = (0, *sc),
-                    _ => {}
-                }
-                let elapsed = now - start;
-                let est = sw_estimate(p, c, elapsed, window);
-                let used = est.saturating_add(cost);
-                let ok = used <= limit;
-                let until_empty = |cc: u64, pp: u64| {
-                    if cc > 0 {
-                        start + 2 * window - now
-                    } else if pp > 0 {
-                        start + window - now
-                    } else {
-                        0
-                    }
-                };
-                let retry = if cost > limit {
-                    None
-                } else if ok {
-                    Some(0)
-                } else if let Some(e) = sw_first_fit(p, c, window, elapsed, window, limit - cost) {
-                    Some(e - elapsed)
-                } else if let Some(e) = sw_first_fit(c, 0, window, 0, window, limit - cost) {
-                    Some(window - elapsed + e)
-                } else {
-                    Some(2 * window - elapsed)
-                };
-                Check {
-                    ok,
-                    used0: est,
-                    used,
-                    rem0: limit.saturating_sub(est),
-                    rem1: limit.saturating_sub(used),
-                    reset0: until_empty(c, p),
-                    reset1: until_empty(c.saturating_add(cost), p),
-                    retry,
-                    write: Write::Sliding { start, c, p },
-                }
-            }
-            Algorithm::SlidingLog => {
-                let empty = VecDeque::new();
-                let log = match state {
-                    Some(State::Log(log)) => log,
-                    _ => &empty,
-                };
-                let mut live = log.iter().copied().filter(|&ts| ts + window > now);
-                let count = live.clone().count() as u64;
-                let used = count.saturating_add(cost);
-                let ok = used <= limit;
-                let reset0 = log
-                    .back()
-                    .filter(|_| count > 0)
-                    .map_or(0, |newest| newest + window - now);
-                let retry = if cost > limit {
-                    None
-                } else if ok {
-                    Some(0)
-                } else {
-                    live.nth((count - (limit - cost) - 1) as usize)
-                        .map(|ts| ts + window - now)
-                };
-                Check {
-                    ok,
-                    used0: count,
-                    used,
-                    rem0: limit.saturating_sub(count),
-                    rem1: limit.saturating_sub(used),
-                    reset0,
-                    reset1: if cost > 0 { window } else { reset0 },
-                    retry,
-                    write: Write::Log,
-                }
-            }
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let interval = window.div_ceil(limit.max(1));
-                let tolerance = t.burst.saturating_mul(interval);
-                let tat = match state {
-                    Some(State::Tat(tat)) => (*tat).max(now),
-                    _ => now,
-                };
-                // A cost above the bucket never fits: it is not priced (its product could leave the exact range).
-                let over = cost > t.burst;
-                let new = if over {
-                    tat
-                } else {
-                    tat.saturating_add(cost.saturating_mul(interval))
-                };
-                let ok = !over && new - now <= tolerance;
-                let full = now.saturating_add(tolerance);
-                let rem0 = full.saturating_sub(tat) / interval;
-                let rem1 = match full.checked_sub(new) {
-                    Some(room) if !over => room / interval,
-                    _ => 0,
-                };
-                Check {
-                    ok,
-                    used0: t.burst.saturating_sub(rem0),
-                    used: t.burst - rem1,
-                    rem0,
-                    rem1,
-                    reset0: tat - now,
-                    reset1: new - now,
-                    retry: retry(over, ok, (new - now).saturating_sub(tolerance)),
-                    write: Write::Tat(new),
-                }
-            }
-            Algorithm::Concurrency => {
-                let mut live: Vec<u64> = match state {
-                    Some(State::Leases(leases)) => leases.iter().map(|l| l.1).filter(|&d| d > now).collect(),
-                    _ => Vec::new(),
-                };
-                live.sort_unstable();
-                let count = live.len() as u64;
-                let slots = u64::from(cost > 0);
-                let ok = count + slots <= limit;
-                let reset0 = live.last().map_or(0, |last| last - now);
-                let retry = if slots > limit {
-                    None
-                } else if ok {
-                    Some(0)
-                } else {
-                    Some(live[(count + slots - limit - 1) as usize] - now)
-                };
-                Check {
-                    ok,
-                    used0: count,
-                    used: count + slots,
-                    rem0: limit.saturating_sub(count),
-                    rem1: limit.saturating_sub(count + slots),
-                    reset0,
-                    reset1: if slots > 0 { window } else { reset0 },
-                    retry,
-                    write: Write::Lease,
-                }
-            }
-            Algorithm::Queue => {
-                let cutoff = queue_cutoff(now, window);
-                // Newest first, as XREVRANGE reads them, at most limit + 1.
-                let waiting: Vec<u64> = match state {
-                    Some(State::Queue { entries, .. }) => entries
-                        .iter()
-                        .rev()
-                        .map(|e| e.0)
-                        .take_while(|&ms| ms >= cutoff)
-                        .take(usize::try_from(limit).unwrap_or(usize::MAX).saturating_add(1))
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                let len = waiting.len() as u64;
-                let slots = u64::from(cost > 0);
-                let ok = len + slots <= limit;
-                let stale_at = |ms: u64| ms * 1_000 + window - now;
-                let reset0 = waiting.first().map_or(0, |&ms| stale_at(ms));
-                let retry = if slots > limit {
-                    None
-                } else if ok {
-                    Some(0)
-                } else {
-                    Some(stale_at(waiting[(limit - slots) as usize]))
-                };
-                Check {
-                    ok,
-                    used0: len,
-                    used: len + slots,
-                    rem0: limit.saturating_sub(len),
-                    rem1: limit.saturating_sub(len + slots),
-                    reset0,
-                    reset1: if slots > 0 { stale_at(now / 1_000) } else { reset0 },
-                    retry,
-                    write: Write::Queue,
-                }
-            }
+            Algorithm::FixedWindow => fixed_window::check(state, t, now, cost),
+            Algorithm::SlidingWindow => sliding_window::check(state, t, now, cost),
+            Algorithm::SlidingLog => sliding_log::check(state, t, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::check(state, t, now, cost),
+            Algorithm::Concurrency => concurrency::check(state, t, now, cost),
+            Algorithm::Queue => queue::check(state, t, now, cost),
         }
     }
 
-    /// Applies a hit of `cost` (the bounded one) that `check` found.
+    /// Applies a hit of `cost` (the bounded one) that `check` found, by its algorithm's commit.
     fn commit(&mut self, t: &TierSpec, check: &Check, now: u64, cost: u64, hit: &Hit) -> Option<String> {
-        let key = t.key.as_str();
-        let window = t.window_us;
-        match &check.write {
-            Write::Fixed { start, n, reset } => {
-                let expires = match self.live(key, now) {
-                    Some(_) if *n > 0 => self.entries[key].expires_at_us,
-                    _ => now + ceil_ms_us(*reset),
-                };
-                self.set(
-                    key,
-                    State::Fixed {
-                        w: *start,
-                        n: n.saturating_add(cost).min(MAX_COUNT),
-                    },
-                    expires,
-                );
-                None
-            }
-            Write::Sliding { start, c, p } => {
-                let state = State::Sliding {
-                    w: *start,
-                    c: c + cost,
-                    p: *p,
-                };
-                self.set(key, state, now + ceil_ms_us(start + 2 * window - now));
-                None
-            }
-            Write::Log => {
-                let expires = now + ceil_ms_us(window);
-                let add = |log: &mut VecDeque<u64>| {
-                    log.retain(|&ts| ts + window > now);
-                    // Kept in time order, as the sorted set is, even if the clock stepped back.
-                    let at = log.partition_point(|&ts| ts <= now);
-                    for _ in 0..cost {
-                        log.insert(at, now);
-                    }
-                };
-                match self.live_mut(key, now) {
-                    Some(Entry {
-                        state: State::Log(log),
-                        expires_at_us,
-                    }) => {
-                        add(log);
-                        *expires_at_us = expires;
-                    }
-                    _ => {
-                        let mut log = VecDeque::new();
-                        add(&mut log);
-                        self.set(key, State::Log(log), expires);
-                    }
-                }
-                None
-            }
-            Write::Tat(new) => {
-                self.set(key, State::Tat(*new), now + ceil_ms_us(new - now));
-                None
-            }
-            Write::Lease => {
-                let expires = now + ceil_ms_us(window);
-                let take = |leases: &mut Vec<(String, u64)>| {
-                    leases.retain(|l| l.1 > now);
-                    match leases.iter_mut().find(|l| l.0 == hit.lease) {
-                        Some(l) => l.1 = now + window,
-                        None => leases.push((hit.lease.clone(), now + window)),
-                    }
-                };
-                match self.live_mut(key, now) {
-                    Some(Entry {
-                        state: State::Leases(leases),
-                        expires_at_us,
-                    }) => {
-                        take(leases);
-                        *expires_at_us = expires;
-                    }
-                    _ => {
-                        let mut leases = Vec::new();
-                        take(&mut leases);
-                        self.set(key, State::Leases(leases), expires);
-                    }
-                }
-                Some(hit.lease.clone())
-            }
-            Write::Queue => {
-                let (mut entries, last) = match self.live(key, now) {
-                    Some(State::Queue { entries, last }) => (entries.clone(), *last),
-                    _ => (VecDeque::new(), (0, 0)),
-                };
-                let cutoff = queue_cutoff(now, window);
-                entries.retain(|e| e.0 >= cutoff);
-                let ms = now / 1_000;
-                // As XADD `<ms>-*`: a new millisecond starts at sequence 0; a clock behind the last id appends after it.
-                let id = match ms.cmp(&last.0) {
-                    std::cmp::Ordering::Greater => (ms, 0),
-                    _ => (last.0, last.1 + 1),
-                };
-                entries.push_back(id);
-                self.set(key, State::Queue { entries, last: id }, now + ceil_ms_us(window));
-                Some(format!("{}-{}", id.0, id.1))
-            }
+        match check.write {
+            Write::Fixed { start, n, reset } => fixed_window::commit(self, t, now, cost, start, n, reset),
+            Write::Sliding { start, c, p } => sliding_window::commit(self, t, now, cost, start, c, p),
+            Write::Log => sliding_log::commit(self, t, now, cost),
+            Write::Tat(new) => token_bucket::commit(self, t, now, new),
+            Write::Lease => return Some(concurrency::commit(self, t, now, &hit.lease)),
+            Write::Queue => return Some(queue::commit(self, t, now)),
         }
-    }
-}
-
-/// The smallest entry millisecond still waiting at `now`: an entry is stale once `ms * 1000 + window <= now`.
-fn queue_cutoff(now: u64, window: u64) -> u64 {
-    now.saturating_sub(window) / 1_000 + 1
-}
-
-fn retry(never: bool, ok: bool, wait: u64) -> Option<u64> {
-    if never {
         None
-    } else if ok {
-        Some(0)
-    } else {
-        Some(wait)
     }
 }
 
-/// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
-/// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
-/// same order, as `lua/sliding_window.lua`, so both round alike.
-fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
-    (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
-}
-
-/// The first offset in `[lo, hi)` where the estimate is at most `need`, by binary search (it never grows).
-fn sw_first_fit(p: u64, c: u64, window: u64, mut lo: u64, mut hi: u64, need: u64) -> Option<u64> {
-    if lo >= hi || sw_estimate(p, c, hi - 1, window) > need {
-        return None;
-    }
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if sw_estimate(p, c, mid, window) <= need {
-            hi = mid;
-        } else {
-            lo = mid + 1;
+impl Keyspace for Shard {
+    fn upsert<T: Shape, R>(&mut self, key: &str, now: u64, expiry: Expiry, update: impl FnOnce(&mut T) -> R) -> R {
+        if let Some(entry) = self.live_mut(key, now)
+            && let Some(state) = T::of(&mut entry.state)
+        {
+            let out = update(state);
+            if let Expiry::Always(at) = expiry {
+                entry.expires_at_us = at;
+            }
+            return out;
         }
+        let mut state = T::default();
+        let out = update(&mut state);
+        let (Expiry::Always(at) | Expiry::OnCreate(at)) = expiry;
+        self.set(key, state.into(), at);
+        out
     }
-    Some(lo)
 }
 
 impl Store for MemoryStore {
@@ -619,7 +259,7 @@ impl Store for MemoryStore {
         for key in keys {
             let mut shard = lock(&self.shards[(key.tag() % SHARDS as u64) as usize]);
             if let Some(Entry {
-                state: State::Leases(leases),
+                state: State::Leases(Leases(leases)),
                 ..
             }) = shard.entries.get_mut(key.as_str())
             {
@@ -645,7 +285,7 @@ impl Store for MemoryStore {
         for key in keys {
             let mut shard = lock(&self.shards[(key.tag() % SHARDS as u64) as usize]);
             match shard.live(key.as_str(), now_us) {
-                Some(State::Queue { entries, .. }) if !entries.is_empty() => reset.kept.push(key.clone()),
+                Some(State::Queue(Queue { entries, .. })) if !entries.is_empty() => reset.kept.push(key.clone()),
                 _ => {
                     let removed = shard.entries.remove(key.as_str());
                     reset.deleted += u64::from(removed.is_some_and(|e| e.expires_at_us > now_us));
@@ -662,11 +302,12 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use super::prelude::{Fixed, Log, Tat};
     use super::*;
 
     fn fixed(expires_at_us: u64) -> Entry {
         Entry {
-            state: State::Fixed { w: 0, n: 1 },
+            state: State::Fixed(Fixed { w: 0, n: 1 }),
             expires_at_us,
         }
     }
@@ -692,7 +333,7 @@ mod tests {
     fn a_state_whose_expiry_moved_later_is_scheduled_again_not_evicted() {
         let mut shard = Shard::default();
         shard.insert("k", fixed(10));
-        shard.set("k", State::Tat(30), 30);
+        shard.set("k", State::Tat(Tat(30)), 30);
         shard.sweep(20);
         assert!(shard.live("k", 20).is_some());
         assert_eq!(shard.schedule.len(), 1);
@@ -714,5 +355,34 @@ mod tests {
         );
         shard.sweep(20);
         assert!(shard.entries.is_empty() && shard.schedule.is_empty());
+    }
+
+    #[test]
+    fn upsert_updates_a_live_state_of_its_shape_and_creates_one_otherwise() {
+        let mut shard = Shard::default();
+        let count = |shard: &mut Shard, now, expiry| shard.upsert("k", now, expiry, |f: &mut Fixed| f.n += 1);
+        count(&mut shard, 0, Expiry::OnCreate(10));
+        assert_eq!(shard.schedule.len(), 1, "a new key is scheduled");
+        count(&mut shard, 5, Expiry::OnCreate(50));
+        assert!(matches!(shard.live("k", 5), Some(State::Fixed(Fixed { n: 2, .. }))));
+        assert_eq!(
+            shard.entries["k"].expires_at_us, 10,
+            "an update keeps an on-create expiry"
+        );
+        count(&mut shard, 6, Expiry::Always(20));
+        assert_eq!(shard.entries["k"].expires_at_us, 20, "and takes an always one");
+        count(&mut shard, 20, Expiry::OnCreate(40));
+        assert!(
+            matches!(shard.live("k", 20), Some(State::Fixed(Fixed { n: 1, .. }))),
+            "an expired state is replaced, not updated"
+        );
+        assert_eq!(shard.entries["k"].expires_at_us, 40);
+        shard.upsert("k", 21, Expiry::OnCreate(60), |Log(log): &mut Log| log.push_back(21));
+        assert!(
+            matches!(shard.live("k", 21), Some(State::Log(_))),
+            "another shape is replaced"
+        );
+        assert_eq!(shard.entries["k"].expires_at_us, 60);
+        assert_eq!(shard.schedule.len(), 1, "a key written again is not scheduled twice");
     }
 }

@@ -1,0 +1,47 @@
+//! The fixed window in memory, the twin of `lua/fixed_window.lua`: at most `limit` hits per epoch-aligned window,
+//! counted in a [`Fixed`] state that expires when its window ends. Same integer arithmetic as the script, step by
+//! step.
+
+use super::prelude::{Check, Expiry, Fixed, Keyspace, MAX_COUNT, State, Write, ceil_ms_us, retry};
+use crate::store::TierSpec;
+
+/// What a hit of `cost` would find at `now`; a count from another window counts as empty.
+pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+    let (limit, window) = (t.limit, t.window_us);
+    let start = now - now % window;
+    let n = match state {
+        Some(State::Fixed(Fixed { w, n })) if *w == start => *n,
+        _ => 0,
+    };
+    let reset = start + window - now;
+    let used = n.saturating_add(cost);
+    let ok = used <= limit;
+    Check {
+        ok,
+        used0: n,
+        used,
+        rem0: limit.saturating_sub(n),
+        rem1: limit.saturating_sub(used),
+        reset0: reset,
+        reset1: reset,
+        retry: retry(cost > limit, ok, reset),
+        write: Write::Fixed { start, n, reset },
+    }
+}
+
+/// Counts a hit of `cost` in the window starting at `start`, which held `n`. The window's first hit sets the
+/// expiry; later ones keep it.
+pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, n: u64, reset: u64) {
+    let expires = now + ceil_ms_us(reset);
+    let expiry = if n > 0 {
+        Expiry::OnCreate(expires)
+    } else {
+        Expiry::Always(expires)
+    };
+    keys.upsert(t.key.as_str(), now, expiry, |state: &mut Fixed| {
+        *state = Fixed {
+            w: start,
+            n: n.saturating_add(cost).min(MAX_COUNT),
+        }
+    });
+}

@@ -1,0 +1,71 @@
+//! The queue in memory, the twin of `lua/queue.lua`: at most `limit` entries waiting, each stale `window` after its
+//! id's millisecond, in a [`Queue`] state (the stream's ids) that expires `window` after the last append. Ids are
+//! generated as XADD `<ms>-*` generates them.
+
+use super::prelude::{Check, Expiry, Keyspace, Queue, State, Write, ceil_ms_us};
+use crate::store::TierSpec;
+
+/// What a hit would find at `now`: the entries still waiting. Any positive cost appends one entry.
+pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+    let (limit, window) = (t.limit, t.window_us);
+    let cutoff = queue_cutoff(now, window);
+    // Newest first, as XREVRANGE reads them, at most limit + 1.
+    let waiting: Vec<u64> = match state {
+        Some(State::Queue(Queue { entries, .. })) => entries
+            .iter()
+            .rev()
+            .map(|e| e.0)
+            .take_while(|&ms| ms >= cutoff)
+            .take(usize::try_from(limit).unwrap_or(usize::MAX).saturating_add(1))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let len = waiting.len() as u64;
+    let slots = u64::from(cost > 0);
+    let ok = len + slots <= limit;
+    let stale_at = |ms: u64| ms * 1_000 + window - now;
+    let reset0 = waiting.first().map_or(0, |&ms| stale_at(ms));
+    let retry = if slots > limit {
+        None
+    } else if ok {
+        Some(0)
+    } else {
+        Some(stale_at(waiting[(limit - slots) as usize]))
+    };
+    Check {
+        ok,
+        used0: len,
+        used: len + slots,
+        rem0: limit.saturating_sub(len),
+        rem1: limit.saturating_sub(len + slots),
+        reset0,
+        reset1: if slots > 0 { stale_at(now / 1_000) } else { reset0 },
+        retry,
+        write: Write::Queue,
+    }
+}
+
+/// Appends one entry at `now`, trimming the stale ones; returns its id, `<ms>-<seq>`.
+pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64) -> String {
+    let window = t.window_us;
+    let expiry = Expiry::Always(now + ceil_ms_us(window));
+    let id = keys.upsert(t.key.as_str(), now, expiry, |queue: &mut Queue| {
+        let cutoff = queue_cutoff(now, window);
+        queue.entries.retain(|e| e.0 >= cutoff);
+        let ms = now / 1_000;
+        // As XADD `<ms>-*`: a new millisecond starts at sequence 0; a clock behind the last id appends after it.
+        let id = match ms.cmp(&queue.last.0) {
+            std::cmp::Ordering::Greater => (ms, 0),
+            _ => (queue.last.0, queue.last.1 + 1),
+        };
+        queue.entries.push_back(id);
+        queue.last = id;
+        id
+    });
+    format!("{}-{}", id.0, id.1)
+}
+
+/// The smallest entry millisecond still waiting at `now`: an entry is stale once `ms * 1000 + window <= now`.
+fn queue_cutoff(now: u64, window: u64) -> u64 {
+    now.saturating_sub(window) / 1_000 + 1
+}

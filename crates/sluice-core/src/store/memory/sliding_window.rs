@@ -1,0 +1,89 @@
+//! The sliding window in memory, the twin of `lua/sliding_window.lua`: the two-window weighted counter, in a
+//! [`Sliding`] state that expires two windows after its start. The estimate is the script's floating-point
+//! expression, evaluated in the same order, so both round alike.
+
+use super::prelude::{Check, Expiry, Keyspace, Sliding, State, Write, ceil_ms_us};
+use crate::store::TierSpec;
+
+/// What a hit of `cost` would find at `now`: the counts of the current window and the previous one, read from a
+/// state of this window or of the one before.
+pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+    let (limit, window) = (t.limit, t.window_us);
+    let start = now - now % window;
+    let (mut c, mut p) = (0, 0);
+    match state {
+        Some(State::Sliding(Sliding { w, c: sc, p: sp })) if *w == start => (c, p) = (*sc, *sp),
+        Some(State::Sliding(Sliding { w, c: sc, .. })) if *w + window == start => (c, p) = (0, *sc),
+        _ => {}
+    }
+    let elapsed = now - start;
+    let est = sw_estimate(p, c, elapsed, window);
+    let used = est.saturating_add(cost);
+    let ok = used <= limit;
+    let until_empty = |cc: u64, pp: u64| {
+        if cc > 0 {
+            start + 2 * window - now
+        } else if pp > 0 {
+            start + window - now
+        } else {
+            0
+        }
+    };
+    let retry = if cost > limit {
+        None
+    } else if ok {
+        Some(0)
+    } else if let Some(e) = sw_first_fit(p, c, window, elapsed, window, limit - cost) {
+        Some(e - elapsed)
+    } else if let Some(e) = sw_first_fit(c, 0, window, 0, window, limit - cost) {
+        Some(window - elapsed + e)
+    } else {
+        Some(2 * window - elapsed)
+    };
+    Check {
+        ok,
+        used0: est,
+        used,
+        rem0: limit.saturating_sub(est),
+        rem1: limit.saturating_sub(used),
+        reset0: until_empty(c, p),
+        reset1: until_empty(c.saturating_add(cost), p),
+        retry,
+        write: Write::Sliding { start, c, p },
+    }
+}
+
+/// Adds a hit of `cost` to the current window's count `c`, next to the previous window's `p`.
+pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, c: u64, p: u64) {
+    let expiry = Expiry::Always(now + ceil_ms_us(start + 2 * t.window_us - now));
+    keys.upsert(t.key.as_str(), now, expiry, |state: &mut Sliding| {
+        *state = Sliding {
+            w: start,
+            c: c + cost,
+            p,
+        }
+    });
+}
+
+/// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
+/// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
+/// same order, as `lua/sliding_window.lua`, so both round alike.
+fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
+    (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
+}
+
+/// The first offset in `[lo, hi)` where the estimate is at most `need`, by binary search (it never grows).
+fn sw_first_fit(p: u64, c: u64, window: u64, mut lo: u64, mut hi: u64, need: u64) -> Option<u64> {
+    if lo >= hi || sw_estimate(p, c, hi - 1, window) > need {
+        return None;
+    }
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if sw_estimate(p, c, mid, window) <= need {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
+}

@@ -1,0 +1,47 @@
+//! The token and leaky buckets in memory, the twin of `lua/token_bucket.lua`: GCRA over a [`Tat`] state (the
+//! theoretical arrival time) that expires when the bucket is full again. Same integer arithmetic as the script.
+
+use super::prelude::{Check, Expiry, Keyspace, State, Tat, Write, ceil_ms_us, retry};
+use crate::store::TierSpec;
+
+/// What a hit of `cost` would find at `now`, and the arrival time it would leave.
+pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+    let (limit, window) = (t.limit, t.window_us);
+    let interval = window.div_ceil(limit.max(1));
+    let tolerance = t.burst.saturating_mul(interval);
+    let tat = match state {
+        Some(State::Tat(Tat(tat))) => (*tat).max(now),
+        _ => now,
+    };
+    // A cost above the bucket never fits: it is not priced (its product could leave the exact range).
+    let over = cost > t.burst;
+    let new = if over {
+        tat
+    } else {
+        tat.saturating_add(cost.saturating_mul(interval))
+    };
+    let ok = !over && new - now <= tolerance;
+    let full = now.saturating_add(tolerance);
+    let rem0 = full.saturating_sub(tat) / interval;
+    let rem1 = match full.checked_sub(new) {
+        Some(room) if !over => room / interval,
+        _ => 0,
+    };
+    Check {
+        ok,
+        used0: t.burst.saturating_sub(rem0),
+        used: t.burst - rem1,
+        rem0,
+        rem1,
+        reset0: tat - now,
+        reset1: new - now,
+        retry: retry(over, ok, (new - now).saturating_sub(tolerance)),
+        write: Write::Tat(new),
+    }
+}
+
+/// Stores the arrival time `new` that the check computed.
+pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, new: u64) {
+    let expiry = Expiry::Always(now + ceil_ms_us(new - now));
+    keys.upsert(t.key.as_str(), now, expiry, |state: &mut Tat| *state = Tat(new));
+}
