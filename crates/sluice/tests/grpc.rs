@@ -2,6 +2,7 @@
 //! the wire, store failures, script reloads, health and shutdown; the caps on every RPC, Reset's care for queued
 //! work, and metrics that client-chosen text cannot grow.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
@@ -12,10 +13,11 @@ use sluice::proto::sluice::v1::GetRemainingRequest;
 use sluice::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code as GrpcCode;
 
-use sluice::limiter::{Caps, LimiterSettings};
+use sluice::limiter::{Caps, Limiter, LimiterSettings};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use sluice::proto::sluice::v1::{ReleaseRequest, ResetRequest};
 use sluice::store::Store;
+use sluice::store::redis::RedisStore;
 
 use crate::harness::{
     RedisServer, ReplyGate, TestServer, limiter, limiter_with, memory, redis_store, redis_store_with,
@@ -81,11 +83,17 @@ async fn wait_for_evalsha(redis: &RedisServer, since: u64, n: u64) -> u64 {
 
 /// A server whose Redis store (one connection, `timeout` per call) reaches Redis through a [`ReplyGate`].
 async fn gated_server(timeout: Duration) -> (RedisServer, ReplyGate, TestServer) {
+    let (redis, gate, server, _) = gated_server_and_limiter(timeout).await;
+    (redis, gate, server)
+}
+
+/// [`gated_server`], and its limiter, whose store can be asked what waits in it.
+async fn gated_server_and_limiter(timeout: Duration) -> (RedisServer, ReplyGate, TestServer, Arc<Limiter<RedisStore>>) {
     let redis = RedisServer::start();
     let gate = ReplyGate::start(redis.port).await;
     let (l, _) = limiter(CONFIG, redis_store_with(&gate.url(), timeout).await);
-    let server = TestServer::start(l).await;
-    (redis, gate, server)
+    let server = TestServer::start(l.clone()).await;
+    (redis, gate, server, l)
 }
 
 #[tokio::test]
@@ -124,7 +132,7 @@ async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
 
 #[tokio::test]
 async fn concurrent_requests_share_a_script_call() {
-    let (redis, gate, server) = gated_server(Duration::from_secs(10)).await;
+    let (redis, gate, server, l) = gated_server_and_limiter(Duration::from_secs(10)).await;
     let client = envoy_client(&server).await;
     let request = |value: usize| RateLimitRequest {
         domain: "edge".into(),
@@ -161,8 +169,15 @@ async fn concurrent_requests_share_a_script_call() {
         );
     }
     answers.extend((3..=8).map(send));
-    // Give the six requests time to reach the store's queue; nothing can leave it while both calls are held.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the six requests are in the store's queue; nothing can leave it while both calls are held.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while l.store().waiting() < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the six requests reach the store's queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(
         evalsha_calls(&redis) - calls,
         2,

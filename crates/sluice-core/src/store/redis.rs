@@ -31,14 +31,15 @@
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, LuaInterface};
-use fred::types::config::{Config, ReconnectPolicy, ServerConfig, TlsConnector};
+use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
-use fred::types::{Builder, ClusterHash, CustomCommand, Value};
+use fred::types::{ClusterHash, CustomCommand, Value};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -52,6 +53,7 @@ mod settings;
 use call::{Call, Mode, eval, is_noscript, parse, redirection};
 use cluster::{Cluster, Node};
 use gather::{Job, gather};
+use settings::build_pool;
 pub use settings::{RedisSettings, RedisTls};
 
 /// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
@@ -83,6 +85,8 @@ pub struct RedisStore {
     /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
     /// waiting at one moment into one script call. `None` in a cluster, where each descriptor goes to its slot.
     batches: Option<mpsc::UnboundedSender<Job>>,
+    /// Requests queued for the gathering task and not yet taken into a script call.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -133,6 +137,7 @@ impl RedisStore {
                 timeout,
                 server_time: settings.server_time,
                 batches: None,
+                waiting: Arc::default(),
             });
         }
         pool.connect();
@@ -142,7 +147,8 @@ impl RedisStore {
             Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
         }
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs));
+        let waiting = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs, waiting.clone()));
         Ok(RedisStore {
             pool,
             cluster: None,
@@ -150,7 +156,14 @@ impl RedisStore {
             timeout,
             server_time: settings.server_time,
             batches: Some(queue),
+            waiting,
         })
+    }
+
+    /// How many requests wait for the gathering task to take them into a script call (against one server; 0 in a
+    /// cluster): the queue a Redis that answers slowly builds up.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// The time argument of a call at `now_us`: empty to decide by the server's clock.
@@ -222,6 +235,7 @@ impl RedisStore {
                 None,
             )
         };
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         if queue
             .send(Job {
                 calls,
@@ -376,28 +390,6 @@ async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<S
         }
     }
     Ok(reset)
-}
-
-/// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
-/// server that cannot be reached, at start as later, is retried in the background.
-fn build_pool(mut config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
-    // Keep retrying a server that is down at start instead of failing for good (fred's default).
-    config.fail_fast = false;
-    Builder::from_config(config)
-        .with_performance_config(|p| p.default_command_timeout = timeout)
-        .with_connection_config(|c| {
-            c.connection_timeout = timeout.max(Duration::from_millis(500));
-            c.internal_command_timeout = timeout.max(Duration::from_millis(500));
-            // A write that failed mid-flight may have been applied: never resend it.
-            c.max_command_attempts = 1;
-            // Requests and answers are small and latency is the product: no Nagle delay on the socket.
-            c.tcp.nodelay = Some(true);
-        })
-        // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
-        // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
-        .build_pool(size.max(1))
-        .map_err(|e| StoreError::Other(e.details().to_string()))
 }
 
 impl RedisStore {

@@ -205,12 +205,12 @@ impl Inner {
         }
         let mut config = self.base.clone();
         config.server = ServerConfig::Centralized { server };
-        let pool = super::build_pool(config, self.timeout, self.pool_size)
+        let pool = super::settings::build_pool(config, self.timeout, self.pool_size)
             .inspect_err(|e| tracing::warn!(node = %addr, error = %e, "redis cluster: cannot configure a node"))
             .ok()?;
         pool.connect();
         let node = Node {
-            id: super::super::fnv1a(addr.as_bytes()).max(2),
+            id: crate::store::fnv1a(addr.as_bytes()).max(2),
             addr: addr.clone(),
             pool,
         };

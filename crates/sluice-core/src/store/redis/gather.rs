@@ -1,6 +1,7 @@
 //! Against one server, the requests waiting at one moment share one script call: the task that gathers them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fred::clients::Pool;
@@ -31,7 +32,13 @@ pub(super) struct Job {
 /// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
 /// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
 /// with the store.
-pub(super) async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
+pub(super) async fn gather(
+    pool: Pool,
+    sha: Value,
+    timeout: Duration,
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    waiting: Arc<AtomicUsize>,
+) {
     let flights = Arc::new(Semaphore::new(pool.size().max(2)));
     let mut next: Option<Job> = None;
     loop {
@@ -44,11 +51,11 @@ pub(super) async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue:
             let job = match next.take() {
                 Some(job) => job,
                 None if batch.is_empty() => match queue.recv().await {
-                    Some(job) => job,
+                    Some(job) => taken(&waiting, job),
                     None => return,
                 },
                 None => match queue.try_recv() {
-                    Ok(job) => job,
+                    Ok(job) => taken(&waiting, job),
                     Err(_) => break,
                 },
             };
@@ -91,4 +98,10 @@ pub(super) async fn gather(pool: Pool, sha: Value, timeout: Duration, mut queue:
             }
         });
     }
+}
+
+/// A job just taken off the queue: one fewer waiting.
+fn taken(waiting: &AtomicUsize, job: Job) -> Job {
+    waiting.fetch_sub(1, Ordering::Relaxed);
+    job
 }

@@ -1,9 +1,15 @@
-//! How to reach Redis: the URL, the timeout bounding every call, the pool, whose clock decides, and TLS files.
+//! How to reach Redis: the URL, the timeout bounding every call, the pool, whose clock decides, and TLS files; and
+//! the connection pool they make.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fred::clients::Pool;
+use fred::types::Builder;
+use fred::types::config::{Config, ReconnectPolicy};
+
 use crate::pem::{self as tls, TlsError};
+use crate::store::StoreError;
 
 /// How to reach Redis.
 #[derive(Debug, Clone)]
@@ -66,4 +72,26 @@ impl RedisTls {
             (None, Some(_)) => Err(TlsError::Config("redis tls: a client key needs its certificate".into())),
         }
     }
+}
+
+/// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
+/// server that cannot be reached, at start as later, is retried in the background.
+pub(super) fn build_pool(mut config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
+    // Keep retrying a server that is down at start instead of failing for good (fred's default).
+    config.fail_fast = false;
+    Builder::from_config(config)
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout.max(Duration::from_millis(500));
+            c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+            // A write that failed mid-flight may have been applied: never resend it.
+            c.max_command_attempts = 1;
+            // Requests and answers are small and latency is the product: no Nagle delay on the socket.
+            c.tcp.nodelay = Some(true);
+        })
+        // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
+        // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
+        .build_pool(size.max(1))
+        .map_err(|e| StoreError::Other(e.details().to_string()))
 }
