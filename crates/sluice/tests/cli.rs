@@ -141,6 +141,31 @@ fn bad_flags_and_env_are_named() {
     );
     assert_eq!(code, Some(2));
     assert!(err.contains("--grpc-addr"), "{err}");
+    // Failure policies are spelled as in the YAML files (fail_open) or with dashes, by flag and by variable: a
+    // valid spelling gets past the policy to the next bad flag, an invalid one is named.
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config");
+    for (flag, env) in [
+        (Some("fail_open"), None),
+        (Some("fail-closed"), None),
+        (None, Some("fail_closed")),
+        (None, Some("fail-open")),
+    ] {
+        let mut args = vec!["serve", "--config", config, "--grpc-addr", "nowhere"];
+        args.extend(flag.iter().flat_map(|f| ["--failure-policy", *f]));
+        let env: Vec<(&str, &str)> = env.iter().map(|v| ("SLUICE_FAILURE_POLICY", *v)).collect();
+        let (code, err) = run(&args, &env);
+        assert_eq!(code, Some(2));
+        assert!(
+            err.contains("--grpc-addr") && !err.contains("--failure-policy"),
+            "{flag:?} {env:?}: {err}"
+        );
+    }
+    let (code, err) = run(&["serve", "--config", config, "--failure-policy", "fail_sideways"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--failure-policy") && err.contains("fail_sideways"),
+        "{err}"
+    );
     let (code, err) = run(
         &[
             "serve",
