@@ -3,7 +3,7 @@ an Istio control plane or a Docker engine allows.
 
 What is checked against the real thing: flags and environment variables against `sluice serve --help`, embedded
 configurations with `sluice check`, probe paths and ports against a running sluice, metric and label names against
-that sluice's /metrics (and src/metrics.rs for series that appear only on failures), the Istio patches against
+that sluice's /metrics (and crates/sluice-core/src/metrics.rs for series that appear only on failures), the Istio patches against
 Envoy's own protobuf definitions (PyPI `xds-protos`). promtool and kubectl, when installed, check the PromQL and the
 kustomization too.
 """
@@ -145,7 +145,7 @@ def container(deployment: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def metrics_rs() -> str:
-    return (REPO / "src" / "metrics.rs").read_text()
+    return (REPO / "crates" / "sluice-core" / "src" / "metrics.rs").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def scraped(sluice_bin: Path, k8s: list[dict], container: dict, tmp_path_factory
 
 @pytest.fixture(scope="module")
 def known(scraped: dict, metrics_rs: str) -> dict[str, set[str]]:
-    """Metric name -> label names: every series the running sluice exposes, plus the names src/metrics.rs
+    """Metric name -> label names: every series the running sluice exposes, plus the names crates/sluice-core/src/metrics.rs
     declares (some, like store errors, appear only once something failed)."""
     labels: dict[str, set[str]] = {}
     for line in scraped["metrics"].splitlines():
@@ -199,9 +199,9 @@ def known(scraped: dict, metrics_rs: str) -> dict[str, set[str]]:
             names = set(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', m.group(2) or ""))
             labels.setdefault(m.group(1), set()).update(names)
     declared_labels = set(re.findall(r'Label::(?:new|from_static_parts)\(\s*"([a-z_]+)"', metrics_rs))
-    assert declared_labels, "no label names found in src/metrics.rs"
+    assert declared_labels, "no label names found in crates/sluice-core/src/metrics.rs"
     for name in re.findall(r'pub const [A-Z_]+: &str = "(sluice_[a-z0-9_]+)"', metrics_rs):
-        # A name only src/metrics.rs knows gets every label src/metrics.rs uses: the best that can be said unseen.
+        # A name only crates/sluice-core/src/metrics.rs knows gets every label crates/sluice-core/src/metrics.rs uses: the best that can be said unseen.
         labels.setdefault(name, set(declared_labels))
     assert any(n.endswith("_bucket") for n in labels), "the store histogram was not exported after a decision"
     return labels
@@ -378,8 +378,8 @@ def test_dockerfile_runs_sluice_with_its_defaults(options: dict):
     config = cmd[cmd.index("--config") + 1]
     copy = re.search(r"^COPY deploy/config/ (\S+)$", text, re.MULTILINE)
     assert copy and copy.group(1).rstrip("/") == config
-    # The binary the build copies out must be the one Cargo.toml builds.
-    assert re.search(r'\[\[bin\]\]\s*name = "sluice"', (REPO / "Cargo.toml").read_text())
+    # The binary the build copies out must be the one the service's Cargo.toml builds.
+    assert re.search(r'\[\[bin\]\]\s*name = "sluice"', (REPO / "crates" / "sluice" / "Cargo.toml").read_text())
 
 
 # ---------------------------------------------------------------------------------------------------------------
