@@ -292,20 +292,8 @@ impl Progress {
 
 #[cfg(test)]
 mod tests {
+    use super::args::parse;
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: BenchArgs,
-    }
-
-    fn parse(flags: &[&str]) -> Result<BenchArgs, String> {
-        Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
-            .map(|cli| cli.args)
-            .map_err(|e| e.to_string())
-    }
 
     #[tokio::test]
     async fn flags_that_do_not_go_together() {

@@ -9,6 +9,9 @@ use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descript
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+/// The example configuration of `deploy/`, which the README runs.
+const DEPLOY_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config");
+
 fn check(dir: &Path) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["check", "--config"])
@@ -129,21 +132,12 @@ fn bad_flags_and_env_are_named() {
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    let (code, err) = run(
-        &[
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-            "--grpc-addr",
-            "nowhere",
-        ],
-        &[],
-    );
+    let (code, err) = run(&["serve", "--config", DEPLOY_CONFIG, "--grpc-addr", "nowhere"], &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--grpc-addr"), "{err}");
     // Failure policies are spelled as in the YAML files (fail_open) or with dashes, by flag and by variable: a
     // valid spelling gets past the policy to the next bad flag, an invalid one is named.
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config");
+    let config = DEPLOY_CONFIG;
     for (flag, env) in [
         (Some("fail_open"), None),
         (Some("fail-closed"), None),
@@ -166,32 +160,17 @@ fn bad_flags_and_env_are_named() {
         err.contains("--failure-policy") && err.contains("fail_sideways"),
         "{err}"
     );
-    let (code, err) = run(
-        &[
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-        ],
-        &[("SLUICE_KEY_PREFIX", "a{b")],
-    );
+    let (code, err) = run(&["serve", "--config", DEPLOY_CONFIG], &[("SLUICE_KEY_PREFIX", "a{b")]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--key-prefix") && err.contains("may not contain"), "{err}");
     let (code, err) = run(
-        &[
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-        ],
+        &["serve", "--config", DEPLOY_CONFIG],
         &[("SLUICE_NEAR_LIMIT_RATIO", "2")],
     );
     assert_eq!(code, Some(2));
     assert!(err.contains("not a ratio"), "{err}");
     let (code, err) = run(
-        &[
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-        ],
+        &["serve", "--config", DEPLOY_CONFIG],
         &[("SLUICE_WORKER_THREADS", "2000")],
     );
     assert_eq!(code, Some(2));
@@ -242,12 +221,7 @@ fn worker_threads_sets_the_serving_threads() {
     let workers = |n: &str| -> usize {
         let port = crate::harness::free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
-                "serve",
-                "--config",
-                concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-                "--grpc-addr",
-            ])
+            .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--http-addr", "127.0.0.1:0", "--worker-threads", n])
             .stdout(std::process::Stdio::null())
@@ -291,13 +265,7 @@ fn the_json_api_is_served_on_json_addr_only() {
     use std::io::{Read, Write};
     let (http, json) = (crate::harness::free_port(), crate::harness::free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config"),
-            "--grpc-addr",
-            "127.0.0.1:0",
-        ])
+        .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr", "127.0.0.1:0"])
         .arg("--http-addr")
         .arg(format!("127.0.0.1:{http}"))
         .env("SLUICE_JSON_ADDR", format!("127.0.0.1:{json}"))

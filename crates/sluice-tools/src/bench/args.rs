@@ -174,22 +174,23 @@ fn parse_entry(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `flags` parsed as the binary parses them, for tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(super) fn parse(flags: &[&str]) -> Result<BenchArgs, String> {
     use clap::Parser;
-
     #[derive(Debug, Parser)]
     struct Cli {
         #[command(flatten)]
         args: BenchArgs,
     }
+    Cli::try_parse_from(std::iter::once("sluice-bench").chain(flags.iter().copied()))
+        .map(|cli| cli.args)
+        .map_err(|e| e.to_string())
+}
 
-    fn parse(flags: &[&str]) -> Result<BenchArgs, String> {
-        Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
-            .map(|cli| cli.args)
-            .map_err(|e| e.to_string())
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn durations() {
