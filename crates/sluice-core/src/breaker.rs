@@ -125,6 +125,11 @@ impl Breakers {
         }
     }
 
+    /// The breaker of domain 0, the only one of a store on one server.
+    pub fn first(&self) -> &Breaker {
+        &self.first
+    }
+
     /// The breaker of a failure domain, made on first use.
     pub fn get(&self, domain: u64) -> Arc<Breaker> {
         if domain == 0 {
@@ -168,10 +173,13 @@ pub struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// Records the outcome of the call this pass let through.
-    pub fn record(mut self, ok: bool, now_us: u64) {
+    /// Records the outcome of the call this pass let through; says whether the breaker's state may have changed
+    /// (a probe's outcome, or a failure), so that callers report the state only then.
+    pub fn record(mut self, ok: bool, now_us: u64) -> bool {
         self.breaker.record(ok, now_us);
+        let changed = self.probe || !ok;
         self.probe = false;
+        changed
     }
 }
 

@@ -68,14 +68,16 @@ impl LocalCache {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The denial that still holds for a hit of `cost` on `key` under the limits `limits` at `now_us`.
-    pub fn get(&self, key: &str, limits: u64, cost: u64, now_us: u64) -> Option<Denial> {
+    /// The denial that still holds for a hit of `cost` on `key` under the limits whose fingerprint `limits` gives
+    /// (computed only when `key` has denials at all) at `now_us`.
+    pub fn get(&self, key: &str, limits: impl FnOnce() -> u64, cost: u64, now_us: u64) -> Option<Denial> {
         if self.per_shard == 0 || cost == 0 {
             return None;
         }
         let shard = self.shard(key);
-        shard
-            .get(key)?
+        let denials = shard.get(key)?;
+        let limits = limits();
+        denials
             .iter()
             .find(|d| d.limits == limits)
             .copied()
@@ -157,13 +159,13 @@ mod tests {
     fn holds_until_the_retry_time_for_costs_at_least_as_large() {
         let c = LocalCache::new(100);
         c.insert("k", denial(1_000, 2), 0, c.generation());
-        assert!(c.get("k", 7, 2, 999).is_some());
-        assert!(c.get("k", 7, 3, 999).is_some());
-        assert!(c.get("k", 7, 1, 999).is_none(), "a smaller cost may fit earlier");
-        assert!(c.get("k", 7, 0, 999).is_none(), "checks without cost always ask");
-        assert!(c.get("k", 7, 2, 1_000).is_none(), "expired");
+        assert!(c.get("k", || 7, 2, 999).is_some());
+        assert!(c.get("k", || 7, 3, 999).is_some());
+        assert!(c.get("k", || 7, 1, 999).is_none(), "a smaller cost may fit earlier");
+        assert!(c.get("k", || 7, 0, 999).is_none(), "checks without cost always ask");
+        assert!(c.get("k", || 7, 2, 1_000).is_none(), "expired");
         c.remove(&["k"]);
-        assert!(c.get("k", 7, 2, 0).is_none());
+        assert!(c.get("k", || 7, 2, 0).is_none());
     }
 
     #[test]
@@ -171,7 +173,7 @@ mod tests {
         let c = LocalCache::new(100);
         c.insert("k", denial(1_000, 1), 0, c.generation());
         assert!(
-            c.get("k", 8, 1, 10).is_none(),
+            c.get("k", || 8, 1, 10).is_none(),
             "other limits on the same counter ask the store"
         );
         c.insert(
@@ -183,8 +185,8 @@ mod tests {
             0,
             c.generation(),
         );
-        assert_eq!(c.get("k", 7, 1, 10).map(|d| d.until_us), Some(1_000));
-        assert_eq!(c.get("k", 8, 1, 10).map(|d| d.until_us), Some(500));
+        assert_eq!(c.get("k", || 7, 1, 10).map(|d| d.until_us), Some(1_000));
+        assert_eq!(c.get("k", || 8, 1, 10).map(|d| d.until_us), Some(500));
     }
 
     #[test]
@@ -193,13 +195,13 @@ mod tests {
         let started = c.generation();
         c.clear();
         c.insert("k", denial(1_000, 1), 0, started);
-        assert!(c.get("k", 7, 1, 10).is_none(), "decided under the old rules");
+        assert!(c.get("k", || 7, 1, 10).is_none(), "decided under the old rules");
         let started = c.generation();
         c.remove(&["other"]);
         c.insert("k", denial(1_000, 1), 0, started);
-        assert!(c.get("k", 7, 1, 10).is_none(), "decided before a reset");
+        assert!(c.get("k", || 7, 1, 10).is_none(), "decided before a reset");
         c.insert("k", denial(1_000, 1), 0, c.generation());
-        assert!(c.get("k", 7, 1, 10).is_some());
+        assert!(c.get("k", || 7, 1, 10).is_some());
     }
 
     #[test]
@@ -227,6 +229,6 @@ mod tests {
         assert!(c.len() <= SHARDS * PER_KEY, "{}", c.len());
         let off = LocalCache::new(0);
         off.insert("k", denial(10, 1), 0, 0);
-        assert!(off.get("k", 7, 1, 0).is_none());
+        assert!(off.get("k", || 7, 1, 0).is_none());
     }
 }

@@ -48,6 +48,9 @@ impl<S: Store> Guard<S> {
     /// is open are refused at once, the others go to the store together, and each domain's breaker then learns
     /// whether its server answered. One answer per hit, in order.
     pub async fn call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+        if hits.iter().all(|h| self.store.failure_domain(h) == 0) {
+            return self.call_one_domain(op, now_us, hits).await;
+        }
         let domains: Vec<u64> = hits.iter().map(|h| self.store.failure_domain(h)).collect();
         let mut breakers = Vec::with_capacity(1);
         for &d in &domains {
@@ -85,17 +88,36 @@ impl<S: Store> Guard<S> {
                 })
                 .collect()
         };
+        let mut changed = false;
         for (d, pass) in passes {
-            if let Some(pass) = pass {
-                let reached = domains
-                    .iter()
-                    .zip(&answers)
-                    .filter(|(known, _)| **known == d)
-                    .all(|(_, a)| a.as_ref().err().is_none_or(|e| !e.is_unreachable()));
-                pass.record(reached, now_us);
-            }
+            changed |= match pass {
+                Some(pass) => {
+                    let answered = domains.iter().zip(&answers).filter(|(known, _)| **known == d);
+                    pass.record(answered.map(|(_, a)| a).all(reached), now_us)
+                }
+                None => true,
+            };
         }
-        self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+        if changed {
+            self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+        }
+        answers
+    }
+
+    /// [`Guard::call`] for hits that all live on one server (every hit of a store on one server): no per-domain
+    /// bookkeeping on the hot path.
+    async fn call_one_domain(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+        let Some(pass) = self.breakers.first().allow(now_us) else {
+            self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+            return hits
+                .iter()
+                .map(|_| Err(StoreError::Connection("circuit breaker open".into())))
+                .collect();
+        };
+        let answers = self.timed_call(op, now_us, hits).await;
+        if pass.record(answers.iter().all(reached), now_us) {
+            self.metrics.breaker_state(self.breakers.state(now_us) as u8);
+        }
         answers
     }
 
@@ -136,7 +158,7 @@ impl<S: Store> Guard<S> {
         let first = hit.tiers.first()?;
         let denial = self
             .cache
-            .get(first.key.as_str(), limits_fingerprint(hit), hit.cost, now_us)?;
+            .get(first.key.as_str(), || limits_fingerprint(hit), hit.cost, now_us)?;
         self.metrics.local_cache_hit();
         let tiers = hit
             .tiers
@@ -206,6 +228,12 @@ pub fn constraining(outcome: &Outcome) -> (usize, &TierOutcome) {
             .max_by_key(|(_, t)| t.retry_after_us.unwrap_or(u64::MAX))
     };
     chosen.unwrap_or((0, &outcome.tiers[0]))
+}
+
+/// Whether a store's answer means its server answered (an error about this one call, such as a key of the wrong
+/// type, still does): what a breaker learns from a call.
+fn reached(answer: &Result<Outcome, StoreError>) -> bool {
+    answer.as_ref().err().is_none_or(|e| !e.is_unreachable())
 }
 
 /// What a cached denial is bound to besides its counter: every limit of the hit (algorithm, size, window, burst).
