@@ -52,7 +52,33 @@ struct Sluice {
 }
 
 impl Sluice {
-    fn start(config: &Path, redis_url: &str, dir: &Path) -> Sluice {
+    /// Starts a process and waits until it serves HTTP (ready or not). A process that exits first (another test
+    /// took one of its free ports in the meantime) is started again on other ports.
+    async fn start(config: &Path, redis_url: &str, dir: &Path) -> Sluice {
+        for _ in 0..3 {
+            let mut sluice = Sluice::spawn(config, redis_url, dir);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if http_status(sluice.http, "/healthz").await == Some(200) {
+                    return sluice;
+                }
+                if matches!(sluice.child.try_wait(), Ok(Some(_))) {
+                    eprintln!("sluice on :{} exited before serving:\n{}", sluice.grpc, sluice.log());
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sluice on :{} never served:\n{}",
+                    sluice.grpc,
+                    sluice.log()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("sluice did not start in three tries");
+    }
+
+    fn spawn(config: &Path, redis_url: &str, dir: &Path) -> Sluice {
         let (grpc, http) = (free_port(), free_port());
         let log = dir.join(format!("sluice-{grpc}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -72,15 +98,6 @@ impl Sluice {
             .spawn()
             .expect("the sluice binary runs");
         Sluice { child, grpc, http, log }
-    }
-
-    /// Waits until the process answers HTTP (it serves, ready or not).
-    async fn serving(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_status(self.http, "/healthz").await != Some(200) {
-            assert!(Instant::now() < deadline, "sluice on :{} never served", self.grpc);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     async fn ready(&self) -> bool {
@@ -320,12 +337,10 @@ async fn faults_in_a_row_never_latch_nor_overshoot() {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
     let (a, b) = (
-        Sluice::start(&file, &url, dir.path()),
-        Sluice::start(&file, &url, dir.path()),
+        Sluice::start(&file, &url, dir.path()).await,
+        Sluice::start(&file, &url, dir.path()).await,
     );
     let ports = [a.grpc, b.grpc];
-    a.serving().await;
-    b.serving().await;
     let clients = Clients::start(&ports, "s");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(!a.ready().await && !b.ready().await, "not ready before Redis exists");
@@ -378,12 +393,10 @@ async fn faults_in_a_row_never_latch_nor_overshoot() {
     std::fs::write(&file, config(false)).unwrap();
     let mut cluster = RedisCluster::unformed();
     let (c, d) = (
-        Sluice::start(&file, &cluster.url(), dir.path()),
-        Sluice::start(&file, &cluster.url(), dir.path()),
+        Sluice::start(&file, &cluster.url(), dir.path()).await,
+        Sluice::start(&file, &cluster.url(), dir.path()).await,
     );
     let ports = [c.grpc, d.grpc];
-    c.serving().await;
-    d.serving().await;
     let clients = Clients::start(&ports, "c");
     cluster.create();
     let formed = Instant::now();

@@ -244,6 +244,7 @@ impl RedisStore {
             })
             .is_err()
         {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             return (0..n).map(|_| Err(gone())).collect();
         }
         match answer.await {
