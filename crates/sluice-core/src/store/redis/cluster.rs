@@ -161,11 +161,17 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
+/// When the last user of the routing state is gone (the store, and the refresh task that may have been reading the
+/// map at that moment), every node's connections are closed; outside a runtime there is nothing left to close them
+/// on, and they go with the process.
+impl Drop for Inner {
     fn drop(&mut self) {
-        let nodes = std::mem::take(&mut *self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner()));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let nodes = std::mem::take(&mut *self.nodes.lock().unwrap_or_else(|e| e.into_inner()));
         for node in nodes.into_values() {
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let _ = node.pool.quit().await;
             });
         }
