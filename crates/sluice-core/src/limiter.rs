@@ -455,6 +455,7 @@ impl<S: Store> Limiter<S> {
             lease: String::new(),
             fields: if queue { descriptor.entries.clone() } else { Vec::new() },
             record,
+            force: false,
         }
     }
 

@@ -50,6 +50,10 @@ pub struct Hit {
     /// The fields of the entry an admitted hit appends to `queue` tiers.
     pub fields: Vec<(String, String)>,
     pub record: Option<RecordSpec>,
+    /// Count `cost` against every tier whatever the limits say: a usage that already happened (an RLQS usage
+    /// report). The outcome still says whether it fit; later hits see the count, past the limit or not. For the
+    /// counting algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`).
+    pub force: bool,
 }
 
 impl Hit {

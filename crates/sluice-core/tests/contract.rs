@@ -17,6 +17,7 @@ fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
         lease: "lease-1".into(),
         fields: vec![("k".into(), "v".into())],
         record: None,
+        force: false,
     }
 }
 

@@ -216,6 +216,7 @@ fn lua_scripts_and_memory_store_agree() {
                         lease: format!("lease-{i}"),
                         fields: fields.clone(),
                         record: None,
+                        force: false,
                     };
                     let hits = std::slice::from_ref(&hit);
                     let (m, r) = if op.peek {

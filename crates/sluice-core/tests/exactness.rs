@@ -37,6 +37,7 @@ fn hit(tiers: &[TierSpec], cost: u64) -> Hit {
         lease: String::new(),
         fields: Vec::new(),
         record: None,
+        force: false,
     }
 }
 

@@ -106,6 +106,7 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
         lease: format!("{i:032x}"),
         fields: vec![("user".into(), format!("user-{i}"))],
         record: None,
+        force: false,
     }
 }
 
