@@ -20,6 +20,32 @@ pub struct RawDomain {
     pub descriptors: Vec<RawDescriptor>,
     /// sluice extension: what to answer for this domain when the store cannot decide.
     pub failure_policy: Option<String>,
+    /// sluice extension: the quota buckets of Envoy's Rate Limit Quota Service (RLQS) in this domain.
+    #[serde(default)]
+    pub quota_buckets: Vec<RawQuotaBucket>,
+}
+
+/// One rule of RLQS buckets: which bucket ids it applies to, their quota, and how assignments are handed out.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuotaBucket {
+    /// The bucket id's entries: a key with a value (exact, or with `*` wildcards) or with no value (any value, each
+    /// value its own quota). A bucket id matches when it has exactly these keys; key order is irrelevant.
+    #[serde(default)]
+    pub bucket: std::collections::BTreeMap<String, Option<String>>,
+    pub rate_limit: Option<RawRateLimit>,
+    pub rate_limits: Option<Vec<RawRateLimit>>,
+    /// Every value matching a wildcard shares one quota (per wildcard key), instead of one quota per value.
+    #[serde(default)]
+    pub share_threshold: bool,
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// How long an assignment holds without a refresh, in whole seconds (Envoy's timer granularity).
+    pub assignment_ttl_seconds: Option<u32>,
+    /// A bucket reported with no requests for this long is abandoned: the Envoy forgets it.
+    pub abandon_after_seconds: Option<u32>,
+    /// The answer to a bucket's first report on a stream: `share` (default), `allow_all` or `deny_all`.
+    pub initial_assignment: Option<String>,
 }
 
 /// One node of the descriptor tree.

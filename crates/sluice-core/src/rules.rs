@@ -11,11 +11,13 @@
 //!   [`FailurePolicy`], [`Metadata`], and the bounds the compiler enforces ([`MAX_LOG_LIMIT`], [`MAX_RECORDS`]).
 //! - `rules/tree.rs`: the compiled [`Rule`] and the match tree of a [`Domain`]; how a descriptor finds its rule.
 //! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error.
+//! - `rules/buckets.rs`: the RLQS `quota_buckets` of a domain, compiled into a tree of their own.
 //! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
 //! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
 //! to name it.
 
+mod buckets;
 mod compile;
 mod summary;
 mod tree;
@@ -24,7 +26,8 @@ mod vocabulary;
 use std::collections::HashMap;
 
 pub use tree::{Domain, Match, Rule};
-pub use vocabulary::{Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record, Tier, Unit};
+pub use vocabulary::{
+    Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record, Tier, Unit};
 
 /// Every domain's rules, compiled. Immutable; a reload builds a new one.
 #[derive(Debug)]

@@ -58,6 +58,8 @@ impl RuleSet {
                 ..Node::default()
             };
             compiler.level(&mut root, &raw.descriptors, "descriptors", &raw.domain, false)?;
+            let mut buckets = Node::default();
+            compiler.buckets(&mut buckets, &raw.quota_buckets)?;
             rules += compiler.rules;
             domains.insert(
                 raw.domain.as_str().into(),
@@ -65,6 +67,7 @@ impl RuleSet {
                     name: Arc::from(raw.domain.as_str()),
                     failure_policy,
                     root,
+                    buckets,
                     stats: metrics.domain_stats(&raw.domain),
                     override_stats: metrics.override_stats(&raw.domain),
                 },
@@ -81,15 +84,15 @@ impl RuleSet {
         })
     }
 }
-struct Compiler<'a> {
+pub(super) struct Compiler<'a> {
     file: &'a Path,
-    domain: &'a str,
+    pub(super) domain: &'a str,
     metrics: &'a Metrics,
-    rules: usize,
+    pub(super) rules: usize,
 }
 
 impl Compiler<'_> {
-    fn err(&self, path: &str, message: impl Into<String>) -> ConfigError {
+    pub(super) fn err(&self, path: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::invalid(self.file, path, message)
     }
 
@@ -156,7 +159,7 @@ impl Compiler<'_> {
         Ok(())
     }
 
-    fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
+    pub(super) fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
         let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {
@@ -247,6 +250,7 @@ impl Compiler<'_> {
             detailed_metric: raw.detailed_metric,
             metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
             stats: self.metrics.rule_stats(self.domain, label),
+            bucket: None,
         }))
     }
 

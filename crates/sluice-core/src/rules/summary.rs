@@ -47,6 +47,7 @@ impl Domain {
         }
         let mut out = Vec::new();
         walk(&self.root, &mut out);
+        walk(&self.buckets, &mut out);
         out
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::metrics::{DomainStats, RuleStats};
 
-use super::vocabulary::{FailurePolicy, Metadata, Record, Tier};
+use super::vocabulary::{BucketSettings, FailurePolicy, Metadata, Record, Tier};
 /// The `rate_limit` (or `rate_limits`) of one node of the tree.
 #[derive(Debug)]
 pub struct Rule {
@@ -28,6 +28,8 @@ pub struct Rule {
     pub detailed_metric: bool,
     pub metadata: Option<Arc<Metadata>>,
     pub stats: RuleStats,
+    /// For a rule of RLQS `quota_buckets`: how its assignments are handed out.
+    pub bucket: Option<BucketSettings>,
 }
 
 impl Rule {
@@ -101,6 +103,8 @@ pub struct Domain {
     /// The domain's own failure policy (`failure_policy` in its file), if any.
     pub failure_policy: Option<FailurePolicy>,
     pub(super) root: Node,
+    /// The RLQS `quota_buckets`, one level per bucket key in key order.
+    pub(super) buckets: Node,
     pub stats: DomainStats,
     /// The hit counters of every descriptor that carries its own limit (`RateLimitOverride`): one label per domain
     /// whatever the descriptor's entries, so clients cannot create series.
@@ -119,19 +123,13 @@ impl Domain {
     /// Finds the rule for a descriptor's entries, one entry per level: exact value, then wildcards in config order,
     /// then the key alone. The rule is the one on the node the last entry lands on; no backtracking.
     pub fn find<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
-        let mut node = &self.root;
-        let mut shared = Vec::new();
-        for (depth, (key, value)) in entries.iter().enumerate() {
-            let branches = node.children.get(key.as_ref())?;
-            node = branches.find(value.as_ref())?;
-            if let Some(pattern) = &node.shared_value {
-                shared.push((depth, &**pattern));
-            }
-        }
-        Some(Match {
-            rule: node.rule.as_ref()?,
-            shared,
-        })
+        self.root.find_path(entries)
+    }
+
+    /// Finds the rule of an RLQS bucket id, given its entries sorted by key, as [`Domain::find`] does for a
+    /// descriptor.
+    pub fn find_bucket<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, sorted: &[(K, V)]) -> Option<Match<'a>> {
+        self.buckets.find_path(sorted)
     }
 
     /// The metric label of a match that includes request values (`detailed_metric`, `value_to_metric`).
@@ -152,6 +150,25 @@ impl Domain {
             }
         }
         label
+    }
+}
+
+impl Node {
+    /// The rule on the node the last entry lands on: one entry per level, no backtracking.
+    fn find_path<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
+        let mut node = self;
+        let mut shared = Vec::new();
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let branches = node.children.get(key.as_ref())?;
+            node = branches.find(value.as_ref())?;
+            if let Some(pattern) = &node.shared_value {
+                shared.push((depth, &**pattern));
+            }
+        }
+        Some(Match {
+            rule: node.rule.as_ref()?,
+            shared,
+        })
     }
 }
 

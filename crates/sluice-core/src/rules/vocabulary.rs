@@ -212,3 +212,38 @@ pub struct Record {
 
 /// A rule's `metadata`, as plain data: a map of strings to JSON-like values.
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// How an RLQS bucket's quota is handed out (`quota_buckets` in a domain file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketSettings {
+    /// How long an assignment holds without a refresh, in seconds (at least 1).
+    pub assignment_ttl_s: u32,
+    /// A bucket reported with no requests for this long is abandoned, in seconds.
+    pub abandon_after_s: u32,
+    pub initial: InitialAssignment,
+}
+
+impl BucketSettings {
+    pub const DEFAULT_TTL_S: u32 = 15;
+    pub const DEFAULT_ABANDON_AFTER_S: u32 = 300;
+}
+
+/// The answer to a bucket's first report on a stream, before its demand is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitialAssignment {
+    /// A share sized like every later one, from the first report's requests.
+    Share,
+    AllowAll,
+    DenyAll,
+}
+
+impl InitialAssignment {
+    pub fn from_name(name: &str) -> Option<InitialAssignment> {
+        Some(match name {
+            "share" => InitialAssignment::Share,
+            "allow_all" => InitialAssignment::AllowAll,
+            "deny_all" => InitialAssignment::DenyAll,
+            _ => return None,
+        })
+    }
+}
