@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 const PROTOS: &[&str] = &[
     "../../proto/envoy/service/ratelimit/v3/rls.proto",
+    "../../proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
     "../../proto/sluice/v1/sluice.proto",
 ];
 

@@ -5,7 +5,8 @@
 //!
 //! - [`config`]: the envoyproxy/ratelimit YAML files as written (raw serde types, every key checked).
 //! - [`rules`]: those files compiled into an immutable matcher per domain; invalid configurations stop here.
-//! - [`limiter`]: the decision core, `should_rate_limit`, `get_remaining`, `release`, `reset`.
+//! - [`limiter`]: the decision core, `should_rate_limit`, `get_remaining`, `release`, `reset`, `charge_usage`.
+//! - [`quota`]: Envoy's Rate Limit Quota Service over the limiter: usage reports in, quota assignments out.
 //! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation, behind a
 //!   circuit [`breaker`] per server and a local over-limit [`cache`].
 //! - [`clock`]: injected time, read once per request.
@@ -40,5 +41,6 @@ pub mod config;
 pub mod limiter;
 pub mod metrics;
 pub mod pem;
+pub mod quota;
 pub mod rules;
 pub mod store;

@@ -6,14 +6,15 @@
 
 //!
 //! Its parts: [`request`] (what a request is, and the checks it passes), [`resolve`] (which rule each descriptor
-//! meets), [`decision`] (what the core answers), [`settings`] (the core's switches and caps), and [`guard`] (the
-//! breakers, local cache and timing around every store call).
+//! meets), [`decision`] (what the core answers), [`settings`] (the core's switches and caps), [`guard`] (the
+//! breakers, local cache and timing around every store call), and [`usage`] (RLQS usage charged to bucket quotas).
 
 mod decision;
 mod guard;
 mod request;
 mod resolve;
 mod settings;
+mod usage;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub use request::{Descriptor, Override, Request};
 use request::{cost, validate};
 use resolve::{Target, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
+pub use usage::{Charged, DEMAND_WINDOW_US, QuotaState, TierState, Usage};
 
 use crate::breaker::Breakers;
 use crate::cache::LocalCache;
@@ -78,6 +80,11 @@ impl<S: Store> Limiter<S> {
 
     pub fn settings(&self) -> &LimiterSettings {
         &self.settings
+    }
+
+    /// The time by the limiter's clock, in microseconds since the Unix epoch.
+    pub fn now_us(&self) -> u64 {
+        self.clock.now_us()
     }
 
     /// The rule set in force.

@@ -44,6 +44,19 @@ pub const BREAKER_STATE: &str = "sluice_breaker_state";
 /// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
 pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
 
+/// Open RLQS streams (one per Envoy and filter configuration).
+pub const RLQS_STREAMS: &str = "sluice_rlqs_streams";
+/// RLQS buckets the open streams report, summed over streams.
+pub const RLQS_BUCKETS: &str = "sluice_rlqs_buckets";
+/// RLQS assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
+pub const RLQS_ASSIGNMENTS: &str = "sluice_rlqs_assignments_total";
+/// RLQS buckets abandoned because their Envoy reported no requests for `abandon_after_seconds`.
+pub const RLQS_ABANDONED: &str = "sluice_rlqs_abandoned_total";
+/// Requests RLQS clients reported, by result (`allowed`, `denied`).
+pub const RLQS_USAGE: &str = "sluice_rlqs_usage_total";
+/// Times a report left a bucket's quota with nothing remaining.
+pub const RLQS_EXHAUSTED: &str = "sluice_rlqs_quota_exhausted_total";
+
 /// The label value standing for every domain the configuration does not define.
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
 /// The last segment of the `rule` label shared by every descriptor that carries its own limit: `<domain>.(override)`.
@@ -112,6 +125,20 @@ pub struct DomainStats {
     pub should_unavailable: Counter,
     pub remaining_ok: Counter,
     pub remaining_unavailable: Counter,
+}
+
+/// The instruments of the Rate Limit Quota Service.
+#[derive(Debug, Clone)]
+pub struct QuotaStats {
+    pub streams: metrics::Gauge,
+    pub buckets: metrics::Gauge,
+    pub allow_all: Counter,
+    pub deny_all: Counter,
+    pub token_bucket: Counter,
+    pub abandoned: Counter,
+    pub allowed: Counter,
+    pub denied: Counter,
+    pub exhausted: Counter,
 }
 
 /// Hit counters of one rule (or one detailed label of it).
@@ -189,6 +216,31 @@ impl Metrics {
     /// entries: the rule label `<domain>.(override)`.
     pub fn override_stats(&self, domain: &str) -> RuleStats {
         self.rule_stats(domain, &format!("{domain}.{OVERRIDE_RULE}"))
+    }
+
+    /// The instruments of the Rate Limit Quota Service; register once per server.
+    pub fn quota_stats(&self) -> QuotaStats {
+        let recorder = &*self.inner.recorder;
+        let gauge = |name: &'static str| recorder.register_gauge(&Key::from_name(name), &METADATA);
+        let counter = |name: &'static str, label: Option<(&'static str, &'static str)>| {
+            let labels: Vec<Label> = label.map(|(k, v)| Label::from_static_parts(k, v)).into_iter().collect();
+            self.counter(name, labels)
+        };
+        let streams = gauge(RLQS_STREAMS);
+        streams.set(0.0);
+        let buckets = gauge(RLQS_BUCKETS);
+        buckets.set(0.0);
+        QuotaStats {
+            streams,
+            buckets,
+            allow_all: counter(RLQS_ASSIGNMENTS, Some(("strategy", "allow_all"))),
+            deny_all: counter(RLQS_ASSIGNMENTS, Some(("strategy", "deny_all"))),
+            token_bucket: counter(RLQS_ASSIGNMENTS, Some(("strategy", "token_bucket"))),
+            abandoned: counter(RLQS_ABANDONED, None),
+            allowed: counter(RLQS_USAGE, Some(("result", "allowed"))),
+            denied: counter(RLQS_USAGE, Some(("result", "denied"))),
+            exhausted: counter(RLQS_EXHAUSTED, None),
+        }
     }
 
     /// The latency histogram of one store and operation; register once, record per call.

@@ -27,7 +27,9 @@ use std::collections::HashMap;
 
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
-    Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record, Tier, Unit};
+    Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,
+    Tier, Unit,
+};
 
 /// Every domain's rules, compiled. Immutable; a reload builds a new one.
 #[derive(Debug)]

@@ -187,9 +187,11 @@ pub trait Store: Send + Sync + 'static {
 
 /// The name of one counter in a store.
 ///
-/// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, and `<prefix>{<tag>}<identity>|records` for
-/// hit records. `<identity>` is `<domain>` then, per descriptor entry, `|<key>=<value>`, every piece written as
-/// `<byte length>:<bytes>` (so `a_b`+`c` and `a`+`b_c` can never collide, whatever bytes the request carries).
+/// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, `<prefix>{<tag>}<identity>|records` for
+/// hit records, and `<prefix>{<tag>}<identity>|demand` for the demand of an RLQS bucket. `<identity>` is `<domain>`
+/// then, per descriptor entry, `|<key>=<value>`, every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and
+/// `a`+`b_c` can never collide, whatever bytes the request carries); an RLQS bucket's identity is `rlqs|` then the
+/// same, with its entries in key order.
 /// `<tag>` is 16 hex digits of a 64-bit FNV-1a hash of `<identity>`: a Redis hash tag that keeps every key of one
 /// descriptor on one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -202,6 +204,18 @@ impl CounterKey {
     /// Starts the identity of a descriptor in `domain`, with the configured prefix.
     pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {
         let mut body = String::with_capacity(64);
+        piece(&mut body, domain);
+        KeyBuilder {
+            out: String::from(prefix),
+            body,
+        }
+    }
+
+    /// Starts the identity of an RLQS bucket in `domain`. Its counters never meet a descriptor's: the identity
+    /// starts with `rlqs|`, where a descriptor's starts with a length.
+    pub fn bucket_builder(prefix: &str, domain: &str) -> KeyBuilder {
+        let mut body = String::with_capacity(64);
+        body.push_str("rlqs|");
         piece(&mut body, domain);
         KeyBuilder {
             out: String::from(prefix),
@@ -255,6 +269,14 @@ impl Identity {
     pub fn tier(&self, algorithm: Algorithm, window_us: u64) -> CounterKey {
         CounterKey {
             key: format!("{}|{}/{}", self.base, algorithm.name(), window_us / 1_000_000),
+            tag: self.tag,
+        }
+    }
+
+    /// The key of an RLQS bucket's demand counter: the requests its Envoys reported, allowed or denied.
+    pub fn demand(&self) -> CounterKey {
+        CounterKey {
+            key: format!("{}|demand", self.base),
             tag: self.tag,
         }
     }

@@ -10,4 +10,5 @@ mod differential;
 mod embedded;
 mod exactness;
 mod instances;
+mod quota;
 mod semantics;

@@ -6,6 +6,7 @@
 //!
 //! - [`api`]: the gRPC services (Envoy's `RateLimitService`, `sluice.v1.RateLimiter`), thin conversions that
 //!   hand plain requests to the core and map its errors to gRPC statuses in one place.
+//! - [`rlqs`]: Envoy's `RateLimitQuotaService`, one task per stream over the core's [`quota`].
 //! - [`http`], [`json`], [`headers`]: the HTTP endpoints (admin, and the reference's JSON API on its own listener),
 //!   their JSON mapping, and rate limit response headers.
 //! - [`prometheus`], [`telemetry`]: the core's metrics as Prometheus text; logs and traces.
@@ -16,7 +17,7 @@
 
 #![forbid(unsafe_code)]
 
-pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, rules, store};
+pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, quota, rules, store};
 
 pub mod api;
 pub mod headers;
@@ -25,6 +26,7 @@ pub mod json;
 pub mod prometheus;
 pub mod proto;
 pub mod reload;
+pub mod rlqs;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

@@ -10,6 +10,7 @@ use sluice::breaker::BreakerSettings;
 use sluice::headers::HeaderMode;
 use sluice::limiter::{Caps, LimiterSettings};
 use sluice::metrics::Metrics;
+use sluice::quota::QuotaCaps;
 use sluice::rules::FailurePolicy;
 use sluice::rules::RuleSet;
 use sluice::server::{self, ServeOptions, Settings};
@@ -141,6 +142,12 @@ struct ServeArgs {
     /// Most bytes in one encoded request.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(64..=4_194_304))]
     max_request_bytes: u64,
+    /// Most RLQS streams open at once (Envoy's rate limit quota filter keeps one per Envoy and filter config).
+    #[arg(long, env = "SLUICE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    rlqs_max_streams: u64,
+    /// Most buckets one RLQS stream may report.
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    rlqs_max_buckets: u64,
     /// Rate limit headers to add to responses (response_headers_to_add), for the most constrained status.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum, default_value = "off")]
     response_headers: HeaderMode,
@@ -246,6 +253,11 @@ fn serve(args: ServeArgs) -> ExitCode {
                     client_ca: args.grpc_tls_client_ca,
                 }),
             response_headers: args.response_headers,
+            quota_caps: QuotaCaps {
+                max_streams: args.rlqs_max_streams as usize,
+                max_buckets_per_stream: args.rlqs_max_buckets as usize,
+                max_value_bytes: args.max_value_bytes as usize,
+            },
         },
     };
     let runtime = match server::runtime(worker_threads as usize) {

@@ -1,5 +1,5 @@
-//! The generated protobuf types and gRPC services: Envoy's rate limit API and `sluice.v1`, in modules that mirror
-//! their packages.
+//! The generated protobuf types and gRPC services: Envoy's rate limit and rate limit quota APIs and `sluice.v1`, in
+//! modules that mirror their packages.
 
 #![allow(clippy::all, missing_docs)]
 
@@ -24,6 +24,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }

@@ -16,9 +16,12 @@ use crate::clock::SystemClock;
 use crate::config::{self, ConfigError};
 use crate::limiter::{Limiter, LimiterSettings};
 use crate::metrics::Metrics;
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
+use crate::quota::{QuotaCaps, Quotas};
 use crate::reload::{Reloader, WatchError};
+use crate::rlqs::QuotaService;
 use crate::rules::RuleSet;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
@@ -53,6 +56,8 @@ pub struct ServeOptions {
     pub tls: Option<crate::tls::ServerTlsFiles>,
     /// Rate limit headers to add to responses, for the most constrained status.
     pub response_headers: crate::headers::HeaderMode,
+    /// Bounds on the Rate Limit Quota Service's streams.
+    pub quota_caps: QuotaCaps,
 }
 
 /// The bound HTTP listeners: the admin endpoints, and the JSON API when it is served.
@@ -164,7 +169,15 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
-/// Serves gRPC (both rate limit services, health, reflection), the admin endpoints and, when it has a listener, the
+/// The gRPC services whose health is reported ("" is the server's).
+const SERVICES: [&str; 4] = [
+    "",
+    "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    "sluice.v1.RateLimiter",
+];
+
+/// Serves gRPC (the rate limit services and the rate limit quota service, health, reflection), the admin endpoints and, when it has a listener, the
 /// JSON API on bound listeners until `shutdown` resolves, then stops accepting and gives in-flight calls `grace` to
 /// finish.
 pub async fn serve<S: Store>(
@@ -177,11 +190,7 @@ pub async fn serve<S: Store>(
     let grace = options.grace_period;
     let admin_token = options.admin_token.as_deref().map(Arc::from);
     let (health, health_service) = tonic_health::server::health_reporter();
-    for service in [
-        "",
-        "envoy.service.ratelimit.v3.RateLimitService",
-        "sluice.v1.RateLimiter",
-    ] {
+    for service in SERVICES {
         health.set_service_status(service, ServingStatus::Serving).await;
     }
     fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
@@ -223,6 +232,10 @@ pub async fn serve<S: Store>(
             options.response_headers,
             admin_token,
         )))
+        .add_service(RateLimitQuotaServiceServer::new(QuotaService::new(
+            Quotas::new(limiter.clone(), options.quota_caps),
+            stopped.clone(),
+        )))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -258,11 +271,7 @@ pub async fn serve<S: Store>(
     }
     let _ = stop.send(true);
     upkeep.abort();
-    for service in [
-        "",
-        "envoy.service.ratelimit.v3.RateLimitService",
-        "sluice.v1.RateLimiter",
-    ] {
+    for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
     match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await, json_task.await) }).await {

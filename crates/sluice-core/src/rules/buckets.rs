@@ -199,7 +199,8 @@ quota_buckets:
         let d = rules.domain("q").unwrap();
         let find = |mut entries: Vec<(&str, &str)>| {
             entries.sort();
-            d.find_bucket(&entries).map(|m| (m.rule.path.to_string(), m.shared.len()))
+            d.find_bucket(&entries)
+                .map(|m| (m.rule.path.to_string(), m.shared.len()))
         };
         assert_eq!(
             find(vec![("user", "ann"), ("name", "per_user")]),
@@ -221,16 +222,32 @@ quota_buckets:
         assert!(d.find(&[("name", "per_user"), ("user", "ann")]).is_none());
         let vip = d.find_bucket(&[("name", "per_user"), ("user", "vip")]).unwrap().rule;
         let settings = vip.bucket.unwrap();
-        assert_eq!((settings.assignment_ttl_s, settings.initial), (5, InitialAssignment::AllowAll));
-        assert!(rules.summary().contains("q.bucket.name_per_team.team_eng-*: "), "{}", rules.summary());
+        assert_eq!(
+            (settings.assignment_ttl_s, settings.initial),
+            (5, InitialAssignment::AllowAll)
+        );
+        assert!(
+            rules.summary().contains("q.bucket.name_per_team.team_eng-*: "),
+            "{}",
+            rules.summary()
+        );
     }
 
     #[test]
     fn bad_buckets_are_named_by_file_and_path() {
         let cases = [
-            ("  - bucket: {}\n    rate_limit: {unit: second, requests_per_unit: 1}", "quota_buckets[0].bucket: the bucket id has no entries"),
-            ("  - bucket: {'': x}\n    rate_limit: {unit: second, requests_per_unit: 1}", "quota_buckets[0].bucket: a bucket key is empty"),
-            ("  - bucket: {a: x}", "quota_buckets[0]: a quota bucket needs rate_limit or rate_limits"),
+            (
+                "  - bucket: {}\n    rate_limit: {unit: second, requests_per_unit: 1}",
+                "quota_buckets[0].bucket: the bucket id has no entries",
+            ),
+            (
+                "  - bucket: {'': x}\n    rate_limit: {unit: second, requests_per_unit: 1}",
+                "quota_buckets[0].bucket: a bucket key is empty",
+            ),
+            (
+                "  - bucket: {a: x}",
+                "quota_buckets[0]: a quota bucket needs rate_limit or rate_limits",
+            ),
             (
                 "  - bucket: {a: x}\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: concurrency}",
                 "quota_buckets[0].rate_limit.algorithm: 'concurrency' cannot share a quota",
@@ -259,8 +276,14 @@ quota_buckets:
                 "  - bucket: {a: x, b: }\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - bucket: {b: , a: x}\n    rate_limit: {unit: minute, requests_per_unit: 1}",
                 "quota_buckets[1].bucket: duplicate quota bucket 'q.bucket.a_x.b'",
             ),
-            ("  - bucket: {a: [x]}\n    rate_limit: {unit: second, requests_per_unit: 1}", "quota_buckets[0].bucket.a: invalid type"),
-            ("  - bucket: {a: x}\n    colour: red", "quota_buckets[0]: unknown field `colour`"),
+            (
+                "  - bucket: {a: [x]}\n    rate_limit: {unit: second, requests_per_unit: 1}",
+                "quota_buckets[0].bucket.a: invalid type",
+            ),
+            (
+                "  - bucket: {a: x}\n    colour: red",
+                "quota_buckets[0]: unknown field `colour`",
+            ),
             (
                 "  - bucket: {a: x}\n    rate_limit: {unit: fortnight, requests_per_unit: 1}",
                 "quota_buckets[0].rate_limit.unit: unknown unit 'fortnight'",

@@ -159,7 +159,13 @@ impl Compiler<'_> {
         Ok(())
     }
 
-    pub(super) fn rule(&self, raw: &RawDescriptor, here: &str, label: &str, dynamic: bool) -> Result<Option<Rule>, ConfigError> {
+    pub(super) fn rule(
+        &self,
+        raw: &RawDescriptor,
+        here: &str,
+        label: &str,
+        dynamic: bool,
+    ) -> Result<Option<Rule>, ConfigError> {
         let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {

@@ -1,0 +1,278 @@
+//! The Rate Limit Quota Service core over both stores, on a manual clock: usage charged past the limit, shares sized
+//! by demand, exhaustion pushed to the other streams, TTL refresh, DENY_ALL until the window allows more, abandonment,
+//! and bad messages named by field.
+
+use std::sync::Arc;
+
+use sluice_core::limiter::Limiter;
+use sluice_core::quota::{Action, QuotaCaps, QuotaError, QuotaStream, Quotas, Report, ReportedUsage, Strategy};
+use sluice_core::store::Store;
+
+use crate::harness::limiter;
+
+const RULES: &str = "domain: q
+quota_buckets:
+  - bucket: {name: per_user, user: }
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    assignment_ttl_seconds: 9
+    abandon_after_seconds: 30
+  - bucket: {name: open}
+    rate_limit: {unit: minute, unlimited: true}
+  - bucket: {name: tb, user: }
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+  - bucket: {name: first, user: }
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    initial_assignment: deny_all
+";
+
+fn report(domain: &str, usages: &[(&[(&str, &str)], u64, u64)]) -> Report {
+    Report {
+        domain: domain.into(),
+        usages: usages
+            .iter()
+            .map(|(bucket, allowed, denied)| ReportedUsage {
+                bucket: bucket.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                allowed: *allowed,
+                denied: *denied,
+            })
+            .collect(),
+    }
+}
+
+fn user(name: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![("user", name), ("name", "per_user")]
+}
+
+fn strategy(actions: &[Action]) -> (Strategy, u32) {
+    match actions {
+        [Action::Assign { strategy, ttl_s, .. }] => (*strategy, *ttl_s),
+        other => panic!("expected one assignment, got {other:?}"),
+    }
+}
+
+fn tokens(actions: &[Action]) -> u32 {
+    match strategy(actions).0 {
+        Strategy::TokenBucket { max_tokens, .. } => max_tokens,
+        other => panic!("expected a token bucket, got {other:?}"),
+    }
+}
+
+async fn setup<S: Store>(store: S) -> (Arc<Quotas<S>>, Arc<sluice_core::clock::ManualClock>, Arc<Limiter<S>>) {
+    let (limiter, clock) = limiter(RULES, store);
+    (Quotas::new(limiter.clone(), QuotaCaps::default()), clock, limiter)
+}
+
+async fn open<S: Store>(quotas: &Arc<Quotas<S>>) -> QuotaStream {
+    quotas.open().expect("room for a stream")
+}
+
+/// One Envoy alone gets all that is left; usage past the limit is still counted, and the quota is then DENY_ALL
+/// until the window ends, when the next tick sends a full share again.
+async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: impl Store) {
+    let (quotas, clock, _) = setup(store).await;
+    let mut a = open(&quotas).await;
+    let alice = user("alice");
+    let first = quotas.report(&mut a, report("q", &[(&alice, 1, 0)])).await.unwrap();
+    assert_eq!(tokens(&first), 99, "one Envoy alone gets everything left");
+    assert_eq!(strategy(&first).1, 9, "the rule's TTL");
+    // Both the keys order and duplicates in one message are irrelevant.
+    let actions = quotas
+        .report(
+            &mut a,
+            report(
+                "q",
+                &[(&[("name", "per_user"), ("user", "alice")], 60, 3), (&alice, 60, 0)],
+            ),
+        )
+        .await
+        .unwrap();
+    let (deny, ttl) = strategy(&actions);
+    assert_eq!(deny, Strategy::DenyAll, "121 of 100 used");
+    let window_left = 60 - (crate::harness::T0 / 1_000_000) % 60;
+    assert!(
+        ttl >= 1 && u64::from(ttl) <= window_left.min(9),
+        "DENY_ALL holds until the window ends: {ttl}"
+    );
+    assert!(quotas.tick(&mut a).await.unwrap().is_empty(), "nothing due yet");
+    // The next window: the tick sends a new share at once.
+    clock.advance(window_left * 1_000_000);
+    let fresh = quotas.tick(&mut a).await.unwrap();
+    assert_eq!(tokens(&fresh), 100, "{fresh:?}");
+}
+
+/// Two Envoys share by demand; when one joins, the other is told at once; when one exhausts the quota, the other is
+/// pushed DENY_ALL.
+async fn envoys_share_by_demand_and_hear_of_exhaustion(store: impl Store) {
+    let (quotas, _clock, _) = setup(store).await;
+    let (mut a, mut b) = (open(&quotas).await, open(&quotas).await);
+    let bob = user("bob");
+    assert_eq!(
+        tokens(&quotas.report(&mut a, report("q", &[(&bob, 30, 0)])).await.unwrap()),
+        70
+    );
+    // b's demand is 10 of 40: a quarter of the 60 left.
+    let b_first = quotas.report(&mut b, report("q", &[(&bob, 10, 0)])).await.unwrap();
+    assert_eq!(tokens(&b_first), 15, "{b_first:?}");
+    // a hears that b joined: its share shrinks to three quarters of what is left.
+    let a_pushed = tokio::time::timeout(std::time::Duration::from_secs(5), a.wake()).await;
+    assert!(a_pushed.is_ok(), "a is woken");
+    assert_eq!(tokens(&quotas.tick(&mut a).await.unwrap()), 45);
+    // b spends everything left (and more): a is pushed DENY_ALL.
+    assert_eq!(
+        strategy(&quotas.report(&mut b, report("q", &[(&bob, 70, 5)])).await.unwrap()).0,
+        Strategy::DenyAll
+    );
+    assert_eq!(strategy(&quotas.tick(&mut a).await.unwrap()).0, Strategy::DenyAll);
+    // Another user is unaffected.
+    assert_eq!(
+        tokens(
+            &quotas
+                .report(&mut a, report("q", &[(&user("carol"), 1, 0)]))
+                .await
+                .unwrap()
+        ),
+        99
+    );
+}
+
+/// Assignments are refreshed before their TTL lapses; a bucket reported with no requests for `abandon_after_seconds`
+/// is abandoned; one that keeps reporting requests is not.
+async fn ttl_refresh_and_abandonment(store: impl Store) {
+    let (quotas, clock, _) = setup(store).await;
+    let mut a = open(&quotas).await;
+    let (idle, busy) = (user("idle"), user("busy"));
+    quotas
+        .report(&mut a, report("q", &[(&idle, 1, 0), (&busy, 1, 0)]))
+        .await
+        .unwrap();
+    clock.advance(5_000_000);
+    assert!(
+        quotas.tick(&mut a).await.unwrap().is_empty(),
+        "a 9 s TTL is refreshed 3 s before it lapses"
+    );
+    clock.advance(1_000_000);
+    let refreshed = quotas.tick(&mut a).await.unwrap();
+    assert_eq!(refreshed.len(), 2, "{refreshed:?}");
+    for step in 0..6 {
+        clock.advance(4_000_000);
+        quotas
+            .report(&mut a, report("q", &[(&idle, 0, 0), (&busy, 1, 0)]))
+            .await
+            .unwrap();
+        let ticked = quotas.tick(&mut a).await.unwrap();
+        let abandoned: Vec<_> = ticked.iter().filter(|a| matches!(a, Action::Abandon { .. })).collect();
+        if step < 5 {
+            assert!(abandoned.is_empty(), "step {step}: {ticked:?}");
+        } else {
+            // 30 s after its last request.
+            assert_eq!(abandoned.len(), 1, "{ticked:?}");
+            assert!(
+                matches!(&abandoned[0], Action::Abandon { bucket } if bucket.contains(&("user".into(), "idle".into())))
+            );
+        }
+    }
+    assert_eq!(a.buckets(), 1);
+}
+
+/// Unknown buckets and unlimited rules are ALLOW_ALL; a token-bucket quota refills at the Envoy's share of the rate;
+/// `initial_assignment: deny_all` answers a bucket's first report.
+async fn strategies_per_rule(store: impl Store) {
+    let (quotas, _clock, _) = setup(store).await;
+    let mut a = open(&quotas).await;
+    let unknown = quotas
+        .report(&mut a, report("q", &[(&[("who", "knows")], 1, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(strategy(&unknown).0, Strategy::AllowAll);
+    let open_bucket = quotas
+        .report(&mut a, report("q", &[(&[("name", "open")], 5, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(strategy(&open_bucket).0, Strategy::AllowAll);
+    let tb = quotas
+        .report(&mut a, report("q", &[(&[("name", "tb"), ("user", "u")], 4, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        strategy(&tb).0,
+        Strategy::TokenBucket {
+            max_tokens: 16,
+            tokens_per_fill: 10,
+            fill_interval_s: 1
+        }
+    );
+    let first = [("name", "first"), ("user", "u")];
+    assert_eq!(
+        strategy(&quotas.report(&mut a, report("q", &[(&first, 1, 0)])).await.unwrap()).0,
+        Strategy::DenyAll
+    );
+    assert_eq!(
+        tokens(&quotas.report(&mut a, report("q", &[(&first, 0, 1)])).await.unwrap()),
+        4
+    );
+}
+
+/// Bad messages end the stream with an error naming the field; the stream and bucket caps hold.
+async fn bad_messages_and_caps(store: impl Store) {
+    let (limiter, _) = limiter(RULES, store);
+    let caps = QuotaCaps {
+        max_streams: 1,
+        max_buckets_per_stream: 2,
+        max_value_bytes: 16,
+    };
+    let quotas = Quotas::new(limiter, caps);
+    let mut a = quotas.open().unwrap();
+    assert!(matches!(quotas.open(), Err(QuotaError::OverCap(m)) if m.contains("--rlqs-max-streams")));
+    let invalid = |e: Result<Vec<Action>, QuotaError>| match e {
+        Err(QuotaError::Invalid(m)) => m,
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    };
+    let e = invalid(quotas.report(&mut a, report("", &[(&user("x"), 1, 0)])).await);
+    assert!(e.starts_with("domain: empty"), "{e}");
+    let e = invalid(quotas.report(&mut a, report("q", &[])).await);
+    assert_eq!(e, "bucket_quota_usages: empty");
+    let e = invalid(
+        quotas
+            .report(&mut a, report("q", &[(&user("x"), 1, 0), (&[], 1, 0)]))
+            .await,
+    );
+    assert_eq!(
+        e,
+        "bucket_quota_usages[1].bucket_id.bucket: the bucket id has no entries"
+    );
+    let e = invalid(quotas.report(&mut a, report("q", &[(&[("", "v")], 1, 0)])).await);
+    assert_eq!(e, "bucket_quota_usages[0].bucket_id.bucket: a key is empty");
+    let e = invalid(
+        quotas
+            .report(&mut a, report("q", &[(&[("user", "a-very-long-user-name")], 1, 0)]))
+            .await,
+    );
+    assert!(
+        e.contains("bucket_quota_usages[0].bucket_id.bucket['user'] is 21 bytes, over the cap of 16"),
+        "{e}"
+    );
+    let e = invalid(quotas.report(&mut a, report("other", &[(&user("x"), 1, 0)])).await);
+    assert_eq!(e, "domain: 'other' differs from the stream's domain 'q'");
+    quotas
+        .report(&mut a, report("", &[(&user("x"), 1, 0), (&user("y"), 1, 0)]))
+        .await
+        .unwrap();
+    let e = quotas
+        .report(&mut a, report("q", &[(&user("z"), 1, 0)]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, QuotaError::OverCap(m) if m.contains("over the cap of 2")),
+        "{e:?}"
+    );
+    drop(a);
+    assert!(quotas.open().is_ok(), "a closed stream gives its place back");
+}
+
+every_store!(
+    usage_is_charged_and_exhaustion_denies_until_the_window_ends,
+    envoys_share_by_demand_and_hear_of_exhaustion,
+    ttl_refresh_and_abandonment,
+    strategies_per_rule,
+    bad_messages_and_caps,
+);
