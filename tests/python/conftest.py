@@ -103,12 +103,15 @@ class Sluice:
         workdir: Path,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        grpc_port: int | None = None,
     ):
         self.grpc_port, self.http_port = free_ports(2)
+        if grpc_port is not None:
+            self.grpc_port = grpc_port
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log_path = workdir / f"sluice-{self.grpc_port}.log"
         # A file rather than a pipe: nobody reads the pipe while the test runs, and a full pipe would block the server.
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "ab")
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         # Logs only matter when something fails; keep them readable in the failure message.
         inherited.setdefault("RUST_LOG", "info")
@@ -173,15 +176,17 @@ def running_sluice(
     workdir: Path,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    grpc_port: int | None = None,
 ) -> Iterator[Sluice]:
-    """Runs sluice on a config file or directory while the block runs.
+    """Runs sluice on a config file or directory while the block runs (on `grpc_port` when given, to restart it
+    where its clients know it).
 
     On the way out the process gets SIGTERM and must exit 0 within a few seconds: that is the check of graceful
     shutdown. When the block raised, the process is still stopped (killed if need be) and the error goes on.
     """
     attempts = 3
     for attempt in range(1, attempts + 1):
-        server = Sluice(binary, config, workdir, extra_args, env)
+        server = Sluice(binary, config, workdir, extra_args, env, grpc_port)
         try:
             server.wait_healthy()
         except SluiceExited as e:

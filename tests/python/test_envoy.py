@@ -151,11 +151,12 @@ class Edge:
 
 
 @contextlib.contextmanager
-def running_envoy(workdir: Path, upstream: Upstream, sluice_port: int) -> Iterator[Edge]:
-    """Envoy on deploy/envoy.yaml in front of `upstream`, asking sluice on `sluice_port`; stopped by PID on exit."""
+def running_envoy(workdir: Path, upstream: Upstream, sluice_port: int, configure=None) -> Iterator[Edge]:
+    """Envoy on deploy/envoy.yaml (or what `configure(listener, admin, upstream, sluice ports)` returns) in front
+    of `upstream`, asking sluice on `sluice_port`; stopped by PID on exit."""
     listener_port, admin_port = free_ports(2)
     config_path = workdir / f"envoy-{listener_port}.yaml"
-    config = envoy_config(listener_port, admin_port, upstream.server_address[1], sluice_port)
+    config = (configure or envoy_config)(listener_port, admin_port, upstream.server_address[1], sluice_port)
     config_path.write_text(yaml.safe_dump(config))
     log_path = workdir / f"envoy-{listener_port}.log"
     args = [

@@ -1,0 +1,272 @@
+"""Envoy's Rate Limit Quota Service (RLQS) against a real sluice process.
+
+Two parts:
+- the protocol, from a client built on Envoy's official stubs (PyPI xds-protos, never this repository's copies):
+  answers per bucket, TTL refresh pushed by the server, abandonment, INVALID_ARGUMENT naming the field;
+- end to end with two real Envoy 1.40 processes (deploy/envoy-rlqs.yaml, ports replaced) in front of one upstream,
+  both asking one sluice over RLQS with one bucket per x-user header: together they stay within the quota plus the
+  documented overshoot, then both answer 429, another user is unaffected, and a sluice restart is survived.
+
+sluice's clock is the real one here (the core's tests drive time); the waits below are for pushes the server makes
+on its own, each bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+import yaml
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
+
+from conftest import REPO, free_port, open_process, running_sluice, wait_until
+from test_envoy import Upstream, running_envoy
+
+QUOTA = 20
+# The README's bound for E Envoys: the requests admitted before sluice's first answer reaches each (one per Envoy
+# here, the client waiting for each answer), plus one token per Envoy from rounding shares up.
+ENVOYS = 2
+OVERSHOOT = 2 * ENVOYS
+
+CONFIG = f"""\
+domain: rlqs-e2e
+quota_buckets:
+  - bucket: {{name: per_user, user: }}
+    rate_limit: {{unit: day, requests_per_unit: {QUOTA}}}
+    assignment_ttl_seconds: 3
+    abandon_after_seconds: 3
+"""
+
+
+class QuotaStream:
+    """One RLQS stream from the official stubs: send reports, read responses with a timeout."""
+
+    def __init__(self, target: str):
+        self.channel = grpc.insecure_channel(target)
+        self._out: queue.Queue = queue.Queue()
+        self._in: queue.Queue = queue.Queue()
+        stub = rlqs_pb2_grpc.RateLimitQuotaServiceStub(self.channel)
+        self._call = stub.StreamRateLimitQuotas(iter(self._out.get, None))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        try:
+            for response in self._call:
+                self._in.put(response)
+        except grpc.RpcError as e:
+            self._in.put(e)
+        else:
+            self._in.put(None)
+
+    def send(self, domain: str, usages: list[tuple[dict[str, str], int, int]]) -> None:
+        self._out.put(
+            rlqs_pb2.RateLimitQuotaUsageReports(
+                domain=domain,
+                bucket_quota_usages=[
+                    rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage(
+                        bucket_id=rlqs_pb2.BucketId(bucket=bucket),
+                        time_elapsed={"seconds": 1},
+                        num_requests_allowed=allowed,
+                        num_requests_denied=denied,
+                    )
+                    for bucket, allowed, denied in usages
+                ],
+            )
+        )
+
+    def receive(self, timeout: float = 5.0):
+        try:
+            return self._in.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"no RLQS response within {timeout}s")
+
+    def close(self):
+        self._out.put(None)
+        self.channel.close()
+
+
+@contextlib.contextmanager
+def quota_stream(target: str) -> Iterator[QuotaStream]:
+    stream = QuotaStream(target)
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
+def actions(response) -> dict[tuple, object]:
+    """The response's actions by bucket (a sorted tuple of its entries)."""
+    assert isinstance(response, rlqs_pb2.RateLimitQuotaResponse), response
+    return {tuple(sorted(a.bucket_id.bucket.items())): a for a in response.bucket_action}
+
+
+@pytest.fixture
+def sluice(sluice_bin: Path, tmp_path: Path):
+    config = tmp_path / "rlqs.yaml"
+    config.write_text(CONFIG)
+    with running_sluice(sluice_bin, config, tmp_path) as server:
+        yield server
+
+
+def test_each_bucket_is_answered_and_refreshed_before_its_ttl(sluice):
+    alice = {"name": "per_user", "user": "alice"}
+    with quota_stream(sluice.grpc_target) as stream:
+        stream.send("rlqs-e2e", [(alice, 5, 0), ({"unknown": "bucket"}, 1, 0)])
+        answer = actions(stream.receive())
+        assigned = answer[tuple(sorted(alice.items()))].quota_assignment_action
+        assert assigned.assignment_time_to_live.seconds == 3
+        bucket = assigned.rate_limit_strategy.token_bucket
+        assert bucket.max_tokens == QUOTA - 5, assigned
+        assert bucket.tokens_per_fill.value >= 1 and bucket.fill_interval.seconds >= 1
+        # A bucket no rule matches is let through.
+        unknown = answer[(("unknown", "bucket"),)].quota_assignment_action.rate_limit_strategy
+        assert unknown.WhichOneof("strategy") == "blanket_rule" and unknown.blanket_rule == 0  # ALLOW_ALL
+        # With nothing sent, sluice refreshes the assignments before their 3 s TTL lapses.
+        started = time.monotonic()
+        refreshed = actions(stream.receive(timeout=5))
+        assert time.monotonic() - started < 3
+        assert tuple(sorted(alice.items())) in refreshed
+
+
+def test_spent_quota_is_deny_all_and_idle_buckets_are_abandoned(sluice):
+    bob = {"name": "per_user", "user": "bob"}
+    with quota_stream(sluice.grpc_target) as stream:
+        stream.send("rlqs-e2e", [(bob, QUOTA + 3, 7)])
+        strategy = actions(stream.receive())[tuple(sorted(bob.items()))].quota_assignment_action.rate_limit_strategy
+        assert strategy.WhichOneof("strategy") == "blanket_rule" and strategy.blanket_rule == 1  # DENY_ALL
+        # No request reported for abandon_after_seconds (3 s): sluice abandons the bucket.
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            action = actions(stream.receive(timeout=5))[tuple(sorted(bob.items()))]
+            if action.WhichOneof("bucket_action") == "abandon_action":
+                break
+        else:
+            pytest.fail("bucket never abandoned")
+    # The usage was counted: another stream's report for bob is still DENY_ALL.
+    with quota_stream(sluice.grpc_target) as stream:
+        stream.send("rlqs-e2e", [(bob, 0, 1)])
+        strategy = actions(stream.receive())[tuple(sorted(bob.items()))].quota_assignment_action.rate_limit_strategy
+        assert strategy.blanket_rule == 1
+
+
+@pytest.mark.parametrize(
+    "domain, usages, field",
+    [
+        ("", [({"name": "per_user", "user": "a"}, 1, 0)], "domain"),
+        ("rlqs-e2e", [], "bucket_quota_usages"),
+        ("rlqs-e2e", [({"user": "a"}, 1, 0), ({}, 1, 0)], "bucket_quota_usages[1].bucket_id.bucket"),
+        ("rlqs-e2e", [({"": "a"}, 1, 0)], "bucket_quota_usages[0].bucket_id.bucket: a key is empty"),
+    ],
+)
+def test_bad_messages_end_the_stream_with_invalid_argument(sluice, domain, usages, field):
+    with quota_stream(sluice.grpc_target) as stream:
+        stream.send(domain, usages)
+        error = stream.receive()
+        assert isinstance(error, grpc.RpcError), error
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith(field), error.details()
+
+
+# ---- end to end with two Envoys ----
+
+
+def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
+    """deploy/envoy-rlqs.yaml with its ports and domain replaced; fails if the example changed shape."""
+    config = yaml.safe_load((REPO / "deploy" / "envoy-rlqs.yaml").read_text())
+    config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    (listener,) = config["static_resources"]["listeners"]
+    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listener_port)
+    (hcm,) = listener["filter_chains"][0]["filters"]
+    quota_filter = hcm["typed_config"]["http_filters"][0]["typed_config"]
+    quota_filter["domain"] = "rlqs-e2e"
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    for name, port in (("app", upstream_port), ("sluice", sluice_port)):
+        (locality,) = clusters[name]["load_assignment"]["endpoints"]
+        (endpoint,) = locality["lb_endpoints"]
+        endpoint["endpoint"]["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
+    return config
+
+
+def rlqs_envoy(workdir: Path, upstream: Upstream, sluice_port: int):
+    return running_envoy(workdir, upstream, sluice_port, rlqs_envoy_config)
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (the README's test command installs it)")
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with open_process(args, workdir / "redis.log"):
+
+        def answers() -> bool:
+            out = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
+            return out.stdout.strip() == "PONG"
+
+        wait_until(answers, 10, f"redis-server on port {port}")
+        yield f"redis://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    thread = threading.Thread(target=server.serve_forever, name="upstream", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_two_envoys_share_one_quota(sluice_bin: Path, upstream: Upstream, tmp_path: Path):
+    config = tmp_path / "rlqs.yaml"
+    config.write_text(CONFIG.replace("assignment_ttl_seconds: 3\n    abandon_after_seconds: 3", "assignment_ttl_seconds: 4"))
+    grpc_port = free_port()
+    with redis_server(tmp_path) as redis_url:
+        args = ("--redis-url", redis_url)
+        sluice = contextlib.ExitStack()
+        sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
+        with rlqs_envoy(tmp_path, upstream, grpc_port) as a, rlqs_envoy(tmp_path, upstream, grpc_port) as b:
+            alice, bob = {"x-user": "alice"}, {"x-user": "bob"}
+            # Each Envoy's first request for alice passes before any assignment; wait for sluice's answer to both.
+            assert a.get("/q", alice)[0] == 200
+            wait_until(lambda: a.stat("http.ingress.rate_limit_quota.rlqs_assignments") >= 0, 5, "envoy a")
+            time.sleep(0.5)
+            assert b.get("/q", alice)[0] == 200
+            time.sleep(0.5)
+            statuses = []
+            for i in range(3 * QUOTA):
+                statuses.append((a if i % 2 == 0 else b).get("/q", alice)[0])
+            admitted = 2 + statuses.count(200)
+            assert QUOTA // 2 <= admitted <= QUOTA + OVERSHOOT, statuses
+            # Both Envoys now deny alice, and keep doing so once sluice has their reports (every 5 s).
+            assert a.get("/q", alice)[0] == 429 and b.get("/q", alice)[0] == 429
+            # Another user has a quota of its own.
+            assert a.get("/q", bob)[0] == 200 and b.get("/q", bob)[0] == 200
+
+            # sluice restarts: the Envoys hold their assignments until the 4 s TTL lapses, then fall back to their
+            # expired_assignment_behavior (allow), then reconnect and learn that alice's quota is still spent.
+            sluice.close()
+            wait_until(lambda: a.get("/q", alice)[0] == 200, 15, "envoy a falling back after the TTL")
+            sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
+            wait_until(
+                lambda: a.get("/q", alice)[0] == 429 and b.get("/q", alice)[0] == 429,
+                20,
+                "both Envoys denying alice again after sluice restarted",
+            )
+            assert a.get("/q", {"x-user": "carol"})[0] == 200
+        sluice.close()
+        served = upstream.served("/q")
+        assert served >= admitted
