@@ -4,7 +4,9 @@
 -- the offsets); below, KEYS[i] and ARGV[i] are relative to those.
 -- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
 -- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
--- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records)
+-- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records), 'report' applies a
+--             forced hit: every tier counts its cost whether it fits or not (a usage that already happened; sent
+--             only when every tier is fixed_window, sliding_window, token_bucket or leaky_bucket, see `Hit::forced`)
 -- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
 -- ARGV[3]     cost (0: check without consuming)
 -- ARGV[4]     lease id for concurrency tiers
@@ -14,17 +16,20 @@
 --
 -- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
 --           then in peek mode the recorded values, newest first }.
--- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit;
--- used is the count after a committed or hypothetical hit, the count now for a peek.
+-- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit
+-- (but what is left after it for a forced hit, which every tier counts); used is the count after a committed or
+-- hypothetical hit, the count now for a peek. For a forced hit, admitted, ok and retry are an ordinary hit's.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
--- reference does (but never a cost above its limit, which can never fit). A peek never writes. Hit records expire with the longest-lived tier.
+-- reference does (but never a cost above its limit, which can never fit), and that a forced hit of a positive cost
+-- commits every tier. A peek never writes. Hit records expire with the longest-lived tier.
 
 local function decide(k, nk, a)
   local function arg(i) return ARGV[a + i - 1] end
   local mode = arg(1)
   local now = clock(arg(2))
   local cost = tonumber(arg(3))
+  local forced = mode == 'report' and cost > 0
   local id = arg(4)
   local record_size = tonumber(arg(5))
   local record_value = arg(6)
@@ -43,13 +48,13 @@ local function decide(k, nk, a)
     if impl == nil then error('unknown algorithm ' .. tostring(arg(base)), 0) end
     local p = { tonumber(arg(base + 1)), tonumber(arg(base + 2)), tonumber(arg(base + 3)) }
     impls[i], params[i] = impl, p
-    local s = impl.check(KEYS[k + i - 1], now, cost, p[1], p[2], p[3])
+    local s = impl.check(KEYS[k + i - 1], now, cost, p[1], p[2], p[3], forced)
     states[i] = s
     admitted = admitted and s.ok
   end
 
-  local commit = mode == 'hit' and cost > 0 and
-    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and cost <= params[1][1]))
+  local commit = forced or (mode == 'hit' and cost > 0 and
+    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and cost <= params[1][1])))
   local out = { admitted and 1 or 0 }
   local n = 1
   local longest = 0
@@ -61,7 +66,7 @@ local function decide(k, nk, a)
       entry = impls[i].commit(KEYS[k + i - 1], s, now, cost, p[1], p[2], p[3], id, fields)
       remaining, reset = s.rem1, s.reset1
     end
-    if mode == 'hit' and not s.ok then remaining = 0 end
+    if mode ~= 'peek' and not forced and not s.ok then remaining = 0 end
     if reset > longest then longest = reset end
     local used = s.used
     if mode == 'peek' then used = s.used0 end

@@ -3,8 +3,8 @@
 -- State: a hash {w = start of the window it counts, n = hits counted in it}. A hash from another window counts as
 -- empty. The key expires when its window ends.
 -- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
--- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, and never a
--- cost above the limit, which can never fit). The count stops at MAX_COUNT.
+-- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, but never a
+-- cost above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT.
 
 function L.fixed_window()
   local M = {}

@@ -3,17 +3,20 @@
 -- on one descriptor, and a batch of descriptors, is decided in one atomic call.
 --
 -- Every algorithm file adds a loader to L that returns a table with two functions over one key:
---   check(key, now, cost, limit, window, burst) -> state, read-only, with the fields
+--   check(key, now, cost, limit, window, burst, force) -> state, read-only, with the fields
 --     ok      whether a hit of `cost` fits now
 --     used0   the count now                 used    the count as it would be after the hit (near-limit metrics)
 --     rem0    what is left now              rem1    what would be left after the hit
 --     reset0  time until full now (us)      reset1  time until full after the hit (us)
 --     retry   time until a hit of `cost` fits (0: now, -1: never)
+--   where, for a forced hit (`force`, decide.lua's mode 'report'), used, rem1 and reset1 are what counting the cost
+--   leaves whether it fits or not; ok and retry are an ordinary hit's.
 --   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: a cost arrives
--- bounded by the largest capacity + 1 (at most 2^32, see `Hit::bounded_cost`), limits are at most 2^32 - 1, and a
--- fixed window's count stops at MAX_COUNT. Numbers that go into strings are formatted with '%d': Lua's own
--- number-to-string conversion keeps only 14 digits.
+-- bounded by the largest capacity + 1 (at most 2^32, see `Hit::bounded_cost`), limits are at most 2^32 - 1, a
+-- fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
+-- MAX_DEBT_US. Numbers that go into strings are formatted with '%d': Lua's own number-to-string conversion keeps
+-- only 14 digits.
 
 -- The loaders keep a call from building the functions of algorithms it does not use: the script's body runs on
 -- every call, and defining every algorithm's closures cost about a tenth of a lone fixed window's time in Redis.
@@ -39,6 +42,15 @@ end
 -- The most a fixed window's count holds. A lone fixed window counts its denials, and hits of up to 2^32 each could
 -- otherwise push a count past 2^53, where doubles stop being exact; any count above a limit answers the same.
 local MAX_COUNT = 4503599627370496 -- 2^52
+
+-- The most a sliding window's current count holds: only forced hits take it past its limit, and with the previous
+-- window's count (at most as much) and a cost added, the estimate stays below 2^53.
+local MAX_SLIDING_COUNT = 2251799813685248 -- 2^51
+
+-- The most a bucket's arrival time is ever past an empty bucket's (now + tolerance): about 9 years of debt, which
+-- only forced hits run up. Times stay below 2^53 with the largest bucket the configuration accepts (100 years)
+-- priced on top.
+local MAX_DEBT_US = 281474976710656 -- 2^48
 
 local function max0(x)
   if x < 0 then return 0 end

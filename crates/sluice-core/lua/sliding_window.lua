@@ -5,7 +5,8 @@
 -- README.
 --
 -- State: a hash {w = current window start, c, p}. It expires two windows after w, when it no longer matters.
--- Invariants: a denied hit writes nothing; a cost of 0 writes nothing.
+-- Invariants: a denied hit writes nothing, unless it is forced (then c may pass the limit, up to MAX_SLIDING_COUNT);
+-- a cost of 0 writes nothing.
 
 function L.sliding_window()
   local M = {}
@@ -67,7 +68,8 @@ function L.sliding_window()
 
   function M.commit(key, s, now, cost, limit, window)
     if cost == 0 then return '' end
-    redis.call('HSET', key, 'w', s.start, 'c', s.c + cost, 'p', s.p)
+    local c = math.min(s.c + cost, MAX_SLIDING_COUNT)
+    redis.call('HSET', key, 'w', s.start, 'c', string.format('%d', c), 'p', string.format('%d', s.p))
     redis.call('PEXPIRE', key, ceil_ms(s.start + 2 * window - now))
     return ''
   end

@@ -4,12 +4,14 @@
 -- State: a string, the theoretical arrival time (TAT, us): when the bucket would be full again. The emission
 -- interval is ceil(window / limit) us, so the sustained rate is never above the configured one. The key expires when
 -- the bucket is full again.
--- Invariants: a denied hit writes nothing; a cost of 0 writes nothing.
+-- Invariants: a denied hit writes nothing, unless it is forced: then the TAT moves by its cost, at most burst + 1
+-- tokens, even past the tolerance (a debt that later hits see and that drains at the refill rate), up to MAX_DEBT_US
+-- past an empty bucket. A cost of 0 writes nothing.
 
 function L.token_bucket()
   local M = {}
 
-  function M.check(key, now, cost, limit, window, burst)
+  function M.check(key, now, cost, limit, window, burst, force)
     local rate = math.max(limit, 1)
     local interval = math.floor((window + rate - 1) / rate)
     local tolerance = burst * interval
@@ -17,13 +19,19 @@ function L.token_bucket()
     if tat < now then tat = now end
     -- A cost above the bucket never fits: it is not priced (its product could leave the exact range).
     local over = cost > burst
-    local new = tat
-    if not over then new = tat + cost * interval end
+    local reach = tat
+    if not over then reach = tat + cost * interval end
+    local new = reach
+    if force then
+      -- Charged at most burst + 1 tokens; the debt stops at MAX_DEBT_US past an empty bucket (a debt already past
+      -- that, after the clock stepped back, is kept, never forgiven).
+      new = math.max(math.min(tat + math.min(cost, burst + 1) * interval, now + tolerance + MAX_DEBT_US), tat)
+    end
     local s = { new = new }
-    s.ok = not over and new - now <= tolerance
+    s.ok = not over and reach - now <= tolerance
     s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
     s.rem1 = 0
-    if not over then s.rem1 = max0(math.floor((now + tolerance - new) / interval)) end
+    if not over or force then s.rem1 = max0(math.floor((now + tolerance - new) / interval)) end
     s.used0 = burst - s.rem0
     s.used = burst - s.rem1
     s.reset0 = tat - now
@@ -33,7 +41,7 @@ function L.token_bucket()
     elseif s.ok then
       s.retry = 0
     else
-      s.retry = new - now - tolerance
+      s.retry = reach - now - tolerance
     end
     return s
   end

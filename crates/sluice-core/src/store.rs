@@ -39,7 +39,7 @@ impl TierSpec {
 
 /// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
 /// lone fixed window, which counts denials as the reference does, but never a cost above its limit, which can never
-/// fit).
+/// fit, and a [forced](Hit::force) hit, which every tier counts).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hit {
     pub tiers: Vec<TierSpec>,
@@ -52,7 +52,19 @@ pub struct Hit {
     pub record: Option<RecordSpec>,
     /// Count `cost` against every tier whatever the limits say: a usage that already happened (an RLQS usage
     /// report). The outcome still says whether it fit; later hits see the count, past the limit or not. For the
-    /// counting algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`).
+    /// counting algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`): a hit with a
+    /// tier of another algorithm is decided as an ordinary one (see [`Hit::forced`]).
+    ///
+    /// What is counted is bounded as for any hit ([`Hit::bounded_cost`]): a report larger than the largest tier's
+    /// capacity + 1 is counted as that capacity + 1, and a bucket tier is charged at most its `burst` + 1 tokens.
+    /// Any count above a limit answers the same while it lasts; what is lost is only how long the excess would have
+    /// weighed (the part a sliding window carries into its next window, a bucket's debt). A forced hit of cost 0
+    /// writes nothing. Counts stay exact however
+    /// many reports arrive: a fixed window's stops at `MAX_COUNT` (2^52), a sliding window's current count at 2^51,
+    /// and a bucket's debt (how far its arrival time is past an empty bucket's) at 2^48 us, about 9 years.
+    ///
+    /// The outcome's `admitted`, and each tier's `ok` and `retry_after_us`, are those of an ordinary hit (decided
+    /// before counting); `used`, `remaining` and `reset_after_us` are each tier's state after counting.
     pub force: bool,
 }
 
@@ -64,6 +76,18 @@ impl Hit {
     pub fn bounded_cost(&self) -> u64 {
         let capacity = self.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
         self.cost.min(capacity.saturating_add(1))
+    }
+
+    /// Whether the hit is counted whatever the limits say: `force`, when every tier counts (`fixed_window`,
+    /// `sliding_window`, `token_bucket`, `leaky_bucket`). Both stores decide by this one test.
+    pub fn forced(&self) -> bool {
+        self.force
+            && self.tiers.iter().all(|t| {
+                matches!(
+                    t.algorithm,
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
+                )
+            })
     }
 }
 

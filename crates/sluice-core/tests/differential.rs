@@ -1,10 +1,12 @@
-//! Differential property test: random sequences of (time step, cost, hit or peek) driven through the Lua scripts on
-//! a real Redis and through the in-memory store must give identical decisions, remaining counts, reset and retry
-//! times, for every algorithm and for random combinations of tiers. Limits reach `u32::MAX` and costs the whole
-//! `u64` range, every edge of the tiers included. Every case without a queue tier runs twice, with
-//! and without queue fields, so that a lone fixed window goes both through `lua/lone_fixed_window.lua` and through
-//! the driver. Each time step is at least the real time since the last one plus [`REAL_TIME_SLACK_US`], because Redis
-//! expires keys by the real clock while the test steps its own.
+//! Differential property test: random sequences of (time step, cost, hit, forced hit or peek) driven through the Lua
+//! scripts on a real Redis and through the in-memory store must give identical decisions, remaining counts, reset and
+//! retry times, for every algorithm and for random combinations of tiers. Limits reach `u32::MAX` and costs the whole
+//! `u64` range, every edge of the tiers included. Forced hits (usage reports, counted whatever the limits say) come
+//! with the same costs, so counts pass their limits and buckets run into debt that later hits must both see alike;
+//! on a mix with a tier of another algorithm, both must decide them as ordinary hits. Every case without a queue tier
+//! runs twice, with and without queue fields, so that a lone fixed window goes both through
+//! `lua/lone_fixed_window.lua` and through the driver. Each time step is at least the real time since the last one
+//! plus [`REAL_TIME_SLACK_US`], because Redis expires keys by the real clock while the test steps its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -85,6 +87,8 @@ struct Op {
     step_us: u64,
     cost: Cost,
     peek: bool,
+    /// Sent as `Hit::force` (which a peek ignores).
+    force: bool,
 }
 
 /// Limits from 0 up to `u32::MAX` (what `requests_per_unit` holds), small ones most often so that windows fill.
@@ -159,8 +163,14 @@ fn op() -> impl Strategy<Value = Op> {
         ],
         cost(),
         prop::bool::weighted(0.25),
+        prop::bool::weighted(0.25),
     )
-        .prop_map(|(step_us, cost, peek)| Op { step_us, cost, peek })
+        .prop_map(|(step_us, cost, peek, force)| Op {
+            step_us,
+            cost,
+            peek,
+            force,
+        })
 }
 
 #[test]
@@ -216,7 +226,7 @@ fn lua_scripts_and_memory_store_agree() {
                         lease: format!("lease-{i}"),
                         fields: fields.clone(),
                         record: None,
-                        force: false,
+                        force: op.force,
                     };
                     let hits = std::slice::from_ref(&hit);
                     let (m, r) = if op.peek {

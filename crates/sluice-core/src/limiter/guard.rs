@@ -153,8 +153,12 @@ impl<S: Store> Guard<S> {
         }
     }
 
-    /// A denial from the local cache, as the outcome the store gave.
+    /// A denial from the local cache, as the outcome the store gave. Never for a forced hit: the store must count it
+    /// whatever the limits say.
     pub fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
+        if hit.force {
+            return None;
+        }
         let first = hit.tiers.first()?;
         let denial = self
             .cache
@@ -188,10 +192,10 @@ impl<S: Store> Guard<S> {
     }
 
     /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]), made by a request that
-    /// started in the cache's `generation`.
+    /// started in the cache's `generation`. Not a forced hit's: it was counted, not refused.
     pub fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
         let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
-        if outcome.admitted || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
+        if outcome.admitted || hit.force || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
             return;
         }
         let (tier, denied) = constraining(outcome);
@@ -244,4 +248,87 @@ fn limits_fingerprint(hit: &Hit) -> u64 {
         (t.algorithm.name(), t.limit, t.window_us, t.burst).hash(&mut h);
     }
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerSettings;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{CounterKey, TierSpec};
+
+    const NOW: u64 = 1_704_067_210_000_000;
+
+    fn guard() -> Guard<MemoryStore> {
+        Guard::new(
+            MemoryStore::new(),
+            Breakers::new(BreakerSettings::default()),
+            LocalCache::new(100),
+            Metrics::discarded(0.8),
+        )
+    }
+
+    fn hit(cost: u64, force: bool) -> Hit {
+        let key = CounterKey::builder("t:", "d").entry("k", "v").finish();
+        Hit {
+            tiers: vec![TierSpec {
+                key: key.tier(Algorithm::FixedWindow, 60_000_000),
+                algorithm: Algorithm::FixedWindow,
+                limit: 2,
+                window_us: 60_000_000,
+                burst: 2,
+            }],
+            cost,
+            force,
+            ..Hit::default()
+        }
+    }
+
+    async fn decide(guard: &Guard<MemoryStore>, h: &Hit) -> Outcome {
+        let mut answers = guard.call("hit", NOW, std::slice::from_ref(h)).await;
+        answers.remove(0).expect("the memory store answers")
+    }
+
+    #[tokio::test]
+    async fn a_forced_hit_bypasses_the_local_cache() {
+        let guard = guard();
+        let generation = guard.cache().generation();
+        let (normal, forced) = (hit(1, false), hit(1, true));
+        for _ in 0..2 {
+            assert!(decide(&guard, &normal).await.admitted);
+        }
+        let denied = decide(&guard, &normal).await;
+        assert!(!denied.admitted);
+        guard.remember(&normal, &denied, NOW, generation);
+        assert!(
+            guard.cached(&normal, NOW).is_some(),
+            "an ordinary hit is answered from the cache"
+        );
+        assert!(
+            guard.cached(&forced, NOW).is_none(),
+            "a forced hit always reaches the store"
+        );
+        let counted = decide(&guard, &forced).await;
+        assert!(!counted.admitted);
+        // A lone fixed window counted the denied hit too: 3, and the forced one on top.
+        assert_eq!(counted.tiers[0].used, 4, "the store counted it past the limit");
+    }
+
+    #[tokio::test]
+    async fn a_forced_hit_is_never_remembered_as_a_denial() {
+        let guard = guard();
+        let generation = guard.cache().generation();
+        for _ in 0..2 {
+            assert!(decide(&guard, &hit(1, false)).await.admitted);
+        }
+        let forced = hit(1, true);
+        let counted = decide(&guard, &forced).await;
+        assert!(!counted.admitted);
+        assert!(
+            counted.tiers[0].retry_after_us.is_some(),
+            "an ordinary hit's denial like this one is cached"
+        );
+        guard.remember(&forced, &counted, NOW, generation);
+        assert!(guard.cached(&hit(1, false), NOW).is_none(), "nothing was remembered");
+    }
 }

@@ -92,12 +92,14 @@ impl MemoryStore {
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
         let cost = hit.bounded_cost();
-        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost)).collect();
+        // A forced hit is counted by every tier, fitting or not; what it leaves is reported, even where it did not fit.
+        let force = !peek && cost > 0 && hit.forced();
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost, force)).collect();
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
         let lone_fixed =
             hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow && cost <= hit.tiers[0].limit;
-        let commit = !peek && cost > 0 && (admitted || lone_fixed);
+        let commit = !peek && cost > 0 && (admitted || lone_fixed || force);
         let mut longest = 0;
         let mut tiers = Vec::with_capacity(checks.len());
         for (spec, check) in hit.tiers.iter().zip(checks) {
@@ -106,7 +108,7 @@ impl MemoryStore {
                 id = shard.commit(spec, &check, now, cost, hit);
                 (remaining, reset) = (check.rem1, check.reset1);
             }
-            if !peek && !check.ok {
+            if !peek && !force && !check.ok {
                 remaining = 0;
             }
             longest = longest.max(reset);
@@ -195,14 +197,15 @@ impl Shard {
         }
     }
 
-    /// What a tier's hit would find, by its algorithm's check.
-    fn check(&self, t: &TierSpec, now: u64, cost: u64) -> Check {
+    /// What a tier's hit would find, by its algorithm's check; `force`: what a forced hit would leave (only a
+    /// bucket's check needs to know: the counts' commits take a cost that does not fit as it is).
+    fn check(&self, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
         let state = self.live(t.key.as_str(), now);
         match t.algorithm {
             Algorithm::FixedWindow => fixed_window::check(state, t, now, cost),
             Algorithm::SlidingWindow => sliding_window::check(state, t, now, cost),
             Algorithm::SlidingLog => sliding_log::check(state, t, now, cost),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::check(state, t, now, cost),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::check(state, t, now, cost, force),
             Algorithm::Concurrency => concurrency::check(state, t, now, cost),
             Algorithm::Queue => queue::check(state, t, now, cost),
         }
@@ -302,8 +305,64 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use super::prelude::{Fixed, Log, Tat};
+    use super::prelude::{Fixed, Log, MAX_COUNT, MAX_SLIDING_COUNT, Sliding, Tat};
     use super::*;
+
+    /// The twin of `redis_forced_counts_stop_at_their_bounds` in `tests/contract.rs`: the same seeded counts, the same
+    /// answers.
+    #[test]
+    fn forced_counts_stop_at_their_bounds() {
+        let (now, minute) = (1_704_067_210_000_000, 60_000_000);
+        let start = now - now % minute;
+        let store = MemoryStore::new();
+        for (algorithm, seeded, bound) in [
+            (
+                Algorithm::FixedWindow,
+                State::Fixed(Fixed {
+                    w: start,
+                    n: MAX_COUNT - 1,
+                }),
+                MAX_COUNT,
+            ),
+            (
+                Algorithm::SlidingWindow,
+                State::Sliding(Sliding {
+                    w: start,
+                    c: MAX_SLIDING_COUNT - 1,
+                    p: 0,
+                }),
+                MAX_SLIDING_COUNT,
+            ),
+        ] {
+            let key = CounterKey::builder("t:", "d")
+                .entry("k", "v")
+                .finish()
+                .tier(algorithm, minute);
+            let hit = Hit {
+                tiers: vec![TierSpec {
+                    key: key.clone(),
+                    algorithm,
+                    limit: 3,
+                    window_us: minute,
+                    burst: 3,
+                }],
+                cost: 5,
+                force: true,
+                ..Hit::default()
+            };
+            lock(&store.shards[(key.tag() % SHARDS as u64) as usize]).set(key.as_str(), seeded, now + minute);
+            let count = || match lock(&store.shards[(key.tag() % SHARDS as u64) as usize]).live(key.as_str(), now) {
+                Some(State::Fixed(f)) => f.n,
+                Some(State::Sliding(s)) => s.c,
+                other => panic!("{other:?}"),
+            };
+            let o = store.decide(now, &hit, false);
+            assert_eq!(o.tiers[0].used, bound - 1 + 4, "{algorithm:?}: the cost counts as 4");
+            assert_eq!(count(), bound, "{algorithm:?}");
+            store.decide(now, &hit, false);
+            assert_eq!(count(), bound, "{algorithm:?}");
+        }
+    }
 
     fn fixed(expires_at_us: u64) -> Entry {
         Entry {

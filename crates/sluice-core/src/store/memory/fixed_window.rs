@@ -29,8 +29,8 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
     }
 }
 
-/// Counts a hit of `cost` in the window starting at `start`, which held `n`. The window's first hit sets the
-/// expiry; later ones keep it.
+/// Counts a hit of `cost` in the window starting at `start`, which held `n`, past the limit if it must (a lone window's
+/// denial, a forced hit), up to [`MAX_COUNT`]. The window's first hit sets the expiry; later ones keep it.
 pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, n: u64, reset: u64) {
     let expires = now + ceil_ms_us(reset);
     let expiry = if n > 0 {

@@ -14,6 +14,16 @@ use std::collections::VecDeque;
 /// being exact. Any count above a limit answers the same.
 pub(super) const MAX_COUNT: u64 = 1 << 52;
 
+/// The most a sliding window's current count holds (`MAX_SLIDING_COUNT` in `lua/prelude.lua`): only forced hits
+/// take it past its limit, and with the previous window's count (at most as much) and a cost added, the estimate
+/// stays below 2^53.
+pub(super) const MAX_SLIDING_COUNT: u64 = 1 << 51;
+
+/// The most a bucket's arrival time is ever past an empty bucket's, `now + tolerance` (`MAX_DEBT_US` in
+/// `lua/prelude.lua`): about 9 years of debt, which only forced hits run up. Times stay below 2^53 with the largest
+/// bucket the configuration accepts (100 years) priced on top.
+pub(super) const MAX_DEBT_US: u64 = 1 << 48;
+
 /// The state of one key, shaped like the Redis value its script keeps.
 #[derive(Debug, Clone)]
 pub(super) enum State {

@@ -2,7 +2,7 @@
 //! [`Sliding`] state that expires two windows after its start. The estimate is the script's floating-point
 //! expression, evaluated in the same order, so both round alike.
 
-use super::prelude::{Check, Expiry, Keyspace, Sliding, State, Write, ceil_ms_us};
+use super::prelude::{Check, Expiry, Keyspace, MAX_SLIDING_COUNT, Sliding, State, Write, ceil_ms_us};
 use crate::store::TierSpec;
 
 /// What a hit of `cost` would find at `now`: the counts of the current window and the previous one, read from a
@@ -53,13 +53,14 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
     }
 }
 
-/// Adds a hit of `cost` to the current window's count `c`, next to the previous window's `p`.
+/// Adds a hit of `cost` to the current window's count `c`, next to the previous window's `p`. A forced hit may take
+/// `c` past the limit; it stops at [`MAX_SLIDING_COUNT`].
 pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, c: u64, p: u64) {
     let expiry = Expiry::Always(now + ceil_ms_us(start + 2 * t.window_us - now));
     keys.upsert(t.key.as_str(), now, expiry, |state: &mut Sliding| {
         *state = Sliding {
             w: start,
-            c: c + cost,
+            c: c.saturating_add(cost).min(MAX_SLIDING_COUNT),
             p,
         }
     });

@@ -1,11 +1,13 @@
 //! The token and leaky buckets in memory, the twin of `lua/token_bucket.lua`: GCRA over a [`Tat`] state (the
 //! theoretical arrival time) that expires when the bucket is full again. Same integer arithmetic as the script.
 
-use super::prelude::{Check, Expiry, Keyspace, State, Tat, Write, ceil_ms_us, retry};
+use super::prelude::{Check, Expiry, Keyspace, MAX_DEBT_US, State, Tat, Write, ceil_ms_us, retry};
 use crate::store::TierSpec;
 
-/// What a hit of `cost` would find at `now`, and the arrival time it would leave.
-pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+/// What a hit of `cost` would find at `now`, and the arrival time it would leave. A `force`d hit leaves the arrival
+/// time moved by its cost whether it fits or not (see [`crate::store::Hit::force`]): what it leaves (`used`, `rem1`,
+/// `reset1`, the write) is that arrival time, while `ok` and `retry` are an ordinary hit's.
+pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
     let (limit, window) = (t.limit, t.window_us);
     let interval = window.div_ceil(limit.max(1));
     let tolerance = t.burst.saturating_mul(interval);
@@ -15,16 +17,26 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
     };
     // A cost above the bucket never fits: it is not priced (its product could leave the exact range).
     let over = cost > t.burst;
-    let new = if over {
+    let reach = if over {
         tat
     } else {
         tat.saturating_add(cost.saturating_mul(interval))
     };
-    let ok = !over && new - now <= tolerance;
+    let ok = !over && reach - now <= tolerance;
     let full = now.saturating_add(tolerance);
+    // A forced hit is charged at most burst + 1 tokens, and its debt stops at MAX_DEBT_US past an empty bucket (a
+    // debt already past that, after the clock stepped back, is kept, never forgiven).
+    let new = if force {
+        let charge = cost.min(t.burst.saturating_add(1)).saturating_mul(interval);
+        tat.saturating_add(charge)
+            .min(full.saturating_add(MAX_DEBT_US))
+            .max(tat)
+    } else {
+        reach
+    };
     let rem0 = full.saturating_sub(tat) / interval;
     let rem1 = match full.checked_sub(new) {
-        Some(room) if !over => room / interval,
+        Some(room) if !over || force => room / interval,
         _ => 0,
     };
     Check {
@@ -35,7 +47,7 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
         rem1,
         reset0: tat - now,
         reset1: new - now,
-        retry: retry(over, ok, (new - now).saturating_sub(tolerance)),
+        retry: retry(over, ok, (reach - now).saturating_sub(tolerance)),
         write: Write::Tat(new),
     }
 }

@@ -35,7 +35,11 @@ impl Call {
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
         args.push(Value::Integer(keys.len() as i64));
         args.push(Value::Integer(count as i64));
-        args.push(Value::from(if mode == Mode::Hit { "hit" } else { "peek" }));
+        args.push(Value::from(match mode {
+            Mode::Hit if hit.forced() => "report",
+            Mode::Hit => "hit",
+            Mode::Peek => "peek",
+        }));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
         // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
         args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
