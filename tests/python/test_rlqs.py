@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -230,6 +231,13 @@ def upstream() -> Iterator[Upstream]:
         thread.join(timeout=5)
 
 
+def assignments(server) -> int:
+    """RLQS assignments sluice has sent, from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(int(float(line.split()[-1])) for line in text.splitlines() if line.startswith("sluice_rlqs_assignments_total{"))
+
+
 def test_two_envoys_share_one_quota(sluice_bin: Path, upstream: Upstream, tmp_path: Path):
     config = tmp_path / "rlqs.yaml"
     config.write_text(CONFIG.replace("assignment_ttl_seconds: 3\n    abandon_after_seconds: 3", "assignment_ttl_seconds: 4"))
@@ -237,15 +245,15 @@ def test_two_envoys_share_one_quota(sluice_bin: Path, upstream: Upstream, tmp_pa
     with redis_server(tmp_path) as redis_url:
         args = ("--redis-url", redis_url)
         sluice = contextlib.ExitStack()
-        sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
+        server = sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
         with rlqs_envoy(tmp_path, upstream, grpc_port) as a, rlqs_envoy(tmp_path, upstream, grpc_port) as b:
             alice, bob = {"x-user": "alice"}, {"x-user": "bob"}
-            # Each Envoy's first request for alice passes before any assignment; wait for sluice's answer to both.
+            # Each Envoy's first request for alice passes before any assignment (no_assignment_behavior) and is
+            # reported at once; sluice answers with a share, and when b joins, pushes a smaller one to a.
             assert a.get("/q", alice)[0] == 200
-            wait_until(lambda: a.stat("http.ingress.rate_limit_quota.rlqs_assignments") >= 0, 5, "envoy a")
-            time.sleep(0.5)
+            wait_until(lambda: assignments(server) >= 1, 10, "sluice's first assignment")
             assert b.get("/q", alice)[0] == 200
-            time.sleep(0.5)
+            wait_until(lambda: assignments(server) >= 3, 10, "b's assignment and a's new share")
             statuses = []
             for i in range(3 * QUOTA):
                 statuses.append((a if i % 2 == 0 else b).get("/q", alice)[0])
