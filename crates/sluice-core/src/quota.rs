@@ -29,6 +29,9 @@ use crate::store::Store;
 /// A bucket id: its entries sorted by key.
 pub type BucketId = Vec<(String, String)>;
 
+/// A bucket of a domain, as the streams of one instance watch it.
+type Watched = (Arc<str>, BucketId);
+
 /// How an Envoy decides a bucket's requests until its next assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -118,7 +121,7 @@ pub struct Quotas<S> {
     caps: QuotaCaps,
     streams: AtomicUsize,
     /// For each bucket of a domain, the inboxes of the streams of this instance that report it.
-    watchers: Mutex<HashMap<(Arc<str>, BucketId), Vec<Weak<Inbox>>>>,
+    watchers: Mutex<HashMap<Watched, Vec<Weak<Inbox>>>>,
     stats: QuotaStats,
 }
 

@@ -8,7 +8,9 @@ use sluice_core::limiter::Limiter;
 use sluice_core::quota::{Action, QuotaCaps, QuotaError, QuotaStream, Quotas, Report, ReportedUsage, Strategy};
 use sluice_core::store::Store;
 
-use crate::harness::limiter;
+use sluice_core::limiter::LimiterSettings;
+
+use crate::harness::limiter_with;
 
 const RULES: &str = "domain: q
 quota_buckets:
@@ -17,7 +19,7 @@ quota_buckets:
     assignment_ttl_seconds: 9
     abandon_after_seconds: 30
   - bucket: {name: open}
-    rate_limit: {unit: minute, unlimited: true}
+    rate_limit: {unlimited: true}
   - bucket: {name: tb, user: }
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
   - bucket: {name: first, user: }
@@ -25,7 +27,10 @@ quota_buckets:
     initial_assignment: deny_all
 ";
 
-fn report(domain: &str, usages: &[(&[(&str, &str)], u64, u64)]) -> Report {
+/// A bucket's entries, its allowed and its denied requests.
+type Reported<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+
+fn report(domain: &str, usages: &[Reported<'_>]) -> Report {
     Report {
         domain: domain.into(),
         usages: usages
@@ -55,6 +60,15 @@ fn tokens(actions: &[Action]) -> u32 {
         Strategy::TokenBucket { max_tokens, .. } => max_tokens,
         other => panic!("expected a token bucket, got {other:?}"),
     }
+}
+
+/// A limiter with the key prefix the README's ACL user is given in tests.
+fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<sluice_core::clock::ManualClock>) {
+    let settings = LimiterSettings {
+        key_prefix: "test:".into(),
+        ..LimiterSettings::default()
+    };
+    limiter_with(yaml, store, settings)
 }
 
 async fn setup<S: Store>(store: S) -> (Arc<Quotas<S>>, Arc<sluice_core::clock::ManualClock>, Arc<Limiter<S>>) {
@@ -94,8 +108,13 @@ async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: imp
         "DENY_ALL holds until the window ends: {ttl}"
     );
     assert!(quotas.tick(&mut a).await.unwrap().is_empty(), "nothing due yet");
+    // The Envoy keeps reporting its denials; the quota stays spent until the window ends.
+    clock.advance(window_left * 1_000_000 - 1_000_000);
+    let denied = quotas.report(&mut a, report("q", &[(&alice, 0, 4)])).await.unwrap();
+    assert_eq!(strategy(&denied).0, Strategy::DenyAll);
+    assert_eq!(strategy(&denied).1, 1, "one second of the window is left");
     // The next window: the tick sends a new share at once.
-    clock.advance(window_left * 1_000_000);
+    clock.advance(1_000_000);
     let fresh = quotas.tick(&mut a).await.unwrap();
     assert_eq!(tokens(&fresh), 100, "{fresh:?}");
 }

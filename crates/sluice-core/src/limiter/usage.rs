@@ -199,7 +199,7 @@ impl<S: Store> Limiter<S> {
                         ));
                     }
                 }
-            } else if matches!(charged, Err(_)) {
+            } else if charged.is_err() {
                 quota_hits.next();
             }
         }
