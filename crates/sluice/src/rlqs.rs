@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -73,7 +74,14 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
                     _ = stop.wait_for(|stop| *stop) => Event::Stop,
                 };
                 let answer = match event {
-                    Event::Message(Ok(Some(message))) => quotas.report(&mut stream, report(message)).await,
+                    Event::Message(Ok(Some(message))) => {
+                        let span = tracing::info_span!(
+                            "rlqs.report",
+                            domain = %message.domain,
+                            buckets = message.bucket_quota_usages.len()
+                        );
+                        quotas.report(&mut stream, report(message)).instrument(span).await
+                    }
                     // The client closed its side, or the connection is gone.
                     Event::Message(Ok(None) | Err(_)) => break,
                     Event::Tick => quotas.tick(&mut stream).await,

@@ -13,5 +13,6 @@ mod grpc;
 mod http;
 mod recovery;
 mod reload;
+mod rlqs;
 mod sentinel;
 mod tls;
