@@ -3,7 +3,7 @@
 # a 3-primary local cluster) and sluice on loopback ports, and drives `sluice-bench` through the scenarios: in memory
 # and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
 # over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
-# cross-checking. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
+# cross-checking, and RLQS usage reports. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
 # (LARGE_DURATION, 30s, is how long the many-counters scenario runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +19,10 @@ cleanup() {
 trap cleanup EXIT
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
-cargo build --release --locked --bin sluice --bin sluice-bench >&2
+cargo build --release --locked --bin sluice --bin sluice-bench --bin sluice-quota-bench >&2
 sluice=$PWD/target/release/sluice
 sluice_bench=$PWD/target/release/sluice-bench
+quota_bench=$PWD/target/release/sluice-quota-bench
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -40,6 +41,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
   - key: flood
     rate_limit: {unit: hour, requests_per_unit: 1}
+quota_buckets:
+  - bucket: {name: per_user, user: }
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
 YAML
 
 redis_port=$(free_port)
@@ -85,6 +89,13 @@ run() {
   printf '%s\n' "--- $label"
   "$sluice_bench" --target "http://127.0.0.1:$grpc" --domain bench --duration "$DURATION" --warmup "$WARMUP" \
     --quiet "$@"
+}
+
+# RLQS: 1 000 buckets over 10 streams (Envoys), each stream reporting all its buckets as soon as it has its answer.
+quota() {
+  printf '%s\n' "--- $1, RLQS, 1000 buckets over 10 streams, reports as fast as answered"
+  "$quota_bench" --target "http://127.0.0.1:$grpc" --domain bench --streams 10 --buckets 1000 \
+    --duration "$DURATION"
 }
 
 scenarios() {
@@ -139,6 +150,7 @@ fi
 start_sluice memory
 scenarios "memory"
 run "memory, over-limit flood of one key" --descriptor-key flood --keys hot --concurrency 256
+quota "memory"
 # A million live counters and more: what the in-memory store costs as it grows.
 DURATION=${LARGE_DURATION:-30s} run "memory, 1 descriptor, keys uniform:3000000, max throughput" \
   --keys uniform:3000000 --concurrency 256
@@ -151,6 +163,7 @@ scenarios "redis"
 calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
 echo "--- redis commands during the Redis scenarios: $calls"
 run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot --concurrency 256
+quota "redis"
 stop_sluice
 start_sluice redis-nocache --redis-url "redis://127.0.0.1:$redis_port" --local-cache-size 0
 run "redis, over-limit flood of one key, local cache off" --descriptor-key flood --keys hot --concurrency 256

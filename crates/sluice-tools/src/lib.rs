@@ -4,10 +4,12 @@
 //! - [`bench`]: `sluice-bench`, a load generator that drives either API over real gRPC connections and reports
 //!   throughput, checked answers and latency percentiles.
 //! - [`client`]: `sluice-client`, one call from the shell.
+//! - [`quota_bench`]: `sluice-quota-bench`, many RLQS streams and buckets reporting usage as fast as answered.
 
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod client;
+pub mod quota_bench;
 
 use sluice::{json, proto};
