@@ -4,7 +4,8 @@
 -- empty. The key expires when its window ends.
 -- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
 -- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, but never a
--- cost above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT.
+-- cost above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT. A
+-- settlement's refund lowers the count of the current window only, never below 0, and keeps the key's expiry.
 
 function L.fixed_window()
   local M = {}
@@ -29,6 +30,18 @@ function L.fixed_window()
     redis.call('HSET', key, 'w', string.format('%d', s.start), 'n', string.format('%d', math.min(s.n + cost, MAX_COUNT)))
     if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
     return ''
+  end
+
+  -- Gives back up to `amount` (down to 0) if the hit at `at` was counted in the current window; the key keeps its
+  -- expiry.
+  function M.refund(key, now, at, amount, limit, window)
+    local start = now - now % window
+    if at - at % window ~= start then return nil end
+    local f = redis.call('HMGET', key, 'w', 'n')
+    if tonumber(f[1]) ~= start then return nil end
+    local n = tonumber(f[2]) or 0
+    local left = n - math.min(n, amount)
+    return function() redis.call('HSET', key, 'n', string.format('%d', left)) end
   end
   return M
 end

@@ -12,6 +12,12 @@
 --   where, for a forced hit (`force`, decide.lua's mode 'report'), used, rem1 and reset1 are what counting the cost
 --   leaves whether it fits or not; ok and retry are an ordinary hit's.
 --   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
+-- and the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket) a third, for settling a
+-- reservation (decide.lua's mode 'settle'):
+--   refund(key, now, at, amount, limit, window, burst) -> nil when nothing changes, else a function that writes the
+--     refund: give back up to `amount` of what a hit at time `at` counted, from the state it was counted in. It only
+--     reads; the function it returns never creates the key and never extends its expiry (a bucket's moves with its
+--     arrival time, as every write of it does).
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: a cost arrives
 -- bounded by the largest capacity + 1 (at most 2^32, see `Hit::bounded_cost`), limits are at most 2^32 - 1, a
 -- fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at

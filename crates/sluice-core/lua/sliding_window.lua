@@ -6,7 +6,8 @@
 --
 -- State: a hash {w = current window start, c, p}. It expires two windows after w, when it no longer matters.
 -- Invariants: a denied hit writes nothing, unless it is forced (then c may pass the limit, up to MAX_SLIDING_COUNT);
--- a cost of 0 writes nothing.
+-- a cost of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in
+-- (the current or the previous one), never below 0, and keeps the key's expiry.
 
 function L.sliding_window()
   local M = {}
@@ -72,6 +73,31 @@ function L.sliding_window()
     redis.call('HSET', key, 'w', s.start, 'c', string.format('%d', c), 'p', string.format('%d', s.p))
     redis.call('PEXPIRE', key, ceil_ms(s.start + 2 * window - now))
     return ''
+  end
+
+  -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's if it was
+  -- counted in the current window, the previous window's if in that one (which the hash holds as c while it has not
+  -- rolled over, as p after). The key keeps its expiry.
+  function M.refund(key, now, at, amount, limit, window)
+    local start = now - now % window
+    local from = at - at % window
+    local f = redis.call('HMGET', key, 'w', 'c', 'p')
+    local w = tonumber(f[1])
+    local field, i
+    if w == nil then
+      return nil
+    elseif from == start and w == start then
+      field, i = 'c', 2
+    elseif from == start - window and w == start then
+      field, i = 'p', 3
+    elseif from == start - window and w == from then
+      field, i = 'c', 2
+    else
+      return nil
+    end
+    local n = tonumber(f[i]) or 0
+    local left = n - math.min(n, amount)
+    return function() redis.call('HSET', key, field, string.format('%d', left)) end
   end
   return M
 end

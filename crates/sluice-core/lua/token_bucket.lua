@@ -6,7 +6,8 @@
 -- the bucket is full again.
 -- Invariants: a denied hit writes nothing, unless it is forced: then the TAT moves by its cost, at most burst + 1
 -- tokens, even past the tolerance (a debt that later hits see and that drains at the refill rate), up to MAX_DEBT_US
--- past an empty bucket. A cost of 0 writes nothing.
+-- past an empty bucket. A cost of 0 writes nothing. A settlement's refund moves the TAT back, never before now, on a
+-- key that exists (and the key's expiry with it, as every write does).
 
 function L.token_bucket()
   local M = {}
@@ -50,6 +51,18 @@ function L.token_bucket()
     if cost == 0 then return '' end
     redis.call('SET', key, string.format('%d', s.new), 'PX', ceil_ms(s.new - now))
     return ''
+  end
+
+  -- Moves the arrival time back by `amount` tokens, never before `now`. Only as many tokens as the arrival time is
+  -- past `now` are priced, so the product stays exact whatever the amount.
+  function M.refund(key, now, at, amount, limit, window)
+    local rate = math.max(limit, 1)
+    local interval = math.floor((window + rate - 1) / rate)
+    local tat = tonumber(redis.call('GET', key))
+    if tat == nil or tat <= now then return nil end
+    local new = now
+    if amount < math.floor((tat - now + interval - 1) / interval) then new = tat - amount * interval end
+    return function() redis.call('SET', key, string.format('%d', new), 'PX', ceil_ms(new - now)) end
   end
   return M
 end

@@ -463,6 +463,7 @@ impl<S: Store> Limiter<S> {
             fields: if queue { descriptor.entries.clone() } else { Vec::new() },
             record,
             force: false,
+            reservation: None,
         }
     }
 

@@ -66,6 +66,12 @@ pub struct Hit {
     /// The outcome's `admitted`, and each tier's `ok` and `retry_after_us`, are those of an ordinary hit (decided
     /// before counting); `used`, `remaining` and `reset_after_us` are each tier's state after counting.
     pub force: bool,
+    /// Hold what the hit is charged as a reservation, to be [settled](Store::settle) later with the actual cost (a
+    /// cost budget: reserve an estimate, settle what was used). An admitted hit of a positive cost (or a
+    /// [forced](Hit::force) one, which is always counted) also writes the record `reservation.key`: the cost it was
+    /// charged (the bounded one, [`Hit::bounded_cost`]) and when. A denied hit, a cost of 0 and a peek write none.
+    /// For the counting algorithms only, as [`Hit::force`]: on a hit with a tier of another algorithm it is ignored.
+    pub reservation: Option<ReservationSpec>,
 }
 
 impl Hit {
@@ -81,14 +87,94 @@ impl Hit {
     /// Whether the hit is counted whatever the limits say: `force`, when every tier counts (`fixed_window`,
     /// `sliding_window`, `token_bucket`, `leaky_bucket`). Both stores decide by this one test.
     pub fn forced(&self) -> bool {
-        self.force
-            && self.tiers.iter().all(|t| {
-                matches!(
-                    t.algorithm,
-                    Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
-                )
-            })
+        self.force && self.counts()
     }
+
+    /// The reservation the hit holds if it is admitted: `reservation`, when every tier counts. Both stores decide
+    /// by this one test.
+    pub(crate) fn reserves(&self) -> Option<&ReservationSpec> {
+        self.reservation.as_ref().filter(|_| self.counts())
+    }
+
+    /// Whether every tier is of a counting algorithm (`fixed_window`, `sliding_window`, `token_bucket`,
+    /// `leaky_bucket`): what forced hits, reservations and settlements need.
+    pub(crate) fn counts(&self) -> bool {
+        self.tiers.iter().all(|t| {
+            matches!(
+                t.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
+            )
+        })
+    }
+}
+
+/// What an admitted hit holds against its tiers until settled: the record `key` (same hash tag as the
+/// descriptor's tiers, built by [`Identity::reservation`]) lives `ttl_us`.
+///
+/// The record keeps the cost charged, when, and when it expires by the decision's clock (`now_us` + `ttl_us`, rounded
+/// up to whole milliseconds as every TTL is; `ttl_us` is bounded by [`MAX_RESERVATION_TTL_US`]): a settlement at or
+/// after that time finds nothing, whether or not the key is still there. A reservation that is never settled simply
+/// expires, and what it was charged stays counted, as any hit is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationSpec {
+    pub key: CounterKey,
+    pub ttl_us: u64,
+}
+
+/// The longest a reservation record lives: 2^48 us, about 9 years. A longer `ttl_us` is taken as this one, which keeps
+/// every expiry time exact in the scripts' doubles.
+pub const MAX_RESERVATION_TTL_US: u64 = 1 << 48;
+
+impl ReservationSpec {
+    /// `ttl_us`, at most [`MAX_RESERVATION_TTL_US`]: what both stores keep the record for.
+    pub(crate) fn bounded_ttl_us(&self) -> u64 {
+        self.ttl_us.min(MAX_RESERVATION_TTL_US)
+    }
+}
+
+/// Replace a reservation's estimate with the actual cost.
+///
+/// `hit` names the descriptor's tiers (as the reserving hit did) and carries the actual cost in `cost`, bounded as any
+/// cost is ([`Hit::bounded_cost`]: at most the largest capacity + 1, so the arithmetic stays exact); its other fields
+/// are not read. `reservation` is the record the reserving hit wrote ([`ReservationSpec::key`]), with the same hash
+/// tag as the tiers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    pub hit: Hit,
+    pub reservation: CounterKey,
+}
+
+/// What [`Store::settle`] did with one settlement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// No such reservation: it expired (and stays charged at its estimate), was settled already, or never existed.
+    /// Also the answer, touching nothing, for a settlement whose hit has a tier that does not count (another algorithm
+    /// than `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`).
+    Unknown,
+    /// The estimate was replaced: `charged` more was counted (actual above the estimate), or `refunded` given back
+    /// (actual below it; a tier gives back only what is still in the window it was charged in), and each tier's
+    /// state after.
+    ///
+    /// `estimate` is the cost the reservation was charged. With `a` the bounded actual cost:
+    /// - `a > estimate`: `charged` = `a - estimate` is counted on every tier as a [forced](Hit::force) hit of that
+    ///   cost at `now_us` would be (past the limit if it must, with the same caps).
+    /// - `a < estimate`: `refunded` = `estimate - a`, the amount asked back of every tier, from the state the
+    ///   reservation was charged in: a fixed window gives it back (down to 0) if the window it was charged in is still
+    ///   the current one; a sliding window gives it back from the current window's count if it was charged in the
+    ///   current window, from the previous window's if it was charged in that one; a bucket moves its arrival time
+    ///   back by that many tokens, never before `now_us`. A tier whose window has passed (or whose state expired)
+    ///   gives back nothing, though `refunded` still reports the amount asked. A refund never creates a key and never
+    ///   moves a window's expiry.
+    /// - `a == estimate`: nothing changes but the record, which is gone.
+    ///
+    /// `outcome` is each tier's state after, as a peek of cost 1 at `now_us` reports it (`admitted`, and per tier
+    /// `ok`, `used`, `remaining`, `reset_after_us`, `retry_after_us`).
+    Done {
+        estimate: u64,
+        charged: u64,
+        refunded: u64,
+        outcome: Outcome,
+    },
 }
 
 /// Keep the last `size` values of the entry that hit, in the list `key`.
@@ -205,6 +291,15 @@ pub trait Store: Send + Sync + 'static {
         keys: &[CounterKey],
     ) -> impl Future<Output = Result<StreamReset, StoreError>> + Send;
 
+    /// Settles each reservation, in order, each atomically (it reads and deletes the record and charges or refunds
+    /// every tier in one step), independently of the others: see [`Settled`]. A reservation settles once; a second
+    /// settlement finds nothing.
+    fn settle(
+        &self,
+        now_us: u64,
+        settlements: &[Settlement],
+    ) -> impl Future<Output = Vec<Result<Settled, StoreError>>> + Send;
+
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -212,7 +307,9 @@ pub trait Store: Send + Sync + 'static {
 /// The name of one counter in a store.
 ///
 /// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, `<prefix>{<tag>}<identity>|records` for
-/// hit records, and `<prefix>{<tag>}<identity>|demand` for the demand of an RLQS bucket. `<identity>` is `<domain>`
+/// hit records, `<prefix>{<tag>}<identity>|demand` for the demand of an RLQS bucket, and
+/// `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as the caller gives it, last
+/// in the key, after a name no algorithm has). `<identity>` is `<domain>`
 /// then, per descriptor entry, `|<key>=<value>`, every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and
 /// `a`+`b_c` can never collide, whatever bytes the request carries); an RLQS bucket's identity is `rlqs|` then the
 /// same, with its entries in key order.
@@ -305,6 +402,15 @@ impl Identity {
         }
     }
 
+    /// The key of the record of the reservation `id` ([`ReservationSpec`]): `<base>|reservation/<id>`, with the
+    /// descriptor's hash tag.
+    pub fn reservation(&self, id: &str) -> CounterKey {
+        CounterKey {
+            key: format!("{}|reservation/{id}", self.base),
+            tag: self.tag,
+        }
+    }
+
     /// The key of the hit-record list.
     pub fn records(&self) -> CounterKey {
         CounterKey {
@@ -372,6 +478,10 @@ mod tests {
         let a = id.tier(Algorithm::FixedWindow, 1_000_000);
         let b = id.tier(Algorithm::TokenBucket, 1_000_000);
         let r = id.records();
+        let v = id.reservation("req-1");
+        assert!(v.key.ends_with("1:k=1:v|reservation/req-1"), "{}", v.key);
+        assert_eq!(v.tag(), a.tag());
+        assert_eq!(v.key[..18], a.key[..18]);
         assert_ne!(a, b);
         assert_eq!(a.key[..18], b.key[..18]);
         assert_eq!(a.key[..18], r.key[..18]);

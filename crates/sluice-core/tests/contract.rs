@@ -3,7 +3,9 @@
 //! documented ACL allows every command the store sends. Time is passed explicitly.
 
 use sluice_core::rules::Algorithm;
-use sluice_core::store::{CounterKey, Hit, Outcome, RecordSpec, Store, TierSpec};
+use std::sync::Arc;
+
+use sluice_core::store::{CounterKey, Hit, Outcome, RecordSpec, ReservationSpec, Settled, Settlement, Store, TierSpec};
 
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
 
@@ -18,6 +20,7 @@ fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
         fields: vec![("k".into(), "v".into())],
         record: None,
         force: false,
+        reservation: None,
     }
 }
 
@@ -60,6 +63,16 @@ every_store!(
     a_forced_hit_with_a_tier_that_does_not_count_is_an_ordinary_hit,
     a_forced_hit_of_cost_zero_writes_nothing,
     a_forced_hit_of_any_size_is_counted_as_the_capacity_plus_one,
+    concurrent_reservations_never_admit_more_than_the_budget,
+    settle_refunds_and_the_freed_budget_admits_more,
+    settle_charges_more_and_the_next_hit_is_denied,
+    an_unsettled_reservation_expires_and_stays_charged_at_its_estimate,
+    a_reservation_settles_once,
+    a_refund_after_the_window_rolled,
+    a_bucket_refund_never_moves_the_arrival_time_before_now,
+    huge_actual_costs_neither_panic_nor_wrap,
+    settlements_in_one_call_are_independent,
+    only_a_counted_hit_on_counting_tiers_holds_a_reservation,
 );
 
 /// `h`, forced: a usage report, counted whatever the limits say.
@@ -258,6 +271,489 @@ async fn a_forced_hit_of_any_size_is_counted_as_the_capacity_plus_one(store: imp
         Some((1 << 48) + year),
         "the debt, then the token"
     );
+}
+
+const HOUR: u64 = 3_600 * SECOND;
+
+/// The four counting algorithms, the only ones a reservation holds.
+const COUNTING: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+];
+
+/// The record of the reservation `id` on the descriptor `k=<name>` of [`tier`].
+fn reservation_key(name: &str, id: &str) -> CounterKey {
+    CounterKey::builder("test:", "d")
+        .entry("k", name)
+        .finish()
+        .reservation(id)
+}
+
+/// `h` (on the descriptor `k=<name>`), holding the reservation `id` for `ttl_us` if it is counted.
+fn reserving(mut h: Hit, name: &str, id: &str, ttl_us: u64) -> Hit {
+    h.reservation = Some(ReservationSpec {
+        key: reservation_key(name, id),
+        ttl_us,
+    });
+    h
+}
+
+/// Settles the reservation `id` of `h`'s descriptor (`k=<name>`) with the actual cost `actual`.
+async fn settle(store: &impl Store, now: u64, h: &Hit, name: &str, id: &str, actual: u64) -> Settled {
+    let settlement = Settlement {
+        hit: Hit {
+            cost: actual,
+            reservation: None,
+            ..h.clone()
+        },
+        reservation: reservation_key(name, id),
+    };
+    store
+        .settle(now, std::slice::from_ref(&settlement))
+        .await
+        .remove(0)
+        .expect("the store settles")
+}
+
+/// What a `Done` settlement says: (estimate, charged, refunded, outcome).
+fn done(settled: Settled) -> (u64, u64, u64, Outcome) {
+    match settled {
+        Settled::Done {
+            estimate,
+            charged,
+            refunded,
+            outcome,
+        } => (estimate, charged, refunded, outcome),
+        Settled::Unknown => panic!("the reservation was not found"),
+    }
+}
+
+/// One budget tier of `algorithm` on `k=<name>`: `limit` per `window`, a bucket of `limit` for both buckets.
+fn budget(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> TierSpec {
+    tier(name, algorithm, limit, window, limit)
+}
+
+async fn concurrent_reservations_never_admit_more_than_the_budget(store: impl Store) {
+    // 100 an hour; beside it a roomy daily tier, so that a lone fixed window's counted denials do not blur the budget.
+    let store = Arc::new(store);
+    for algorithm in COUNTING {
+        let name = format!("res-many-{}", algorithm.name());
+        let tiers = vec![
+            budget(&name, algorithm, 100, HOUR),
+            tier(&name, Algorithm::FixedWindow, 1_000_000, 24 * HOUR, 1_000_000),
+        ];
+        let spawn_reservations = |round: &'static str, reserve: bool| {
+            (0..64)
+                .map(|i| {
+                    let (store, name) = (store.clone(), name.clone());
+                    let mut h = hit(tiers.clone(), 3);
+                    if reserve {
+                        h = reserving(h, &name, &format!("{round}{i}"), HOUR);
+                    }
+                    tokio::spawn(async move { crate::harness::decided(store.hit(T0, &[h]).await).remove(0) })
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut admitted = Vec::new();
+        for (i, task) in spawn_reservations("r", true).into_iter().enumerate() {
+            if task.await.unwrap().admitted {
+                admitted.push(i);
+            }
+        }
+        assert_eq!(admitted.len(), 33, "{algorithm:?}: 33 reservations of 3 fit 100");
+        // Every reservation settled twice at once, each at 1: exactly the admitted ones are found, once each.
+        let settles: Vec<_> = (0..64)
+            .flat_map(|i| [i, i])
+            .map(|i| {
+                let (store, name, tiers) = (store.clone(), name.clone(), tiers.clone());
+                tokio::spawn(async move {
+                    let h = hit(tiers, 1);
+                    (i, settle(&*store, T0, &h, &name, &format!("r{i}"), 1).await)
+                })
+            })
+            .collect();
+        let mut found = Vec::new();
+        for task in settles {
+            match task.await.unwrap() {
+                (
+                    i,
+                    Settled::Done {
+                        estimate,
+                        charged,
+                        refunded,
+                        ..
+                    },
+                ) => {
+                    assert_eq!((estimate, charged, refunded), (3, 0, 2), "{algorithm:?}");
+                    found.push(i);
+                }
+                (_, Settled::Unknown) => {}
+            }
+        }
+        found.sort_unstable();
+        assert_eq!(found, admitted, "{algorithm:?}: each admitted reservation settles once");
+        // 33 are now charged 1 each: 67 left, 22 more hits of 3.
+        let mut more = 0;
+        for task in spawn_reservations("s", false) {
+            more += usize::from(task.await.unwrap().admitted);
+        }
+        assert_eq!(more, 22, "{algorithm:?}: the refunds freed the budget");
+    }
+}
+
+async fn settle_refunds_and_the_freed_budget_admits_more(store: impl Store) {
+    // 10 a minute (a bucket of 10 refilling 10 a minute).
+    for algorithm in COUNTING {
+        let name = format!("res-refund-{}", algorithm.name());
+        let h = |cost| hit(vec![budget(&name, algorithm, 10, MINUTE)], cost);
+        let o = apply(&store, T0, &reserving(h(8), &name, "a", MINUTE)).await;
+        assert!(o.admitted && o.tiers[0].used == 8, "{algorithm:?}: {o:?}");
+        assert!(!peek(&store, T0, &h(3)).await.admitted, "{algorithm:?}");
+        let (estimate, charged, refunded, o) = done(settle(&store, T0 + SECOND, &h(0), &name, "a", 2).await);
+        assert_eq!((estimate, charged, refunded), (8, 0, 6), "{algorithm:?}");
+        assert!(o.admitted, "{algorithm:?}: {o:?}");
+        assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (2, 8), "{algorithm:?}");
+        assert_eq!(
+            peek(&store, T0 + SECOND, &h(1)).await,
+            o,
+            "{algorithm:?}: the outcome is a peek of 1"
+        );
+        assert!(apply(&store, T0 + SECOND, &h(8)).await.admitted, "{algorithm:?}");
+        assert!(!apply(&store, T0 + SECOND, &h(1)).await.admitted, "{algorithm:?}");
+    }
+}
+
+async fn settle_charges_more_and_the_next_hit_is_denied(store: impl Store) {
+    for algorithm in COUNTING {
+        let name = format!("res-charge-{}", algorithm.name());
+        let h = |cost| hit(vec![budget(&name, algorithm, 10, MINUTE)], cost);
+        assert!(apply(&store, T0, &reserving(h(2), &name, "a", MINUTE)).await.admitted);
+        let (estimate, charged, refunded, o) = done(settle(&store, T0, &h(0), &name, "a", 9).await);
+        assert_eq!((estimate, charged, refunded), (2, 7, 0), "{algorithm:?}");
+        assert!(o.admitted, "{algorithm:?}: one place is left: {o:?}");
+        assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (9, 1), "{algorithm:?}");
+        assert!(!peek(&store, T0, &h(2)).await.admitted, "{algorithm:?}");
+        // Past the limit, as a forced hit is counted.
+        assert!(apply(&store, T0, &reserving(h(1), &name, "b", MINUTE)).await.admitted);
+        let (estimate, charged, _, o) = done(settle(&store, T0, &h(0), &name, "b", 5).await);
+        assert_eq!((estimate, charged), (1, 4), "{algorithm:?}");
+        let t = &o.tiers[0];
+        assert!(
+            !o.admitted && !t.ok && t.remaining == 0 && t.used >= 10,
+            "{algorithm:?}: {o:?}"
+        );
+        assert!(t.retry_after_us.is_some_and(|r| r > 0), "{algorithm:?}: {o:?}");
+        let o = apply(&store, T0, &h(1)).await;
+        assert!(!o.admitted, "{algorithm:?}: {o:?}");
+    }
+}
+
+async fn an_unsettled_reservation_expires_and_stays_charged_at_its_estimate(store: impl Store) {
+    // 10 an hour (a bucket refills one every 6 minutes); the reservations live 30 s.
+    let ttl = 30 * SECOND;
+    for algorithm in COUNTING {
+        let name = format!("res-expire-{}", algorithm.name());
+        let h = |cost| hit(vec![budget(&name, algorithm, 10, HOUR)], cost);
+        assert!(apply(&store, T0, &reserving(h(5), &name, "a", ttl)).await.admitted);
+        assert!(apply(&store, T0, &reserving(h(5), &name, "b", ttl)).await.admitted);
+        let (estimate, charged, refunded, o) = done(settle(&store, T0 + ttl - 1, &h(0), &name, "a", 5).await);
+        assert_eq!(
+            (estimate, charged, refunded),
+            (5, 0, 0),
+            "{algorithm:?}: alive until its TTL"
+        );
+        assert_eq!(o.tiers[0].used, 10, "{algorithm:?}");
+        assert_eq!(
+            settle(&store, T0 + ttl, &h(0), &name, "b", 0).await,
+            Settled::Unknown,
+            "{algorithm:?}: expired"
+        );
+        let p = peek(&store, T0 + ttl, &h(1)).await;
+        assert_eq!(
+            (p.admitted, p.tiers[0].used),
+            (false, 10),
+            "{algorithm:?}: still charged"
+        );
+    }
+}
+
+async fn a_reservation_settles_once(store: impl Store) {
+    for algorithm in COUNTING {
+        let name = format!("res-once-{}", algorithm.name());
+        let h = |cost| hit(vec![budget(&name, algorithm, 10, MINUTE)], cost);
+        assert_eq!(
+            settle(&store, T0, &h(0), &name, "never", 0).await,
+            Settled::Unknown,
+            "{algorithm:?}"
+        );
+        assert!(apply(&store, T0, &reserving(h(4), &name, "a", MINUTE)).await.admitted);
+        let (_, _, refunded, _) = done(settle(&store, T0, &h(0), &name, "a", 1).await);
+        assert_eq!(refunded, 3);
+        let before = peek(&store, T0, &h(1)).await;
+        assert_eq!(before.tiers[0].used, 1, "{algorithm:?}");
+        for actual in [0, 1, 9] {
+            assert_eq!(
+                settle(&store, T0, &h(0), &name, "a", actual).await,
+                Settled::Unknown,
+                "{algorithm:?}"
+            );
+        }
+        assert_eq!(peek(&store, T0, &h(1)).await, before, "{algorithm:?}: nothing changed");
+        // The same id reserved again is a new reservation.
+        assert!(apply(&store, T0, &reserving(h(2), &name, "a", MINUTE)).await.admitted);
+        let (estimate, _, _, o) = done(settle(&store, T0, &h(0), &name, "a", 2).await);
+        assert_eq!((estimate, o.tiers[0].used), (2, 3), "{algorithm:?}");
+    }
+}
+
+async fn a_refund_after_the_window_rolled(store: impl Store) {
+    // A fixed window gives back nothing once its window has passed: 10 a minute, T0 is 10 s into its minute.
+    let h = |cost| hit(vec![budget("res-roll-fw", Algorithm::FixedWindow, 10, MINUTE)], cost);
+    assert!(
+        apply(&store, T0, &reserving(h(8), "res-roll-fw", "a", HOUR))
+            .await
+            .admitted
+    );
+    assert!(apply(&store, T0 + MINUTE, &h(4)).await.admitted);
+    let (estimate, charged, refunded, o) = done(settle(&store, T0 + MINUTE, &h(0), "res-roll-fw", "a", 0).await);
+    assert_eq!((estimate, charged, refunded), (8, 0, 8), "the amount asked is reported");
+    assert_eq!(o.tiers[0].used, 4, "but the new window keeps its count");
+    // A sliding window gives it back to the previous window: 10 per 10 s, T0 starts a window.
+    let w = 10 * SECOND;
+    let mid = T0 + w + 5 * SECOND;
+    for (name, hit_in_the_new_window) in [("res-roll-sw-a", false), ("res-roll-sw-b", true)] {
+        let h = |cost| hit(vec![budget(name, Algorithm::SlidingWindow, 10, w)], cost);
+        assert!(
+            apply(&store, T0 + SECOND, &reserving(h(8), name, "a", HOUR))
+                .await
+                .admitted
+        );
+        let mut current = 0;
+        if hit_in_the_new_window {
+            let o = apply(&store, mid, &h(2)).await;
+            assert_eq!((o.admitted, o.tiers[0].used), (true, 6), "{name}: half of 8, and 2");
+            current = 2;
+        } else {
+            assert_eq!(peek(&store, mid, &h(1)).await.tiers[0].used, 4, "{name}: half of 8");
+        }
+        let (_, _, refunded, o) = done(settle(&store, mid, &h(0), name, "a", 2).await);
+        assert_eq!(refunded, 6);
+        assert_eq!(
+            o.tiers[0].used,
+            1 + current,
+            "{name}: half of the 2 left, and the new window's"
+        );
+    }
+    // Two windows on, nothing is left to give back.
+    let h = |cost| hit(vec![budget("res-roll-sw-c", Algorithm::SlidingWindow, 10, w)], cost);
+    assert!(
+        apply(&store, T0 + SECOND, &reserving(h(8), "res-roll-sw-c", "a", HOUR))
+            .await
+            .admitted
+    );
+    assert!(apply(&store, T0 + 2 * w + SECOND, &h(3)).await.admitted);
+    let (_, _, refunded, o) = done(settle(&store, T0 + 2 * w + SECOND, &h(0), "res-roll-sw-c", "a", 0).await);
+    assert_eq!((refunded, o.tiers[0].used), (8, 3));
+}
+
+async fn a_bucket_refund_never_moves_the_arrival_time_before_now(store: impl Store) {
+    // 10 a second, a bucket of 5: one token every 100 ms.
+    let h = |name: &str, cost| hit(vec![tier(name, Algorithm::TokenBucket, 10, SECOND, 5)], cost);
+    assert!(
+        apply(&store, T0, &reserving(h("res-tb-a", 3), "res-tb-a", "a", HOUR))
+            .await
+            .admitted
+    );
+    assert!(apply(&store, T0, &h("res-tb-a", 2)).await.admitted);
+    let (_, _, refunded, o) = done(settle(&store, T0 + 100_000, &h("res-tb-a", 0), "res-tb-a", "a", 0).await);
+    assert_eq!(refunded, 3);
+    let t = &o.tiers[0];
+    assert_eq!(
+        (t.used, t.remaining, t.reset_after_us),
+        (1, 4, 100_000),
+        "the other hit's 2 tokens, 100 ms of them drained"
+    );
+    // A refund larger than what is left to drain leaves the bucket full at now, not earlier.
+    assert!(
+        apply(&store, T0, &reserving(h("res-tb-b", 5), "res-tb-b", "a", HOUR))
+            .await
+            .admitted
+    );
+    let now = T0 + 300_000;
+    let (_, _, _, o) = done(settle(&store, now, &h("res-tb-b", 0), "res-tb-b", "a", 0).await);
+    let t = &o.tiers[0];
+    assert_eq!((t.used, t.remaining, t.reset_after_us), (0, 5, 0));
+    assert!(apply(&store, now, &h("res-tb-b", 5)).await.admitted);
+    let o = apply(&store, now, &h("res-tb-b", 1)).await;
+    assert_eq!((o.admitted, o.tiers[0].retry_after_us), (false, Some(100_000)));
+    // A slow bucket (1 a year, 3 of them) gives back years exactly.
+    let year = 31_536_000 * SECOND;
+    let slow = |cost| hit(vec![tier("res-tb-slow", Algorithm::TokenBucket, 1, year, 3)], cost);
+    assert!(
+        apply(&store, T0, &reserving(slow(3), "res-tb-slow", "a", HOUR))
+            .await
+            .admitted
+    );
+    let (_, _, _, o) = done(settle(&store, T0 + SECOND, &slow(0), "res-tb-slow", "a", 1).await);
+    assert_eq!((o.tiers[0].used, o.tiers[0].reset_after_us), (1, year - SECOND));
+    // The leaky bucket alike: 4 a second, burst 1.
+    let l = |cost| one("res-lb", Algorithm::LeakyBucket, 4, SECOND, cost);
+    assert!(apply(&store, T0, &reserving(l(1), "res-lb", "a", HOUR)).await.admitted);
+    assert!(!apply(&store, T0 + 100_000, &l(1)).await.admitted);
+    let (_, _, _, o) = done(settle(&store, T0 + 100_000, &l(0), "res-lb", "a", 0).await);
+    assert_eq!(o.tiers[0].reset_after_us, 0);
+    assert!(apply(&store, T0 + 100_000, &l(1)).await.admitted);
+    assert!(
+        !apply(&store, T0 + 100_001, &l(1)).await.admitted,
+        "the hit's own token, from now"
+    );
+}
+
+async fn huge_actual_costs_neither_panic_nor_wrap(store: impl Store) {
+    let roomy = u64::from(u32::MAX);
+    for algorithm in COUNTING {
+        let name = format!("res-huge-{}", algorithm.name());
+        let tiers = vec![
+            budget(&name, algorithm, 3, MINUTE),
+            tier(&name, Algorithm::FixedWindow, roomy, HOUR, roomy),
+        ];
+        let h = |cost| hit(tiers.clone(), cost);
+        assert!(apply(&store, T0, &reserving(h(1), &name, "a", u64::MAX)).await.admitted);
+        // Bounded as any cost: the roomy tier's capacity + 1.
+        let (estimate, charged, _, o) = done(settle(&store, T0, &h(0), &name, "a", u64::MAX).await);
+        assert_eq!((estimate, charged), (1, roomy), "{algorithm:?}");
+        assert!(!o.admitted && o.tiers[0].remaining == 0, "{algorithm:?}: {o:?}");
+        assert_eq!((o.tiers[1].used, o.tiers[1].remaining), (roomy + 1, 0), "{algorithm:?}");
+        // A forced reservation of any size holds the capacity + 1, and gives it all back.
+        let f = |cost| hit(vec![tier(&format!("{name}-f"), algorithm, 3, MINUTE, 3)], cost);
+        let o = apply(
+            &store,
+            T0,
+            &reserving(forced(f(u64::MAX)), &format!("{name}-f"), "a", HOUR),
+        )
+        .await;
+        assert!(!o.admitted, "{algorithm:?}: {o:?}");
+        let (estimate, _, refunded, o) = done(settle(&store, T0, &f(0), &format!("{name}-f"), "a", 0).await);
+        assert_eq!((estimate, refunded), (4, 4), "{algorithm:?}");
+        assert!(o.admitted && o.tiers[0].used == 0, "{algorithm:?}: {o:?}");
+    }
+    // The largest bucket the configuration takes (u32::MAX a year, as many tokens), emptied and given back.
+    let year = 31_536_000 * SECOND;
+    let big = |cost| {
+        hit(
+            vec![tier("res-huge-big", Algorithm::TokenBucket, roomy, year, roomy)],
+            cost,
+        )
+    };
+    assert!(
+        apply(&store, T0, &reserving(big(roomy), "res-huge-big", "a", HOUR))
+            .await
+            .admitted
+    );
+    assert!(!peek(&store, T0, &big(1)).await.admitted);
+    let (_, _, refunded, o) = done(settle(&store, T0, &big(0), "res-huge-big", "a", 0).await);
+    assert_eq!((refunded, o.tiers[0].used, o.tiers[0].reset_after_us), (roomy, 0, 0));
+    // Debt past the bucket, then a reservation settled far above its estimate: counts stop where forced ones do.
+    let slow = |cost| hit(vec![tier("res-huge-slow", Algorithm::TokenBucket, 1, year, 3)], cost);
+    for i in 0..5 {
+        let id = i.to_string();
+        apply(&store, T0, &reserving(forced(slow(1)), "res-huge-slow", &id, HOUR)).await;
+        done(settle(&store, T0, &slow(0), "res-huge-slow", &id, u64::MAX).await);
+    }
+    let p = peek(&store, T0, &slow(1)).await;
+    assert_eq!(
+        p.tiers[0].reset_after_us,
+        3 * year + (1 << 48),
+        "the debt stops at 2^48 us"
+    );
+}
+
+async fn settlements_in_one_call_are_independent(store: impl Store) {
+    let name = "res-batch";
+    let tiers = vec![
+        budget(name, Algorithm::FixedWindow, 10, MINUTE),
+        budget(name, Algorithm::SlidingWindow, 10, HOUR),
+    ];
+    let h = |cost| hit(tiers.clone(), cost);
+    assert!(apply(&store, T0, &reserving(h(5), name, "a", HOUR)).await.admitted);
+    assert!(apply(&store, T0, &reserving(h(2), name, "b", HOUR)).await.admitted);
+    assert!(apply(&store, T0, &reserving(h(1), name, "c", HOUR)).await.admitted);
+    let settlement = |id: &str, actual, tiers: Vec<TierSpec>| Settlement {
+        hit: hit(tiers, actual),
+        reservation: reservation_key(name, id),
+    };
+    let mut with_a_lease = tiers.clone();
+    with_a_lease.push(tier(name, Algorithm::Concurrency, 10, MINUTE, 10));
+    let settled = store
+        .settle(
+            T0,
+            &[
+                settlement("never", 1, tiers.clone()),
+                settlement("a", 1, tiers.clone()),
+                settlement("b", 4, tiers.clone()),
+                settlement("a", 1, tiers.clone()),
+                settlement("c", 0, with_a_lease),
+            ],
+        )
+        .await;
+    let settled: Vec<Settled> = settled.into_iter().map(|s| s.expect("settled")).collect();
+    assert_eq!(settled[0], Settled::Unknown);
+    let (a, b) = (done(settled[1].clone()), done(settled[2].clone()));
+    assert_eq!((a.0, a.1, a.2, a.3.tiers[0].used), (5, 0, 4, 4), "8 - 4");
+    assert_eq!((b.0, b.1, b.2, b.3.tiers[1].used), (2, 2, 0, 6), "4 + 2");
+    assert_eq!(settled[3], Settled::Unknown, "settled earlier in the same call");
+    assert_eq!(
+        settled[4],
+        Settled::Unknown,
+        "a tier that does not count: nothing touched"
+    );
+    let (estimate, _, _, o) = done(settle(&store, T0, &h(0), name, "c", 1).await);
+    assert_eq!((estimate, o.tiers[0].used), (1, 6), "c was still there");
+    assert!(store.settle(T0, &[]).await.is_empty());
+}
+
+async fn only_a_counted_hit_on_counting_tiers_holds_a_reservation(store: impl Store) {
+    let name = "res-only";
+    let h = |cost| one(name, Algorithm::FixedWindow, 3, MINUTE, cost);
+    // Denied (a lone fixed window counts the denial, but the hit was not admitted), peeked, of cost 0: no record.
+    apply(&store, T0, &reserving(h(4), name, "too-big", HOUR)).await;
+    peek(&store, T0, &reserving(h(1), name, "peeked", HOUR)).await;
+    apply(&store, T0, &reserving(h(0), name, "zero", HOUR)).await;
+    assert!(apply(&store, T0, &h(3)).await.admitted);
+    let o = apply(&store, T0, &reserving(h(1), name, "denied", HOUR)).await;
+    assert!(
+        !o.admitted && o.tiers[0].used == 4,
+        "counted as the reference does: {o:?}"
+    );
+    for id in ["too-big", "peeked", "zero", "denied"] {
+        assert_eq!(settle(&store, T0, &h(0), name, id, 0).await, Settled::Unknown, "{id}");
+    }
+    // Forced, it is counted though it does not fit, and holds what it was charged.
+    let o = apply(&store, T0, &reserving(forced(h(2)), name, "forced", HOUR)).await;
+    assert!(!o.admitted && o.tiers[0].used == 6, "{o:?}");
+    let (estimate, _, refunded, o) = done(settle(&store, T0, &h(0), name, "forced", 0).await);
+    assert_eq!((estimate, refunded, o.tiers[0].used), (2, 2, 4));
+    // With a tier that does not count, a reservation is ignored.
+    let mixed = hit(
+        vec![
+            tier("res-mixed", Algorithm::FixedWindow, 3, MINUTE, 3),
+            tier("res-mixed", Algorithm::Concurrency, 3, MINUTE, 3),
+        ],
+        1,
+    );
+    assert!(
+        apply(&store, T0, &reserving(mixed.clone(), "res-mixed", "m", HOUR))
+            .await
+            .admitted
+    );
+    let fixed_only = hit(mixed.tiers[..1].to_vec(), 0);
+    assert_eq!(
+        settle(&store, T0, &fixed_only, "res-mixed", "m", 0).await,
+        Settled::Unknown
+    );
+    assert_eq!(peek(&store, T0, &fixed_only).await.tiers[0].used, 1);
 }
 
 /// Costs no tier of 3 can ever take, the largest the APIs accept included.
@@ -745,4 +1241,136 @@ async fn redis_forced_counts_stop_at_their_bounds() {
             "{algorithm:?}"
         );
     }
+}
+
+/// A reservation's record in Redis: a hash that expires with its TTL, written only by a counted hit, deleted by its
+/// settlement; a refund keeps a fixed window's expiry.
+#[tokio::test]
+async fn redis_reservation_records_expire_and_settle_away() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let h = |cost| one("res-redis", Algorithm::FixedWindow, 10, MINUTE, cost);
+    let record = reservation_key("res-redis", "a");
+    assert!(
+        apply(&store, T0, &reserving(h(4), "res-redis", "a", 30 * SECOND))
+            .await
+            .admitted
+    );
+    let snapshot = redis.snapshot();
+    assert_eq!(snapshot.len(), 2, "{snapshot:?}");
+    let (_, _, ttl) = snapshot
+        .iter()
+        .find(|(k, _, _)| k == record.as_str())
+        .expect("the record");
+    assert!(*ttl > 0 && *ttl <= 30_000, "TTL {ttl}");
+    assert!(record.as_str().starts_with("test:{") && record.as_str().ends_with("|reservation/a"));
+    let fields = redis.cli(&["--raw", "HMGET", record.as_str(), "e", "t", "x"]);
+    let fields: Vec<&str> = fields.lines().collect();
+    let (t, x) = (T0.to_string(), (T0 + 30 * SECOND).to_string());
+    assert_eq!(fields, ["4", t.as_str(), x.as_str()]);
+    let counter = h(0).tiers[0].key.clone();
+    let before: i64 = redis.cli(&["--raw", "PTTL", counter.as_str()]).trim().parse().unwrap();
+    let (_, _, refunded, _) = done(settle(&store, T0, &h(0), "res-redis", "a", 1).await);
+    assert_eq!(refunded, 3);
+    let after: i64 = redis.cli(&["--raw", "PTTL", counter.as_str()]).trim().parse().unwrap();
+    assert!(
+        after > 0 && after <= before,
+        "the window's expiry is kept: {before} then {after}"
+    );
+    assert_eq!(redis.snapshot().len(), 1, "the record is gone");
+    // A ttl beyond the bound is taken as the bound, about 9 years.
+    assert!(
+        apply(&store, T0, &reserving(h(1), "res-redis", "b", u64::MAX))
+            .await
+            .admitted
+    );
+    let ttl: i64 = redis
+        .cli(&["--raw", "PTTL", reservation_key("res-redis", "b").as_str()])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1, "{ttl}");
+}
+
+#[tokio::test]
+async fn memory_store_evicts_expired_reservations() {
+    let store = memory();
+    for i in 0..100 {
+        let name = format!("res-evict{i}");
+        let h = one(&name, Algorithm::FixedWindow, 5, SECOND, 1);
+        apply(&store, T0, &reserving(h, &name, "a", 500_000)).await;
+    }
+    assert_eq!(store.len(), 200);
+    let later = T0 + 2 * SECOND;
+    for i in 0..1000 {
+        peek(
+            &store,
+            later,
+            &one(&format!("f{i}"), Algorithm::FixedWindow, 5, SECOND, 1),
+        )
+        .await;
+    }
+    assert_eq!(store.len(), 0, "records expire as counters do");
+}
+
+/// Settlements go through the hits' path: after a SCRIPT FLUSH the script is loaded again and the settlement resent
+/// (a NOSCRIPT call ran nothing); in a cluster each settlement goes to the primary of its own slot.
+#[tokio::test]
+async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let h = |cost| one("res-noscript", Algorithm::SlidingWindow, 10, MINUTE, cost);
+    assert!(
+        apply(&store, T0, &reserving(h(6), "res-noscript", "a", HOUR))
+            .await
+            .admitted
+    );
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let (_, _, refunded, o) = done(settle(&store, T0, &h(0), "res-noscript", "a", 1).await);
+    assert_eq!((refunded, o.tiers[0].used), (5, 1));
+
+    let cluster = crate::harness::RedisCluster::start();
+    let store = redis_store(&cluster.url()).await;
+    let names: Vec<String> = (0..12).map(|i| format!("res-cluster-{i}")).collect();
+    let hits: Vec<Hit> = names
+        .iter()
+        .map(|name| reserving(one(name, Algorithm::TokenBucket, 10, MINUTE, 4), name, "a", HOUR))
+        .collect();
+    let slots: std::collections::HashSet<u16> = hits
+        .iter()
+        .map(|h| fred::util::redis_keyslot(h.tiers[0].key.as_str().as_bytes()))
+        .collect();
+    assert!(slots.len() > 1, "the descriptors span slots");
+    let out = crate::harness::decided(store.hit(T0, &hits).await);
+    assert!(out.iter().all(|o| o.admitted));
+    let settlements: Vec<Settlement> = names
+        .iter()
+        .zip(&hits)
+        .enumerate()
+        .map(|(i, (name, h))| Settlement {
+            hit: Hit {
+                cost: i as u64 % 8,
+                reservation: None,
+                ..h.clone()
+            },
+            reservation: reservation_key(name, "a"),
+        })
+        .collect();
+    let settled = store.settle(T0, &settlements).await;
+    for (i, s) in settled.into_iter().enumerate() {
+        let (estimate, charged, refunded, o) = done(s.expect("settled"));
+        let actual = i as u64 % 8;
+        assert_eq!(
+            (estimate, charged, refunded, o.tiers[0].used),
+            (4, actual.saturating_sub(4), 4u64.saturating_sub(actual), actual),
+            "{i}"
+        );
+    }
+    assert!(
+        store
+            .settle(T0, &settlements)
+            .await
+            .into_iter()
+            .all(|s| s.unwrap() == Settled::Unknown)
+    );
 }

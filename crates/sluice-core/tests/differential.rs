@@ -7,6 +7,13 @@
 //! runs twice, with and without queue fields, so that a lone fixed window goes both through
 //! `lua/lone_fixed_window.lua` and through the driver. Each time step is at least the real time since the last one
 //! plus [`REAL_TIME_SLACK_US`], because Redis expires keys by the real clock while the test steps its own.
+//!
+//! Reservations too: any hit (a peek, a forced one) may carry a reservation, under one of a few ids with TTLs from 0 to
+//! `u64::MAX`, and settlements (one or two in a call, the same id twice included) with costs over the whole range come
+//! between the hits, so that reservations are settled above, below and at their estimate, twice, after they expired,
+//! after their window rolled, and never; both stores must answer each alike, and the hits after them too. A second
+//! run over the counting algorithms only, with reservations on most hits and as many settlements as hits, finds and
+//! settles many of them (the first mostly checks that other tiers ignore them).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,7 +21,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sluice_core::rules::{Algorithm, MAX_LOG_LIMIT};
 use sluice_core::store::memory::MemoryStore;
-use sluice_core::store::{CounterKey, Hit, Store, TierSpec};
+use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, Store, TierSpec};
 
 use crate::harness::{RedisServer, T0, redis_store};
 
@@ -83,12 +90,22 @@ impl Cost {
 }
 
 #[derive(Debug, Clone)]
+enum Kind {
+    Hit,
+    Peek,
+    /// Settles these reservation ids, in one call, each with its actual cost.
+    Settle(Vec<(u8, Cost)>),
+}
+
+#[derive(Debug, Clone)]
 struct Op {
     step_us: u64,
     cost: Cost,
-    peek: bool,
+    kind: Kind,
     /// Sent as `Hit::force` (which a peek ignores).
     force: bool,
+    /// A reservation (id, TTL) the hit holds if it is counted (a peek writes none).
+    reserve: Option<(u8, u64)>,
 }
 
 /// Limits from 0 up to `u32::MAX` (what `requests_per_unit` holds), small ones most often so that windows fill.
@@ -101,9 +118,9 @@ fn limit() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn tier_shape() -> impl Strategy<Value = TierShape> {
+fn tier_shape(algorithms: &[Algorithm]) -> impl Strategy<Value = TierShape> {
     (
-        prop::sample::select(Algorithm::ALL.to_vec()),
+        prop::sample::select(algorithms.to_vec()),
         limit(),
         prop::sample::select(vec![
             SECOND,
@@ -128,17 +145,26 @@ fn tier_shape() -> impl Strategy<Value = TierShape> {
         .prop_filter("the configuration refuses it", TierShape::is_valid)
 }
 
-/// One to three tiers, or (a quarter of the cases) a lone fixed window, the call the script's fast path takes.
-fn tier_shapes() -> impl Strategy<Value = Vec<TierShape>> {
-    let lone_fixed_window = tier_shape().prop_map(|s| {
+/// One to three tiers of `algorithms`, or (a quarter of the cases) a lone fixed window, the call the script's fast
+/// path takes.
+fn tier_shapes(algorithms: &[Algorithm]) -> impl Strategy<Value = Vec<TierShape>> {
+    let lone_fixed_window = tier_shape(algorithms).prop_map(|s| {
         vec![TierShape {
             algorithm: Algorithm::FixedWindow,
             burst: s.limit,
             ..s
         }]
     });
-    prop_oneof![3 => prop::collection::vec(tier_shape(), 1..=3), 1 => lone_fixed_window]
+    prop_oneof![3 => prop::collection::vec(tier_shape(algorithms), 1..=3), 1 => lone_fixed_window]
 }
+
+/// The algorithms a reservation holds.
+const COUNTING: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+];
 
 fn cost() -> impl Strategy<Value = Cost> {
     prop_oneof![
@@ -154,7 +180,33 @@ fn cost() -> impl Strategy<Value = Cost> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// A few reservation ids, so that ids are settled twice and reserved again.
+fn reservation_id() -> impl Strategy<Value = u8> {
+    0u8..3
+}
+
+/// A settlement's actual cost: below a small estimate as often as not, then any cost a hit may have.
+fn actual_cost() -> impl Strategy<Value = Cost> {
+    prop_oneof![
+        2 => Just(Cost::Small(0)),
+        3 => (0u64..10).prop_map(Cost::Small),
+        3 => cost(),
+    ]
+}
+
+/// Hits, peeks and settlements in these proportions.
+fn kind(hits: u32, peeks: u32, settles: u32) -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        hits => Just(Kind::Hit),
+        peeks => Just(Kind::Peek),
+        settles => prop::collection::vec((reservation_id(), actual_cost()), 1..=2).prop_map(Kind::Settle),
+    ]
+}
+
+/// One operation: a settlement one time in `settle_in` (hits and peeks 5 to 2 otherwise), a forced hit with the
+/// probability `force`, a reservation with the probability `reserve`.
+fn op(settle_in: u32, force: f64, reserve: f64) -> impl Strategy<Value = Op> {
+    let (hits, peeks) = (5 * (settle_in - 1), 2 * (settle_in - 1));
     (
         prop_oneof![
             3 => 0u64..5_000,
@@ -162,26 +214,59 @@ fn op() -> impl Strategy<Value = Op> {
             1 => 0u64..3 * SECOND,
         ],
         cost(),
-        prop::bool::weighted(0.25),
-        prop::bool::weighted(0.25),
+        kind(hits, peeks, 7),
+        prop::bool::weighted(force),
+        prop::option::weighted(
+            reserve,
+            (
+                reservation_id(),
+                prop_oneof![
+                    1 => prop::sample::select(vec![0, 1_000, 400_000, 2 * SECOND, u64::MAX]),
+                    2 => Just(3_600 * SECOND),
+                ],
+            ),
+        ),
     )
-        .prop_map(|(step_us, cost, peek, force)| Op {
+        .prop_map(|(step_us, cost, kind, force, reserve)| Op {
             step_us,
             cost,
-            peek,
+            kind,
             force,
+            reserve,
         })
 }
 
 #[test]
 fn lua_scripts_and_memory_store_agree() {
+    agree(
+        "diff:",
+        (
+            tier_shapes(&Algorithm::ALL),
+            prop::collection::vec(op(4, 0.25, 0.4), 1..40),
+        ),
+        256,
+    );
+}
+
+/// The same over the counting algorithms only, with reservations on most hits and settlements as often as hits, so
+/// that many reservations are found and settled (every algorithm's charge and refund, windows rolled or not).
+#[test]
+fn reservations_agree() {
+    agree(
+        "diff-res:",
+        (tier_shapes(&COUNTING), prop::collection::vec(op(2, 0.1, 0.8), 1..40)),
+        256,
+    );
+}
+
+/// Runs `cases` cases of `strategy` through both stores (keys under `prefix`), asking identical answers.
+fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)>, cases: u32) {
     let redis = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let redis = (runtime.block_on(redis_store(&redis.url())), redis);
     let case = AtomicU64::new(0);
-    let strategy = (tier_shapes(), prop::collection::vec(op(), 1..40));
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
@@ -196,7 +281,7 @@ fn lua_scripts_and_memory_store_agree() {
             let entry = vec![("case".to_string(), "x".to_string())];
             let variants = if queue { vec![entry] } else { vec![vec![], entry] };
             for fields in variants {
-                let id = CounterKey::builder("diff:", "d")
+                let id = CounterKey::builder(prefix, "d")
                     .entry("case", &case)
                     .entry("fields", &fields.len().to_string())
                     .finish();
@@ -227,9 +312,42 @@ fn lua_scripts_and_memory_store_agree() {
                         fields: fields.clone(),
                         record: None,
                         force: op.force,
+                        reservation: op.reserve.map(|(r, ttl_us)| ReservationSpec {
+                            key: id.reservation(&r.to_string()),
+                            ttl_us,
+                        }),
                     };
                     let hits = std::slice::from_ref(&hit);
-                    let (m, r) = if op.peek {
+                    if let Kind::Settle(settle) = &op.kind {
+                        let settlements: Vec<Settlement> = settle
+                            .iter()
+                            .map(|(r, actual)| Settlement {
+                                hit: Hit {
+                                    cost: actual.resolve(&shapes),
+                                    ..hit.clone()
+                                },
+                                reservation: id.reservation(&r.to_string()),
+                            })
+                            .collect();
+                        let m = memory.settle(now, &settlements).await;
+                        let r = redis.0.settle(now, &settlements).await;
+                        let (m, r) = (
+                            m.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+                            r.into_iter().map(|a| a.expect("redis settles")).collect::<Vec<_>>(),
+                        );
+                        prop_assert_eq!(
+                            &m,
+                            &r,
+                            "op {} of {:?} ({} fields) at +{}us: {:?}",
+                            i,
+                            shapes,
+                            fields.len(),
+                            now - T0,
+                            op
+                        );
+                        continue;
+                    }
+                    let (m, r) = if matches!(op.kind, Kind::Peek) {
                         (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
                     } else {
                         (memory.hit(now, hits).await, redis.0.hit(now, hits).await)

@@ -38,6 +38,7 @@ fn hit(tiers: &[TierSpec], cost: u64) -> Hit {
         fields: Vec::new(),
         record: None,
         force: false,
+        reservation: None,
     }
 }
 

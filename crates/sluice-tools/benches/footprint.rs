@@ -107,6 +107,7 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
         fields: vec![("user".into(), format!("user-{i}"))],
         record: None,
         force: false,
+        reservation: None,
     }
 }
 

@@ -11,10 +11,11 @@
 //! one pause.
 //!
 //! The file layout mirrors `lua/`: this file is the driver, as `decide.lua` and `batch.lua` are (the store, its
-//! shards and their eviction schedule, the decision of one descriptor across its tiers, the hit records, and the
-//! [`Store`] impl); each algorithm's check and commit is in `memory/<algorithm>.rs`, named as its script; and
-//! `memory/prelude.rs`, as `lua/prelude.lua`, holds what they share, including the one "update the state or create
-//! it" step ([`Keyspace::upsert`]) that every commit goes through.
+//! shards and their eviction schedule, the decision of one descriptor across its tiers, the hit records, the
+//! reservations and their settlement, and the [`Store`] impl); each algorithm's check and commit (and a counting
+//! algorithm's refund) is in `memory/<algorithm>.rs`, named as its script; and `memory/prelude.rs`, as
+//! `lua/prelude.lua`, holds what they share, including the one "update the state or create it" step
+//! ([`Keyspace::upsert`]) that every commit goes through.
 
 mod concurrency;
 mod fixed_window;
@@ -29,9 +30,11 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, StreamReset, TierOutcome, TierSpec};
+use super::{
+    Answers, CounterKey, Hit, Outcome, Settled, Settlement, Store, StoreError, StreamReset, TierOutcome, TierSpec,
+};
 use crate::rules::Algorithm;
-use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Shape, State, Write, ceil_ms_us};
+use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us};
 
 const SHARDS: usize = 64;
 /// States evicted per shard access at most: about the cost of one more lookup, and far more than one access adds.
@@ -46,10 +49,11 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Shard {
     entries: HashMap<Arc<str>, Entry>,
-    /// Every key of `entries` (once, unless a reset dropped it and it came back before its item came due) at the
-    /// expiry it had when it was scheduled. An item that comes due evicts its state if the state has expired, and is
-    /// scheduled again at the state's current expiry otherwise; a state whose expiry moved earlier (a clock step
-    /// back) is evicted at the later time, and is invisible from its expiry on either way.
+    /// Every key of `entries` (once, unless a reset or a settlement dropped it and it came back before its item came
+    /// due) at the expiry it had when it was scheduled. An item that comes due evicts its state if the state has
+    /// expired, and is scheduled again at the state's current expiry otherwise; a state whose expiry moved earlier (a
+    /// clock step back, a bucket's refund) is evicted at the later time, and is invisible from its expiry on either
+    /// way.
     schedule: BinaryHeap<Reverse<(u64, Arc<str>)>>,
 }
 
@@ -100,6 +104,16 @@ impl MemoryStore {
         let lone_fixed =
             hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow && cost <= hit.tiers[0].limit;
         let commit = !peek && cost > 0 && (admitted || lone_fixed || force);
+        // The reservation record, written as `lua/decide.lua` writes it: for a hit admitted and committed, or forced.
+        if let Some(r) = hit.reserves().filter(|_| commit && (admitted || force)) {
+            let expiry = Expiry::Always(now + ceil_ms_us(r.bounded_ttl_us()));
+            shard.upsert(r.key.as_str(), now, expiry, |state: &mut Reservation| {
+                *state = Reservation {
+                    estimate: cost,
+                    at: now,
+                }
+            });
+        }
         let mut longest = 0;
         let mut tiers = Vec::with_capacity(checks.len());
         for (spec, check) in hit.tiers.iter().zip(checks) {
@@ -140,6 +154,66 @@ impl MemoryStore {
             admitted,
             tiers,
             records,
+        }
+    }
+
+    /// Settles one reservation under its descriptor's shard lock, as `settle` in `lua/decide.lua` does.
+    fn settle_one(&self, now: u64, settlement: &Settlement) -> Settled {
+        let hit = &settlement.hit;
+        if !hit.counts() {
+            return Settled::Unknown;
+        }
+        let key = settlement.reservation.as_str();
+        // The shard `decide` wrote the record in: its tiers' (the record shares their hash tag).
+        let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
+        let mut shard = self.shard(tag, now);
+        let Some(&State::Reservation(Reservation { estimate, at })) = shard.live(key, now) else {
+            return Settled::Unknown;
+        };
+        let actual = hit.bounded_cost();
+        let (mut charged, mut refunded) = (0, 0);
+        if actual > estimate {
+            // Counted as a forced hit of the difference.
+            charged = actual - estimate;
+            let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, charged, true)).collect();
+            shard.entries.remove(key);
+            for (spec, check) in hit.tiers.iter().zip(&checks) {
+                shard.commit(spec, check, now, charged, hit);
+            }
+        } else if actual < estimate {
+            refunded = estimate - actual;
+            let refunds: Vec<Option<Refund>> = hit.tiers.iter().map(|t| shard.refund(t, now, at, refunded)).collect();
+            shard.entries.remove(key);
+            for (spec, refund) in hit.tiers.iter().zip(refunds) {
+                if let Some(refund) = refund {
+                    shard.give_back(spec, now, refund);
+                }
+            }
+        } else {
+            shard.entries.remove(key);
+        }
+        // Each tier as a peek of cost 1 reports it.
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, 1, false)).collect();
+        let outcome = Outcome {
+            admitted: checks.iter().all(|c| c.ok),
+            tiers: checks
+                .into_iter()
+                .map(|c| TierOutcome {
+                    ok: c.ok,
+                    used: c.used0,
+                    remaining: c.rem0,
+                    reset_after_us: c.reset0,
+                    retry_after_us: c.retry,
+                    id: None,
+                })
+                .collect(),
+            records: Vec::new(),
+        };
+        Settled::Done {
+            estimate,
+            charged,
+            refunded,
+            outcome,
         }
     }
 }
@@ -223,6 +297,28 @@ impl Shard {
         }
         None
     }
+
+    /// What a settlement's refund of `amount`, charged at `at`, would write to a counting tier, by its algorithm's
+    /// refund; `None` for nothing (and for the algorithms that do not count, which a settlement never reaches).
+    fn refund(&self, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
+        let state = self.live(t.key.as_str(), now);
+        match t.algorithm {
+            Algorithm::FixedWindow => fixed_window::refund(state, t, now, at, amount),
+            Algorithm::SlidingWindow => sliding_window::refund(state, t, now, at, amount),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::refund(state, t, now, at, amount),
+            Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Queue => None,
+        }
+    }
+
+    /// Writes a refund over the tier's live state, which `refund` found: never creates one.
+    fn give_back(&mut self, t: &TierSpec, now: u64, refund: Refund) {
+        if let Some(entry) = self.live_mut(t.key.as_str(), now) {
+            entry.state = refund.state;
+            if let Some(at) = refund.expires_at_us {
+                entry.expires_at_us = at;
+            }
+        }
+    }
 }
 
 impl Keyspace for Shard {
@@ -272,6 +368,10 @@ impl Store for MemoryStore {
             }
         }
         Ok(released)
+    }
+
+    async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
+        settlements.iter().map(|s| Ok(self.settle_one(now_us, s))).collect()
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {

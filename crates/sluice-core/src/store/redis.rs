@@ -14,6 +14,7 @@
 //! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
 //! CPU per decision); a failure surfaces as a [`StoreError`] for the descriptors it concerns, and the others keep
 //! their decisions. An error inside one descriptor's decision (a key of the wrong type) fails that descriptor alone.
+//! Settlements of reservations take the same path, each a descriptor's call in the script's mode 'settle'.
 //!
 //! A Redis that is down, unreachable or not yet a formed cluster at start is not fatal: connections are retried in
 //! the background (fred's `fail_fast` off), calls fail by the failure policy meanwhile, and `/readyz` turns ready by
@@ -43,14 +44,14 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Answers, CounterKey, Hit, Outcome, Store, StoreError, StreamReset};
+use super::{Answers, CounterKey, Hit, Settled, Settlement, Store, StoreError, StreamReset};
 
 mod call;
 mod cluster;
 mod gather;
 mod settings;
 
-use call::{Call, Mode, eval, is_noscript, parse, redirection};
+use call::{Call, Mode, eval, is_noscript, parse, parse_settled, redirection};
 use cluster::{Cluster, Node};
 use gather::{Job, gather};
 use settings::build_pool;
@@ -174,28 +175,41 @@ impl RedisStore {
     /// Decides every hit, one script call for all of them against one server, one per descriptor in a cluster;
     /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
     async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Answers {
-        let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; hits.len()];
-        let mut pending: Vec<usize> = (0..hits.len()).collect();
+        let now = self.now(now_us);
+        self.run_calls(
+            hits,
+            |hit| Call::new(mode, now, hit),
+            |value, hit| parse(value, hit.tiers.len()),
+        )
+        .await
+    }
+
+    /// The script calls of `items` (hits or settlements, one descriptor each, built by `call`), sent as hits are:
+    /// one script call for all of them against one server, one per descriptor in a cluster; the script reloaded and
+    /// the calls that met NOSCRIPT resent. Each item gets its own answer, read by `parse`.
+    async fn run_calls<I: Sync, T>(
+        &self,
+        items: &[I],
+        call: impl Fn(&I) -> Call + Sync,
+        parse: impl Fn(Value, &I) -> Result<T, StoreError>,
+    ) -> Vec<Result<T, StoreError>> {
+        let mut results: Vec<Option<Result<T, StoreError>>> = items.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..items.len()).collect();
         for attempt in 0..2 {
             let answers = match &self.cluster {
                 Some(cluster) => {
+                    let call = &call;
                     let calls = pending
                         .iter()
-                        .map(|&i| self.send_to_slot(cluster, mode, now_us, &hits[i]));
+                        .map(|&i| self.send_to_slot(cluster, move || call(&items[i])));
                     futures::future::join_all(calls).await
                 }
-                None => {
-                    let calls = pending
-                        .iter()
-                        .map(|&i| Call::new(mode, self.now(now_us), &hits[i]))
-                        .collect();
-                    self.send(calls).await
-                }
+                None => self.send(pending.iter().map(|&i| call(&items[i])).collect()).await,
             };
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 results[i] = Some(match answer {
-                    Ok(value) => parse(value, hits[i].tiers.len()),
+                    Ok(value) => parse(value, &items[i]),
                     Err((e, node)) if attempt == 0 && is_noscript(&e) => {
                         missing.push((i, node));
                         continue;
@@ -254,17 +268,15 @@ impl RedisStore {
         }
     }
 
-    /// One hit's call to the primary of its slot, with the node that answered. MOVED and ASK (the call ran
-    /// nothing) are followed once, to the node they name; MOVED, a slot without a primary and a node that failed to
-    /// answer ask for a new slot map.
+    /// One descriptor's call (built by `make`) to the primary of its slot, with the node that answered. MOVED and
+    /// ASK (the call ran nothing) are followed once, to the node they name; MOVED, a slot without a primary and a
+    /// node that failed to answer ask for a new slot map.
     async fn send_to_slot(
         &self,
         cluster: &Cluster,
-        mode: Mode,
-        now_us: u64,
-        hit: &Hit,
+        make: impl Fn() -> Call,
     ) -> Result<Value, (FredError, Option<Node>)> {
-        let call = Call::new(mode, self.now(now_us), hit);
+        let call = make();
         let slot = call.slot.unwrap_or(0);
         let Some(node) = cluster.owner(slot) else {
             let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
@@ -283,8 +295,7 @@ impl RedisStore {
         let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
             return Err((e, Some(node)));
         };
-        let call = Call::new(mode, self.now(now_us), hit);
-        eval(target.pool.next(), self.sha.clone(), vec![call], asking)
+        eval(target.pool.next(), self.sha.clone(), vec![make()], asking)
             .await
             .map(|mut values| values.pop().unwrap_or(Value::Null))
             .map_err(|e| (e, Some(target)))
@@ -429,6 +440,29 @@ impl Store for RedisStore {
         self.per_key("ZREM", keys, Some(lease)).await
     }
 
+    async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
+        // A settlement whose hit has a tier that does not count never reaches Redis.
+        let counted: Vec<usize> = (0..settlements.len())
+            .filter(|&i| settlements[i].hit.counts())
+            .collect();
+        let mut answers: Vec<Result<Settled, StoreError>> = settlements.iter().map(|_| Ok(Settled::Unknown)).collect();
+        if counted.is_empty() {
+            return answers;
+        }
+        let now = self.now(now_us);
+        let settled = self
+            .run_calls(
+                &counted,
+                |&i| Call::settle(now, &settlements[i]),
+                |value, &i| parse_settled(value, settlements[i].hit.tiers.len()),
+            )
+            .await;
+        for (i, answer) in counted.into_iter().zip(settled) {
+            answers[i] = answer;
+        }
+        answers
+    }
+
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
         self.per_key("DEL", keys, None).await
     }
@@ -455,7 +489,8 @@ impl Store for RedisStore {
             .tiers
             .first()
             .map(|t| &t.key)
-            .or(hit.record.as_ref().map(|r| &r.key));
+            .or(hit.record.as_ref().map(|r| &r.key))
+            .or(hit.reservation.as_ref().map(|r| &r.key));
         key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
     }
 }

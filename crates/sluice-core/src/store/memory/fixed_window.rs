@@ -1,8 +1,8 @@
 //! The fixed window in memory, the twin of `lua/fixed_window.lua`: at most `limit` hits per epoch-aligned window,
 //! counted in a [`Fixed`] state that expires when its window ends. Same integer arithmetic as the script, step by
-//! step.
+//! step. A settlement's refund lowers the current window's count, never below 0, and keeps the expiry.
 
-use super::prelude::{Check, Expiry, Fixed, Keyspace, MAX_COUNT, State, Write, ceil_ms_us, retry};
+use super::prelude::{Check, Expiry, Fixed, Keyspace, MAX_COUNT, Refund, State, Write, ceil_ms_us, retry};
 use crate::store::TierSpec;
 
 /// What a hit of `cost` would find at `now`; a count from another window counts as empty.
@@ -44,4 +44,24 @@ pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64
             n: n.saturating_add(cost).min(MAX_COUNT),
         }
     });
+}
+
+/// Gives back up to `amount` (down to 0) if the hit at `at` was counted in the current window; the state keeps its
+/// expiry. `None`: nothing to write.
+pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
+    let window = t.window_us;
+    let start = now - now % window;
+    if at - at % window != start {
+        return None;
+    }
+    match state {
+        Some(State::Fixed(Fixed { w, n })) if *w == start => Some(Refund {
+            state: State::Fixed(Fixed {
+                w: start,
+                n: n - amount.min(*n),
+            }),
+            expires_at_us: None,
+        }),
+        _ => None,
+    }
 }

@@ -1,7 +1,7 @@
 //! What every algorithm of the memory store shares, the twin of `lua/prelude.lua`: the shapes a key's state takes
 //! (each the Redis value its script keeps), what a check finds (the fields of a script's `check` state), the
-//! keyspace a commit writes to with its one "update the state or create it" step, and the scripts' helpers
-//! (`ceil_ms`, `MAX_COUNT`).
+//! keyspace a commit writes to with its one "update the state or create it" step, what a settlement's refund writes,
+//! and the scripts' helpers (`ceil_ms`, `MAX_COUNT`).
 //!
 //! The algorithm files and the store's driver (`memory.rs`) import this file and it imports neither: an algorithm
 //! reaches the shards only through [`Keyspace`], which the driver's shard implements, so no two files import each
@@ -34,6 +34,7 @@ pub(super) enum State {
     Leases(Leases),
     Queue(Queue),
     Records(Records),
+    Reservation(Reservation),
 }
 
 /// A fixed window's count: the hash {w, n} of `lua/fixed_window.lua`.
@@ -74,6 +75,14 @@ pub(super) struct Queue {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Records(pub(super) VecDeque<String>);
 
+/// What a reservation was charged and when: the hash {e, t} `lua/decide.lua` keeps (its x, when it expires by the
+/// decision's clock, is the entry's expiry).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Reservation {
+    pub(super) estimate: u64,
+    pub(super) at: u64,
+}
+
 /// One shape of [`State`]: what [`Keyspace::upsert`] finds in, or makes into, a key's state.
 pub(super) trait Shape: Default + Into<State> {
     /// The state as this shape, if it has it.
@@ -99,7 +108,7 @@ macro_rules! shapes {
     )*};
 }
 
-shapes!(Fixed, Sliding, Log, Tat, Leases, Queue, Records);
+shapes!(Fixed, Sliding, Log, Tat, Leases, Queue, Records, Reservation);
 
 /// When a committed state expires: the script's PEXPIRE.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +152,14 @@ pub(super) enum Write {
     Tat(u64),
     Lease,
     Queue,
+}
+
+/// What a settlement's refund writes to one tier, as the function a script's `refund` returns: the key's new state,
+/// and its new expiry (`None`: it keeps its own). Written only over a live state, never creating one.
+#[derive(Debug, Clone)]
+pub(super) struct Refund {
+    pub(super) state: State,
+    pub(super) expires_at_us: Option<u64>,
 }
 
 /// `ceil_ms` of `lua/prelude.lua`, in microseconds: a TTL rounded up to whole milliseconds, at least one.

@@ -1,8 +1,9 @@
 //! The sliding window in memory, the twin of `lua/sliding_window.lua`: the two-window weighted counter, in a
 //! [`Sliding`] state that expires two windows after its start. The estimate is the script's floating-point
-//! expression, evaluated in the same order, so both round alike.
+//! expression, evaluated in the same order, so both round alike. A settlement's refund lowers the count of the window
+//! the reservation was counted in (the current or the previous one), never below 0, and keeps the expiry.
 
-use super::prelude::{Check, Expiry, Keyspace, MAX_SLIDING_COUNT, Sliding, State, Write, ceil_ms_us};
+use super::prelude::{Check, Expiry, Keyspace, MAX_SLIDING_COUNT, Refund, Sliding, State, Write, ceil_ms_us};
 use crate::store::TierSpec;
 
 /// What a hit of `cost` would find at `now`: the counts of the current window and the previous one, read from a
@@ -64,6 +65,33 @@ pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64
             p,
         }
     });
+}
+
+/// Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's if it was
+/// counted in the current window, the previous window's if in that one (which the state holds as `c` while it has not
+/// rolled over, as `p` after). The state keeps its expiry. `None`: nothing to write.
+pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
+    let window = t.window_us;
+    let start = now - now % window;
+    let from = at - at % window;
+    let Some(State::Sliding(s)) = state else {
+        return None;
+    };
+    let mut s = s.clone();
+    let count = if from == start && s.w == start {
+        &mut s.c
+    } else if from + window == start && s.w == start {
+        &mut s.p
+    } else if from + window == start && s.w == from {
+        &mut s.c
+    } else {
+        return None;
+    };
+    *count -= amount.min(*count);
+    Some(Refund {
+        state: State::Sliding(s),
+        expires_at_us: None,
+    })
 }
 
 /// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the

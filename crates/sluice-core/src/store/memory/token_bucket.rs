@@ -1,7 +1,8 @@
 //! The token and leaky buckets in memory, the twin of `lua/token_bucket.lua`: GCRA over a [`Tat`] state (the
-//! theoretical arrival time) that expires when the bucket is full again. Same integer arithmetic as the script.
+//! theoretical arrival time) that expires when the bucket is full again. Same integer arithmetic as the script. A
+//! settlement's refund moves the arrival time back, never before now, and the expiry with it.
 
-use super::prelude::{Check, Expiry, Keyspace, MAX_DEBT_US, State, Tat, Write, ceil_ms_us, retry};
+use super::prelude::{Check, Expiry, Keyspace, MAX_DEBT_US, Refund, State, Tat, Write, ceil_ms_us, retry};
 use crate::store::TierSpec;
 
 /// What a hit of `cost` would find at `now`, and the arrival time it would leave. A `force`d hit leaves the arrival
@@ -56,4 +57,23 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64, fo
 pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, new: u64) {
     let expiry = Expiry::Always(now + ceil_ms_us(new - now));
     keys.upsert(t.key.as_str(), now, expiry, |state: &mut Tat| *state = Tat(new));
+}
+
+/// Moves the arrival time back by `amount` tokens, never before `now`, and the expiry with it. Only as many tokens as
+/// the arrival time is past `now` are priced, as the script does. `None`: nothing to write.
+pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, _at: u64, amount: u64) -> Option<Refund> {
+    let interval = t.window_us.div_ceil(t.limit.max(1));
+    let tat = match state {
+        Some(State::Tat(Tat(tat))) if *tat > now => *tat,
+        _ => return None,
+    };
+    let new = if amount < (tat - now).div_ceil(interval) {
+        tat - amount * interval
+    } else {
+        now
+    };
+    Some(Refund {
+        state: State::Tat(Tat(new)),
+        expires_at_us: Some(now + ceil_ms_us(new - now)),
+    })
 }

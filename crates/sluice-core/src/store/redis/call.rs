@@ -6,7 +6,7 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use crate::store::{Hit, Outcome, RecordSpec, StoreError, TierOutcome};
+use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Settled, Settlement, StoreError, TierOutcome};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -26,20 +26,54 @@ impl Call {
     /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
     pub(super) fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
         let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
-        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 1);
+        // A peek never writes a reservation.
+        let reservation = hit.reserves().filter(|_| mode == Mode::Hit);
+        let mode = match (mode, reservation.is_some()) {
+            (Mode::Hit, false) if hit.forced() => "report",
+            (Mode::Hit, false) => "hit",
+            (Mode::Hit, true) if hit.forced() => "reserve_report",
+            (Mode::Hit, true) => "reserve",
+            (Mode::Peek, _) => "peek",
+        };
+        let reservation = reservation.map(|r| (&r.key, Some(r.bounded_ttl_us())));
+        Call::build(mode, now_us, hit, record, reservation)
+    }
+
+    /// One settlement's keys and arguments: decide.lua's mode 'settle', with the record as the last key.
+    pub(super) fn settle(now_us: Option<u64>, settlement: &Settlement) -> Call {
+        Call::build(
+            "settle",
+            now_us,
+            &settlement.hit,
+            None,
+            Some((&settlement.reservation, None)),
+        )
+    }
+
+    /// The call in `mode`; `reservation`: the record's key, and its TTL when the mode writes it.
+    fn build(
+        mode: &'static str,
+        now_us: Option<u64>,
+        hit: &Hit,
+        record: Option<&RecordSpec>,
+        reservation: Option<(&CounterKey, Option<u64>)>,
+    ) -> Call {
+        // A settlement carries no queue fields: its tiers all count.
+        let fields: &[(String, String)] = if mode == "settle" { &[] } else { &hit.fields };
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
         keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
         if let Some(r) = record {
             keys.push(Value::from(r.key.as_str()));
         }
-        let count = 7 + 2 * hit.fields.len() + 4 * hit.tiers.len();
+        if let Some((key, _)) = &reservation {
+            keys.push(Value::from(key.as_str()));
+        }
+        let ttl = reservation.and_then(|r| r.1);
+        let count = 7 + 2 * fields.len() + 4 * hit.tiers.len() + usize::from(ttl.is_some());
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
         args.push(Value::Integer(keys.len() as i64));
         args.push(Value::Integer(count as i64));
-        args.push(Value::from(match mode {
-            Mode::Hit if hit.forced() => "report",
-            Mode::Hit => "hit",
-            Mode::Peek => "peek",
-        }));
+        args.push(Value::from(mode));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
         // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
         args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
@@ -54,8 +88,8 @@ impl Call {
                 args.push(Value::from(""));
             }
         }
-        args.push(Value::Integer(2 * hit.fields.len() as i64));
-        for (k, v) in &hit.fields {
+        args.push(Value::Integer(2 * fields.len() as i64));
+        for (k, v) in fields {
             args.push(Value::from(k.as_str()));
             args.push(Value::from(v.as_str()));
         }
@@ -65,11 +99,16 @@ impl Call {
             args.push(Value::Integer(t.window_us as i64));
             args.push(Value::Integer(t.burst as i64));
         }
+        if let Some(ttl) = ttl {
+            // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
+            args.push(Value::Integer(ttl as i64));
+        }
         let slot = hit
             .tiers
             .first()
             .map(|t| &t.key)
             .or(record.map(|r| &r.key))
+            .or(reservation.map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         Call { keys, args, slot }
     }
@@ -124,15 +163,45 @@ pub(super) async fn eval(
     }
 }
 
+fn bad() -> StoreError {
+    StoreError::Script("unexpected script answer".into())
+}
+
+/// The items of one descriptor's answer, or the error that stopped it alone (see `lua/batch.lua`).
+fn items(value: Value) -> Result<Vec<Value>, StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        Value::String(error) => Err(StoreError::Script(error.to_string())),
+        _ => Err(bad()),
+    }
+}
+
 /// Reads `decide.lua`'s answer.
 pub(super) fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
-    let bad = || StoreError::Script("unexpected script answer".into());
-    let items = match value {
-        Value::Array(items) => items,
-        // The error that stopped this descriptor alone (see `lua/batch.lua`).
-        Value::String(error) => return Err(StoreError::Script(error.to_string())),
-        _ => return Err(bad()),
-    };
+    outcome(items(value)?, tiers)
+}
+
+/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1, estimate, charged, refunded }` then an outcome.
+pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, StoreError> {
+    let mut items = items(value)?;
+    let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
+    match items.first().and_then(Value::as_i64) {
+        Some(0) => Ok(Settled::Unknown),
+        Some(1) if items.len() >= 4 => {
+            let (estimate, charged, refunded) = (count(&items[1])?, count(&items[2])?, count(&items[3])?);
+            let outcome = outcome(items.split_off(4), tiers)?;
+            Ok(Settled::Done {
+                estimate,
+                charged,
+                refunded,
+                outcome,
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {
     if items.len() < 1 + 6 * tiers {
         return Err(bad());
     }
@@ -179,7 +248,6 @@ pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::CounterKey;
 
     #[test]
     fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
@@ -200,5 +268,72 @@ mod tests {
         assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
         // Not the slot of the first argument (the SHA), which fred would hash by default.
         assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+    }
+
+    #[test]
+    fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
+        use crate::rules::Algorithm;
+        use crate::store::{ReservationSpec, TierSpec};
+        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+        let tier = |algorithm| TierSpec {
+            key: id.tier(algorithm, 60_000_000),
+            algorithm,
+            limit: 1,
+            window_us: 60_000_000,
+            burst: 1,
+        };
+        let hit = Hit {
+            tiers: vec![tier(Algorithm::FixedWindow)],
+            cost: 1,
+            reservation: Some(ReservationSpec {
+                key: id.reservation("r"),
+                ttl_us: u64::MAX,
+            }),
+            ..Hit::default()
+        };
+        let mode = |call: &Call| call.args[2].as_string();
+        let reserve = Call::new(Mode::Hit, None, &hit);
+        assert_eq!((reserve.keys.len(), mode(&reserve).as_deref()), (2, Some("reserve")));
+        assert_eq!(
+            reserve.args.last().and_then(Value::as_i64),
+            Some(1 << 48),
+            "the TTL, bounded"
+        );
+        let forced = Call::new(
+            Mode::Hit,
+            None,
+            &Hit {
+                force: true,
+                ..hit.clone()
+            },
+        );
+        assert_eq!(mode(&forced).as_deref(), Some("reserve_report"));
+        let peek = Call::new(Mode::Peek, None, &hit);
+        assert_eq!((peek.keys.len(), mode(&peek).as_deref()), (1, Some("peek")));
+        let mut mixed = hit.clone();
+        mixed.tiers.push(tier(Algorithm::Concurrency));
+        let mixed = Call::new(Mode::Hit, None, &mixed);
+        assert_eq!((mixed.keys.len(), mode(&mixed).as_deref()), (2, Some("hit")));
+        let settle = Call::settle(
+            None,
+            &Settlement {
+                hit: Hit {
+                    fields: vec![("k".into(), "v".into())],
+                    ..hit.clone()
+                },
+                reservation: id.reservation("r"),
+            },
+        );
+        assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
+        assert_eq!(settle.args.len(), 2 + 7 + 4, "no queue fields, no TTL");
+        assert_eq!(settle.slot, reserve.slot);
+        let alone = Call::settle(
+            None,
+            &Settlement {
+                hit: Hit::default(),
+                reservation: id.reservation("r"),
+            },
+        );
+        assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
     }
 }
