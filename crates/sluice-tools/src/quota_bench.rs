@@ -102,7 +102,10 @@ pub async fn run(args: &QuotaBenchArgs) -> anyhow::Result<QuotaReport> {
         let domain = args.domain.clone();
         tasks.spawn(async move {
             let (send, rx) = mpsc::channel(1);
-            let mut answers = client.stream_rate_limit_quotas(ReceiverStream::new(rx)).await?.into_inner();
+            let mut answers = client
+                .stream_rate_limit_quotas(ReceiverStream::new(rx))
+                .await?
+                .into_inner();
             let mut histogram = Histogram::<u64>::new(3)?;
             let (mut messages, mut reports) = (0u64, 0u64);
             let usages: Vec<BucketQuotaUsage> = buckets

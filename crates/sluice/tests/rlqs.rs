@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sluice::proto::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction;
 use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use sluice::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use sluice::proto::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use sluice::quota::QuotaCaps;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -34,12 +34,18 @@ impl Stream {
     async fn open(server: &TestServer) -> Result<Stream, tonic::Status> {
         let mut client = RateLimitQuotaServiceClient::connect(server.grpc_url()).await.unwrap();
         let (send, rx) = mpsc::channel(4);
-        let answers = client.stream_rate_limit_quotas(ReceiverStream::new(rx)).await?.into_inner();
+        let answers = client
+            .stream_rate_limit_quotas(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
         Ok(Stream { send, answers })
     }
 
     async fn report(&self, domain: &str, user: &str, allowed: u64, denied: u64) {
-        let bucket = HashMap::from([("name".to_string(), "per_user".to_string()), ("user".into(), user.into())]);
+        let bucket = HashMap::from([
+            ("name".to_string(), "per_user".to_string()),
+            ("user".into(), user.into()),
+        ]);
         let usage = BucketQuotaUsage {
             bucket_id: Some(BucketId { bucket }),
             time_elapsed: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
@@ -81,7 +87,10 @@ async fn reports_are_answered_and_counted_in_metrics() {
         other => panic!("{other:?}"),
     }
     stream.report("", "ann", 7, 2).await;
-    assert!(matches!(strategy(&stream.next().await.unwrap().unwrap()), Strategy::BlanketRule(1)));
+    assert!(matches!(
+        strategy(&stream.next().await.unwrap().unwrap()),
+        Strategy::BlanketRule(1)
+    ));
     let (_, metrics) = server.http_get("/metrics").await;
     for line in [
         "sluice_rlqs_streams 1",
@@ -156,5 +165,9 @@ async fn shutdown_ends_open_streams_with_unavailable() {
     let status = stream.next().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     shutdown.await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
 }
