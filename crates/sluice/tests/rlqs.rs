@@ -71,7 +71,7 @@ fn strategy(response: &RateLimitQuotaResponse) -> Strategy {
         panic!("one action expected: {response:?}");
     };
     match &action.bucket_action {
-        Some(BucketAction::QuotaAssignmentAction(a)) => a.rate_limit_strategy.clone().unwrap().strategy.unwrap(),
+        Some(BucketAction::QuotaAssignmentAction(a)) => a.rate_limit_strategy.unwrap().strategy.unwrap(),
         other => panic!("an assignment expected: {other:?}"),
     }
 }
