@@ -70,6 +70,10 @@ pub struct RawDescriptor {
     pub share_threshold: bool,
     #[serde(default)]
     pub quota_mode: bool,
+    /// sluice extension: hits with a cost report usage that already happened (counted whatever the limits say);
+    /// a hit of cost 0 checks that something is left.
+    #[serde(default)]
+    pub cost_reports: bool,
     pub metadata: Option<serde_yaml_ng::Mapping>,
 }
 
@@ -93,6 +97,10 @@ pub struct RawRateLimit {
     pub burst: Option<u32>,
     /// sluice extension: keep the last values of a request entry that hit this limit.
     pub record: Option<RawRecord>,
+    /// sluice extension: the named cost this limit counts (e.g. `input_tokens`), instead of the request's cost.
+    pub cost: Option<String>,
+    /// sluice extension: this limit counts the sum of named costs, each times its price (whole units of the budget).
+    pub price: Option<std::collections::BTreeMap<String, u32>>,
 }
 
 /// `record`: which request entry's value to keep, and how many of the latest.

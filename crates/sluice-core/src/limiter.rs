@@ -13,6 +13,7 @@ mod decision;
 mod guard;
 mod request;
 mod resolve;
+mod budget;
 mod settings;
 mod usage;
 
@@ -29,14 +30,16 @@ pub use request::{Descriptor, Override, Request};
 use request::{cost, validate};
 use resolve::{Target, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
+pub use budget::{Costs, Reserved, SettledDescriptor};
+use budget::{How, hit_costs};
 pub use usage::{Charged, DEMAND_WINDOW_US, QuotaState, TierState, Usage};
 
 use crate::breaker::Breakers;
 use crate::cache::LocalCache;
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
-use crate::rules::{Algorithm, Domain, FailurePolicy, Rule, RuleSet, Tier};
-use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Store, StoreError, TierSpec};
+use crate::rules::{Algorithm, Domain, FailurePolicy, Rule, RuleSet, Tier, TierCost};
+use crate::store::{CounterKey, Hit, Outcome, RecordSpec, ReservationSpec, Store, StoreError, TierSpec};
 
 /// The decision core over a store.
 pub struct Limiter<S> {
@@ -101,28 +104,64 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a request, counting each descriptor's hit against its limits.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimitError> {
-        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("should_rate_limit"))?;
+        self.decide(request, How::Decide).await
+    }
+
+    /// Decides a request the way `how` says: each descriptor's hit counted when it fits, only checked, counted
+    /// whatever (a report), or counted and held under a reservation.
+    pub(crate) async fn decide(&self, request: &Request, how: How<'_>) -> Result<Decision, LimitError> {
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request(how.rpc()))?;
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
         let domain = rules.domain(&request.domain);
         let stats = self.domain_stats(domain);
         let targets = resolve(domain, request);
         let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
+        let named = how.named();
 
         let mut hits = Vec::with_capacity(targets.len());
+        // Per hit: decided by a read-only peek (a check) rather than counted.
+        let mut peeks = Vec::with_capacity(targets.len());
         for (descriptor, target) in request.descriptors.iter().zip(&targets) {
             if let Target::Limited { tiers, rule, shared } = target {
                 let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                let cost = cost(request, descriptor).min(capacity + 1);
-                let mut hit = self.hit(request, descriptor, tiers, *rule, shared, cost);
+                let cost = how.cost(request, descriptor).min(capacity + 1);
+                let mut hit = self.hit(request, descriptor, tiers, *rule, shared, cost, named);
                 hit.lease = lease.clone().unwrap_or_default();
+                let reports = rule.is_some_and(|r| r.cost_reports);
+                let peek = match how {
+                    How::Check(_) => true,
+                    How::Report(_) => {
+                        hit.force = true;
+                        false
+                    }
+                    How::Reserve { id, ttl_us, .. } => {
+                        hit.reservation = Some(ReservationSpec {
+                            key: self.identity(&request.domain, descriptor, shared).reservation(id),
+                            ttl_us,
+                        });
+                        false
+                    }
+                    // A rule of reported costs: a hit with a cost is a report, one without checks that one more
+                    // unit is left.
+                    How::Decide if reports && hit_costs(&hit) => {
+                        hit.force = true;
+                        false
+                    }
+                    How::Decide if reports => {
+                        hit.cost = 1;
+                        true
+                    }
+                    How::Decide => false,
+                };
                 hits.push(hit);
+                peeks.push(peek);
             }
         }
-        let decided = self.decide_hits(&mut hits, now_us, domain, stats).await?;
+        let decided = self.decide_hits(&mut hits, &peeks, now_us, domain, stats).await?;
 
         let ratio = self.metrics.near_limit_ratio();
-        let mut outcomes = decided.iter().zip(&hits);
+        let mut outcomes = decided.iter().zip(&hits).zip(&peeks);
         let mut statuses = Vec::with_capacity(targets.len());
         let mut metadata = Vec::new();
         let mut queued = Vec::new();
@@ -133,7 +172,7 @@ impl<S: Store> Limiter<S> {
                 Target::NoRule => Status::NO_RULE,
                 Target::Unlimited(_) => Status::UNLIMITED,
                 Target::Limited { tiers, rule, .. } => {
-                    let Some((outcome, hit)) = outcomes.next() else {
+                    let Some(((outcome, hit), &peek)) = outcomes.next() else {
                         return Err(StoreError::Other("store returned too few outcomes".into()).into());
                     };
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
@@ -152,7 +191,7 @@ impl<S: Store> Limiter<S> {
                         continue;
                     };
                     let (i, tier) = constraining(outcome);
-                    if hit.cost > 0 {
+                    if hit.cost > 0 && !peek {
                         self.rule_stats(domain, *rule, descriptor).record(
                             hit.cost,
                             tiers[i].limit.capacity(),
@@ -161,6 +200,15 @@ impl<S: Store> Limiter<S> {
                             shadow,
                             ratio,
                         );
+                    }
+                    if let (Some(kind), Some(rule), Some(domain)) = (how.counted_kind(), rule, domain) {
+                        if outcome.admitted || hit.force {
+                            for (i, (spec, tier)) in hit.tiers.iter().zip(tiers.iter()).enumerate() {
+                                let limit = tier.name.as_deref().map_or_else(|| i.to_string(), str::to_string);
+                                let amount = spec.cost.unwrap_or(hit.cost);
+                                self.metrics.cost(&domain.name, &rule.path, &limit, kind, amount);
+                            }
+                        }
                     }
                     for (spec, t) in hit.tiers.iter().zip(&outcome.tiers) {
                         match (spec.algorithm, &t.id) {
@@ -173,7 +221,8 @@ impl<S: Store> Limiter<S> {
                             _ => {}
                         }
                     }
-                    let code = if outcome.admitted || shadow {
+                    // A report is never refused.
+                    let code = if outcome.admitted || shadow || hit.force {
                         Code::Ok
                     } else {
                         Code::OverLimit
@@ -188,7 +237,7 @@ impl<S: Store> Limiter<S> {
                     Status {
                         code,
                         limit: Some(AppliedLimit::from(&tiers[i])),
-                        remaining: if outcome.admitted {
+                        remaining: if outcome.admitted || hit.force {
                             u32::try_from(tier.remaining).unwrap_or(u32::MAX)
                         } else {
                             0
@@ -232,30 +281,41 @@ impl<S: Store> Limiter<S> {
     async fn decide_hits(
         &self,
         hits: &mut [Hit],
+        peeks: &[bool],
         now_us: u64,
         domain: Option<&Domain>,
         stats: &DomainStats,
     ) -> Result<Vec<Option<Outcome>>, LimitError> {
         let generation = self.guard.cache().generation();
-        let mut decided: Vec<Option<Outcome>> = hits.iter().map(|h| self.guard.cached(h, now_us)).collect();
-        let pending: Vec<usize> = (0..hits.len()).filter(|&i| decided[i].is_none()).collect();
-        if pending.is_empty() {
-            return Ok(decided);
-        }
-        // Lend the pending hits to the store call without copying them, then put them back.
-        let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
-        let answers = self.guard.call("hit", now_us, &sent).await;
-        for (&i, hit) in pending.iter().zip(sent.drain(..)) {
-            hits[i] = hit;
-        }
+        let mut decided: Vec<Option<Outcome>> = hits
+            .iter()
+            .zip(peeks)
+            .map(|(h, &peek)| if peek { None } else { self.guard.cached(h, now_us) })
+            .collect();
         let mut failed = None;
-        for (&i, answer) in pending.iter().zip(answers) {
-            match answer {
-                Ok(outcome) => {
-                    self.guard.remember(&hits[i], &outcome, now_us, generation);
-                    decided[i] = Some(outcome);
+        for (op, as_peek) in [("hit", false), ("peek", true)] {
+            let pending: Vec<usize> = (0..hits.len())
+                .filter(|&i| decided[i].is_none() && peeks[i] == as_peek)
+                .collect();
+            if pending.is_empty() {
+                continue;
+            }
+            // Lend the pending hits to the store call without copying them, then put them back.
+            let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
+            let answers = self.guard.call(op, now_us, &sent).await;
+            for (&i, hit) in pending.iter().zip(sent.drain(..)) {
+                hits[i] = hit;
+            }
+            for (&i, answer) in pending.iter().zip(answers) {
+                match answer {
+                    Ok(outcome) => {
+                        if !as_peek {
+                            self.guard.remember(&hits[i], &outcome, now_us, generation);
+                        }
+                        decided[i] = Some(outcome);
+                    }
+                    Err(e) => failed = Some(e),
                 }
-                Err(e) => failed = Some(e),
             }
         }
         match failed {
@@ -295,7 +355,7 @@ impl<S: Store> Limiter<S> {
             .filter_map(|(descriptor, target)| match target {
                 Target::Limited { tiers, rule, shared } => {
                     let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                    Some(self.hit(request, descriptor, tiers, *rule, shared, cost.min(capacity + 1)))
+                    Some(self.hit(request, descriptor, tiers, *rule, shared, cost.min(capacity + 1), &[]))
                 }
                 _ => None,
             })
@@ -434,6 +494,7 @@ impl<S: Store> Limiter<S> {
         rule: Option<&Rule>,
         shared: &[(usize, &str)],
         cost: u64,
+        named: &[(String, u64)],
     ) -> Hit {
         let id = self.identity(&request.domain, descriptor, shared);
         let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
@@ -456,6 +517,10 @@ impl<S: Store> Limiter<S> {
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
                     burst: u64::from(t.limit.burst),
+                    cost: match t.cost {
+                        TierCost::Request => None,
+                        ref other => Some(other.of(cost, named)),
+                    },
                 })
                 .collect(),
             cost,

@@ -44,6 +44,12 @@ pub const BREAKER_STATE: &str = "sluice_breaker_state";
 /// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
 pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
 
+/// Cost counted by the cost-budget calls, by domain, rule, limit (its name, or its position) and kind: `reported`,
+/// `reserved`, `settled` (the estimates of settled reservations), `actual` (what they really cost), `refunded` and
+/// `charged` (given back and counted beyond their estimates). Reserved minus settled is what expired unsettled or is
+/// still held. Registered on first use, so a configuration without budgets shows none.
+pub const RULE_COST: &str = "sluice_rule_cost_total";
+
 /// Open RLQS streams (one per Envoy and filter configuration).
 pub const RLQS_STREAMS: &str = "sluice_rlqs_streams";
 /// RLQS buckets the open streams report, summed over streams.
@@ -216,6 +222,20 @@ impl Metrics {
     /// entries: the rule label `<domain>.(override)`.
     pub fn override_stats(&self, domain: &str) -> RuleStats {
         self.rule_stats(domain, &format!("{domain}.{OVERRIDE_RULE}"))
+    }
+
+    /// Adds `amount` of cost of `kind` (see [`RULE_COST`]) to one limit of a rule.
+    pub fn cost(&self, domain: &str, rule: &str, limit: &str, kind: &'static str, amount: u64) {
+        if amount == 0 {
+            return;
+        }
+        let labels = vec![
+            Label::new("domain", domain.to_string()),
+            Label::new("rule", rule.to_string()),
+            Label::new("limit", limit.to_string()),
+            Label::from_static_parts("kind", kind),
+        ];
+        self.counter(RULE_COST, labels).increment(amount);
     }
 
     /// The instruments of the Rate Limit Quota Service; register once per server.

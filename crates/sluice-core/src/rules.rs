@@ -28,7 +28,7 @@ use std::collections::HashMap;
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,
-    Tier, Unit,
+    Tier, TierCost, Unit,
 };
 
 /// Every domain's rules, compiled. Immutable; a reload builds a new one.

@@ -5,6 +5,7 @@
 mod harness;
 
 mod algorithms;
+mod budget;
 mod contract;
 mod differential;
 mod embedded;

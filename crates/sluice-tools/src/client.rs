@@ -3,6 +3,8 @@
 //! `sluice-client --domain edge --descriptor path=/login --descriptor user=42` sends one request with two
 //! descriptors (each `--descriptor` is one descriptor; `key=value,key2=value2` gives it several entries) and prints
 //! the answer, one line per descriptor. `--remaining` asks GetRemaining instead; `--release LEASE` ends a lease.
+//! The cost-budget calls: `--check COST`, `--report COST`, `--reserve ESTIMATE` (prints the reservation id) and
+//! `--settle RESERVATION_ID --actual COST`, each with named costs from `--cost name=value`.
 
 use std::process::ExitCode;
 
@@ -11,7 +13,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, rat
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
-use crate::proto::sluice::v1::{GetRemainingRequest, ReleaseRequest};
+use crate::proto::sluice::v1::{CostRequest, GetRemainingRequest, ReleaseRequest, ReserveRequest, SettleRequest};
 
 /// The flags of `sluice-client`.
 #[derive(Debug, clap::Args)]
@@ -34,6 +36,37 @@ pub struct ClientArgs {
     /// End this concurrency lease instead of asking for a decision.
     #[arg(long, value_name = "LEASE_ID", conflicts_with = "remaining")]
     pub release: Option<String>,
+    /// Check: decide this cost without counting it.
+    #[arg(long, value_name = "COST", group = "budget")]
+    pub check: Option<u64>,
+    /// Report: count this cost whatever the limits say.
+    #[arg(long, value_name = "COST", group = "budget")]
+    pub report: Option<u64>,
+    /// Reserve: admit and hold this estimated cost; prints the reservation id.
+    #[arg(long, value_name = "ESTIMATE", group = "budget")]
+    pub reserve: Option<u64>,
+    /// How long a reservation holds, in seconds (with --reserve; the server's default otherwise).
+    #[arg(long, value_name = "SECONDS", requires = "reserve")]
+    pub ttl: Option<u32>,
+    /// Settle: replace this reservation's estimate with --actual.
+    #[arg(long, value_name = "RESERVATION_ID", group = "budget", requires = "actual")]
+    pub settle: Option<String>,
+    /// The actual cost, with --settle.
+    #[arg(long, value_name = "COST", requires = "settle")]
+    pub actual: Option<u64>,
+    /// A named cost, `name=value` (e.g. input_tokens=1200), for limits configured with `cost:` or `price:`; repeatable.
+    #[arg(long = "cost", value_name = "NAME=VALUE", value_parser = parse_named_cost)]
+    pub costs: Vec<(String, u64)>,
+}
+
+fn parse_named_cost(text: &str) -> Result<(String, u64), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => value
+            .parse::<u64>()
+            .map(|v| (name.to_string(), v))
+            .map_err(|_| format!("'{value}' is not a whole number from 0 to {}", u64::MAX)),
+        _ => Err(format!("'{text}' is not name=value")),
+    }
 }
 
 fn parse_descriptor(text: &str) -> Result<RateLimitDescriptor, String> {
@@ -91,13 +124,76 @@ async fn call(args: ClientArgs) -> Result<ExitCode, String> {
         println!("released {}", answer.into_inner().released);
         return Ok(ExitCode::SUCCESS);
     }
+    let mut limiter = RateLimiterClient::new(channel.clone());
+    let named: std::collections::HashMap<String, u64> = args.costs.iter().cloned().collect();
+    if let Some(cost) = args.check.or(args.report) {
+        let request = CostRequest {
+            domain: args.domain,
+            descriptors: args.descriptors,
+            cost: Some(cost),
+            costs: named,
+        };
+        let answer = if args.check.is_some() {
+            limiter.check(request).await
+        } else {
+            limiter.report(request).await
+        }
+        .map_err(rpc_error)?
+        .into_inner();
+        print_decision(&answer);
+        return Ok(exit_code(answer.overall_code));
+    }
+    if let Some(estimate) = args.reserve {
+        let request = ReserveRequest {
+            domain: args.domain,
+            descriptors: args.descriptors,
+            estimate: Some(estimate),
+            estimates: named,
+            ttl: args.ttl.map(|s| prost_types::Duration {
+                seconds: i64::from(s),
+                nanos: 0,
+            }),
+        };
+        let answer = limiter.reserve(request).await.map_err(rpc_error)?.into_inner();
+        print_decision(&RateLimitResponse {
+            overall_code: answer.overall_code,
+            statuses: answer.statuses,
+            ..Default::default()
+        });
+        if !answer.reservation_id.is_empty() {
+            let ttl = answer.ttl.map_or(0, |t| t.seconds);
+            println!("reservation {} for {ttl}s", answer.reservation_id);
+        }
+        return Ok(exit_code(answer.overall_code));
+    }
+    if let Some(reservation_id) = args.settle {
+        let request = SettleRequest {
+            domain: args.domain,
+            descriptors: args.descriptors,
+            reservation_id,
+            actual: args.actual,
+            actuals: named,
+        };
+        let answer = limiter.settle(request).await.map_err(rpc_error)?.into_inner();
+        if !answer.settled {
+            println!("no such reservation (expired and charged at its estimate, settled already, or unknown)");
+            return Ok(ExitCode::from(2));
+        }
+        for (i, s) in answer.settlements.iter().enumerate() {
+            println!(
+                "descriptor {i}: estimate {}, actual {}, charged {}, refunded {}",
+                s.estimate, s.actual, s.charged, s.refunded
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(cost) = args.remaining {
         let request = GetRemainingRequest {
             domain: args.domain,
             descriptors: args.descriptors,
             cost: Some(cost),
         };
-        let answer = RateLimiterClient::new(channel)
+        let answer = limiter
             .get_remaining(request)
             .await
             .map_err(rpc_error)?;
@@ -147,11 +243,16 @@ async fn call(args: ClientArgs) -> Result<ExitCode, String> {
         .map_err(rpc_error)?
         .into_inner();
     print_decision(&answer);
-    Ok(if answer.overall_code == Code::OverLimit as i32 {
+    Ok(exit_code(answer.overall_code))
+}
+
+/// 0 for OK, 2 for OVER_LIMIT.
+fn exit_code(overall: i32) -> ExitCode {
+    if overall == Code::OverLimit as i32 {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
-    })
+    }
 }
 
 fn unit_name(unit: i32) -> &'static str {

@@ -126,6 +126,84 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         }))
     }
 
+    #[tracing::instrument(level = "debug", name = "sluice.Check", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn check(&self, request: Request<sluice::CostRequest>) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let (core, costs) = cost_request(request);
+        let decision = self.limiter.check(&core, &costs).await.map_err(to_status)?;
+        Ok(Response::new(to_response(decision, self.headers)))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.Report", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn report(&self, request: Request<sluice::CostRequest>) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let (core, costs) = cost_request(request);
+        let decision = self.limiter.report(&core, &costs).await.map_err(to_status)?;
+        Ok(Response::new(to_response(decision, self.headers)))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.Reserve", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn reserve(
+        &self,
+        request: Request<sluice::ReserveRequest>,
+    ) -> Result<Response<sluice::ReserveResponse>, Status> {
+        let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let ttl_us = match request.ttl {
+            None => DEFAULT_RESERVATION_TTL_US,
+            Some(d) if d.seconds < 0 || d.nanos < 0 => {
+                return Err(Status::invalid_argument("ttl is negative"));
+            }
+            Some(d) => (d.seconds as u64).saturating_mul(1_000_000).saturating_add(d.nanos as u64 / 1_000),
+        };
+        let costs = limiter::Costs {
+            cost: request.estimate.unwrap_or(1),
+            named: request.estimates.into_iter().collect(),
+        };
+        let core = to_core(request.domain, request.descriptors, 0);
+        let reserved = self.limiter.reserve(&core, &costs, ttl_us).await.map_err(to_status)?;
+        let response = to_response(reserved.decision, HeaderMode::Off);
+        Ok(Response::new(sluice::ReserveResponse {
+            overall_code: response.overall_code,
+            statuses: response.statuses,
+            reservation_id: reserved.id.unwrap_or_default(),
+            ttl: Some(exact(reserved.ttl_us)),
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.Settle", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn settle(&self, request: Request<sluice::SettleRequest>) -> Result<Response<sluice::SettleResponse>, Status> {
+        let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let costs = limiter::Costs {
+            cost: request.actual.unwrap_or(0),
+            named: request.actuals.into_iter().collect(),
+        };
+        let core = to_core(request.domain, request.descriptors, 0);
+        let settled = self
+            .limiter
+            .settle(&core, &request.reservation_id, &costs)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(match settled {
+            None => sluice::SettleResponse::default(),
+            Some(descriptors) => sluice::SettleResponse {
+                settled: true,
+                settlements: descriptors
+                    .into_iter()
+                    .map(|d| sluice::Settlement {
+                        estimate: d.estimate,
+                        actual: d.actual,
+                        charged: d.charged,
+                        refunded: d.refunded,
+                    })
+                    .collect(),
+            },
+        }))
+    }
+
     #[tracing::instrument(level = "debug", name = "sluice.Reset", skip_all, fields(domain = %request.get_ref().domain))]
     async fn reset(&self, request: Request<sluice::ResetRequest>) -> Result<Response<sluice::ResetResponse>, Status> {
         self.authorize(&request)?;
@@ -144,6 +222,18 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
             kept_streams: report.kept_streams,
         }))
     }
+}
+
+/// How long a reservation holds when the request does not say: five minutes.
+pub const DEFAULT_RESERVATION_TTL_US: u64 = 300_000_000;
+
+/// A cost-budget request in the core's types: the request (its descriptors' own `hits_addend` kept) and its costs.
+fn cost_request(request: sluice::CostRequest) -> (limiter::Request, limiter::Costs) {
+    let costs = limiter::Costs {
+        cost: request.cost.unwrap_or(1),
+        named: request.costs.into_iter().collect(),
+    };
+    (to_core(request.domain, request.descriptors, 0), costs)
 }
 
 async fn should_rate_limit<S: Store>(

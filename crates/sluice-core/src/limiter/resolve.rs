@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::request::Request;
-use crate::rules::{Algorithm, Domain, Limit, Rule, Tier, Unit};
+use crate::rules::{Algorithm, Domain, Limit, Rule, Tier, TierCost, Unit};
 
 /// What one request descriptor resolved to.
 pub enum Target<'a> {
@@ -40,6 +40,7 @@ pub fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<
                     tiers: Cow::Owned(vec![Tier {
                         limit: Limit::fixed(o.requests_per_unit, unit),
                         name: None,
+                        cost: TierCost::Request,
                     }]),
                     rule: None,
                     shared: Vec::new(),

@@ -55,6 +55,7 @@ impl Compiler<'_> {
                 value_to_metric: false,
                 share_threshold: false,
                 quota_mode: false,
+                cost_reports: false,
                 metadata: None,
             };
             let Some(mut rule) = self.rule(&limits, &here, &label, false)? else {

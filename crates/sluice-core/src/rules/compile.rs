@@ -16,7 +16,8 @@ use crate::metrics::Metrics;
 use super::RuleSet;
 use super::tree::{Domain, Node, Pattern, Rule};
 use super::vocabulary::{
-    Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Metadata, Record, Tier, Unit,
+    Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Metadata, Record, Tier, TierCost,
+    Unit,
 };
 
 impl RuleSet {
@@ -250,6 +251,7 @@ impl Compiler<'_> {
             replaces: replaces.into(),
             shadow_mode: raw.shadow_mode,
             quota_mode: raw.quota_mode,
+            cost_reports: raw.cost_reports,
             record,
             path: Arc::from(label),
             dynamic_label: dynamic || raw.detailed_metric,
@@ -276,6 +278,8 @@ impl Compiler<'_> {
                 ("unit_multiplier", rl.unit_multiplier.is_some()),
                 ("burst", rl.burst.is_some()),
                 ("record", rl.record.is_some()),
+                ("cost", rl.cost.is_some()),
+                ("price", rl.price.is_some()),
             ] {
                 if set {
                     return Err(self.err(&at(field), "does not apply to an unlimited rule"));
@@ -359,7 +363,28 @@ impl Compiler<'_> {
                 burst,
             },
             name,
+            cost: self.tier_cost(rl, base)?,
         }))
+    }
+
+    /// What a hit costs a limit: `cost: <name>`, `price: {<name>: <price>, ...}`, or the request's cost.
+    fn tier_cost(&self, rl: &RawRateLimit, base: &str) -> Result<TierCost, ConfigError> {
+        let at = |field: &str| format!("{base}.{field}");
+        match (&rl.cost, &rl.price) {
+            (Some(_), Some(_)) => Err(self.err(&at("price"), "use either cost or price, not both")),
+            (Some(name), None) if name.is_empty() => Err(self.err(&at("cost"), "the cost name is empty")),
+            (Some(name), None) => Ok(TierCost::Named(Arc::from(name.as_str()))),
+            (None, Some(prices)) if prices.is_empty() => Err(self.err(&at("price"), "no named costs to price")),
+            (None, Some(prices)) => {
+                if let Some(name) = prices.keys().find(|n| n.is_empty()) {
+                    return Err(self.err(&at(&format!("price.{name}")), "the cost name is empty"));
+                }
+                Ok(TierCost::Priced(
+                    prices.iter().map(|(name, price)| (Arc::from(name.as_str()), *price)).collect(),
+                ))
+            }
+            (None, None) => Ok(TierCost::Request),
+        }
     }
 }
 

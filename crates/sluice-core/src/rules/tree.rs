@@ -20,6 +20,9 @@ pub struct Rule {
     pub replaces: Box<[Arc<str>]>,
     pub shadow_mode: bool,
     pub quota_mode: bool,
+    /// Hits with a cost report usage that already happened (counted whatever the limits say); a hit of cost 0
+    /// checks that something is left.
+    pub cost_reports: bool,
     pub record: Option<Record>,
     /// The rule's own metric label, e.g. `edge.path_/login.user` (no request values).
     pub path: Arc<str>,

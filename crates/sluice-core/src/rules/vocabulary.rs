@@ -201,6 +201,33 @@ impl Limit {
 pub struct Tier {
     pub limit: Limit,
     pub name: Option<Arc<str>>,
+    /// What a hit costs this limit.
+    pub cost: TierCost,
+}
+
+/// What a hit costs one limit: the request's cost (Envoy's `hits_addend`), one of the named costs a cost-budget
+/// call carries (e.g. `input_tokens`), or a priced sum of them, in whole units of the budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TierCost {
+    #[default]
+    Request,
+    Named(Arc<str>),
+    Priced(Box<[(Arc<str>, u32)]>),
+}
+
+impl TierCost {
+    /// The cost of a hit whose request cost is `request` and named costs `named` (a name not given costs 0). Never
+    /// wraps: a priced sum saturates.
+    pub fn of(&self, request: u64, named: &[(String, u64)]) -> u64 {
+        let find = |name: &str| named.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+        match self {
+            TierCost::Request => request,
+            TierCost::Named(name) => find(name),
+            TierCost::Priced(prices) => prices
+                .iter()
+                .fold(0u64, |sum, (name, price)| sum.saturating_add(find(name).saturating_mul(u64::from(*price)))),
+        }
+    }
 }
 
 /// `record`: keep the last `size` values of the request entry `key` that hit a rule.

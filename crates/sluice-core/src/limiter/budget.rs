@@ -1,0 +1,230 @@
+//! Cost budgets: costs known only after the work is done (LLM tokens, bytes, compute units).
+//!
+//! - [`Limiter::check`] decides a cost without counting it;
+//! - [`Limiter::report`] counts a cost that already happened, whatever the limits say (never refused);
+//! - [`Limiter::reserve`] admits an estimated cost when every limit has room for it and holds it under a reservation
+//!   id, so that concurrent calls can never together overspend; [`Limiter::settle`] replaces the estimate with the
+//!   actual cost. An unsettled reservation expires and stays charged at its estimate.
+//!
+//! Each limit counts the request's cost, or a named cost (`cost: input_tokens`), or a priced sum of named costs
+//! (`price: {input_tokens: 3, output_tokens: 12}`): several limits of one descriptor, each counting its own cost,
+//! are still decided together.
+
+use super::request::{Descriptor, Request, cost as request_cost, validate};
+use super::resolve::{Target, resolve};
+use super::{Code, Decision, LimitError, Limiter};
+use crate::store::{Hit, Settled, Settlement, Store};
+
+/// The costs of a cost-budget call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Costs {
+    /// The cost of each descriptor, unless the descriptor sets its own `hits_addend`.
+    pub cost: u64,
+    /// Named costs, e.g. `input_tokens`: limits configured with `cost:` or `price:` count these.
+    pub named: Vec<(String, u64)>,
+}
+
+/// What [`Limiter::reserve`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reserved {
+    /// OK: every descriptor's limits admitted the estimate, now held; OVER_LIMIT: nothing is held.
+    pub decision: Decision,
+    /// Names the reservation in [`Limiter::settle`]; `None` when nothing was reserved.
+    pub id: Option<String>,
+    pub ttl_us: u64,
+}
+
+/// One descriptor's settlement, summed over its limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SettledDescriptor {
+    pub estimate: u64,
+    pub actual: u64,
+    /// Counted beyond the estimate.
+    pub charged: u64,
+    /// Given back (asked: a limit whose window has passed gives back nothing).
+    pub refunded: u64,
+}
+
+/// How a request's hits are counted (see [`Limiter::decide`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum How<'a> {
+    /// ShouldRateLimit: each hit counted when it fits.
+    Decide,
+    Check(&'a Costs),
+    Report(&'a Costs),
+    Reserve { costs: &'a Costs, id: &'a str, ttl_us: u64 },
+}
+
+impl How<'_> {
+    /// The RPC name in metrics.
+    pub(crate) fn rpc(self) -> &'static str {
+        match self {
+            How::Decide => "should_rate_limit",
+            How::Check(_) => "check",
+            How::Report(_) => "report",
+            How::Reserve { .. } => "reserve",
+        }
+    }
+
+    /// The kind of cost a counted hit adds to the cost metrics, for the cost-budget calls that count.
+    pub(crate) fn counted_kind(self) -> Option<&'static str> {
+        match self {
+            How::Report(_) => Some("reported"),
+            How::Reserve { .. } => Some("reserved"),
+            How::Decide | How::Check(_) => None,
+        }
+    }
+
+    pub(crate) fn named(&self) -> &[(String, u64)] {
+        match self {
+            How::Decide => &[],
+            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => &c.named,
+        }
+    }
+
+    /// A descriptor's cost: its own `hits_addend`, else Envoy's request-wide one (0 means 1) or the call's.
+    pub(crate) fn cost(self, request: &Request, descriptor: &Descriptor) -> u64 {
+        match self {
+            How::Decide => request_cost(request, descriptor),
+            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => descriptor.hits_addend.unwrap_or(c.cost),
+        }
+    }
+}
+
+/// Whether a hit costs anything to any of its limits.
+pub(crate) fn hit_costs(hit: &Hit) -> bool {
+    hit.tiers.iter().any(|t| t.cost.unwrap_or(hit.cost) > 0)
+}
+
+/// The longest a reservation may be held: a day.
+pub const MAX_RESERVATION_TTL_US: u64 = 86_400_000_000;
+
+impl<S: Store> Limiter<S> {
+    /// Decides `costs` without counting anything: the statuses [`Limiter::should_rate_limit`] would answer.
+    pub async fn check(&self, request: &Request, costs: &Costs) -> Result<Decision, LimitError> {
+        self.decide(request, How::Check(costs)).await
+    }
+
+    /// Counts `costs` against every limit the descriptors match, whatever the limits say; every status is OK and
+    /// says what is left.
+    pub async fn report(&self, request: &Request, costs: &Costs) -> Result<Decision, LimitError> {
+        self.decide(request, How::Report(costs)).await
+    }
+
+    /// Admits the estimated `costs` when every limit of every descriptor has room for them, and holds them for
+    /// `ttl_us` under a new reservation id. When any descriptor is over its limit, the others' holds are given back
+    /// at once and nothing stays reserved.
+    pub async fn reserve(&self, request: &Request, costs: &Costs, ttl_us: u64) -> Result<Reserved, LimitError> {
+        if ttl_us == 0 || ttl_us > MAX_RESERVATION_TTL_US {
+            self.metrics.invalid_request("reserve");
+            return Err(LimitError::InvalidArgument(format!(
+                "ttl must be more than 0 and at most {} s",
+                MAX_RESERVATION_TTL_US / 1_000_000
+            )));
+        }
+        let id = super::new_lease();
+        let decision = self
+            .decide(
+                request,
+                How::Reserve {
+                    costs,
+                    id: &id,
+                    ttl_us,
+                },
+            )
+            .await?;
+        if decision.overall == Code::Ok {
+            return Ok(Reserved {
+                decision,
+                id: Some(id),
+                ttl_us,
+            });
+        }
+        // Give back what the descriptors that fitted now hold: settle at nothing.
+        let mut nothing = request.clone();
+        for d in &mut nothing.descriptors {
+            d.hits_addend = None;
+        }
+        if let Err(e) = self.settle(&nothing, &id, &Costs::default()).await {
+            tracing::warn!(error = %e, "a refused reservation's holds could not be given back; they expire");
+        }
+        Ok(Reserved {
+            decision,
+            id: None,
+            ttl_us,
+        })
+    }
+
+    /// Replaces reservation `id`'s estimates with the actual `costs`, per descriptor (the descriptors it was made
+    /// with). `None` when there is no such reservation: it expired (and stays charged at its estimate), was
+    /// settled already, or never existed; nothing changes then.
+    pub async fn settle(
+        &self,
+        request: &Request,
+        id: &str,
+        costs: &Costs,
+    ) -> Result<Option<Vec<SettledDescriptor>>, LimitError> {
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("settle"))?;
+        if id.is_empty() || id.len() > self.settings.caps.max_value_bytes {
+            self.metrics.invalid_request("settle");
+            return Err(LimitError::InvalidArgument(format!(
+                "reservation_id must be 1 to {} bytes",
+                self.settings.caps.max_value_bytes
+            )));
+        }
+        let now_us = self.clock.now_us();
+        let rules = self.rules.load();
+        let targets = resolve(rules.domain(&request.domain), request);
+        let how = How::Report(costs);
+        let mut settlements = Vec::new();
+        let mut index = Vec::new();
+        let mut labels = Vec::new();
+        for (i, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
+            if let Target::Limited { tiers, rule, shared } = target {
+                let cost = how.cost(request, descriptor);
+                let hit = self.hit(request, descriptor, tiers, *rule, shared, cost, &costs.named);
+                let reservation = self.identity(&request.domain, descriptor, shared).reservation(id);
+                settlements.push(Settlement { hit, reservation });
+                index.push(i);
+                labels.push(rule.map(|r| {
+                    let limits: Vec<String> = tiers
+                        .iter()
+                        .enumerate()
+                        .map(|(j, t)| t.name.as_deref().map_or_else(|| j.to_string(), str::to_string))
+                        .collect();
+                    (r.path.clone(), limits)
+                }));
+            }
+        }
+        if settlements.is_empty() {
+            return Ok(None);
+        }
+        let answers = self.guard.store().settle(now_us, &settlements).await;
+        let mut out = vec![SettledDescriptor::default(); request.descriptors.len()];
+        let mut found = false;
+        let domain = request.domain.as_str();
+        for ((&i, answer), label) in index.iter().zip(answers).zip(&labels) {
+            match answer? {
+                Settled::Unknown => {}
+                Settled::Done { tiers, .. } => {
+                    found = true;
+                    let d = &mut out[i];
+                    for (j, t) in tiers.into_iter().enumerate() {
+                        if let Some((rule, limits)) = label {
+                            let limit = limits.get(j).map_or("", String::as_str);
+                            self.metrics.cost(domain, rule, limit, "settled", t.estimate);
+                            self.metrics.cost(domain, rule, limit, "actual", t.actual);
+                            self.metrics.cost(domain, rule, limit, "refunded", t.refunded);
+                            self.metrics.cost(domain, rule, limit, "charged", t.charged);
+                        }
+                        d.estimate = d.estimate.saturating_add(t.estimate);
+                        d.actual = d.actual.saturating_add(t.actual);
+                        d.charged = d.charged.saturating_add(t.charged);
+                        d.refunded = d.refunded.saturating_add(t.refunded);
+                    }
+                }
+            }
+        }
+        Ok(found.then_some(out))
+    }
+}
