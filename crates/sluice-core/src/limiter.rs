@@ -456,6 +456,7 @@ impl<S: Store> Limiter<S> {
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
                     burst: u64::from(t.limit.burst),
+                    cost: None,
                 })
                 .collect(),
             cost,
