@@ -9,83 +9,93 @@
 --             forced hit: every tier counts its cost whether it fits or not (a usage that already happened; sent
 --             only when every tier is fixed_window, sliding_window, token_bucket or leaky_bucket, see `Hit::forced`);
 --             'reserve' and 'reserve_report' are 'hit' and 'report' that also write the reservation record KEYS[last]
---             when the hit is counted, and 'settle' settles the reservation KEYS[last] with the actual cost ARGV[3]
---             (see settle below); these three are sent only when every tier counts (see `Hit::reserves`), and
+--             when the hit is counted, and 'settle' settles the reservation KEYS[last] with the actual costs (each
+--             tier's, see settle below); these three are sent only when every tier counts (see `Hit::reserves`), and
 --             'settle' with no hit records and no queue fields
 -- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
--- ARGV[3]     cost (0: check without consuming)
+-- ARGV[3]     the hit's cost, bounded by the largest tier's capacity + 1: the cost of every tier whose cost is ''
 -- ARGV[4]     lease id for concurrency tiers
 -- ARGV[5]     hit records to keep (0: none)     ARGV[6]  the value to record
 -- ARGV[7]     f, the number of queue entry fields, then the f fields (name, value, name, value, ...)
--- then per tier 4 values: algorithm, limit, window (us), burst
+-- then per tier 5 values: algorithm, limit, window (us), burst, cost: the tier's own cost (input tokens, output
+--             tokens, credits: each limit may count its own), or '' for ARGV[3]. sluice sends every tier's cost
+--             bounded by that tier's capacity + 1 (burst for buckets, the limit otherwise; `TierSpec::bounded_cost`),
+--             and '' where that equals ARGV[3]. A cost of 0 (a tier's or the hit's) checks without consuming.
 -- then, in the modes 'reserve' and 'reserve_report', the reservation record's TTL in us
 --
 -- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
 --           then in peek mode the recorded values, newest first }.
+-- Each tier is decided with its own cost and reports for it: admitted means every tier admits its own cost.
 -- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit
 -- (but what is left after it for a forced hit, which every tier counts); used is the count after a committed or
 -- hypothetical hit, the count now for a peek. For a forced hit, admitted, ok and retry are an ordinary hit's.
--- In settle mode: { 0 } when there is no such reservation, else { 1, estimate, charged, refunded, admitted, then per
--- tier the six values of a peek of cost 1 after settling }.
+-- In settle mode: { 0 } when there is no such reservation, else { 1, then per tier: estimate, actual, charged,
+-- refunded, then admitted and per tier the six values of a peek of cost 1 after settling }.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
--- reference does (but never a cost above its limit, which can never fit), and that a forced hit of a positive cost
--- commits every tier. A peek never writes. Hit records expire with the longest-lived tier. A reservation record
--- is written only by a hit that is admitted and committed (or forced) with a positive cost: a hash {e = the cost
--- charged, t = now, x = when it expires by the decision's clock}, expiring then. It is written before any tier, and a
+-- reference does (but never a cost above its limit, which can never fit), and that a forced hit commits every tier.
+-- A hit is committed only if some tier's cost is positive, and each tier commits its own cost; a tier whose cost is 0
+-- is checked and never written (no count, no lease, no queue entry). A peek never writes. Hit records expire with the
+-- longest-lived tier. A reservation record is written only by a hit that is admitted and committed (or forced): a
+-- hash {e = what each tier was charged, in tier order, as decimal integers joined by ',' (one value for one tier),
+-- t = now, x = when it expires by the decision's clock}, expiring then. It is written before any tier, and a
 -- settlement reads the record and every tier before it writes, so a key of the wrong type stops either before it
 -- changes anything.
 
--- The estimate and charged-at time of the reservation record `rkey`, or nil. A record is judged by the decision's
--- clock: one whose x has come is gone, whether or not Redis has expired the key yet (it expires by its own clock).
-local function live_reservation(rkey, now)
+-- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
+-- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
+-- Redis has expired the key yet (it expires by its own clock). A record that does not hold one estimate per tier
+-- (the settlement names other tiers than the reservation did) is not this settlement's: nil, and it is left as it is.
+local function live_reservation(rkey, now, tiers)
   local f = redis.call('HMGET', rkey, 'e', 't', 'x')
-  local e, at, x = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
-  if e == nil or at == nil or x == nil or x <= now then return nil end
+  local at, x = tonumber(f[2]), tonumber(f[3])
+  if type(f[1]) ~= 'string' or at == nil or x == nil or x <= now then return nil end
+  local e = {}
+  for v in string.gmatch(f[1], '[^,]+') do
+    local n = tonumber(v)
+    if n == nil then return nil end
+    e[#e + 1] = n
+  end
+  if #e ~= tiers then return nil end
   return e, at
 end
 
--- Settles the reservation `rkey` at `now` with the actual cost `actual` (bounded as any cost) over the tiers
--- (impls, params, from KEYS[k]): reads and deletes the record, then counts `actual - estimate` on every tier as a
--- forced hit would, or gives `estimate - actual` back to every tier by its algorithm's refund, and reports each
--- tier as a peek of cost 1 does. No record (expired, settled, never written): { 0 }, nothing written.
-local function settle(k, tiers, impls, params, rkey, now, actual)
+-- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
+-- tiers (impls, params, from KEYS[k]): reads every tier, then deletes the record and, tier by tier, counts
+-- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
+-- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
+-- never written, or not one estimate per tier): { 0 }, nothing written.
+local function settle(k, tiers, impls, params, actual, rkey, now)
   for i = 1, tiers do
     if impls[i].refund == nil then return { 0 } end
   end
-  local e, at = live_reservation(rkey, now)
+  local e, at = live_reservation(rkey, now, tiers)
   if e == nil then return { 0 } end
-  local charged, refunded = 0, 0
-  if actual > e then
-    charged = actual - e
-    local states = {}
-    for i = 1, tiers do
-      local p = params[i]
-      states[i] = impls[i].check(KEYS[k + i - 1], now, charged, p[1], p[2], p[3], true)
-    end
-    redis.call('DEL', rkey)
-    for i = 1, tiers do
-      local p = params[i]
-      impls[i].commit(KEYS[k + i - 1], states[i], now, charged, p[1], p[2], p[3], '', {})
-    end
-  elseif actual < e then
-    refunded = e - actual
-    local writes = {}
-    for i = 1, tiers do
-      local p = params[i]
-      writes[i] = impls[i].refund(KEYS[k + i - 1], now, at, refunded, p[1], p[2], p[3]) or false
-    end
-    redis.call('DEL', rkey)
-    for i = 1, tiers do
-      if writes[i] then writes[i]() end
-    end
+  -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
+  -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
+  local out, charged, states, writes = { 1 }, {}, {}, {}
+  for i = 1, tiers do
+    local key, p = KEYS[k + i - 1], params[i]
+    local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
+    charged[i] = c
+    states[i] = impls[i].check(key, now, c, p[1], p[2], p[3], true)
+    if r > 0 then writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
+    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, r
   end
-  local out = { 1, e, charged, refunded, 1 }
-  local n = 5
+  redis.call('DEL', rkey)
+  for i = 1, tiers do
+    local p = params[i]
+    if charged[i] > 0 then
+      impls[i].commit(KEYS[k + i - 1], states[i], now, charged[i], p[1], p[2], p[3], '', {})
+    end
+    if writes[i] then writes[i]() end
+  end
+  local n = 4 * tiers + 2
+  out[n] = 1
   for i = 1, tiers do
     local p = params[i]
     local s = impls[i].check(KEYS[k + i - 1], now, 1, p[1], p[2], p[3], false)
-    if not s.ok then out[5] = 0 end
+    if not s.ok then out[4 * tiers + 2] = 0 end
     out[n + 1] = s.ok and 1 or 0
     out[n + 2] = s.used0
     out[n + 3] = s.rem0
@@ -94,8 +104,6 @@ local function settle(k, tiers, impls, params, rkey, now, actual)
     out[n + 6] = ''
     n = n + 6
   end
-  -- At the estimate nothing else changes: the tiers were read (above) before the record goes.
-  if actual == e then redis.call('DEL', rkey) end
   return out
 end
 
@@ -105,8 +113,7 @@ local function decide(k, nk, a)
   local reserving = mode == 'reserve' or mode == 'reserve_report'
   if mode == 'reserve' then mode = 'hit' elseif mode == 'reserve_report' then mode = 'report' end
   local now = clock(arg(2))
-  local cost = tonumber(arg(3))
-  local forced = mode == 'report' and cost > 0
+  local hit_cost = tonumber(arg(3))
   local id = arg(4)
   local record_size = tonumber(arg(5))
   local record_value = arg(6)
@@ -118,28 +125,35 @@ local function decide(k, nk, a)
   if record_size > 0 then tiers = tiers - 1 end
   if reserving or mode == 'settle' then tiers = tiers - 1 end
 
-  local impls, states, params = {}, {}, {}
+  -- Each tier's cost: its own, or the hit's. The hit is written at all only if one of them is positive.
+  local impls, states, params, costs = {}, {}, {}, {}
+  local positive = false
   for i = 1, tiers do
-    local base = first + (i - 1) * 4
+    local base = first + (i - 1) * 5
     local impl = algorithm(arg(base))
     if impl == nil then error('unknown algorithm ' .. tostring(arg(base)), 0) end
     impls[i], params[i] = impl, { tonumber(arg(base + 1)), tonumber(arg(base + 2)), tonumber(arg(base + 3)) }
+    costs[i] = tonumber(arg(base + 4)) or hit_cost
+    if costs[i] > 0 then positive = true end
   end
-  if mode == 'settle' then return settle(k, tiers, impls, params, KEYS[k + nk - 1], now, cost) end
+  if mode == 'settle' then return settle(k, tiers, impls, params, costs, KEYS[k + nk - 1], now) end
+  local forced = mode == 'report' and positive
 
   local admitted = true
   for i = 1, tiers do
     local p = params[i]
-    local s = impls[i].check(KEYS[k + i - 1], now, cost, p[1], p[2], p[3], forced)
+    local s = impls[i].check(KEYS[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)
     states[i] = s
     admitted = admitted and s.ok
   end
 
-  local commit = forced or (mode == 'hit' and cost > 0 and
-    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and cost <= params[1][1])))
+  local commit = forced or (mode == 'hit' and positive and
+    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and costs[1] <= params[1][1])))
   if reserving and commit and (forced or admitted) then
-    local rkey, ttl = KEYS[k + nk - 1], ceil_ms(tonumber(arg(first + 4 * tiers)))
-    redis.call('HSET', rkey, 'e', string.format('%d', cost), 't', string.format('%d', now),
+    local rkey, ttl = KEYS[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
+    local e = {}
+    for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
+    redis.call('HSET', rkey, 'e', table.concat(e, ','), 't', string.format('%d', now),
       'x', string.format('%d', now + ttl * 1000))
     redis.call('PEXPIRE', rkey, ttl)
   end
@@ -149,9 +163,10 @@ local function decide(k, nk, a)
   for i = 1, tiers do
     local s, entry = states[i], ''
     local remaining, reset = s.rem0, s.reset0
-    if commit then
+    -- A tier whose cost is 0 is checked, never written.
+    if commit and costs[i] > 0 then
       local p = params[i]
-      entry = impls[i].commit(KEYS[k + i - 1], s, now, cost, p[1], p[2], p[3], id, fields)
+      entry = impls[i].commit(KEYS[k + i - 1], s, now, costs[i], p[1], p[2], p[3], id, fields)
       remaining, reset = s.rem1, s.reset1
     end
     if mode ~= 'peek' and not forced and not s.ok then remaining = 0 end

@@ -6,7 +6,7 @@
 -- costs a third of the call's time in Redis. The differential test holds the two paths to the same answers.
 --
 -- The arguments are decide.lua's, from ARGV[a]: one key, mode 'hit', no hit records, no queue fields, one
--- fixed_window tier.
+-- fixed_window tier (algorithm, limit, window, burst, cost: its own cost, or '' for the hit's, ARGV[a + 2]).
 
 local function lone_fixed_window(k, nk, a)
   if nk ~= 1 or ARGV[a] ~= 'hit' or ARGV[a + 4] ~= '0' or ARGV[a + 6] ~= '0' or ARGV[a + 7] ~= 'fixed_window' then
@@ -14,7 +14,8 @@ local function lone_fixed_window(k, nk, a)
   end
   local key = KEYS[k]
   local now = clock(ARGV[a + 1])
-  local cost, limit, window = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local cost = tonumber(ARGV[a + 11]) or tonumber(ARGV[a + 2])
+  local limit, window = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
   local start = now - now % window
   local f = redis.call('HMGET', key, 'w', 'n')
   local n = 0

@@ -18,8 +18,9 @@
 --     refund: give back up to `amount` of what a hit at time `at` counted, from the state it was counted in. It only
 --     reads; the function it returns never creates the key and never extends its expiry (a bucket's moves with its
 --     arrival time, as every write of it does).
--- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: a cost arrives
--- bounded by the largest capacity + 1 (at most 2^32, see `Hit::bounded_cost`), limits are at most 2^32 - 1, a
+-- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
+-- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`; the hit's, ARGV[3], by the
+-- largest capacity + 1), limits are at most 2^32 - 1, a
 -- fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
 -- MAX_DEBT_US. Numbers that go into strings are formatted with '%d': Lua's own number-to-string conversion keeps
 -- only 14 digits.

@@ -24,6 +24,13 @@ pub struct TierSpec {
     pub limit: u64,
     pub window_us: u64,
     pub burst: u64,
+    /// This tier's own cost; `None` for the hit's [`cost`](Hit::cost). A descriptor whose limits count different
+    /// things (input tokens against one, output tokens against another, a priced sum against a credits limit) gives
+    /// each tier its cost, and the tiers are still decided together, all or nothing. 0 checks the tier without
+    /// writing it. Every mode takes it: a hit, a peek (the hypothetical cost), a [forced](Hit::force) hit, a
+    /// [reservation](Hit::reservation) (each tier holds its own estimate) and a [settlement](Settlement) (each tier's
+    /// actual cost). Bounded as any cost is ([`TierSpec::bounded_cost`]).
+    pub cost: Option<u64>,
 }
 
 impl TierSpec {
@@ -35,15 +42,41 @@ impl TierSpec {
             _ => self.limit,
         }
     }
+
+    /// The cost this tier is decided with, for a hit of `hit_cost`: its own [`cost`](TierSpec::cost), else
+    /// `hit_cost`, and at most the tier's capacity + 1. A cost above the capacity fits never, whatever its size
+    /// (denied, consuming nothing, `retry_after_us` `None`), and bounding it keeps every sum and product in the stores
+    /// far from overflow, in `u64` and in the scripts' doubles alike (at most 2^32).
+    ///
+    /// The bound is per tier. It was once one for the whole hit, the largest tier's capacity + 1; for a hit whose
+    /// tiers all take the hit's cost the answers are the same except where a tier's cost is above its capacity
+    /// while another tier's capacity is larger. Let `c` be the cost, `k` the tier's capacity and `K` the largest:
+    /// the tier saw `min(c, K + 1)` and now sees `min(c, k + 1)`. Where `c <= k + 1` both are `c`. Where `c > k + 1`
+    /// both are above `k`, so the tier denies alike (`ok` false, `remaining` 0, `retry_after_us` `None`), the hit is
+    /// denied alike and an ordinary hit writes nothing alike (a lone fixed window has `K = k`). What differs there:
+    /// the tier's `used` (the count the hit would leave) is its count + `k + 1` instead of + `min(c, K + 1)`, and
+    /// what a [forced](Hit::force) hit or a settlement's charge counts in that tier: `k + 1`, no longer up to
+    /// `K + 1` (a bucket was charged at most `burst + 1` tokens already, so only windows count less), and what a
+    /// reservation records as its estimate. Any count above a limit answers the same while it lasts.
+    pub fn bounded_cost(&self, hit_cost: u64) -> u64 {
+        self.cost.unwrap_or(hit_cost).min(self.capacity().saturating_add(1))
+    }
 }
 
 /// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
 /// lone fixed window, which counts denials as the reference does, but never a cost above its limit, which can never
 /// fit, and a [forced](Hit::force) hit, which every tier counts).
+///
+/// Each tier is decided with its own cost ([`TierSpec::bounded_cost`]: the tier's [`cost`](TierSpec::cost), else the
+/// hit's `cost`, bounded by the tier's capacity + 1): the hit is admitted only if every tier admits its own cost, an
+/// admitted hit commits each tier with its own cost, and a tier whose cost is 0 is checked but never written (it
+/// takes no lease, appends no queue entry). A hit is written at all only if some tier's cost is positive. Each
+/// tier's outcome is that of its own cost.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hit {
     pub tiers: Vec<TierSpec>,
-    /// 0 checks without consuming. For `peek`, the hypothetical cost.
+    /// The cost of every tier without a [`cost`](TierSpec::cost) of its own. 0 checks without consuming. For
+    /// `peek`, the hypothetical cost.
     pub cost: u64,
     /// The lease id an admitted hit takes in `concurrency` tiers.
     pub lease: String,
@@ -55,33 +88,30 @@ pub struct Hit {
     /// counting algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`): a hit with a
     /// tier of another algorithm is decided as an ordinary one (see [`Hit::forced`]).
     ///
-    /// What is counted is bounded as for any hit ([`Hit::bounded_cost`]): a report larger than the largest tier's
-    /// capacity + 1 is counted as that capacity + 1, and a bucket tier is charged at most its `burst` + 1 tokens.
-    /// Any count above a limit answers the same while it lasts; what is lost is only how long the excess would have
-    /// weighed (the part a sliding window carries into its next window, a bucket's debt). A forced hit of cost 0
-    /// writes nothing. Counts stay exact however
-    /// many reports arrive: a fixed window's stops at `MAX_COUNT` (2^52), a sliding window's current count at 2^51,
-    /// and a bucket's debt (how far its arrival time is past an empty bucket's) at 2^48 us, about 9 years.
+    /// Each tier counts its own cost ([`TierSpec::bounded_cost`]), bounded as for any hit: a report larger than a
+    /// tier's capacity + 1 is counted there as that capacity + 1 (a bucket tier is charged at most its `burst` + 1
+    /// tokens). Any count above a limit answers the same while it lasts; what is lost is only how long the excess
+    /// would have weighed (the part a sliding window carries into its next window, a bucket's debt). A tier whose
+    /// cost is 0 is not written, and a forced hit whose every tier's cost is 0 writes nothing. Counts stay exact
+    /// however many reports arrive: a fixed window's stops at `MAX_COUNT` (2^52), a sliding window's current count at
+    /// 2^51, and a bucket's debt (how far its arrival time is past an empty bucket's) at 2^48 us, about 9 years.
     ///
     /// The outcome's `admitted`, and each tier's `ok` and `retry_after_us`, are those of an ordinary hit (decided
     /// before counting); `used`, `remaining` and `reset_after_us` are each tier's state after counting.
     pub force: bool,
-    /// Hold what the hit is charged as a reservation, to be [settled](Store::settle) later with the actual cost (a
-    /// cost budget: reserve an estimate, settle what was used). An admitted hit of a positive cost (or a
-    /// [forced](Hit::force) one, which is always counted) also writes the record `reservation.key`: the cost it was
-    /// charged (the bounded one, [`Hit::bounded_cost`]) and when. A denied hit, a cost of 0 and a peek write none.
-    /// For the counting algorithms only, as [`Hit::force`]: on a hit with a tier of another algorithm it is ignored.
+    /// Hold what the hit is charged as a reservation, to be [settled](Store::settle) later with the actual costs (a
+    /// cost budget: reserve an estimate, settle what was used). An admitted hit with a positive cost in some tier (or
+    /// a [forced](Hit::force) one, which is always counted) also writes the record `reservation.key`: what each tier
+    /// was charged (its bounded cost, [`TierSpec::bounded_cost`], 0 included) and when. A denied hit, a hit whose
+    /// every tier's cost is 0 and a peek write none. For the counting algorithms only, as [`Hit::force`]: on a hit
+    /// with a tier of another algorithm it is ignored.
     pub reservation: Option<ReservationSpec>,
 }
 
 impl Hit {
-    /// The cost the stores decide with: `cost`, or one more than the largest tier's capacity when it is above that.
-    /// A cost that fits no tier gets the same answer whatever its size (denied, consuming nothing, `retry_after_us`
-    /// `None`), and bounding it keeps every sum and product in the stores far from overflow, in `u64` and in the
-    /// scripts' doubles alike.
-    pub fn bounded_cost(&self) -> u64 {
-        let capacity = self.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
-        self.cost.min(capacity.saturating_add(1))
+    /// Each tier's cost, in order, as the stores decide with it ([`TierSpec::bounded_cost`]).
+    pub(crate) fn tier_costs(&self) -> Vec<u64> {
+        self.tiers.iter().map(|t| t.bounded_cost(self.cost)).collect()
     }
 
     /// Whether the hit is counted whatever the limits say: `force`, when every tier counts (`fixed_window`,
@@ -111,10 +141,12 @@ impl Hit {
 /// What an admitted hit holds against its tiers until settled: the record `key` (same hash tag as the
 /// descriptor's tiers, built by [`Identity::reservation`]) lives `ttl_us`.
 ///
-/// The record keeps the cost charged, when, and when it expires by the decision's clock (`now_us` + `ttl_us`, rounded
-/// up to whole milliseconds as every TTL is; `ttl_us` is bounded by [`MAX_RESERVATION_TTL_US`]): a settlement at or
-/// after that time finds nothing, whether or not the key is still there. A reservation that is never settled simply
-/// expires, and what it was charged stays counted, as any hit is.
+/// The record keeps the cost each tier was charged (its estimate, in tier order), when, and when it expires by the
+/// decision's clock (`now_us` + `ttl_us`, rounded up to whole milliseconds as every TTL is; `ttl_us` is bounded by
+/// [`MAX_RESERVATION_TTL_US`]): a settlement at or after that time finds nothing, whether or not the key is still
+/// there. A reservation that is never settled simply expires, and what it was charged stays counted, as any hit is.
+/// In Redis the record is a hash `{e, t, x}`: `e` the estimates as decimal integers joined by `,` (a single number for
+/// one tier), `t` when it was charged and `x` when it expires, in microseconds (see `lua/decide.lua`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationSpec {
     pub key: CounterKey,
@@ -132,12 +164,13 @@ impl ReservationSpec {
     }
 }
 
-/// Replace a reservation's estimate with the actual cost.
+/// Replace a reservation's estimates with the actual costs.
 ///
-/// `hit` names the descriptor's tiers (as the reserving hit did) and carries the actual cost in `cost`, bounded as any
-/// cost is ([`Hit::bounded_cost`]: at most the largest capacity + 1, so the arithmetic stays exact); its other fields
-/// are not read. `reservation` is the record the reserving hit wrote ([`ReservationSpec::key`]), with the same hash
-/// tag as the tiers.
+/// `hit` names the descriptor's tiers (as the reserving hit did, in the same order) and carries the actual costs: each
+/// tier's is its own [`cost`](TierSpec::cost), else the hit's `cost`, bounded as any cost is
+/// ([`TierSpec::bounded_cost`]: at most the tier's capacity + 1, so the arithmetic stays exact); its other fields are
+/// not read. `reservation` is the record the reserving hit wrote ([`ReservationSpec::key`]), with the same hash tag as
+/// the tiers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
     pub hit: Hit,
@@ -147,34 +180,46 @@ pub struct Settlement {
 /// What [`Store::settle`] did with one settlement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
-    /// No such reservation: it expired (and stays charged at its estimate), was settled already, or never existed.
+    /// No such reservation: it expired (and stays charged at its estimates), was settled already, or never existed.
     /// Also the answer, touching nothing, for a settlement whose hit has a tier that does not count (another algorithm
-    /// than `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`).
+    /// than `fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`), and for one whose hit has not as many
+    /// tiers as the reservation holds estimates (the record is left as it is).
     Unknown,
-    /// The estimate was replaced: `charged` more was counted (actual above the estimate), or `refunded` given back
-    /// (actual below it; a tier gives back only what is still in the window it was charged in), and each tier's
-    /// state after.
-    ///
-    /// `estimate` is the cost the reservation was charged. With `a` the bounded actual cost:
-    /// - `a > estimate`: `charged` = `a - estimate` is counted on every tier as a [forced](Hit::force) hit of that
-    ///   cost at `now_us` would be (past the limit if it must, with the same caps).
-    /// - `a < estimate`: `refunded` = `estimate - a`, the amount asked back of every tier, from the state the
-    ///   reservation was charged in: a fixed window gives it back (down to 0) if the window it was charged in is still
-    ///   the current one; a sliding window gives it back from the current window's count if it was charged in the
-    ///   current window, from the previous window's if it was charged in that one; a bucket moves its arrival time
-    ///   back by that many tokens, never before `now_us`. A tier whose window has passed (or whose state expired)
-    ///   gives back nothing, though `refunded` still reports the amount asked. A refund never creates a key and never
-    ///   moves a window's expiry.
-    /// - `a == estimate`: nothing changes but the record, which is gone.
-    ///
+    /// The estimates were replaced, each tier by its own difference ([`TierSettled`], one per tier, in order), and
     /// `outcome` is each tier's state after, as a peek of cost 1 at `now_us` reports it (`admitted`, and per tier
-    /// `ok`, `used`, `remaining`, `reset_after_us`, `retry_after_us`).
-    Done {
-        estimate: u64,
-        charged: u64,
-        refunded: u64,
-        outcome: Outcome,
-    },
+    /// `ok`, `used`, `remaining`, `reset_after_us`, `retry_after_us`). The record is gone.
+    Done { tiers: Vec<TierSettled>, outcome: Outcome },
+}
+
+/// What a settlement did to one tier: its `estimate` (what the reservation charged it) replaced with its `actual`
+/// cost (as bounded, [`TierSpec::bounded_cost`]).
+/// - `actual > estimate`: `charged` = `actual - estimate` is counted on the tier as a [forced](Hit::force) hit of
+///   that cost at `now_us` would be (past the limit if it must, with the same caps).
+/// - `actual < estimate`: `refunded` = `estimate - actual`, the amount asked back of the tier, from the state the
+///   reservation was charged in: a fixed window gives it back (down to 0) if the window it was charged in is still the
+///   current one; a sliding window gives it back from the current window's count if it was charged in the current
+///   window, from the previous window's if it was charged in that one; a bucket moves its arrival time back by that
+///   many tokens, never before `now_us`. A tier whose window has passed (or whose state expired) gives back nothing,
+///   though `refunded` still reports the amount asked. A refund never creates a key and never moves a window's expiry.
+/// - `actual == estimate`: the tier does not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierSettled {
+    pub estimate: u64,
+    pub actual: u64,
+    pub charged: u64,
+    pub refunded: u64,
+}
+
+impl TierSettled {
+    /// The tier's estimate replaced with `actual`: what is charged or refunded.
+    pub(crate) fn new(estimate: u64, actual: u64) -> TierSettled {
+        TierSettled {
+            estimate,
+            actual,
+            charged: actual.saturating_sub(estimate),
+            refunded: estimate.saturating_sub(actual),
+        }
+    }
 }
 
 /// Keep the last `size` values of the entry that hit, in the list `key`.

@@ -5,7 +5,9 @@
 use sluice_core::rules::Algorithm;
 use std::sync::Arc;
 
-use sluice_core::store::{CounterKey, Hit, Outcome, RecordSpec, ReservationSpec, Settled, Settlement, Store, TierSpec};
+use sluice_core::store::{
+    CounterKey, Hit, Outcome, RecordSpec, ReservationSpec, Settled, Settlement, Store, TierSettled, TierSpec,
+};
 
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
 
@@ -73,7 +75,205 @@ every_store!(
     huge_actual_costs_neither_panic_nor_wrap,
     settlements_in_one_call_are_independent,
     only_a_counted_hit_on_counting_tiers_holds_a_reservation,
+    tiers_with_their_own_costs_admit_only_when_every_tier_fits,
+    a_tier_cost_of_zero_is_checked_not_written,
+    reserve_per_tier_estimates_then_settle_per_tier_actuals,
+    a_forced_hit_with_per_tier_costs_counts_each,
 );
+
+/// `t`, counting its own cost instead of the hit's.
+fn costing(mut t: TierSpec, cost: u64) -> TierSpec {
+    t.cost = Some(cost);
+    t
+}
+
+/// (used, remaining) of every tier.
+fn counts(o: &Outcome) -> Vec<(u64, u64)> {
+    o.tiers.iter().map(|t| (t.used, t.remaining)).collect()
+}
+
+async fn tiers_with_their_own_costs_admit_only_when_every_tier_fits(store: impl Store) {
+    // Input tokens, 100 a minute; output tokens, 50 a minute; credits, a bucket of 1000 refilling 1000 an hour,
+    // charged the hit's cost: the priced sum, input + 2 * output.
+    let name = "tier-costs";
+    let h = |input: u64, output: u64| {
+        hit(
+            vec![
+                costing(tier(name, Algorithm::FixedWindow, 100, MINUTE, 100), input),
+                costing(tier(name, Algorithm::SlidingWindow, 50, MINUTE, 50), output),
+                tier(name, Algorithm::TokenBucket, 1_000, HOUR, 1_000),
+            ],
+            input + 2 * output,
+        )
+    };
+    let o = apply(&store, T0, &h(60, 30)).await;
+    assert!(o.admitted, "{o:?}");
+    assert_eq!(counts(&o), [(60, 40), (30, 20), (120, 880)], "each tier its own cost");
+    // 50 more input tokens do not fit; the output tokens and the credits would: nothing is charged.
+    let o = apply(&store, T0, &h(50, 10)).await;
+    assert!(!o.admitted && !o.tiers[0].ok && o.tiers[1].ok && o.tiers[2].ok, "{o:?}");
+    assert_eq!(
+        counts(&o),
+        [(110, 0), (40, 20), (190, 880)],
+        "each tier's outcome is its own cost's"
+    );
+    assert_eq!(o.tiers[0].retry_after_us, Some(50 * SECOND), "the input window's end");
+    // 21 more output tokens do not fit, though the input tokens would.
+    let o = apply(&store, T0, &h(10, 21)).await;
+    assert!(!o.admitted && o.tiers[0].ok && !o.tiers[1].ok, "{o:?}");
+    let p = peek(&store, T0, &h(1, 1)).await;
+    assert_eq!(
+        p.tiers.iter().map(|t| t.used).collect::<Vec<_>>(),
+        [60, 30, 120],
+        "no denied hit charged any tier"
+    );
+    // Both fit exactly: admitted, each tier charged its own.
+    let o = apply(&store, T0, &h(40, 20)).await;
+    assert!(o.admitted, "{o:?}");
+    assert_eq!(counts(&o), [(100, 0), (50, 0), (200, 800)]);
+    assert!(!apply(&store, T0, &h(0, 1)).await.admitted);
+    let mut credits = h(0, 0);
+    credits.cost = 10;
+    let o = apply(&store, T0, &credits).await;
+    assert!(o.admitted, "credits alone still fit: {o:?}");
+    assert_eq!(counts(&o), [(100, 0), (50, 0), (210, 790)]);
+}
+
+async fn a_tier_cost_of_zero_is_checked_not_written(store: impl Store) {
+    let name = "tier-cost-zero";
+    let fixed = tier(name, Algorithm::FixedWindow, 3, MINUTE, 3);
+    let leases = tier(name, Algorithm::Concurrency, 2, MINUTE, 2);
+    let other = tier(name, Algorithm::SlidingWindow, 10, MINUTE, 10);
+    let h = hit(
+        vec![costing(fixed.clone(), 0), costing(leases.clone(), 0), other.clone()],
+        2,
+    );
+    let o = apply(&store, T0, &h).await;
+    assert!(o.admitted, "{o:?}");
+    assert_eq!(counts(&o), [(0, 3), (0, 2), (2, 8)]);
+    assert_eq!(o.tiers[1].id, None, "no lease taken");
+    let p = peek(&store, T0, &hit(vec![fixed.clone(), leases.clone(), other.clone()], 1)).await;
+    assert_eq!(
+        p.tiers.iter().map(|t| t.used).collect::<Vec<_>>(),
+        [0, 0, 2],
+        "only the tier of a positive cost was written"
+    );
+    // Checked all the same: past its limit (a usage report), the tier denies the hit even at a cost of 0.
+    let o = apply(&store, T0, &forced(hit(vec![fixed.clone()], 4))).await;
+    assert_eq!(o.tiers[0].used, 4);
+    let o = apply(&store, T0, &h).await;
+    assert!(!o.admitted && !o.tiers[0].ok && o.tiers[1].ok && o.tiers[2].ok, "{o:?}");
+    assert_eq!(peek(&store, T0, &hit(vec![other.clone()], 1)).await.tiers[0].used, 2);
+    // A hit whose every tier's cost is 0 writes nothing, whatever the hit's cost; a lone fixed window included.
+    let lone = tier("tier-cost-zero-lone", Algorithm::FixedWindow, 3, MINUTE, 3);
+    let o = apply(&store, T0, &hit(vec![costing(lone.clone(), 0)], 5)).await;
+    assert!(o.admitted && o.tiers[0].used == 0, "{o:?}");
+    assert_eq!(peek(&store, T0, &hit(vec![lone], 1)).await.tiers[0].used, 0);
+}
+
+async fn reserve_per_tier_estimates_then_settle_per_tier_actuals(store: impl Store) {
+    for algorithm in COUNTING {
+        // Input tokens (100 an hour), output tokens (a sliding window of 100 per 2 hours), and credits (1000 a day)
+        // charged the hit's cost.
+        let name = format!("res-tiers-{}", algorithm.name());
+        let h = |input, output, credits| {
+            hit(
+                vec![
+                    costing(budget(&name, algorithm, 100, HOUR), input),
+                    costing(budget(&name, Algorithm::SlidingWindow, 100, 2 * HOUR), output),
+                    budget(&name, Algorithm::FixedWindow, 1_000, 24 * HOUR),
+                ],
+                credits,
+            )
+        };
+        let o = apply(&store, T0, &reserving(h(30, 10, 50), &name, "a", HOUR)).await;
+        assert!(o.admitted, "{algorithm:?}: {o:?}");
+        assert_eq!(
+            o.tiers.iter().map(|t| t.used).collect::<Vec<_>>(),
+            [30, 10, 50],
+            "{algorithm:?}"
+        );
+        // Fewer input tokens than reserved, more output tokens, the credits as estimated.
+        let (settled, o) = done_tiers(settle(&store, T0, &h(20, 25, 0), &name, "a", 50).await);
+        let tier = |estimate, actual, charged, refunded| TierSettled {
+            estimate,
+            actual,
+            charged,
+            refunded,
+        };
+        assert_eq!(
+            settled,
+            [tier(30, 20, 0, 10), tier(10, 25, 15, 0), tier(50, 50, 0, 0)],
+            "{algorithm:?}"
+        );
+        assert!(o.admitted, "{algorithm:?}: {o:?}");
+        assert_eq!(counts(&o), [(20, 80), (25, 75), (50, 950)], "{algorithm:?}");
+        assert_eq!(
+            peek(&store, T0, &h(1, 1, 1)).await,
+            o,
+            "{algorithm:?}: the outcome is a peek of 1"
+        );
+        // What the refund freed is there; what the charge took is gone.
+        assert!(!apply(&store, T0, &h(80, 76, 1)).await.admitted, "{algorithm:?}");
+        assert!(apply(&store, T0, &h(80, 75, 1)).await.admitted, "{algorithm:?}");
+        assert_eq!(
+            settle(&store, T0, &h(0, 0, 0), &name, "a", 0).await,
+            Settled::Unknown,
+            "{algorithm:?}: settled once"
+        );
+        // A settlement naming other tiers than the reservation finds nothing and leaves the record.
+        assert!(
+            apply(&store, T0, &reserving(h(0, 0, 5), &name, "b", HOUR))
+                .await
+                .admitted
+        );
+        let mut fewer = h(0, 0, 0);
+        fewer.tiers.pop();
+        assert_eq!(
+            settle(&store, T0, &fewer, &name, "b", 0).await,
+            Settled::Unknown,
+            "{algorithm:?}"
+        );
+        let (settled, _) = done_tiers(settle(&store, T0, &h(0, 0, 0), &name, "b", 0).await);
+        assert_eq!(
+            settled,
+            [tier(0, 0, 0, 0), tier(0, 0, 0, 0), tier(5, 0, 0, 5)],
+            "{algorithm:?}"
+        );
+    }
+}
+
+async fn a_forced_hit_with_per_tier_costs_counts_each(store: impl Store) {
+    // 5 a minute; a bucket of 5 refilling 10 a second; and 100 a minute charged the hit's cost.
+    let name = "force-tier-costs";
+    let h = |a, b, cost| {
+        forced(hit(
+            vec![
+                costing(tier(name, Algorithm::FixedWindow, 5, MINUTE, 5), a),
+                costing(tier(name, Algorithm::TokenBucket, 10, SECOND, 5), b),
+                tier(name, Algorithm::SlidingWindow, 100, MINUTE, 100),
+            ],
+            cost,
+        ))
+    };
+    let o = apply(&store, T0, &h(7, 2, 3)).await;
+    assert!(!o.admitted, "{o:?}");
+    assert_eq!(
+        o.tiers.iter().map(|t| (t.ok, t.retry_after_us)).collect::<Vec<_>>(),
+        [(false, None), (true, Some(0)), (true, Some(0))],
+        "an ordinary hit's answers"
+    );
+    assert_eq!(
+        counts(&o),
+        [(6, 0), (2, 3), (3, 97)],
+        "each tier counted its own cost, the first its capacity + 1"
+    );
+    // Costs of any size, each bounded at its own tier's capacity + 1; a tier whose cost is 0 is not written.
+    let o = apply(&store, T0, &h(u64::MAX, 0, u64::MAX)).await;
+    assert_eq!(counts(&o), [(12, 0), (2, 3), (104, 0)], "{o:?}");
+    let p = peek(&store, T0, &h(1, 1, 1)).await;
+    assert_eq!(p.tiers.iter().map(|t| t.used).collect::<Vec<_>>(), [12, 2, 104]);
+}
 
 /// `h`, forced: a usage report, counted whatever the limits say.
 fn forced(mut h: Hit) -> Hit {
@@ -231,7 +431,8 @@ async fn a_forced_hit_of_any_size_is_counted_as_the_capacity_plus_one(store: imp
         }
         assert_eq!(peek(&store, T0, &h(1)).await.tiers[0].used, 12, "{algorithm:?}");
     }
-    // Beside a roomy tier the bound is the roomy tier's capacity + 1, counted in both.
+    // Beside a roomy tier each tier counts its own capacity + 1. (The bound was once the largest tier's capacity + 1
+    // for every tier, and the small tier counted roomy + 1 too; any count above its limit answers the same.)
     let roomy = u64::from(u32::MAX);
     let tiers = vec![
         tier("force-huge-tiered", Algorithm::FixedWindow, 3, MINUTE, 3),
@@ -244,7 +445,7 @@ async fn a_forced_hit_of_any_size_is_counted_as_the_capacity_plus_one(store: imp
         ),
     ];
     let o = apply(&store, T0, &forced(hit(tiers, u64::MAX))).await;
-    assert_eq!((o.tiers[0].used, o.tiers[1].used), (roomy + 1, roomy + 1), "{o:?}");
+    assert_eq!((o.tiers[0].used, o.tiers[1].used), (4, roomy + 1), "{o:?}");
     // A bucket is charged its burst + 1 tokens; 10 per second, bucket of 3.
     let t = tier("force-huge-tb", Algorithm::TokenBucket, 10, SECOND, 3);
     let o = apply(&store, T0, &forced(hit(vec![t.clone()], u64::MAX))).await;
@@ -317,17 +518,20 @@ async fn settle(store: &impl Store, now: u64, h: &Hit, name: &str, id: &str, act
         .expect("the store settles")
 }
 
-/// What a `Done` settlement says: (estimate, charged, refunded, outcome).
-fn done(settled: Settled) -> (u64, u64, u64, Outcome) {
+/// What a `Done` settlement says, per tier: (what each tier settled, outcome).
+fn done_tiers(settled: Settled) -> (Vec<TierSettled>, Outcome) {
     match settled {
-        Settled::Done {
-            estimate,
-            charged,
-            refunded,
-            outcome,
-        } => (estimate, charged, refunded, outcome),
+        Settled::Done { tiers, outcome } => (tiers, outcome),
         Settled::Unknown => panic!("the reservation was not found"),
     }
+}
+
+/// What a `Done` settlement whose tiers all settled alike says: (estimate, charged, refunded, outcome).
+fn done(settled: Settled) -> (u64, u64, u64, Outcome) {
+    let (tiers, outcome) = done_tiers(settled);
+    let first = tiers[0];
+    assert!(tiers.iter().all(|t| *t == first), "the tiers settled alike: {tiers:?}");
+    (first.estimate, first.charged, first.refunded, outcome)
 }
 
 /// One budget tier of `algorithm` on `k=<name>`: `limit` per `window`, a bucket of `limit` for both buckets.
@@ -377,15 +581,8 @@ async fn concurrent_reservations_never_admit_more_than_the_budget(store: impl St
         let mut found = Vec::new();
         for task in settles {
             match task.await.unwrap() {
-                (
-                    i,
-                    Settled::Done {
-                        estimate,
-                        charged,
-                        refunded,
-                        ..
-                    },
-                ) => {
+                (i, settled @ Settled::Done { .. }) => {
+                    let (estimate, charged, refunded, _) = done(settled);
                     assert_eq!((estimate, charged, refunded), (3, 0, 2), "{algorithm:?}");
                     found.push(i);
                 }
@@ -621,9 +818,15 @@ async fn huge_actual_costs_neither_panic_nor_wrap(store: impl Store) {
         ];
         let h = |cost| hit(tiers.clone(), cost);
         assert!(apply(&store, T0, &reserving(h(1), &name, "a", u64::MAX)).await.admitted);
-        // Bounded as any cost: the roomy tier's capacity + 1.
-        let (estimate, charged, _, o) = done(settle(&store, T0, &h(0), &name, "a", u64::MAX).await);
-        assert_eq!((estimate, charged), (1, roomy), "{algorithm:?}");
+        // Bounded as any cost, each tier at its own capacity + 1 (once the largest tier's capacity + 1 for both).
+        let (settled, o) = done_tiers(settle(&store, T0, &h(0), &name, "a", u64::MAX).await);
+        let charged = |estimate, actual| TierSettled {
+            estimate,
+            actual,
+            charged: actual - estimate,
+            refunded: 0,
+        };
+        assert_eq!(settled, [charged(1, 4), charged(1, roomy + 1)], "{algorithm:?}");
         assert!(!o.admitted && o.tiers[0].remaining == 0, "{algorithm:?}: {o:?}");
         assert_eq!((o.tiers[1].used, o.tiers[1].remaining), (roomy + 1, 0), "{algorithm:?}");
         // A forced reservation of any size holds the capacity + 1, and gives it all back.

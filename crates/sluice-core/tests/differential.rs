@@ -14,6 +14,10 @@
 //! after their window rolled, and never; both stores must answer each alike, and the hits after them too. A second
 //! run over the counting algorithms only, with reservations on most hits and as many settlements as hits, finds and
 //! settles many of them (the first mostly checks that other tiers ignore them).
+//!
+//! Per-tier costs too: a hit (in every mode: an ordinary one, a peek, a forced one, a reserving one) and a
+//! settlement's actual costs may give some tiers a cost of their own (0, a tier's edges, above its capacity,
+//! `u64::MAX`), the same on both stores, so that tiers decide, count, reserve and settle each its own cost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -76,7 +80,12 @@ enum Cost {
 
 impl Cost {
     fn resolve(self, shapes: &[TierShape]) -> u64 {
-        let tier = |i: usize| &shapes[i % shapes.len()];
+        self.resolve_at(shapes, 0)
+    }
+
+    /// The cost, the edges counted from the tier `at` (index 0 is that tier: a tier's own cost at its own edges).
+    fn resolve_at(self, shapes: &[TierShape], at: usize) -> u64 {
+        let tier = |i: usize| &shapes[(at + i) % shapes.len()];
         match self {
             Cost::Small(n) | Cost::Any(n) => n,
             Cost::LimitMinusOne(i) => tier(i).limit.saturating_sub(1),
@@ -93,8 +102,23 @@ impl Cost {
 enum Kind {
     Hit,
     Peek,
-    /// Settles these reservation ids, in one call, each with its actual cost.
-    Settle(Vec<(u8, Cost)>),
+    /// Settles these reservation ids, in one call, each with its actual cost and its tiers' own.
+    Settle(Vec<(u8, Cost, TierCosts)>),
+}
+
+/// The tiers' own costs, by position (`None`, or past the end: the hit's cost).
+type TierCosts = Vec<Option<Cost>>;
+
+/// `tiers`, each with its own cost from `costs`, resolved at its own edges.
+fn with_costs(tiers: &[TierSpec], costs: &TierCosts, shapes: &[TierShape]) -> Vec<TierSpec> {
+    tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TierSpec {
+            cost: costs.get(i).copied().flatten().map(|c| c.resolve_at(shapes, i)),
+            ..t.clone()
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -106,6 +130,8 @@ struct Op {
     force: bool,
     /// A reservation (id, TTL) the hit holds if it is counted (a peek writes none).
     reserve: Option<(u8, u64)>,
+    /// The tiers' own costs.
+    tier_costs: TierCosts,
 }
 
 /// Limits from 0 up to `u32::MAX` (what `requests_per_unit` holds), small ones most often so that windows fill.
@@ -180,6 +206,25 @@ fn cost() -> impl Strategy<Value = Cost> {
     ]
 }
 
+/// One tier's own cost: 0 often, its capacity + 1 and `u64::MAX` (bounded at its capacity + 1), or any a hit may have.
+fn tier_cost() -> impl Strategy<Value = Cost> {
+    prop_oneof![
+        3 => Just(Cost::Small(0)),
+        4 => cost(),
+        1 => Just(Cost::CapacityPlusOne(0)),
+        1 => Just(Cost::LimitPlusOne(0)),
+        1 => Just(Cost::U64Max),
+    ]
+}
+
+/// Most hits take the hit's cost in every tier; the others give some tiers a cost of their own.
+fn tier_costs() -> impl Strategy<Value = TierCosts> {
+    prop_oneof![
+        3 => Just(Vec::new()),
+        2 => prop::collection::vec(prop::option::weighted(0.6, tier_cost()), 3),
+    ]
+}
+
 /// A few reservation ids, so that ids are settled twice and reserved again.
 fn reservation_id() -> impl Strategy<Value = u8> {
     0u8..3
@@ -199,7 +244,7 @@ fn kind(hits: u32, peeks: u32, settles: u32) -> impl Strategy<Value = Kind> {
     prop_oneof![
         hits => Just(Kind::Hit),
         peeks => Just(Kind::Peek),
-        settles => prop::collection::vec((reservation_id(), actual_cost()), 1..=2).prop_map(Kind::Settle),
+        settles => prop::collection::vec((reservation_id(), actual_cost(), tier_costs()), 1..=2).prop_map(Kind::Settle),
     ]
 }
 
@@ -226,13 +271,15 @@ fn op(settle_in: u32, force: f64, reserve: f64) -> impl Strategy<Value = Op> {
                 ],
             ),
         ),
+        tier_costs(),
     )
-        .prop_map(|(step_us, cost, kind, force, reserve)| Op {
+        .prop_map(|(step_us, cost, kind, force, reserve, tier_costs)| Op {
             step_us,
             cost,
             kind,
             force,
             reserve,
+            tier_costs,
         })
 }
 
@@ -293,6 +340,7 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                         limit: s.limit,
                         window_us: s.window_us,
                         burst: s.burst,
+                        cost: None,
                     })
                     .collect();
                 let memory = MemoryStore::new();
@@ -306,7 +354,7 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                     last = std::time::Instant::now();
                     now += op.step_us.max(real.saturating_add(REAL_TIME_SLACK_US));
                     let hit = Hit {
-                        tiers: tiers.clone(),
+                        tiers: with_costs(&tiers, &op.tier_costs, &shapes),
                         cost: op.cost.resolve(&shapes),
                         lease: format!("lease-{i}"),
                         fields: fields.clone(),
@@ -321,8 +369,9 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                     if let Kind::Settle(settle) = &op.kind {
                         let settlements: Vec<Settlement> = settle
                             .iter()
-                            .map(|(r, actual)| Settlement {
+                            .map(|(r, actual, costs)| Settlement {
                                 hit: Hit {
+                                    tiers: with_costs(&tiers, costs, &shapes),
                                     cost: actual.resolve(&shapes),
                                     ..hit.clone()
                                 },

@@ -27,6 +27,7 @@ pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst:
         limit,
         window_us,
         burst,
+        cost: None,
     }
 }
 

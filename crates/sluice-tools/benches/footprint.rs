@@ -101,6 +101,7 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
             limit,
             window_us,
             burst: 1_000,
+            cost: None,
         }],
         cost: 1,
         lease: format!("{i:032x}"),

@@ -277,6 +277,7 @@ mod tests {
                 limit: 2,
                 window_us: 60_000_000,
                 burst: 2,
+                cost: None,
             }],
             cost,
             force,

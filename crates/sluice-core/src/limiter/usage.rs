@@ -87,6 +87,7 @@ impl<S: Store> Limiter<S> {
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
                     burst: u64::from(t.limit.burst),
+                    cost: None,
                 })
                 .collect();
             hits.push(Hit {
@@ -102,6 +103,7 @@ impl<S: Store> Limiter<S> {
                     limit: u64::from(u32::MAX),
                     window_us: DEMAND_WINDOW_US,
                     burst: u64::from(u32::MAX),
+                    cost: None,
                 }],
                 cost: usage.allowed.saturating_add(usage.denied),
                 force: true,

@@ -31,7 +31,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Hit, Outcome, Settled, Settlement, Store, StoreError, StreamReset, TierOutcome, TierSpec,
+    Answers, CounterKey, Hit, Outcome, Settled, Settlement, Store, StoreError, StreamReset, TierOutcome, TierSettled,
+    TierSpec,
 };
 use crate::rules::Algorithm;
 use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us};
@@ -95,30 +96,35 @@ impl MemoryStore {
     fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
-        let cost = hit.bounded_cost();
+        // Each tier's own cost, bounded by its capacity + 1 (`TierSpec::bounded_cost`); the hit is written at all only
+        // if one of them is positive.
+        let cost = |t: &TierSpec| t.bounded_cost(hit.cost);
+        let positive = hit.tiers.iter().any(|t| cost(t) > 0);
         // A forced hit is counted by every tier, fitting or not; what it leaves is reported, even where it did not fit.
-        let force = !peek && cost > 0 && hit.forced();
-        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost, force)).collect();
+        let force = !peek && positive && hit.forced();
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost(t), force)).collect();
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
-        let lone_fixed =
-            hit.tiers.len() == 1 && hit.tiers[0].algorithm == Algorithm::FixedWindow && cost <= hit.tiers[0].limit;
-        let commit = !peek && cost > 0 && (admitted || lone_fixed || force);
+        let lone_fixed = match hit.tiers.as_slice() {
+            [t] => t.algorithm == Algorithm::FixedWindow && cost(t) <= t.limit,
+            _ => false,
+        };
+        let commit = !peek && positive && (admitted || lone_fixed || force);
         // The reservation record, written as `lua/decide.lua` writes it: for a hit admitted and committed, or forced.
         if let Some(r) = hit.reserves().filter(|_| commit && (admitted || force)) {
             let expiry = Expiry::Always(now + ceil_ms_us(r.bounded_ttl_us()));
+            let estimates = hit.tier_costs();
             shard.upsert(r.key.as_str(), now, expiry, |state: &mut Reservation| {
-                *state = Reservation {
-                    estimate: cost,
-                    at: now,
-                }
+                *state = Reservation { estimates, at: now }
             });
         }
         let mut longest = 0;
         let mut tiers = Vec::with_capacity(checks.len());
         for (spec, check) in hit.tiers.iter().zip(checks) {
             let (mut remaining, mut reset, mut id) = (check.rem0, check.reset0, None);
-            if commit {
+            // A tier whose cost is 0 is checked, never written (it takes no lease, appends no entry).
+            let cost = cost(spec);
+            if commit && cost > 0 {
                 id = shard.commit(spec, &check, now, cost, hit);
                 (remaining, reset) = (check.rem1, check.reset1);
             }
@@ -167,30 +173,39 @@ impl MemoryStore {
         // The shard `decide` wrote the record in: its tiers' (the record shares their hash tag).
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
-        let Some(&State::Reservation(Reservation { estimate, at })) = shard.live(key, now) else {
-            return Settled::Unknown;
+        let (estimates, at) = match shard.live(key, now) {
+            // One estimate per tier, or the settlement names other tiers than the reservation: left as it is.
+            Some(State::Reservation(r)) if r.estimates.len() == hit.tiers.len() => (r.estimates.clone(), r.at),
+            _ => return Settled::Unknown,
         };
-        let actual = hit.bounded_cost();
-        let (mut charged, mut refunded) = (0, 0);
-        if actual > estimate {
-            // Counted as a forced hit of the difference.
-            charged = actual - estimate;
-            let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, charged, true)).collect();
-            shard.entries.remove(key);
-            for (spec, check) in hit.tiers.iter().zip(&checks) {
-                shard.commit(spec, check, now, charged, hit);
+        let settled: Vec<TierSettled> = estimates
+            .iter()
+            .zip(hit.tier_costs())
+            .map(|(&estimate, actual)| TierSettled::new(estimate, actual))
+            .collect();
+        // Every tier is read before any is written, as the script does (there a key of the wrong type stops the
+        // settlement before it changes anything): a tier charged more is counted as a forced hit of the difference,
+        // a tier charged less gives the difference back.
+        let checks: Vec<Option<Check>> = hit
+            .tiers
+            .iter()
+            .zip(&settled)
+            .map(|(t, s)| (s.charged > 0).then(|| shard.check(t, now, s.charged, true)))
+            .collect();
+        let refunds: Vec<Option<Refund>> = hit
+            .tiers
+            .iter()
+            .zip(&settled)
+            .map(|(t, s)| (s.refunded > 0).then(|| shard.refund(t, now, at, s.refunded)).flatten())
+            .collect();
+        shard.entries.remove(key);
+        for (((spec, s), check), refund) in hit.tiers.iter().zip(&settled).zip(&checks).zip(refunds) {
+            if let Some(check) = check {
+                shard.commit(spec, check, now, s.charged, hit);
             }
-        } else if actual < estimate {
-            refunded = estimate - actual;
-            let refunds: Vec<Option<Refund>> = hit.tiers.iter().map(|t| shard.refund(t, now, at, refunded)).collect();
-            shard.entries.remove(key);
-            for (spec, refund) in hit.tiers.iter().zip(refunds) {
-                if let Some(refund) = refund {
-                    shard.give_back(spec, now, refund);
-                }
+            if let Some(refund) = refund {
+                shard.give_back(spec, now, refund);
             }
-        } else {
-            shard.entries.remove(key);
         }
         // Each tier as a peek of cost 1 reports it.
         let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, 1, false)).collect();
@@ -210,9 +225,7 @@ impl MemoryStore {
             records: Vec::new(),
         };
         Settled::Done {
-            estimate,
-            charged,
-            refunded,
+            tiers: settled,
             outcome,
         }
     }
@@ -445,6 +458,7 @@ mod tests {
                     limit: 3,
                     window_us: minute,
                     burst: 3,
+                    cost: None,
                 }],
                 cost: 5,
                 force: true,

@@ -75,11 +75,11 @@ pub(super) struct Queue {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Records(pub(super) VecDeque<String>);
 
-/// What a reservation was charged and when: the hash {e, t} `lua/decide.lua` keeps (its x, when it expires by the
-/// decision's clock, is the entry's expiry).
+/// What a reservation charged each tier, in order, and when: the hash {e, t} `lua/decide.lua` keeps (its x, when it
+/// expires by the decision's clock, is the entry's expiry).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Reservation {
-    pub(super) estimate: u64,
+    pub(super) estimates: Vec<u64>,
     pub(super) at: u64,
 }
 

@@ -6,7 +6,9 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use crate::store::{CounterKey, Hit, Outcome, RecordSpec, Settled, Settlement, StoreError, TierOutcome};
+use crate::store::{
+    CounterKey, Hit, Outcome, RecordSpec, Settled, Settlement, StoreError, TierOutcome, TierSettled, TierSpec,
+};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -69,14 +71,17 @@ impl Call {
             keys.push(Value::from(key.as_str()));
         }
         let ttl = reservation.and_then(|r| r.1);
-        let count = 7 + 2 * fields.len() + 4 * hit.tiers.len() + usize::from(ttl.is_some());
+        let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + usize::from(ttl.is_some());
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
         args.push(Value::Integer(keys.len() as i64));
         args.push(Value::Integer(count as i64));
         args.push(Value::from(mode));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
-        // Bounded by the largest capacity + 1: never wraps, and exact in the script's doubles.
-        args.push(Value::Integer(i64::try_from(hit.bounded_cost()).unwrap_or(i64::MAX)));
+        // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
+        // doubles. It is the cost of every tier that sends '' for its own.
+        let capacity = hit.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
+        let cost = hit.cost.min(capacity.saturating_add(1));
+        args.push(Value::Integer(i64::try_from(cost).unwrap_or(i64::MAX)));
         args.push(Value::from(hit.lease.as_str()));
         match record {
             Some(RecordSpec { size, value, .. }) => {
@@ -98,6 +103,11 @@ impl Call {
             args.push(Value::Integer(t.limit as i64));
             args.push(Value::Integer(t.window_us as i64));
             args.push(Value::Integer(t.burst as i64));
+            // The tier's cost, bounded by its capacity + 1 (at most 2^32), or '' when it is the hit's as sent.
+            match t.bounded_cost(hit.cost) {
+                c if c == cost => args.push(Value::from("")),
+                c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
+            }
         }
         if let Some(ttl) = ttl {
             // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
@@ -181,19 +191,28 @@ pub(super) fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
     outcome(items(value)?, tiers)
 }
 
-/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1, estimate, charged, refunded }` then an outcome.
+/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
+/// refunded), then an outcome.
 pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, StoreError> {
     let mut items = items(value)?;
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
     match items.first().and_then(Value::as_i64) {
         Some(0) => Ok(Settled::Unknown),
-        Some(1) if items.len() >= 4 => {
-            let (estimate, charged, refunded) = (count(&items[1])?, count(&items[2])?, count(&items[3])?);
-            let outcome = outcome(items.split_off(4), tiers)?;
+        Some(1) if items.len() > 4 * tiers => {
+            let settled = items[1..1 + 4 * tiers]
+                .chunks_exact(4)
+                .map(|t| {
+                    Ok(TierSettled {
+                        estimate: count(&t[0])?,
+                        actual: count(&t[1])?,
+                        charged: count(&t[2])?,
+                        refunded: count(&t[3])?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let outcome = outcome(items.split_off(1 + 4 * tiers), tiers)?;
             Ok(Settled::Done {
-                estimate,
-                charged,
-                refunded,
+                tiers: settled,
                 outcome,
             })
         }
@@ -261,6 +280,7 @@ mod tests {
                 limit: 1,
                 window_us: 60_000_000,
                 burst: 0,
+                cost: None,
             }],
             ..Hit::default()
         };
@@ -281,6 +301,7 @@ mod tests {
             limit: 1,
             window_us: 60_000_000,
             burst: 1,
+            cost: None,
         };
         let hit = Hit {
             tiers: vec![tier(Algorithm::FixedWindow)],
@@ -325,7 +346,7 @@ mod tests {
             },
         );
         assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
-        assert_eq!(settle.args.len(), 2 + 7 + 4, "no queue fields, no TTL");
+        assert_eq!(settle.args.len(), 2 + 7 + 5, "no queue fields, no TTL");
         assert_eq!(settle.slot, reserve.slot);
         let alone = Call::settle(
             None,
@@ -335,5 +356,43 @@ mod tests {
             },
         );
         assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
+    }
+
+    #[test]
+    fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
+        use crate::rules::Algorithm;
+        use crate::store::TierSpec;
+        let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+        let tier = |algorithm, limit, cost| TierSpec {
+            key: id.tier(algorithm, 60_000_000),
+            algorithm,
+            limit,
+            window_us: 60_000_000,
+            burst: 5,
+            cost,
+        };
+        let hit = Hit {
+            tiers: vec![
+                tier(Algorithm::FixedWindow, 3, None),
+                tier(Algorithm::SlidingWindow, 1_000, None),
+                tier(Algorithm::TokenBucket, 1_000, Some(u64::MAX)),
+                tier(Algorithm::LeakyBucket, 1_000, Some(0)),
+            ],
+            cost: u64::MAX,
+            ..Hit::default()
+        };
+        let call = Call::new(Mode::Hit, Some(1), &hit);
+        let arg = |v: &Value| {
+            v.as_i64()
+                .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+        };
+        let args: Vec<String> = call.args.iter().map(arg).collect();
+        assert_eq!(args[..9], ["4", "27", "hit", "1", "1001", "", "0", "", "0"]);
+        let costs: Vec<&str> = args[9..].chunks_exact(5).map(|t| t[4].as_str()).collect();
+        assert_eq!(
+            costs,
+            ["4", "", "6", "0"],
+            "each bounded by its tier's capacity + 1; '' where that is the hit's as sent"
+        );
     }
 }
