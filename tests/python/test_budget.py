@@ -99,7 +99,7 @@ def test_envoy_charges_reported_tokens_and_answers_429_once_spent(
         "  - key: user\n    cost_reports: true\n"
         "    rate_limits:\n"
         "      - {unit: day, requests_per_unit: 1000, name: user_tokens_per_day}\n"
-        "      - {unit: day, requests_per_unit: 100000, name: user_tokens_per_day_soft}\n"
+        "      - {unit: week, requests_per_unit: 100000, name: user_tokens_per_week}\n"
         "  - key: api_key\n    cost_reports: true\n"
         "    rate_limit: {unit: day, requests_per_unit: 100000, name: key_tokens_per_day}\n"
     )

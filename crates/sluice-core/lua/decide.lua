@@ -33,7 +33,8 @@
 -- refunded, then admitted and per tier the six values of a peek of cost 1 after settling }.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
--- reference does (but never a cost above its limit, which can never fit), and that a forced hit commits every tier.
+-- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
+-- nothing), and that a forced hit commits every tier.
 -- A hit is committed only if some tier's cost is positive, and each tier commits its own cost; a tier whose cost is 0
 -- is checked and never written (no count, no lease, no queue entry). A peek never writes. Hit records expire with the
 -- longest-lived tier. A reservation record is written only by a hit that is admitted and committed (or forced): a
@@ -147,8 +148,9 @@ local function decide(k, nk, a)
     admitted = admitted and s.ok
   end
 
+  -- A reservation never counts a denial: a refused reservation holds nothing.
   local commit = forced or (mode == 'hit' and positive and
-    (admitted or (tiers == 1 and arg(first) == 'fixed_window' and costs[1] <= params[1][1])))
+    (admitted or (not reserving and tiers == 1 and arg(first) == 'fixed_window' and costs[1] <= params[1][1])))
   if reserving and commit and (forced or admitted) then
     local rkey, ttl = KEYS[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
     local e = {}

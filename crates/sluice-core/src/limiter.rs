@@ -9,11 +9,11 @@
 //! meets), [`decision`] (what the core answers), [`settings`] (the core's switches and caps), [`guard`] (the
 //! breakers, local cache and timing around every store call), and [`usage`] (RLQS usage charged to bucket quotas).
 
+mod budget;
 mod decision;
 mod guard;
 mod request;
 mod resolve;
-mod budget;
 mod settings;
 mod usage;
 
@@ -23,15 +23,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
+pub use budget::{Costs, Reserved, SettledDescriptor};
+use budget::{How, hit_costs};
 use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
 use guard::{Guard, constraining};
+use request::validate;
 pub use request::{Descriptor, Override, Request};
-use request::{cost, validate};
 use resolve::{Target, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
-pub use budget::{Costs, Reserved, SettledDescriptor};
-use budget::{How, hit_costs};
 pub use usage::{Charged, DEMAND_WINDOW_US, QuotaState, TierState, Usage};
 
 use crate::breaker::Breakers;
@@ -126,7 +126,7 @@ impl<S: Store> Limiter<S> {
             if let Target::Limited { tiers, rule, shared } = target {
                 let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
                 let cost = how.cost(request, descriptor).min(capacity + 1);
-                let mut hit = self.hit(request, descriptor, tiers, *rule, shared, cost, named);
+                let mut hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, named);
                 hit.lease = lease.clone().unwrap_or_default();
                 let reports = rule.is_some_and(|r| r.cost_reports);
                 let peek = match how {
@@ -355,7 +355,7 @@ impl<S: Store> Limiter<S> {
             .filter_map(|(descriptor, target)| match target {
                 Target::Limited { tiers, rule, shared } => {
                     let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                    Some(self.hit(request, descriptor, tiers, *rule, shared, cost.min(capacity + 1), &[]))
+                    Some(self.hit(request, descriptor, (tiers, *rule, shared), cost.min(capacity + 1), &[]))
                 }
                 _ => None,
             })
@@ -460,12 +460,7 @@ impl<S: Store> Limiter<S> {
         for (descriptor, target) in request.descriptors.iter().zip(&targets) {
             if let Target::Limited { tiers, rule, shared } = target {
                 let id = self.identity(&request.domain, descriptor, shared);
-                keys.extend(
-                    tiers
-                        .iter()
-                        .filter(|t| select(t))
-                        .map(|t| id.tier(t.limit.algorithm, t.limit.window_us())),
-                );
+                keys.extend(tiers.iter().filter(|t| select(t)).map(|t| tier_key(&id, t)));
                 if records && rule.is_some_and(|r| r.record.is_some()) {
                     keys.push(id.records());
                 }
@@ -486,13 +481,13 @@ impl<S: Store> Limiter<S> {
         key.finish()
     }
 
+    /// The store's hit for one descriptor and the limits it matched (`tiers`, `rule`, `shared` levels), of `cost`
+    /// (and `named` costs for limits that count one).
     fn hit(
         &self,
         request: &Request,
         descriptor: &Descriptor,
-        tiers: &[Tier],
-        rule: Option<&Rule>,
-        shared: &[(usize, &str)],
+        (tiers, rule, shared): (&[Tier], Option<&Rule>, &[(usize, &str)]),
         cost: u64,
         named: &[(String, u64)],
     ) -> Hit {
@@ -512,7 +507,7 @@ impl<S: Store> Limiter<S> {
             tiers: tiers
                 .iter()
                 .map(|t| TierSpec {
-                    key: id.tier(t.limit.algorithm, t.limit.window_us()),
+                    key: tier_key(&id, t),
                     algorithm: t.limit.algorithm,
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
@@ -556,6 +551,14 @@ impl<S: Store> Limiter<S> {
             ),
             None => Cow::Borrowed(&domain.override_stats),
         }
+    }
+}
+
+/// The counter key of one limit of a descriptor.
+fn tier_key(id: &crate::store::Identity, tier: &Tier) -> CounterKey {
+    match tier.cost.label() {
+        None => id.tier(tier.limit.algorithm, tier.limit.window_us()),
+        Some(label) => id.tier_costing(tier.limit.algorithm, tier.limit.window_us(), &label),
     }
 }
 

@@ -439,6 +439,14 @@ impl Identity {
         }
     }
 
+    /// The key of a limit that counts a cost of its own (see `rules::TierCost`): `label` names it, so that two limits
+    /// with the same algorithm and window (input and output tokens per minute) keep separate counters.
+    pub fn tier_costing(&self, algorithm: Algorithm, window_us: u64, label: &str) -> CounterKey {
+        let mut key = format!("{}|{}/{}/", self.base, algorithm.name(), window_us / 1_000_000);
+        piece(&mut key, label);
+        CounterKey { key, tag: self.tag }
+    }
+
     /// The key of an RLQS bucket's demand counter: the requests its Envoys reported, allowed or denied.
     pub fn demand(&self) -> CounterKey {
         CounterKey {

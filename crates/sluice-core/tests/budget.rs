@@ -81,7 +81,11 @@ async fn check_and_report(store: impl Store) {
     assert_eq!(reported.overall, Code::Ok);
     assert_eq!(reported.statuses[0].remaining, 100);
     let past = l.report(&alice, &costs(u64::MAX)).await.unwrap();
-    assert_eq!((past.overall, past.statuses[0].remaining), (Code::Ok, 0), "never refused");
+    assert_eq!(
+        (past.overall, past.statuses[0].remaining),
+        (Code::Ok, 0),
+        "never refused"
+    );
     assert_eq!(l.check(&alice, &costs(1)).await.unwrap().overall, Code::OverLimit);
     assert_eq!(l.should_rate_limit(&alice).await.unwrap().overall, Code::OverLimit);
 }
@@ -94,7 +98,9 @@ async fn concurrent_reservations_never_overspend(store: impl Store) {
     let mut tasks = Vec::new();
     for _ in 0..40 {
         let (l, bob) = (l.clone(), bob.clone());
-        tasks.push(tokio::spawn(async move { l.reserve(&bob, &costs(100), 60_000_000).await.unwrap() }));
+        tasks.push(tokio::spawn(async move {
+            l.reserve(&bob, &costs(100), 60_000_000).await.unwrap()
+        }));
     }
     let mut held = Vec::new();
     for t in tasks {
@@ -112,8 +118,14 @@ async fn concurrent_reservations_never_overspend(store: impl Store) {
     // Each call spent 30 of its 100: 70 back each.
     for id in &held {
         let settled = l.settle(&bob, id, &costs(30)).await.unwrap().expect("found");
-        assert_eq!((settled[0].estimate, settled[0].actual, settled[0].refunded), (100, 30, 70));
-        assert!(l.settle(&bob, id, &costs(0)).await.unwrap().is_none(), "settled already");
+        assert_eq!(
+            (settled[0].estimate, settled[0].actual, settled[0].refunded),
+            (100, 30, 70)
+        );
+        assert!(
+            l.settle(&bob, id, &costs(0)).await.unwrap().is_none(),
+            "settled already"
+        );
     }
     assert_eq!(remaining(&l, &bob).await, 700);
     // Settling above the estimate charges the difference, past the limit if need be.
@@ -155,7 +167,10 @@ async fn token_bucket_budget(store: impl Store) {
 async fn named_costs_and_prices(store: impl Store) {
     let (l, _) = limiter(store);
     let call = request(&[("model", "large"), ("user", "dan")]);
-    let first = l.report(&call, &named(&[("input_tokens", 400), ("output_tokens", 50)])).await.unwrap();
+    let first = l
+        .report(&call, &named(&[("input_tokens", 400), ("output_tokens", 50)]))
+        .await
+        .unwrap();
     let remaining: Vec<u32> = first.statuses.iter().map(|s| s.remaining).collect();
     // The most constrained limit is reported: output has 50 of 100 left.
     assert_eq!(remaining, vec![50]);
@@ -164,7 +179,11 @@ async fn named_costs_and_prices(store: impl Store) {
     let denied = l.check(&call, &named(&[("input_tokens", 101)])).await.unwrap();
     assert_eq!(denied.overall, Code::OverLimit);
     let id = l
-        .reserve(&call, &named(&[("input_tokens", 100), ("output_tokens", 50)]), 60_000_000)
+        .reserve(
+            &call,
+            &named(&[("input_tokens", 100), ("output_tokens", 50)]),
+            60_000_000,
+        )
         .await
         .unwrap()
         .id
@@ -175,9 +194,18 @@ async fn named_costs_and_prices(store: impl Store) {
         .unwrap()
         .unwrap();
     // Summed over the three limits: estimates 100 + 50 + (200 + 500), actuals 100 + 10 + (200 + 100).
-    assert_eq!((settled[0].estimate, settled[0].actual, settled[0].refunded), (850, 410, 440));
-    assert_eq!(l.check(&call, &named(&[("output_tokens", 40)])).await.unwrap().overall, Code::Ok);
-    assert_eq!(l.check(&call, &named(&[("output_tokens", 41)])).await.unwrap().overall, Code::OverLimit);
+    assert_eq!(
+        (settled[0].estimate, settled[0].actual, settled[0].refunded),
+        (850, 410, 440)
+    );
+    assert_eq!(
+        l.check(&call, &named(&[("output_tokens", 40)])).await.unwrap().overall,
+        Code::Ok
+    );
+    assert_eq!(
+        l.check(&call, &named(&[("output_tokens", 41)])).await.unwrap().overall,
+        Code::OverLimit
+    );
 }
 
 /// A `cost_reports` rule through ShouldRateLimit, as Envoy calls it: cost 0 before (is one unit left?), the

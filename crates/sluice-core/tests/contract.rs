@@ -920,7 +920,7 @@ async fn settlements_in_one_call_are_independent(store: impl Store) {
 async fn only_a_counted_hit_on_counting_tiers_holds_a_reservation(store: impl Store) {
     let name = "res-only";
     let h = |cost| one(name, Algorithm::FixedWindow, 3, MINUTE, cost);
-    // Denied (a lone fixed window counts the denial, but the hit was not admitted), peeked, of cost 0: no record.
+    // Denied (not counted, though a lone fixed window counts an ordinary hit's denials), peeked, of cost 0: no record.
     apply(&store, T0, &reserving(h(4), name, "too-big", HOUR)).await;
     peek(&store, T0, &reserving(h(1), name, "peeked", HOUR)).await;
     apply(&store, T0, &reserving(h(0), name, "zero", HOUR)).await;
@@ -928,16 +928,16 @@ async fn only_a_counted_hit_on_counting_tiers_holds_a_reservation(store: impl St
     let o = apply(&store, T0, &reserving(h(1), name, "denied", HOUR)).await;
     assert!(
         !o.admitted && o.tiers[0].used == 4,
-        "counted as the reference does: {o:?}"
+        "a refused reservation holds nothing: {o:?}"
     );
     for id in ["too-big", "peeked", "zero", "denied"] {
         assert_eq!(settle(&store, T0, &h(0), name, id, 0).await, Settled::Unknown, "{id}");
     }
     // Forced, it is counted though it does not fit, and holds what it was charged.
     let o = apply(&store, T0, &reserving(forced(h(2)), name, "forced", HOUR)).await;
-    assert!(!o.admitted && o.tiers[0].used == 6, "{o:?}");
+    assert!(!o.admitted && o.tiers[0].used == 5, "{o:?}");
     let (estimate, _, refunded, o) = done(settle(&store, T0, &h(0), name, "forced", 0).await);
-    assert_eq!((estimate, refunded, o.tiers[0].used), (2, 2, 4));
+    assert_eq!((estimate, refunded, o.tiers[0].used), (2, 2, 3));
     // With a tier that does not count, a reservation is ignored.
     let mixed = hit(
         vec![

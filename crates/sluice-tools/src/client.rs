@@ -193,10 +193,7 @@ async fn call(args: ClientArgs) -> Result<ExitCode, String> {
             descriptors: args.descriptors,
             cost: Some(cost),
         };
-        let answer = limiter
-            .get_remaining(request)
-            .await
-            .map_err(rpc_error)?;
+        let answer = limiter.get_remaining(request).await.map_err(rpc_error)?;
         for (i, d) in answer.into_inner().descriptors.iter().enumerate() {
             let line = match (&d.limit, d.matched, d.unlimited) {
                 (_, false, _) => "no rule".to_string(),

@@ -156,7 +156,9 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
             Some(d) if d.seconds < 0 || d.nanos < 0 => {
                 return Err(Status::invalid_argument("ttl is negative"));
             }
-            Some(d) => (d.seconds as u64).saturating_mul(1_000_000).saturating_add(d.nanos as u64 / 1_000),
+            Some(d) => (d.seconds as u64)
+                .saturating_mul(1_000_000)
+                .saturating_add(d.nanos as u64 / 1_000),
         };
         let costs = limiter::Costs {
             cost: request.estimate.unwrap_or(1),
@@ -174,7 +176,10 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     }
 
     #[tracing::instrument(level = "debug", name = "sluice.Settle", skip_all, fields(domain = %request.get_ref().domain))]
-    async fn settle(&self, request: Request<sluice::SettleRequest>) -> Result<Response<sluice::SettleResponse>, Status> {
+    async fn settle(
+        &self,
+        request: Request<sluice::SettleRequest>,
+    ) -> Result<Response<sluice::SettleResponse>, Status> {
         let request = request.into_inner();
         check_size(&self.limiter, &request)?;
         let costs = limiter::Costs {

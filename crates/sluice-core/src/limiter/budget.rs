@@ -52,7 +52,11 @@ pub(crate) enum How<'a> {
     Decide,
     Check(&'a Costs),
     Report(&'a Costs),
-    Reserve { costs: &'a Costs, id: &'a str, ttl_us: u64 },
+    Reserve {
+        costs: &'a Costs,
+        id: &'a str,
+        ttl_us: u64,
+    },
 }
 
 impl How<'_> {
@@ -123,16 +127,7 @@ impl<S: Store> Limiter<S> {
             )));
         }
         let id = super::new_lease();
-        let decision = self
-            .decide(
-                request,
-                How::Reserve {
-                    costs,
-                    id: &id,
-                    ttl_us,
-                },
-            )
-            .await?;
+        let decision = self.decide(request, How::Reserve { costs, id: &id, ttl_us }).await?;
         if decision.overall == Code::Ok {
             return Ok(Reserved {
                 decision,
@@ -182,7 +177,7 @@ impl<S: Store> Limiter<S> {
         for (i, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
                 let cost = how.cost(request, descriptor);
-                let hit = self.hit(request, descriptor, tiers, *rule, shared, cost, &costs.named);
+                let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, &costs.named);
                 let reservation = self.identity(&request.domain, descriptor, shared).reservation(id);
                 settlements.push(Settlement { hit, reservation });
                 index.push(i);

@@ -229,7 +229,9 @@ impl Compiler<'_> {
                 None => unlimited = true,
                 Some(t) => {
                     if let Some(other) = tiers.iter().position(|o: &Tier| {
-                        o.limit.algorithm == t.limit.algorithm && o.limit.window_us() == t.limit.window_us()
+                        o.limit.algorithm == t.limit.algorithm
+                            && o.limit.window_us() == t.limit.window_us()
+                            && o.cost == t.cost
                     }) {
                         return Err(self.err(
                             &at,
@@ -380,7 +382,10 @@ impl Compiler<'_> {
                     return Err(self.err(&at(&format!("price.{name}")), "the cost name is empty"));
                 }
                 Ok(TierCost::Priced(
-                    prices.iter().map(|(name, price)| (Arc::from(name.as_str()), *price)).collect(),
+                    prices
+                        .iter()
+                        .map(|(name, price)| (Arc::from(name.as_str()), *price))
+                        .collect(),
                 ))
             }
             (None, None) => Ok(TierCost::Request),

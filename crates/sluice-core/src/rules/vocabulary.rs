@@ -216,6 +216,19 @@ pub enum TierCost {
 }
 
 impl TierCost {
+    /// What names the cost in its limit's counter key: `None` for the request's cost (the reference's keys), the
+    /// name, or `price` and the priced names with their prices.
+    pub fn label(&self) -> Option<String> {
+        match self {
+            TierCost::Request => None,
+            TierCost::Named(name) => Some(name.to_string()),
+            TierCost::Priced(prices) => {
+                let parts: Vec<String> = prices.iter().map(|(n, p)| format!("{n}={p}")).collect();
+                Some(format!("price:{}", parts.join(",")))
+            }
+        }
+    }
+
     /// The cost of a hit whose request cost is `request` and named costs `named` (a name not given costs 0). Never
     /// wraps: a priced sum saturates.
     pub fn of(&self, request: u64, named: &[(String, u64)]) -> u64 {
@@ -223,9 +236,9 @@ impl TierCost {
         match self {
             TierCost::Request => request,
             TierCost::Named(name) => find(name),
-            TierCost::Priced(prices) => prices
-                .iter()
-                .fold(0u64, |sum, (name, price)| sum.saturating_add(find(name).saturating_mul(u64::from(*price)))),
+            TierCost::Priced(prices) => prices.iter().fold(0u64, |sum, (name, price)| {
+                sum.saturating_add(find(name).saturating_mul(u64::from(*price)))
+            }),
         }
     }
 }

@@ -105,8 +105,9 @@ impl MemoryStore {
         let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost(t), force)).collect();
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
+        // Not when reserving: a refused reservation holds nothing.
         let lone_fixed = match hit.tiers.as_slice() {
-            [t] => t.algorithm == Algorithm::FixedWindow && cost(t) <= t.limit,
+            [t] => t.algorithm == Algorithm::FixedWindow && cost(t) <= t.limit && hit.reservation.is_none(),
             _ => false,
         };
         let commit = !peek && positive && (admitted || lone_fixed || force);
