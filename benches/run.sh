@@ -3,7 +3,7 @@
 # a 3-primary local cluster) and sluice on loopback ports, and drives `sluice-bench` through the scenarios: in memory
 # and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
 # over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
-# cross-checking, and RLQS usage reports. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
+# cross-checking, RLQS usage reports and Reserve+Settle pairs. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
 # (LARGE_DURATION, 30s, is how long the many-counters scenario runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +19,11 @@ cleanup() {
 trap cleanup EXIT
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
-cargo build --release --locked --bin sluice --bin sluice-bench --bin sluice-quota-bench >&2
+cargo build --release --locked --bin sluice --bin sluice-bench --bin sluice-quota-bench --bin sluice-budget-bench >&2
 sluice=$PWD/target/release/sluice
 sluice_bench=$PWD/target/release/sluice-bench
 quota_bench=$PWD/target/release/sluice-quota-bench
+budget_bench=$PWD/target/release/sluice-budget-bench
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -98,6 +99,12 @@ quota() {
     --duration "$DURATION"
 }
 
+# Cost budgets: 64 callers over 4 connections, each reserving 100 for one of 1 000 users and settling 50 at once.
+budget() {
+  printf '%s\n' "--- $1, Reserve+Settle pairs, 64 callers, 1000 users"
+  "$budget_bench" --target "http://127.0.0.1:$grpc" --domain bench --callers 64 --users 1000 --duration "$DURATION"
+}
+
 scenarios() {
   for descriptors in 1 3; do
     for keys in hot uniform:100000; do
@@ -151,6 +158,7 @@ start_sluice memory
 scenarios "memory"
 run "memory, over-limit flood of one key" --descriptor-key flood --keys hot --concurrency 256
 quota "memory"
+budget "memory"
 # A million live counters and more: what the in-memory store costs as it grows.
 DURATION=${LARGE_DURATION:-30s} run "memory, 1 descriptor, keys uniform:3000000, max throughput" \
   --keys uniform:3000000 --concurrency 256
@@ -164,6 +172,7 @@ calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdst
 echo "--- redis commands during the Redis scenarios: $calls"
 run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot --concurrency 256
 quota "redis"
+budget "redis"
 stop_sluice
 start_sluice redis-nocache --redis-url "redis://127.0.0.1:$redis_port" --local-cache-size 0
 run "redis, over-limit flood of one key, local cache off" --descriptor-key flood --keys hot --concurrency 256

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod budget;
 mod chaos;
 mod cli;
 mod cluster;
