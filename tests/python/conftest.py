@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -293,3 +294,21 @@ def open_process(args: list[str], log_path: Path, **kwargs) -> Iterator[subproce
             yield proc
         finally:
             terminate(proc)
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    """A `redis-server` on a free port of 127.0.0.1 while the block runs (stopped by PID); yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (the README's test command installs it)")
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with open_process(args, workdir / f"redis-{port}.log"):
+
+        def answers() -> bool:
+            out = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
+            return out.stdout.strip() == "PONG"
+
+        wait_until(answers, 10, f"redis-server on port {port}")
+        yield f"redis://127.0.0.1:{port}"

@@ -21,11 +21,10 @@ from typing import Iterator
 
 import grpc
 import pytest
-import yaml
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 
-from conftest import REPO, running_sluice, wait_until
-from test_envoy import Upstream, running_envoy
+from conftest import running_sluice, wait_until
+from test_envoy import Upstream, running_envoy, serving, with_ports
 
 RPC_TIMEOUT_S = 5.0
 
@@ -58,30 +57,14 @@ class _ModelHandler(http.server.BaseHTTPRequestHandler):
 
 
 def llm_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
-    """deploy/envoy-llm.yaml with its ports replaced; fails if the example changed shape."""
-    config = yaml.safe_load((REPO / "deploy" / "envoy-llm.yaml").read_text())
-    config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
-    (listener,) = config["static_resources"]["listeners"]
-    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listener_port)
-    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    for name, port in (("model", upstream_port), ("sluice", sluice_port)):
-        (locality,) = clusters[name]["load_assignment"]["endpoints"]
-        (endpoint,) = locality["lb_endpoints"]
-        endpoint["endpoint"]["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
-    return config
+    """deploy/envoy-llm.yaml with its ports replaced."""
+    return with_ports("envoy-llm.yaml", listener_port, admin_port, {"model": upstream_port, "sluice": sluice_port})
 
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[ModelApi]:
-    server = ModelApi()
-    thread = threading.Thread(target=server.serve_forever, name="model", daemon=True)
-    thread.start()
-    try:
+    with serving(ModelApi()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def descriptor(*entries: tuple[str, str]) -> ratelimit_pb2.RateLimitDescriptor:

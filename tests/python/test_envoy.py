@@ -104,20 +104,24 @@ class _UpstreamHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
-    """deploy/envoy.yaml with its ports replaced; fails if the example no longer has the expected shape."""
-    config = yaml.safe_load((REPO / "deploy" / "envoy.yaml").read_text())
-
+def with_ports(example: str, listener_port: int, admin_port: int, clusters: dict[str, int]) -> dict:
+    """The Envoy example `deploy/<example>` with its admin, its one listener and the named clusters moved to ports of
+    127.0.0.1; fails if the example no longer has that shape."""
+    config = yaml.safe_load((REPO / "deploy" / example).read_text())
     config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
     (listener,) = config["static_resources"]["listeners"]
     listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listener_port)
-
-    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    for name, port in (("app", upstream_port), ("sluice", sluice_port)):
-        (locality,) = clusters[name]["load_assignment"]["endpoints"]
+    by_name = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    for name, port in clusters.items():
+        (locality,) = by_name[name]["load_assignment"]["endpoints"]
         (endpoint,) = locality["lb_endpoints"]
         endpoint["endpoint"]["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
     return config
+
+
+def envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
+    """deploy/envoy.yaml with its ports replaced."""
+    return with_ports("envoy.yaml", listener_port, admin_port, {"app": upstream_port, "sluice": sluice_port})
 
 
 class Edge:
@@ -187,9 +191,9 @@ def running_envoy(workdir: Path, upstream: Upstream, sluice_port: int, configure
         yield Edge(listener_port, admin_port, upstream)
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    server = Upstream()
+@contextlib.contextmanager
+def serving(server: http.server.ThreadingHTTPServer) -> Iterator:
+    """Serves `server` on a thread of its own while the block runs."""
     thread = threading.Thread(target=server.serve_forever, name="upstream", daemon=True)
     thread.start()
     try:
@@ -198,6 +202,12 @@ def upstream() -> Iterator[Upstream]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with serving(Upstream()) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,14 @@
 """The `queue` algorithm end to end: sluice on a real Redis admits requests while the stream has room, returns the
 stream and entry ids in dynamic_metadata, and examples/queue_worker.py drains the stream, which frees the places."""
 
-import contextlib
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
-import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from conftest import REPO, free_port, open_process, wait_until
+from conftest import REPO, redis_server
 
 CONFIG = """
 domain: jobs
@@ -20,22 +16,6 @@ descriptors:
   - key: export
     rate_limit: {unit: hour, requests_per_unit: 2, algorithm: queue}
 """
-
-
-@contextlib.contextmanager
-def redis_server(tmp_path: Path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (the README's test command installs it)")
-    port = free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with open_process(args, tmp_path / "redis.log"):
-        def answers() -> bool:
-            out = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
-            return out.stdout.strip() == "PONG"
-
-        wait_until(answers, 10, f"redis-server on port {port}")
-        yield f"redis://127.0.0.1:{port}"
 
 
 def request(user: str) -> rls_pb2.RateLimitRequest:

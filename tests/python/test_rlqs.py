@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import shutil
-import subprocess
 import threading
 import time
 import urllib.request
@@ -25,11 +23,10 @@ from typing import Iterator
 
 import grpc
 import pytest
-import yaml
 from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
 
-from conftest import REPO, free_port, open_process, running_sluice, wait_until
-from test_envoy import Upstream, running_envoy
+from conftest import free_port, redis_server, running_sluice, wait_until
+from test_envoy import Upstream, running_envoy, serving, with_ports
 
 QUOTA = 20
 # The README's bound for E Envoys: the requests admitted before sluice's first answer reaches each (one per Envoy
@@ -181,19 +178,11 @@ def test_bad_messages_end_the_stream_with_invalid_argument(sluice, domain, usage
 
 
 def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
-    """deploy/envoy-rlqs.yaml with its ports and domain replaced; fails if the example changed shape."""
-    config = yaml.safe_load((REPO / "deploy" / "envoy-rlqs.yaml").read_text())
-    config["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    """deploy/envoy-rlqs.yaml with its ports and domain replaced."""
+    config = with_ports("envoy-rlqs.yaml", listener_port, admin_port, {"app": upstream_port, "sluice": sluice_port})
     (listener,) = config["static_resources"]["listeners"]
-    listener["address"]["socket_address"].update(address="127.0.0.1", port_value=listener_port)
     (hcm,) = listener["filter_chains"][0]["filters"]
-    quota_filter = hcm["typed_config"]["http_filters"][0]["typed_config"]
-    quota_filter["domain"] = "rlqs-e2e"
-    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    for name, port in (("app", upstream_port), ("sluice", sluice_port)):
-        (locality,) = clusters[name]["load_assignment"]["endpoints"]
-        (endpoint,) = locality["lb_endpoints"]
-        endpoint["endpoint"]["address"]["socket_address"].update(address="127.0.0.1", port_value=port)
+    hcm["typed_config"]["http_filters"][0]["typed_config"]["domain"] = "rlqs-e2e"
     return config
 
 
@@ -201,34 +190,10 @@ def rlqs_envoy(workdir: Path, upstream: Upstream, sluice_port: int):
     return running_envoy(workdir, upstream, sluice_port, rlqs_envoy_config)
 
 
-@contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (the README's test command installs it)")
-    port = free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with open_process(args, workdir / "redis.log"):
-
-        def answers() -> bool:
-            out = subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True, text=True)
-            return out.stdout.strip() == "PONG"
-
-        wait_until(answers, 10, f"redis-server on port {port}")
-        yield f"redis://127.0.0.1:{port}"
-
-
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    thread = threading.Thread(target=server.serve_forever, name="upstream", daemon=True)
-    thread.start()
-    try:
+    with serving(Upstream()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def assignments(server) -> int:

@@ -470,15 +470,11 @@ impl<S: Store> Limiter<S> {
     }
 
     fn identity(&self, domain: &str, descriptor: &Descriptor, shared: &[(usize, &str)]) -> crate::store::Identity {
-        let mut key = CounterKey::builder(&self.settings.key_prefix, domain);
-        for (depth, (k, v)) in descriptor.entries.iter().enumerate() {
-            let value = shared
-                .iter()
-                .find(|(d, _)| *d == depth)
-                .map_or(v.as_str(), |(_, pattern)| pattern);
-            key = key.entry(k, value);
-        }
-        key.finish()
+        identity_of(
+            CounterKey::builder(&self.settings.key_prefix, domain),
+            &descriptor.entries,
+            shared,
+        )
     }
 
     /// The store's hit for one descriptor and the limits it matched (`tiers`, `rule`, `shared` levels), of `cost`
@@ -552,6 +548,23 @@ impl<S: Store> Limiter<S> {
             None => Cow::Borrowed(&domain.override_stats),
         }
     }
+}
+
+/// The identity of `entries` after `key`'s start: each entry's value, or the `share_threshold` pattern at the levels
+/// in `shared`.
+fn identity_of(
+    mut key: crate::store::KeyBuilder,
+    entries: &[(String, String)],
+    shared: &[(usize, &str)],
+) -> crate::store::Identity {
+    for (depth, (k, v)) in entries.iter().enumerate() {
+        let value = shared
+            .iter()
+            .find(|(d, _)| *d == depth)
+            .map_or(v.as_str(), |(_, pattern)| pattern);
+        key = key.entry(k, value);
+    }
+    key.finish()
 }
 
 /// The counter key of one limit of a descriptor.

@@ -15,3 +15,25 @@ pub mod client;
 pub mod quota_bench;
 
 use sluice::{json, proto};
+
+/// Runs `task` on a one-thread runtime and prints the text it returns, for the load binaries; on an error prints it
+/// and exits 1.
+pub fn print_outcome(task: impl std::future::Future<Output = anyhow::Result<String>>) -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(task) {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

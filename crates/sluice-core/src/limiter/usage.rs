@@ -229,14 +229,7 @@ impl<S: Store> Limiter<S> {
     }
 
     fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
-        let mut key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name);
-        for (depth, (k, v)) in usage.bucket.iter().enumerate() {
-            let value = shared
-                .iter()
-                .find(|(d, _)| *d == depth)
-                .map_or(v.as_str(), |(_, pattern)| pattern);
-            key = key.entry(k, value);
-        }
-        key.finish()
+        let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name);
+        super::identity_of(key, &usage.bucket, shared)
     }
 }

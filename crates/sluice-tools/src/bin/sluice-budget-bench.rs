@@ -14,21 +14,5 @@ struct Cli {
 
 fn main() -> ExitCode {
     let args = Cli::parse().args;
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(sluice_tools::budget_bench::run(&args)) {
-        Ok(report) => {
-            print!("{report}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_tools::print_outcome(sluice_tools::budget_bench::run(&args))
 }

@@ -14,21 +14,8 @@ struct Cli {
 
 fn main() -> ExitCode {
     let args = Cli::parse().args;
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(sluice_tools::quota_bench::run(&args)) {
-        Ok(report) => {
-            print!("{}", if args.json { report.json() + "\n" } else { report.text() });
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_tools::print_outcome(async {
+        let report = sluice_tools::quota_bench::run(&args).await?;
+        Ok(if args.json { report.json() + "\n" } else { report.text() })
+    })
 }
