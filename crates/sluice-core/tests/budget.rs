@@ -151,6 +151,23 @@ async fn expiry_settles_at_the_estimate(store: impl Store) {
     assert!(e.starts_with("reservation_id"), "{e}");
 }
 
+/// A reservation refused by one descriptor holds nothing on the others: their holds are given back at once.
+async fn a_refused_reservation_holds_nothing(store: impl Store) {
+    let (l, _) = limiter(store);
+    let spent = request(&[("user", "spent")]);
+    l.report(&spent, &costs(1000)).await.unwrap();
+    let mut both = request(&[("user", "fay")]);
+    both.descriptors.extend(spent.descriptors.clone());
+    let reserved = l.reserve(&both, &costs(300), 60_000_000).await.unwrap();
+    assert_eq!((reserved.decision.overall, reserved.id), (Code::OverLimit, None));
+    assert_eq!(reserved.decision.statuses[0].code, Code::Ok, "fay's limit had room");
+    assert_eq!(
+        remaining(&l, &request(&[("user", "fay")])).await,
+        1000,
+        "and holds nothing"
+    );
+}
+
 /// A token bucket budget: a settled refund comes back as tokens, never ahead of now.
 async fn token_bucket_budget(store: impl Store) {
     let (l, _) = limiter(store);
@@ -230,6 +247,7 @@ every_store!(
     check_and_report,
     concurrent_reservations_never_overspend,
     expiry_settles_at_the_estimate,
+    a_refused_reservation_holds_nothing,
     token_bucket_budget,
     named_costs_and_prices,
     cost_reports_serve_envoys_two_calls,

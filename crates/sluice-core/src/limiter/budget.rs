@@ -135,13 +135,26 @@ impl<S: Store> Limiter<S> {
                 ttl_us,
             });
         }
-        // Give back what the descriptors that fitted now hold: settle at nothing.
-        let mut nothing = request.clone();
-        for d in &mut nothing.descriptors {
-            d.hits_addend = None;
-        }
-        if let Err(e) = self.settle(&nothing, &id, &Costs::default()).await {
-            tracing::warn!(error = %e, "a refused reservation's holds could not be given back; they expire");
+        // Give back what the descriptors that fitted now hold: settle them at nothing (no call when none fitted).
+        let held: Vec<Descriptor> = request
+            .descriptors
+            .iter()
+            .zip(&decision.statuses)
+            .filter(|(_, status)| status.code == Code::Ok && status.limit.is_some())
+            .map(|(d, _)| Descriptor {
+                hits_addend: None,
+                ..d.clone()
+            })
+            .collect();
+        if !held.is_empty() {
+            let nothing = Request {
+                domain: request.domain.clone(),
+                descriptors: held,
+                hits_addend: 0,
+            };
+            if let Err(e) = self.settle(&nothing, &id, &Costs::default()).await {
+                tracing::warn!(error = %e, "a refused reservation's holds could not be given back; they expire");
+            }
         }
         Ok(Reserved {
             decision,
