@@ -540,7 +540,7 @@ impl<S: Store> Limiter<S> {
             return Cow::Owned(self.metrics.rule_stats(crate::metrics::UNKNOWN_DOMAIN, ""));
         };
         match rule {
-            Some(rule) if !rule.dynamic_label => Cow::Borrowed(&rule.stats),
+            Some(rule) if !rule.dynamic_label => Cow::Borrowed(rule.stats(&self.metrics, &domain.name)),
             Some(_) => Cow::Owned(
                 self.metrics
                     .rule_stats(&domain.name, &domain.detailed_label(&descriptor.entries)),

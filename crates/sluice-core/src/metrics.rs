@@ -3,8 +3,9 @@
 //! [`NoSink`]). The core knows no exporter.
 //!
 //! Each limiter owns its own sink (no global recorder), so two limiters in one process — as in the tests — never
-//! share counters. Per-rule handles are registered once when the rules compile, so a decision increments atomics
-//! and allocates nothing; only rules that opt into request values in labels (`detailed_metric`,
+//! share counters. A rule's handles are registered on its first hit (so a configuration of many rules exposes series
+//! only for the rules in use), after which a decision increments atomics and allocates nothing; only rules that opt
+//! into request values in labels (`detailed_metric`,
 //! `value_to_metric`) register series per request. Unknown domains share one label, and descriptors that carry their
 //! own limit one label per domain, so clients cannot create series: no label carries request text unless a rule
 //! opts in.

@@ -103,3 +103,44 @@ descriptors:
     let fields = response.dynamic_metadata.expect("metadata set").fields;
     assert!(fields.contains_key("team") && fields.contains_key("tier") && fields.contains_key("nested"));
 }
+
+/// A rule's series appear once it is hit: a large configuration nobody has used yet scrapes small, and a reload
+/// keeps the series (and counts) of the rules that survive it.
+#[tokio::test]
+async fn rule_series_appear_on_first_hit_and_survive_a_reload() {
+    let mut yaml = String::from("domain: t\ndescriptors:\n");
+    for i in 0..20_000 {
+        yaml.push_str(&format!(
+            "  - key: tenant\n    value: t{i}\n    rate_limit: {{unit: minute, requests_per_unit: 9}}\n"
+        ));
+    }
+    let (l, _) = limiter(&yaml, memory());
+    let untouched = l.metrics().render();
+    assert!(untouched.len() < 100_000, "{} bytes before any hit", untouched.len());
+    assert!(
+        !untouched.contains("rule=\"t.tenant_"),
+        "no rule's series before any hit"
+    );
+    decide(&l, &req("t", vec![desc(&[("tenant", "t7")])])).await;
+    let hit = l.metrics().render();
+    assert!(
+        hit.contains(r#"sluice_rule_hits_total{domain="t",rule="t.tenant_t7"} 1"#),
+        "{hit}"
+    );
+    assert_eq!(
+        hit.matches("sluice_rule_hits_total{domain=\"t\",rule=\"t.tenant_")
+            .count(),
+        1,
+        "only the rule hit"
+    );
+    // A reload to the same rules: t7's counter goes on from where it was.
+    let metrics = l.metrics().clone();
+    let file = sluice::config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
+    l.reload(sluice::rules::RuleSet::compile(&[file], &metrics).unwrap());
+    decide(&l, &req("t", vec![desc(&[("tenant", "t7")])])).await;
+    let after = l.metrics().render();
+    assert!(
+        after.contains(r#"sluice_rule_hits_total{domain="t",rule="t.tenant_t7"} 2"#),
+        "{after}"
+    );
+}

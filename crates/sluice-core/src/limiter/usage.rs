@@ -64,6 +64,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Vec<Result<Charged, StoreError>>, LimitError> {
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
+        let domain_name = domain;
         let domain = rules.domain(domain);
         let matched: Vec<Option<(&Rule, Identity)>> = usages
             .iter()
@@ -153,11 +154,18 @@ impl<S: Store> Limiter<S> {
                     .map(|(t, spec)| (t.used, spec.limit.capacity()))
                     .max_by_key(|(used, limit)| used.saturating_mul(1000) / u64::from((*limit).max(1)))
                     .unwrap_or((0, 0));
-                rule.stats
-                    .record(usage.allowed, limit, used, true, rule.shadow_mode, ratio);
+                rule.stats(&self.metrics, &domain_name).record(
+                    usage.allowed,
+                    limit,
+                    used,
+                    true,
+                    rule.shadow_mode,
+                    ratio,
+                );
             }
             if usage.denied > 0 {
-                rule.stats.record(usage.denied, 0, 0, false, false, ratio);
+                rule.stats(&self.metrics, &domain_name)
+                    .record(usage.denied, 0, 0, false, false, ratio);
             }
             let tiers = quota
                 .tiers

@@ -51,7 +51,6 @@ impl RuleSet {
             let mut compiler = Compiler {
                 file: &file.path,
                 domain: &raw.domain,
-                metrics,
                 rules: 0,
             };
             let mut root = Node {
@@ -88,7 +87,6 @@ impl RuleSet {
 pub(super) struct Compiler<'a> {
     file: &'a Path,
     pub(super) domain: &'a str,
-    metrics: &'a Metrics,
     pub(super) rules: usize,
 }
 
@@ -259,7 +257,7 @@ impl Compiler<'_> {
             dynamic_label: dynamic || raw.detailed_metric,
             detailed_metric: raw.detailed_metric,
             metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
-            stats: self.metrics.rule_stats(self.domain, label),
+            stats: std::sync::OnceLock::new(),
             bucket: None,
         }))
     }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::metrics::{DomainStats, RuleStats};
+use crate::metrics::{DomainStats, Metrics, RuleStats};
 
 use super::vocabulary::{BucketSettings, FailurePolicy, Metadata, Record, Tier};
 /// The `rate_limit` (or `rate_limits`) of one node of the tree.
@@ -30,12 +30,19 @@ pub struct Rule {
     pub dynamic_label: bool,
     pub detailed_metric: bool,
     pub metadata: Option<Arc<Metadata>>,
-    pub stats: RuleStats,
+    /// The rule's hit counters, registered on its first hit: a configuration of many rules exposes series only
+    /// for the rules that were hit (see [`Rule::stats`]).
+    pub(super) stats: std::sync::OnceLock<RuleStats>,
     /// For a rule of RLQS `quota_buckets`: how its assignments are handed out.
     pub bucket: Option<BucketSettings>,
 }
 
 impl Rule {
+    /// The rule's hit counters in `metrics`, under its own label in `domain`; registered on the first call. A rule
+    /// that a reload keeps gets the same series back (the recorder keys them by name and labels).
+    pub fn stats(&self, metrics: &Metrics, domain: &str) -> &RuleStats {
+        self.stats.get_or_init(|| metrics.rule_stats(domain, &self.path))
+    }
     /// Whether any of the rule's names is in `replaced`.
     pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
         self.name
