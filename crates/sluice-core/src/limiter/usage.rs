@@ -154,7 +154,7 @@ impl<S: Store> Limiter<S> {
                     .map(|(t, spec)| (t.used, spec.limit.capacity()))
                     .max_by_key(|(used, limit)| used.saturating_mul(1000) / u64::from((*limit).max(1)))
                     .unwrap_or((0, 0));
-                rule.stats(&self.metrics, &domain_name).record(
+                rule.stats(&self.metrics, domain_name).record(
                     usage.allowed,
                     limit,
                     used,
@@ -164,7 +164,7 @@ impl<S: Store> Limiter<S> {
                 );
             }
             if usage.denied > 0 {
-                rule.stats(&self.metrics, &domain_name)
+                rule.stats(&self.metrics, domain_name)
                     .record(usage.denied, 0, 0, false, false, ratio);
             }
             let tiers = quota
