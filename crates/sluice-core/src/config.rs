@@ -208,12 +208,13 @@ pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
         file: file.to_path_buf(),
         message: e.to_string(),
     };
-    let value: Value = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
-    if value.is_null() {
+    // One pass into the typed structures: a mapping key that is not a string can only be an unknown field there
+    // (the deserializer names it with its path), except inside the free-form `metadata`, checked below.
+    let domain: Option<RawDomain> = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    let Some(domain) = domain else {
         return Err(ConfigError::invalid(file, "", "the file is empty"));
-    }
-    check_keys(file, &value, &mut String::new())?;
-    let domain: RawDomain = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    };
+    check_metadata(file, &domain.descriptors, &mut String::from("descriptors"))?;
     let mut hasher = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&(file, text), &mut hasher);
     Ok(ConfigFile {
@@ -223,8 +224,25 @@ pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
     })
 }
 
-/// Rejects mapping keys that are not strings anywhere in the document (serde would otherwise accept an integer key
-/// as a field index). `metadata` values are free-form but their keys must be strings too.
+/// Rejects `metadata` whose mapping keys are not all strings, anywhere in the descriptor tree.
+fn check_metadata(file: &Path, descriptors: &[RawDescriptor], path: &mut String) -> Result<(), ConfigError> {
+    for (i, d) in descriptors.iter().enumerate() {
+        let len = path.len();
+        path.push_str(&format!("[{i}]"));
+        if let Some(metadata) = &d.metadata {
+            let at = path.len();
+            path.push_str(".metadata");
+            check_keys(file, &Value::Mapping(metadata.clone()), path)?;
+            path.truncate(at);
+        }
+        path.push_str(".descriptors");
+        check_metadata(file, &d.descriptors, path)?;
+        path.truncate(len);
+    }
+    Ok(())
+}
+
+/// Rejects mapping keys that are not strings in a free-form value.
 fn check_keys(file: &Path, value: &Value, path: &mut String) -> Result<(), ConfigError> {
     match value {
         Value::Mapping(map) => {
@@ -302,7 +320,18 @@ mod tests {
         let e = parse_str("domain: edge\ndescriptors:\n  - key: a\n    1: b\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("descriptors[0]: key is not a string: 1"), "{e}");
+        assert!(e.contains("descriptors[0]: unknown field `1`"), "{e}");
+        let e = parse_str(
+            "domain: edge\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        metadata: {x: {2: y}}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("descriptors[0].descriptors[0].metadata.x: key is not a string: 2"),
+            "{e}"
+        );
+        let e = parse_str("# nothing but a comment\n").unwrap_err().to_string();
+        assert!(e.contains("the file is empty"), "{e}");
     }
 
     #[test]

@@ -109,7 +109,7 @@ pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, forced: bool) -> bool
             let digest = rules.digest();
             tracing::info!(
                 config = %path.display(),
-                summary = %rules.summary().lines().next().unwrap_or_default(),
+                summary = %rules.headline(),
                 digest = format!("{digest:016x}"),
                 "configuration reloaded"
             );

@@ -112,7 +112,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
     let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
     metrics.config_loaded(rules.digest());
-    tracing::info!(config = %settings.config.display(), summary = %rules.summary().lines().next().unwrap_or(""), "configuration loaded");
+    tracing::info!(config = %settings.config.display(), summary = %rules.headline(), "configuration loaded");
     let grpc = bind(settings.grpc_addr).await?;
     let http = HttpListeners {
         admin: bind(settings.http_addr).await?,

@@ -8,16 +8,22 @@ use super::tree::{Domain, Node, Rule};
 use super::vocabulary::Tier;
 
 impl RuleSet {
-    /// A human summary for `sluice check` and logs: domains and their rules.
-    pub fn summary(&self) -> String {
-        let mut names: Vec<&Domain> = self.domains.values().collect();
-        names.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut out = format!(
-            "{} file(s), {} domain(s), {} rule(s)\n",
+    /// The first line of the summary: how many files, domains and rules (what a (re)load logs).
+    pub fn headline(&self) -> String {
+        format!(
+            "{} file(s), {} domain(s), {} rule(s)",
             self.files,
             self.domains.len(),
             self.rules
-        );
+        )
+    }
+
+    /// A human summary for `sluice check` and `/rlconfig`: the headline, then domains and their rules.
+    pub fn summary(&self) -> String {
+        let mut names: Vec<&Domain> = self.domains.values().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = self.headline();
+        out.push('\n');
         for domain in names {
             out.push_str(&format!("domain {}\n", domain.name));
             for line in domain.rule_lines() {
