@@ -95,7 +95,7 @@ fn rejects_every_load_error_naming_file_and_path() {
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    7: b\n",
-            "descriptors[0]: key is not a string: 7",
+            "descriptors[0]: unknown field `7`",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: -5}\n",
