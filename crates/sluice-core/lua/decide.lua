@@ -10,8 +10,10 @@
 --             only when every tier is fixed_window, sliding_window, token_bucket or leaky_bucket, see `Hit::forced`);
 --             'reserve' and 'reserve_report' are 'hit' and 'report' that also write the reservation record KEYS[last]
 --             when the hit is counted, and 'settle' settles the reservation KEYS[last] with the actual costs (each
---             tier's, see settle below); these three are sent only when every tier counts (see `Hit::reserves`), and
---             'settle' with no hit records and no queue fields
+--             tier's, see settle below); 'reap' is a 'settle' that finds only an expired record (kept
+--             RESERVATION_GRACE_MS past its expiry) and settles it at its estimates, changing no tier; these are sent
+--             only when every tier counts (see `Hit::reserves`), and 'settle' and 'reap' with no hit records and no
+--             queue fields
 -- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
 -- ARGV[3]     the hit's cost, bounded by the largest tier's capacity + 1: the cost of every tier whose cost is ''
 -- ARGV[4]     lease id for concurrency tiers
@@ -47,10 +49,11 @@
 -- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
 -- Redis has expired the key yet (it expires by its own clock). A record that does not hold one estimate per tier
 -- (the settlement names other tiers than the reservation did) is not this settlement's: nil, and it is left as it is.
-local function live_reservation(rkey, now, tiers)
+-- With `expired`, the other way round: only a record whose x has come (kept RESERVATION_GRACE_MS past it) is found.
+local function live_reservation(rkey, now, tiers, expired)
   local f = redis.call('HMGET', rkey, 'e', 't', 'x')
   local at, x = tonumber(f[2]), tonumber(f[3])
-  if type(f[1]) ~= 'string' or at == nil or x == nil or x <= now then return nil end
+  if type(f[1]) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
   local e = {}
   for v in string.gmatch(f[1], '[^,]+') do
     local n = tonumber(v)
@@ -66,12 +69,14 @@ end
 -- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
 -- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
 -- never written, or not one estimate per tier): { 0 }, nothing written.
-local function settle(k, tiers, impls, params, actual, rkey, now)
+-- Reaping (`reaping`): only an expired record is found, and it is settled at its estimates, which changes no tier.
+local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   for i = 1, tiers do
     if impls[i].refund == nil then return { 0 } end
   end
-  local e, at = live_reservation(rkey, now, tiers)
+  local e, at = live_reservation(rkey, now, tiers, reaping)
   if e == nil then return { 0 } end
+  if reaping then actual = e end
   -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
   -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
   local out, charged, states, writes = { 1 }, {}, {}, {}
@@ -111,6 +116,8 @@ end
 local function decide(k, nk, a)
   local function arg(i) return ARGV[a + i - 1] end
   local mode = arg(1)
+  local reaping = mode == 'reap'
+  if reaping then mode = 'settle' end
   local reserving = mode == 'reserve' or mode == 'reserve_report'
   if mode == 'reserve' then mode = 'hit' elseif mode == 'reserve_report' then mode = 'report' end
   local now = clock(arg(2))
@@ -137,7 +144,7 @@ local function decide(k, nk, a)
     costs[i] = tonumber(arg(base + 4)) or hit_cost
     if costs[i] > 0 then positive = true end
   end
-  if mode == 'settle' then return settle(k, tiers, impls, params, costs, KEYS[k + nk - 1], now) end
+  if mode == 'settle' then return settle(k, tiers, impls, params, costs, KEYS[k + nk - 1], now, reaping) end
   local forced = mode == 'report' and positive
 
   local admitted = true
@@ -157,7 +164,7 @@ local function decide(k, nk, a)
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     redis.call('HSET', rkey, 'e', table.concat(e, ','), 't', string.format('%d', now),
       'x', string.format('%d', now + ttl * 1000))
-    redis.call('PEXPIRE', rkey, ttl)
+    redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
   end
   local out = { admitted and 1 or 0 }
   local n = 1

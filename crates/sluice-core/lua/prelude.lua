@@ -59,6 +59,10 @@ local MAX_SLIDING_COUNT = 2251799813685248 -- 2^51
 -- priced on top.
 local MAX_DEBT_US = 281474976710656 -- 2^48
 
+-- How long a reservation record outlives its expiry, so that the instance that made it can reap it
+-- (`RESERVATION_GRACE_US` in store.rs).
+local RESERVATION_GRACE_MS = 60000
+
 local function max0(x)
   if x < 0 then return 0 end
   return x

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-pub use budget::{Costs, Reserved, SettledDescriptor};
+pub use budget::{Costs, MAX_TRACKED, Reserved, SettledDescriptor};
 use budget::{How, hit_costs};
 use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
@@ -49,6 +49,8 @@ pub struct Limiter<S> {
     clock: Arc<dyn Clock>,
     metrics: Metrics,
     settings: LimiterSettings,
+    /// The reservations made here and not yet seen settled, to count those that expire.
+    reservations: std::sync::Mutex<budget::ReservationBook>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -70,6 +72,7 @@ impl<S: Store> Limiter<S> {
             clock,
             metrics,
             settings,
+            reservations: std::sync::Mutex::default(),
         }
     }
 

@@ -47,8 +47,9 @@ pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
 
 /// Cost counted by the cost-budget calls, by domain, rule, limit (its name, or its position) and kind: `reported`,
 /// `reserved`, `settled` (the estimates of settled reservations), `actual` (what they really cost), `refunded` and
-/// `charged` (given back and counted beyond their estimates). Reserved minus settled is what expired unsettled or is
-/// still held. Registered on first use, so a configuration without budgets shows none.
+/// `charged` (given back and counted beyond their estimates), and `expired` (the estimates of reservations that
+/// expired unsettled, counted by the instance that made them). Registered on first use, so a configuration without
+/// budgets shows none.
 pub const RULE_COST: &str = "sluice_rule_cost_total";
 
 /// Open RLQS streams (one per Envoy and filter configuration).

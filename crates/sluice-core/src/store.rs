@@ -175,7 +175,15 @@ impl ReservationSpec {
 pub struct Settlement {
     pub hit: Hit,
     pub reservation: CounterKey,
+    /// Reap instead of settle: only a reservation that has expired unsettled is found (a record is kept
+    /// [`RESERVATION_GRACE_US`] past its expiry for this), its record removed and its estimates reported as
+    /// settled at the estimate; no counter changes. One that is still live, or gone, is `Unknown`.
+    pub reap: bool,
 }
+
+/// How long a reservation record outlives its expiry, so that the instance that made it can reap it: count it as
+/// expired unsettled. Settling it in that time finds nothing.
+pub const RESERVATION_GRACE_US: u64 = 60_000_000;
 
 /// What [`Store::settle`] did with one settlement.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -151,6 +151,27 @@ async fn expiry_settles_at_the_estimate(store: impl Store) {
     assert!(e.starts_with("reservation_id"), "{e}");
 }
 
+/// The reserving limiter reaps what expired unsettled, and only that: a settled reservation, or one settled by
+/// another instance, is never counted as expired.
+async fn expired_reservations_are_reaped(store: impl Store) {
+    let (l, clock) = limiter(store);
+    let gil = request(&[("user", "gil")]);
+    let kept = l.reserve(&gil, &costs(40), 5_000_000).await.unwrap().id.unwrap();
+    let settled = l.reserve(&gil, &costs(60), 5_000_000).await.unwrap().id.unwrap();
+    l.settle(&gil, &settled, &costs(10)).await.unwrap().unwrap();
+    assert_eq!(l.reap_expired().await.unwrap(), 0, "nothing has expired yet");
+    clock.advance(5_000_000);
+    assert_eq!(l.reap_expired().await.unwrap(), 0, "reaped a second after expiry");
+    clock.advance(1_000_000);
+    assert_eq!(l.reap_expired().await.unwrap(), 40, "only the unsettled one");
+    assert_eq!(l.reap_expired().await.unwrap(), 0, "once");
+    assert!(
+        l.settle(&gil, &kept, &costs(0)).await.unwrap().is_none(),
+        "expired: stays charged"
+    );
+    assert_eq!(remaining(&l, &gil).await, 1000 - 40 - 10);
+}
+
 /// A reservation refused by one descriptor holds nothing on the others: their holds are given back at once.
 async fn a_refused_reservation_holds_nothing(store: impl Store) {
     let (l, _) = limiter(store);
@@ -248,6 +269,7 @@ every_store!(
     concurrent_reservations_never_overspend,
     expiry_settles_at_the_estimate,
     a_refused_reservation_holds_nothing,
+    expired_reservations_are_reaped,
     token_bucket_budget,
     named_costs_and_prices,
     cost_reports_serve_envoys_two_calls,

@@ -510,6 +510,7 @@ async fn settle(store: &impl Store, now: u64, h: &Hit, name: &str, id: &str, act
             ..h.clone()
         },
         reservation: reservation_key(name, id),
+        reap: false,
     };
     store
         .settle(now, std::slice::from_ref(&settlement))
@@ -886,6 +887,7 @@ async fn settlements_in_one_call_are_independent(store: impl Store) {
     let settlement = |id: &str, actual, tiers: Vec<TierSpec>| Settlement {
         hit: hit(tiers, actual),
         reservation: reservation_key(name, id),
+        reap: false,
     };
     let mut with_a_lease = tiers.clone();
     with_a_lease.push(tier(name, Algorithm::Concurrency, 10, MINUTE, 10));
@@ -1347,7 +1349,8 @@ async fn memory_store_evicts_expired_state() {
     }
     assert_eq!(store.len(), 100);
     // Two seconds on, every shard that is touched sweeps; touching many descriptors reaches every shard.
-    let later = T0 + 2 * SECOND;
+    // After the reaping grace.
+    let later = T0 + 2 * SECOND + sluice_core::store::RESERVATION_GRACE_US;
     for i in 0..1000 {
         peek(
             &store,
@@ -1465,7 +1468,9 @@ async fn redis_reservation_records_expire_and_settle_away() {
         .iter()
         .find(|(k, _, _)| k == record.as_str())
         .expect("the record");
-    assert!(*ttl > 0 && *ttl <= 30_000, "TTL {ttl}");
+    // The record outlives its expiry by the grace in which its instance reaps it.
+    let grace_ms = sluice_core::store::RESERVATION_GRACE_US / 1000;
+    assert!(*ttl > grace_ms as i64 && *ttl <= 30_000 + grace_ms as i64, "TTL {ttl}");
     assert!(record.as_str().starts_with("test:{") && record.as_str().ends_with("|reservation/a"));
     let fields = redis.cli(&["--raw", "HMGET", record.as_str(), "e", "t", "x"]);
     let fields: Vec<&str> = fields.lines().collect();
@@ -1492,7 +1497,7 @@ async fn redis_reservation_records_expire_and_settle_away() {
         .trim()
         .parse()
         .unwrap();
-    assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1, "{ttl}");
+    assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1 + grace_ms as i64, "{ttl}");
 }
 
 #[tokio::test]
@@ -1504,7 +1509,8 @@ async fn memory_store_evicts_expired_reservations() {
         apply(&store, T0, &reserving(h, &name, "a", 500_000)).await;
     }
     assert_eq!(store.len(), 200);
-    let later = T0 + 2 * SECOND;
+    // After the reaping grace.
+    let later = T0 + 2 * SECOND + sluice_core::store::RESERVATION_GRACE_US;
     for i in 0..1000 {
         peek(
             &store,
@@ -1513,7 +1519,7 @@ async fn memory_store_evicts_expired_reservations() {
         )
         .await;
     }
-    assert_eq!(store.len(), 0, "records expire as counters do");
+    assert_eq!(store.len(), 0, "records expire, a grace after their reservations");
 }
 
 /// Settlements go through the hits' path: after a SCRIPT FLUSH the script is loaded again and the settlement resent
@@ -1557,6 +1563,7 @@ async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
                 ..h.clone()
             },
             reservation: reservation_key(name, "a"),
+            reap: false,
         })
         .collect();
     let settled = store.settle(T0, &settlements).await;

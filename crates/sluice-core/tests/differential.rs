@@ -376,6 +376,7 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                                     ..hit.clone()
                                 },
                                 reservation: id.reservation(&r.to_string()),
+                                reap: false,
                             })
                             .collect();
                         let m = memory.settle(now, &settlements).await;

@@ -57,3 +57,32 @@ async fn instances_sharing_redis_admit_exactly_the_limit() {
         assert_eq!(admitted_across_instances(algorithm, 50).await, 50, "{algorithm}");
     }
 }
+
+/// A reservation made on one instance and settled on another is not counted as expired by the first.
+#[tokio::test]
+async fn a_reservation_settled_elsewhere_is_never_reaped() {
+    use sluice_core::limiter::Costs;
+    let redis = RedisServer::start();
+    let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+    let settings = LimiterSettings::default();
+    let (a, clock_a) = limiter_with(yaml, redis_store(&redis.url()).await, settings.clone());
+    let (b, _) = limiter_with(yaml, redis_store(&redis.url()).await, settings);
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![("user".into(), "u".into())],
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let cost = |c| Costs {
+        cost: c,
+        named: Vec::new(),
+    };
+    let elsewhere = a.reserve(&request, &cost(30), 2_000_000).await.unwrap().id.unwrap();
+    let unsettled = a.reserve(&request, &cost(20), 2_000_000).await.unwrap().id.unwrap();
+    assert!(b.settle(&request, &elsewhere, &cost(5)).await.unwrap().is_some());
+    clock_a.advance(3_000_000);
+    assert_eq!(a.reap_expired().await.unwrap(), 20);
+    let _ = unsettled;
+}

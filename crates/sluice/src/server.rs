@@ -163,6 +163,17 @@ async fn upkeep(metrics: Metrics) {
     }
 }
 
+/// Counts the cost of the reservations this instance made that expired unsettled (see `Limiter::reap_expired`).
+async fn reap_reservations<S: Store>(limiter: Arc<Limiter<S>>) {
+    let mut every = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        if let Err(e) = limiter.reap_expired().await {
+            tracing::debug!(error = %e, "expired reservations not reaped this time; they are tried again");
+        }
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -251,6 +262,7 @@ pub async fn serve<S: Store>(
         )
         .with_graceful_shutdown(signal(stopped.clone()))
     });
+    let reaped = limiter.clone();
     let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
@@ -261,6 +273,7 @@ pub async fn serve<S: Store>(
         }
     });
     let upkeep = tokio::spawn(upkeep(limiter_metrics));
+    let reaper = tokio::spawn(reap_reservations(reaped));
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, "serving");
 
     tokio::select! {
@@ -271,6 +284,7 @@ pub async fn serve<S: Store>(
     }
     let _ = stop.send(true);
     upkeep.abort();
+    reaper.abort();
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }

@@ -65,7 +65,7 @@ async fn client(server: &TestServer) -> RateLimiterClient<Channel> {
 
 async fn budgets_through_grpc(store: impl Store) {
     let (l, clock) = limiter(RULES, store);
-    let server = TestServer::start(l).await;
+    let server = TestServer::start(l.clone()).await;
     let c = client(&server).await;
 
     // 50 reservations of 100 at once against 1 000: exactly 10 are held.
@@ -131,6 +131,10 @@ async fn budgets_through_grpc(store: impl Store) {
         (check.overall_code, check.statuses[0].limit_remaining),
         (Code::OverLimit as i32, 0)
     );
+    // The instance that made it counts it as expired once it reaps it (the server does every 5 s); bob's 400 was
+    // settled by no one, and ann's 8 unsettled reservations of 100 have not expired yet.
+    clock.advance(1_000_000);
+    assert_eq!(l.reap_expired().await.unwrap(), 400);
 
     // Report is never refused, counts past the limit, and the next Check denies; a huge cost neither wraps nor fails.
     let report = c1.report(cost("cid", u64::MAX)).await.unwrap().into_inner();
@@ -174,6 +178,7 @@ async fn budgets_through_grpc(store: impl Store) {
     assert_eq!(series("actual"), 170);
     assert_eq!((series("refunded"), series("charged")), (80, 50));
     assert_eq!(series("reported"), 1_001);
+    assert_eq!(series("expired"), 400);
     server.shutdown().await;
 }
 

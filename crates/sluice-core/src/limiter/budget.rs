@@ -129,6 +129,8 @@ impl<S: Store> Limiter<S> {
         let id = super::new_lease();
         let decision = self.decide(request, How::Reserve { costs, id: &id, ttl_us }).await?;
         if decision.overall == Code::Ok {
+            let expires_at = self.clock.now_us().saturating_add(ttl_us);
+            self.book().track(&id, expires_at, request);
             return Ok(Reserved {
                 decision,
                 id: Some(id),
@@ -180,6 +182,53 @@ impl<S: Store> Limiter<S> {
                 self.settings.caps.max_value_bytes
             )));
         }
+        let found = self.settle_with(request, id, costs, false).await?;
+        // Settled: nothing to reap. Not found, it may have expired unsettled, which the reaping will tell.
+        if found.is_some() {
+            self.book().remove(id);
+        }
+        Ok(found)
+    }
+
+    /// Counts as expired the reservations this limiter made that expired unsettled (settled by no instance), and
+    /// forgets them; returns the cost reaped, summed over limits. The server calls it every few seconds. A
+    /// reservation settled through another instance left no record, so it is never counted; one this limiter did not
+    /// make, or could not keep track of (more than [`MAX_TRACKED`] held at once), is not counted here.
+    pub async fn reap_expired(&self) -> Result<u64, LimitError> {
+        let now_us = self.clock.now_us();
+        let due = self.book().take_due(now_us.saturating_sub(REAP_AFTER_US));
+        let (mut reaped, mut failed) = (0u64, None);
+        for (id, request) in due {
+            match self.settle_with(&request, &id, &Costs::default(), true).await {
+                Ok(Some(descriptors)) => {
+                    reaped = descriptors.iter().fold(reaped, |sum, d| sum.saturating_add(d.estimate));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Tried again on the next call (the record outlives its expiry by the grace).
+                    self.book().track(&id, now_us.saturating_sub(REAP_AFTER_US), &request);
+                    failed = Some(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(reaped),
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, ReservationBook> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Settles (or, with `reap`, reaps) reservation `id` over the request's descriptors, counting the cost metrics.
+    async fn settle_with(
+        &self,
+        request: &Request,
+        id: &str,
+        costs: &Costs,
+        reap: bool,
+    ) -> Result<Option<Vec<SettledDescriptor>>, LimitError> {
         let now_us = self.clock.now_us();
         let rules = self.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);
@@ -192,7 +241,7 @@ impl<S: Store> Limiter<S> {
                 let cost = how.cost(request, descriptor);
                 let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, &costs.named);
                 let reservation = self.identity(&request.domain, descriptor, shared).reservation(id);
-                settlements.push(Settlement { hit, reservation });
+                settlements.push(Settlement { hit, reservation, reap });
                 index.push(i);
                 labels.push(rule.map(|r| {
                     let limits: Vec<String> = tiers
@@ -220,10 +269,14 @@ impl<S: Store> Limiter<S> {
                     for (j, t) in tiers.into_iter().enumerate() {
                         if let Some((rule, limits)) = label {
                             let limit = limits.get(j).map_or("", String::as_str);
-                            self.metrics.cost(domain, rule, limit, "settled", t.estimate);
-                            self.metrics.cost(domain, rule, limit, "actual", t.actual);
-                            self.metrics.cost(domain, rule, limit, "refunded", t.refunded);
-                            self.metrics.cost(domain, rule, limit, "charged", t.charged);
+                            if reap {
+                                self.metrics.cost(domain, rule, limit, "expired", t.estimate);
+                            } else {
+                                self.metrics.cost(domain, rule, limit, "settled", t.estimate);
+                                self.metrics.cost(domain, rule, limit, "actual", t.actual);
+                                self.metrics.cost(domain, rule, limit, "refunded", t.refunded);
+                                self.metrics.cost(domain, rule, limit, "charged", t.charged);
+                            }
                         }
                         d.estimate = d.estimate.saturating_add(t.estimate);
                         d.actual = d.actual.saturating_add(t.actual);
@@ -234,5 +287,46 @@ impl<S: Store> Limiter<S> {
             }
         }
         Ok(found.then_some(out))
+    }
+}
+
+/// How long after a reservation's expiry it is reaped: its record then is certainly expired by the store's clock too
+/// (a record expires on a whole millisecond).
+const REAP_AFTER_US: u64 = 1_000_000;
+
+/// The most reservations one limiter keeps track of at once, to reap them; beyond, new ones go untracked.
+pub const MAX_TRACKED: usize = 100_000;
+
+/// The reservations a limiter made and has not seen settled: what it may have to reap.
+#[derive(Debug, Default)]
+pub(crate) struct ReservationBook {
+    by_expiry: std::collections::BTreeMap<(u64, String), Request>,
+    expiry_of: std::collections::HashMap<String, u64>,
+}
+
+impl ReservationBook {
+    fn track(&mut self, id: &str, expires_at: u64, request: &Request) {
+        if self.expiry_of.len() < MAX_TRACKED {
+            self.expiry_of.insert(id.to_string(), expires_at);
+            self.by_expiry.insert((expires_at, id.to_string()), request.clone());
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(at) = self.expiry_of.remove(id) {
+            self.by_expiry.remove(&(at, id.to_string()));
+        }
+    }
+
+    /// Takes every reservation that expired at or before `until`.
+    fn take_due(&mut self, until: u64) -> Vec<(String, Request)> {
+        let later = self.by_expiry.split_off(&(until.saturating_add(1), String::new()));
+        let due = std::mem::replace(&mut self.by_expiry, later);
+        due.into_iter()
+            .map(|((_, id), request)| {
+                self.expiry_of.remove(&id);
+                (id, request)
+            })
+            .collect()
     }
 }

@@ -31,8 +31,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Hit, Outcome, Settled, Settlement, Store, StoreError, StreamReset, TierOutcome, TierSettled,
-    TierSpec,
+    Answers, CounterKey, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store, StoreError, StreamReset,
+    TierOutcome, TierSettled, TierSpec,
 };
 use crate::rules::Algorithm;
 use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us};
@@ -113,10 +113,15 @@ impl MemoryStore {
         let commit = !peek && positive && (admitted || lone_fixed || force);
         // The reservation record, written as `lua/decide.lua` writes it: for a hit admitted and committed, or forced.
         if let Some(r) = hit.reserves().filter(|_| commit && (admitted || force)) {
-            let expiry = Expiry::Always(now + ceil_ms_us(r.bounded_ttl_us()));
+            let expires_at = now + ceil_ms_us(r.bounded_ttl_us());
+            let expiry = Expiry::Always(expires_at + RESERVATION_GRACE_US);
             let estimates = hit.tier_costs();
             shard.upsert(r.key.as_str(), now, expiry, |state: &mut Reservation| {
-                *state = Reservation { estimates, at: now }
+                *state = Reservation {
+                    estimates,
+                    at: now,
+                    expires_at,
+                }
             });
         }
         let mut longest = 0;
@@ -175,13 +180,24 @@ impl MemoryStore {
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
         let (estimates, at) = match shard.live(key, now) {
-            // One estimate per tier, or the settlement names other tiers than the reservation: left as it is.
-            Some(State::Reservation(r)) if r.estimates.len() == hit.tiers.len() => (r.estimates.clone(), r.at),
+            // One estimate per tier, or the settlement names other tiers than the reservation: left as it is. A
+            // settlement finds only a live reservation, a reaping only an expired one.
+            Some(State::Reservation(r))
+                if r.estimates.len() == hit.tiers.len() && (r.expires_at <= now) == settlement.reap =>
+            {
+                (r.estimates.clone(), r.at)
+            }
             _ => return Settled::Unknown,
+        };
+        // Reaped: settled at the estimates, which changes no tier.
+        let actuals = if settlement.reap {
+            estimates.clone()
+        } else {
+            hit.tier_costs()
         };
         let settled: Vec<TierSettled> = estimates
             .iter()
-            .zip(hit.tier_costs())
+            .zip(actuals)
             .map(|(&estimate, actual)| TierSettled::new(estimate, actual))
             .collect();
         // Every tier is read before any is written, as the script does (there a key of the wrong type stops the

@@ -81,6 +81,8 @@ pub(super) struct Records(pub(super) VecDeque<String>);
 pub(super) struct Reservation {
     pub(super) estimates: Vec<u64>,
     pub(super) at: u64,
+    /// When it expires unsettled; the state itself lives `RESERVATION_GRACE_US` longer, to be reaped.
+    pub(super) expires_at: u64,
 }
 
 /// One shape of [`State`]: what [`Keyspace::upsert`] finds in, or makes into, a key's state.

@@ -44,7 +44,7 @@ impl Call {
     /// One settlement's keys and arguments: decide.lua's mode 'settle', with the record as the last key.
     pub(super) fn settle(now_us: Option<u64>, settlement: &Settlement) -> Call {
         Call::build(
-            "settle",
+            if settlement.reap { "reap" } else { "settle" },
             now_us,
             &settlement.hit,
             None,
@@ -61,7 +61,11 @@ impl Call {
         reservation: Option<(&CounterKey, Option<u64>)>,
     ) -> Call {
         // A settlement carries no queue fields: its tiers all count.
-        let fields: &[(String, String)] = if mode == "settle" { &[] } else { &hit.fields };
+        let fields: &[(String, String)] = if mode == "settle" || mode == "reap" {
+            &[]
+        } else {
+            &hit.fields
+        };
         let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
         keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
         if let Some(r) = record {
@@ -343,6 +347,7 @@ mod tests {
                     ..hit.clone()
                 },
                 reservation: id.reservation("r"),
+                reap: false,
             },
         );
         assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
@@ -353,6 +358,7 @@ mod tests {
             &Settlement {
                 hit: Hit::default(),
                 reservation: id.reservation("r"),
+                reap: false,
             },
         );
         assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
