@@ -8,7 +8,7 @@
 //! - each Envoy gets a token bucket holding its share of what is left, the share being its part of the bucket's
 //!   recent demand (allowed plus denied, counted in the store too): `floor(remaining * own / all)`, at least 1. With
 //!   nothing left, it gets DENY_ALL until a request fits again, and sluice pushes a new assignment then;
-//! - assignments carry a TTL and are refreshed before it lapses; buckets reported with no requests for
+//! - assignments carry a TTL and are refreshed before it lapses (a third of it, at least two seconds, before); buckets reported with no requests for
 //!   `abandon_after_seconds` are abandoned; when a report exhausts a quota or a new Envoy joins a bucket, the other
 //!   streams of this instance that watch it are told at once.
 //!
@@ -503,7 +503,7 @@ impl<S: Store> Quotas<S> {
 
 impl Watch {
     /// Whether a new assignment is due: a DENY_ALL whose window allows more, or a TTL within a third of lapsing
-    /// (at least a second before).
+    /// (at least two seconds before).
     fn due(&self, now: u64) -> bool {
         if self.retry_at_us.is_some_and(|at| now >= at) {
             return true;
@@ -512,7 +512,8 @@ impl Watch {
             None => true,
             Some((_, at)) => {
                 let ttl = u64::from(self.settings.assignment_ttl_s) * 1_000_000;
-                let margin = (ttl / 3).max(1_000_000).min(ttl);
+                // At least two seconds: a face that ticks every second still refreshes a second before the lapse.
+                let margin = (ttl / 3).max(2_000_000).min(ttl);
                 now >= at.saturating_add(ttl - margin)
             }
         }
