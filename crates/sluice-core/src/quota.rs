@@ -122,6 +122,8 @@ pub struct Quotas<S> {
     streams: AtomicUsize,
     /// For each bucket of a domain, the inboxes of the streams of this instance that report it.
     watchers: Mutex<HashMap<Watched, Vec<Weak<Inbox>>>>,
+    /// Buckets watched, summed over streams (the length of every list of `watchers`).
+    watched: AtomicUsize,
     stats: QuotaStats,
 }
 
@@ -137,18 +139,18 @@ pub struct QuotaStream {
     domain: Option<Arc<str>>,
     buckets: HashMap<BucketId, Watch>,
     inbox: Arc<Inbox>,
-    /// Gives the stream's place back, and its watches, when dropped.
-    _slot: StreamSlot,
+    /// Gives the stream's place back, and its watches, when the stream is dropped.
+    release: Option<Release>,
 }
 
-struct StreamSlot {
-    release: Box<dyn FnOnce() + Send + Sync>,
-}
+/// What a stream does when it ends.
+type Release = Box<dyn FnOnce(&QuotaStream) + Send + Sync>;
 
-impl Drop for StreamSlot {
+impl Drop for QuotaStream {
     fn drop(&mut self) {
-        let release = std::mem::replace(&mut self.release, Box::new(|| {}));
-        release();
+        if let Some(release) = self.release.take() {
+            release(self);
+        }
     }
 }
 
@@ -185,6 +187,7 @@ impl<S: Store> Quotas<S> {
             caps,
             streams: AtomicUsize::new(0),
             watchers: Mutex::new(HashMap::new()),
+            watched: AtomicUsize::new(0),
             stats,
         })
     }
@@ -201,20 +204,22 @@ impl<S: Store> Quotas<S> {
         self.stats.streams.increment(1.0);
         let inbox = Arc::new(Inbox::default());
         let quotas = Arc::downgrade(self);
-        let mine = Arc::downgrade(&inbox);
         Ok(QuotaStream {
             domain: None,
             buckets: HashMap::new(),
             inbox,
-            _slot: StreamSlot {
-                release: Box::new(move || {
-                    if let Some(quotas) = quotas.upgrade() {
-                        quotas.streams.fetch_sub(1, Ordering::AcqRel);
-                        quotas.stats.streams.decrement(1.0);
-                        quotas.forget(&mine);
+            release: Some(Box::new(move |stream: &QuotaStream| {
+                if let Some(quotas) = quotas.upgrade() {
+                    quotas.streams.fetch_sub(1, Ordering::AcqRel);
+                    quotas.stats.streams.decrement(1.0);
+                    if let Some(domain) = &stream.domain {
+                        for bucket in stream.buckets.keys() {
+                            quotas.unwatch(domain, bucket, &stream.inbox);
+                        }
                     }
-                }),
-            },
+                    quotas.stats.buckets.set(quotas.watched.load(Ordering::Relaxed) as f64);
+                }
+            })),
         })
     }
 
@@ -223,20 +228,25 @@ impl<S: Store> Quotas<S> {
         let domain = self.check(stream, &report)?;
         let now = self.limiter.now_us();
         let mut usages: Vec<Usage> = Vec::with_capacity(report.usages.len());
+        let mut seen: HashMap<BucketId, usize> = HashMap::with_capacity(report.usages.len());
         for reported in report.usages {
             let mut bucket = reported.bucket;
             bucket.sort_unstable();
-            match usages.iter_mut().find(|u| u.bucket == bucket) {
+            match seen.get(&bucket) {
                 // The same bucket twice in one message: one report of both.
-                Some(u) => {
+                Some(&i) => {
+                    let u = &mut usages[i];
                     u.allowed = u.allowed.saturating_add(reported.allowed);
                     u.denied = u.denied.saturating_add(reported.denied);
                 }
-                None => usages.push(Usage {
-                    bucket,
-                    allowed: reported.allowed,
-                    denied: reported.denied,
-                }),
+                None => {
+                    seen.insert(bucket.clone(), usages.len());
+                    usages.push(Usage {
+                        bucket,
+                        allowed: reported.allowed,
+                        denied: reported.denied,
+                    });
+                }
             }
         }
         let new = usages
@@ -297,7 +307,7 @@ impl<S: Store> Quotas<S> {
             }
             actions.push(action);
         }
-        self.stats.buckets.set(self.watched() as f64);
+        self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
         Ok(actions)
     }
 
@@ -342,7 +352,7 @@ impl<S: Store> Quotas<S> {
             }
         }
         if !actions.is_empty() {
-            self.stats.buckets.set(self.watched() as f64);
+            self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
         }
         Ok(actions)
     }
@@ -457,28 +467,21 @@ impl<S: Store> Quotas<S> {
             .entry((domain.clone(), bucket.clone()))
             .or_default()
             .push(Arc::downgrade(inbox));
+        self.watched.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Ends one stream's watch of a bucket (each stream removes only its own, so the count stays exact).
     fn unwatch(&self, domain: &Arc<str>, bucket: &BucketId, inbox: &Arc<Inbox>) {
         let mut watchers = lock(&self.watchers);
         let key = (domain.clone(), bucket.clone());
         if let Some(list) = watchers.get_mut(&key) {
-            list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inbox)) && w.strong_count() > 0);
+            let before = list.len();
+            list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inbox)));
+            self.watched.fetch_sub(before - list.len(), Ordering::Relaxed);
             if list.is_empty() {
                 watchers.remove(&key);
             }
         }
-    }
-
-    /// Drops every watch of a stream that ended.
-    fn forget(&self, inbox: &Weak<Inbox>) {
-        let mut watchers = lock(&self.watchers);
-        watchers.retain(|_, list| {
-            list.retain(|w| !w.ptr_eq(inbox) && w.strong_count() > 0);
-            !list.is_empty()
-        });
-        drop(watchers);
-        self.stats.buckets.set(self.watched() as f64);
     }
 
     /// Asks every other stream that watches the bucket to look at it again.
@@ -493,11 +496,6 @@ impl<S: Store> Quotas<S> {
                 other.wake.notify_one();
             }
         }
-    }
-
-    /// Buckets watched, summed over streams.
-    fn watched(&self) -> usize {
-        lock(&self.watchers).values().map(Vec::len).sum()
     }
 }
 
@@ -524,11 +522,7 @@ impl Watch {
 fn settings_of(charged: &Charged) -> BucketSettings {
     match charged {
         Charged::Limited(state) => state.settings,
-        _ => BucketSettings {
-            assignment_ttl_s: BucketSettings::DEFAULT_TTL_S,
-            abandon_after_s: BucketSettings::DEFAULT_ABANDON_AFTER_S,
-            initial: InitialAssignment::Share,
-        },
+        _ => BucketSettings::default(),
     }
 }
 

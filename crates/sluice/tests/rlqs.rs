@@ -104,7 +104,22 @@ async fn reports_are_answered_and_counted_in_metrics() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
     }
+    // A stream that ends gives back its place and its watches.
     drop(stream);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, metrics) = server.http_get("/metrics").await;
+        if metrics.lines().any(|l| l == "sluice_rlqs_streams 0")
+            && metrics.lines().any(|l| l == "sluice_rlqs_buckets 0")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream's watches were never given back:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.shutdown().await;
 }
 

@@ -125,11 +125,7 @@ impl<S: Store> Limiter<S> {
                 out.push(Ok(Charged::NoRule));
                 continue;
             };
-            let settings = rule.bucket.unwrap_or(BucketSettings {
-                assignment_ttl_s: BucketSettings::DEFAULT_TTL_S,
-                abandon_after_s: BucketSettings::DEFAULT_ABANDON_AFTER_S,
-                initial: crate::rules::InitialAssignment::Share,
-            });
+            let settings = rule.bucket.unwrap_or_default();
             if rule.tiers.is_empty() {
                 out.push(Ok(Charged::Unlimited));
                 continue;

@@ -268,6 +268,16 @@ impl BucketSettings {
     pub const DEFAULT_ABANDON_AFTER_S: u32 = 300;
 }
 
+impl Default for BucketSettings {
+    fn default() -> Self {
+        BucketSettings {
+            assignment_ttl_s: BucketSettings::DEFAULT_TTL_S,
+            abandon_after_s: BucketSettings::DEFAULT_ABANDON_AFTER_S,
+            initial: InitialAssignment::Share,
+        }
+    }
+}
+
 /// The answer to a bucket's first report on a stream, before its demand is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InitialAssignment {
