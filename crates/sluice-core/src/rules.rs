@@ -25,6 +25,7 @@ mod vocabulary;
 
 use std::collections::HashMap;
 
+pub use compile::Domains;
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,

@@ -12,4 +12,5 @@ mod embedded;
 mod exactness;
 mod instances;
 mod quota;
+mod reference;
 mod semantics;

@@ -12,7 +12,7 @@ use sluice::limiter::{Caps, LimiterSettings};
 use sluice::metrics::Metrics;
 use sluice::quota::QuotaCaps;
 use sluice::rules::FailurePolicy;
-use sluice::rules::RuleSet;
+use sluice::rules::{Domains, RuleSet};
 use sluice::server::{self, ServeOptions, Settings};
 use sluice::store::redis::{RedisSettings, RedisTls};
 use sluice::telemetry::{self, LogFormat};
@@ -39,6 +39,9 @@ enum Command {
         /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
         #[arg(long, env = "SLUICE_CONFIG")]
         config: PathBuf,
+        /// Files of one domain merge into one tree (a top-level descriptor defined twice is an error).
+        #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
+        merge_domains: bool,
     },
 }
 
@@ -67,6 +70,10 @@ struct ServeArgs {
     /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
     #[arg(long, env = "SLUICE_CONFIG")]
     config: PathBuf,
+    /// Files of one domain merge into one tree, as the reference does under MERGE_DOMAIN_CONFIG (a top-level
+    /// descriptor defined in two files is an error naming both). Without it a domain in two files is an error.
+    #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
+    merge_domains: bool,
     /// Address of the gRPC server.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
@@ -178,13 +185,18 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, merge_domains } => check(&config, domains(merge_domains)),
         Command::Serve(args) => serve(*args),
     }
 }
 
-fn check(config: &std::path::Path) -> ExitCode {
-    let compiled = sluice::config::load(config).and_then(|files| RuleSet::compile(&files, &Metrics::discarded(0.8)));
+fn domains(merge: bool) -> Domains {
+    if merge { Domains::Merged } else { Domains::OnePerFile }
+}
+
+fn check(config: &std::path::Path, domains: Domains) -> ExitCode {
+    let compiled =
+        sluice::config::load(config).and_then(|files| RuleSet::compile_with(&files, &Metrics::discarded(0.8), domains));
     match compiled {
         Ok(rules) => {
             print!("{}", rules.summary());
@@ -209,6 +221,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let settings = Settings {
         config: args.config,
+        domains: domains(args.merge_domains),
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         json_addr: args.json_addr,

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::config;
 use crate::limiter::Limiter;
-use crate::rules::RuleSet;
+use crate::rules::{Domains, RuleSet};
 use crate::store::Store;
 
 /// How long the configuration must be quiet after a change before it is read: editors and `kubectl` write in
@@ -44,8 +44,9 @@ pub struct WatchError {
 }
 
 impl Reloader {
-    /// Starts watching `path` (the `--config` file or directory) and reloading `limiter` from it.
-    pub fn start<S: Store>(limiter: Arc<Limiter<S>>, path: PathBuf) -> Result<Reloader, WatchError> {
+    /// Starts watching `path` (the `--config` file or directory) and reloading `limiter` from it, merging files of
+    /// one domain as `domains` says.
+    pub fn start<S: Store>(limiter: Arc<Limiter<S>>, path: PathBuf, domains: Domains) -> Result<Reloader, WatchError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if event.is_ok_and(|e| !e.kind.is_access()) {
@@ -60,7 +61,7 @@ impl Reloader {
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|source| WatchError { path: dir, source })?;
-        let task = tokio::spawn(run(limiter, path, watcher, rx));
+        let task = tokio::spawn(run(limiter, path, domains, watcher, rx));
         Ok(Reloader { task })
     }
 }
@@ -79,6 +80,7 @@ fn watched_dir(path: &Path) -> PathBuf {
 async fn run<S: Store>(
     limiter: Arc<Limiter<S>>,
     path: PathBuf,
+    domains: Domains,
     _watcher: RecommendedWatcher,
     mut events: mpsc::UnboundedReceiver<()>,
 ) {
@@ -95,14 +97,14 @@ async fn run<S: Store>(
             }
             Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
         };
-        reload(&limiter, &path, by_signal);
+        reload(&limiter, &path, domains, by_signal);
     }
 }
 
 /// Loads and compiles the configuration; swaps it in when it is valid and different. Returns whether it did.
-pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, forced: bool) -> bool {
+pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, domains: Domains, forced: bool) -> bool {
     let metrics = limiter.metrics();
-    let compiled = config::load(path).and_then(|files| RuleSet::compile(&files, metrics));
+    let compiled = config::load(path).and_then(|files| RuleSet::compile_with(&files, metrics, domains));
     match compiled {
         Ok(rules) if !forced && rules.digest() == limiter.rules().digest() => false,
         Ok(rules) => {

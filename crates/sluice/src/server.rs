@@ -22,7 +22,7 @@ use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
 use crate::quota::{QuotaCaps, Quotas};
 use crate::reload::{Reloader, WatchError};
 use crate::rlqs::QuotaService;
-use crate::rules::RuleSet;
+use crate::rules::{Domains, RuleSet};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
@@ -32,6 +32,8 @@ use crate::store::{Store, StoreError};
 pub struct Settings {
     /// A YAML file or a directory of them.
     pub config: PathBuf,
+    /// Whether files of one domain merge (`--merge-domains`, the reference's `MERGE_DOMAIN_CONFIG`).
+    pub domains: Domains,
     pub grpc_addr: SocketAddr,
     /// The admin endpoints: metrics, health, readiness, the rules in force.
     pub http_addr: SocketAddr,
@@ -110,7 +112,7 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 /// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
     let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
-    let rules = RuleSet::compile(&config::load(&settings.config)?, &metrics)?;
+    let rules = RuleSet::compile_with(&config::load(&settings.config)?, &metrics, settings.domains)?;
     metrics.config_loaded(rules.digest());
     tracing::info!(config = %settings.config.display(), summary = %rules.headline(), "configuration loaded");
     let grpc = bind(settings.grpc_addr).await?;
@@ -150,7 +152,7 @@ async fn start<S: Store>(
         metrics,
         settings.limiter.clone(),
     ));
-    let _reloader = Reloader::start(limiter.clone(), settings.config.clone())?;
+    let _reloader = Reloader::start(limiter.clone(), settings.config.clone(), settings.domains)?;
     serve(limiter, grpc, http, shutdown, &settings.serve).await
 }
 

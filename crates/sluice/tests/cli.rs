@@ -300,3 +300,38 @@ fn the_json_api_is_served_on_json_addr_only() {
     assert!(on_json.contains(r#""limitRemaining":9"#), "{on_json}");
     assert!(on_admin.starts_with("HTTP/1.1 404"), "{on_admin}");
 }
+
+#[test]
+fn merge_domains_merges_files_of_one_domain() {
+    let dir = dir_with(&[
+        (
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - {key: k1, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+        ),
+        (
+            "b.yaml",
+            "domain: d\ndescriptors:\n  - {key: k2, rate_limit: {unit: hour, requests_per_unit: 2}}\n",
+        ),
+    ]);
+    let (ok, _, stderr) = check(dir.path());
+    assert!(!ok);
+    assert!(
+        stderr.contains("b.yaml") && stderr.contains("also defined in") && stderr.contains("a.yaml"),
+        "{stderr}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--merge-domains", "--config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("2 file(s), 1 domain(s), 2 rule(s)"), "{stdout}");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--config"])
+        .arg(dir.path())
+        .env("SLUICE_MERGE_DOMAINS", "true")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use sluice::limiter::{Descriptor, Limiter, Report, Request};
 use sluice::reload::Reloader;
+use sluice::rules::Domains;
 use sluice::store::memory::MemoryStore;
 
 use crate::harness::{free_port, limiter};
@@ -50,7 +51,7 @@ async fn until_limit(l: &Limiter<MemoryStore>, want: u32) {
 /// A limiter watching `path`, with the path rule at `limit`.
 fn watched(path: &Path, limit: u32) -> (Arc<Limiter<MemoryStore>>, Reloader) {
     let (l, _) = limiter(&config(limit), MemoryStore::new());
-    let reloader = Reloader::start(l.clone(), path.to_path_buf()).expect("watches");
+    let reloader = Reloader::start(l.clone(), path.to_path_buf(), Domains::OnePerFile).expect("watches");
     (l, reloader)
 }
 

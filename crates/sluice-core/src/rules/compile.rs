@@ -20,24 +20,48 @@ use super::vocabulary::{
     Unit,
 };
 
+/// What two files of one domain mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Domains {
+    /// Each domain is defined by one file; a second file of the domain is an error naming both.
+    #[default]
+    OnePerFile,
+    /// Files of one domain merge (the reference's `MERGE_DOMAIN_CONFIG`): their top-level descriptors and quota
+    /// buckets join one tree, and a top-level descriptor defined in two files is an error naming both.
+    Merged,
+}
+
 impl RuleSet {
-    /// Compiles shape-checked files, rejecting what the reference rejects at load time.
+    /// Compiles shape-checked files, one file per domain, rejecting what the reference rejects at load time.
     pub fn compile(files: &[ConfigFile], metrics: &Metrics) -> Result<RuleSet, ConfigError> {
+        RuleSet::compile_with(files, metrics, Domains::OnePerFile)
+    }
+
+    /// Compiles shape-checked files; `domains` says whether files of one domain merge.
+    pub fn compile_with(files: &[ConfigFile], metrics: &Metrics, mode: Domains) -> Result<RuleSet, ConfigError> {
         let mut domains: HashMap<Box<str>, Domain> = HashMap::new();
-        let mut origin: HashMap<String, &Path> = HashMap::new();
+        let mut origin: HashMap<&str, &Path> = HashMap::new();
+        // With merging: the file that defined each top-level descriptor ("domain.key_value").
+        let mut tops: HashMap<String, &Path> = HashMap::new();
         let mut rules = 0;
         for file in files {
             let raw = &file.domain;
             if raw.domain.is_empty() {
                 return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
             }
-            if let Some(first) = origin.insert(raw.domain.clone(), &file.path) {
+            let first = origin.get(raw.domain.as_str()).copied();
+            if let (Some(first), Domains::OnePerFile) = (first, mode) {
                 return Err(ConfigError::invalid(
                     &file.path,
                     "domain",
-                    format!("domain '{}' is also defined in '{}'", raw.domain, first.display()),
+                    format!(
+                        "domain '{}' is also defined in '{}' (files of one domain merge only with --merge-domains)",
+                        raw.domain,
+                        first.display()
+                    ),
                 ));
             }
+            origin.entry(raw.domain.as_str()).or_insert(&file.path);
             let failure_policy = match raw.failure_policy.as_deref() {
                 None => None,
                 Some(p) => Some(FailurePolicy::from_name(p).ok_or_else(|| {
@@ -53,25 +77,52 @@ impl RuleSet {
                 domain: &raw.domain,
                 rules: 0,
             };
-            let mut root = Node {
-                segment: Arc::from(raw.domain.as_str()),
-                ..Node::default()
-            };
-            compiler.level(&mut root, &raw.descriptors, "descriptors", &raw.domain, false)?;
-            let mut buckets = Node::default();
-            compiler.buckets(&mut buckets, &raw.quota_buckets)?;
-            rules += compiler.rules;
-            domains.insert(
-                raw.domain.as_str().into(),
-                Domain {
-                    name: Arc::from(raw.domain.as_str()),
-                    failure_policy,
-                    root,
-                    buckets,
-                    stats: metrics.domain_stats(&raw.domain),
-                    override_stats: metrics.override_stats(&raw.domain),
+            let domain = domains.entry(raw.domain.as_str().into()).or_insert_with(|| Domain {
+                name: Arc::from(raw.domain.as_str()),
+                failure_policy: None,
+                root: Node {
+                    segment: Arc::from(raw.domain.as_str()),
+                    ..Node::default()
                 },
-            );
+                buckets: Node::default(),
+                stats: metrics.domain_stats(&raw.domain),
+                override_stats: metrics.override_stats(&raw.domain),
+            });
+            if let Some(policy) = failure_policy {
+                if domain.failure_policy.is_some_and(|p| p != policy) {
+                    return Err(ConfigError::invalid(
+                        &file.path,
+                        "failure_policy",
+                        format!(
+                            "domain '{}' has another failure policy in '{}'",
+                            raw.domain,
+                            first.map_or_else(String::new, |f| f.display().to_string())
+                        ),
+                    ));
+                }
+                domain.failure_policy = Some(policy);
+            }
+            if first.is_some() {
+                for (i, d) in raw.descriptors.iter().enumerate() {
+                    let label = format!("{}.{}", raw.domain, segment_of(d));
+                    if let Some(other) = tops.get(&label).filter(|other| **other != file.path.as_path()) {
+                        return Err(ConfigError::invalid(
+                            &file.path,
+                            &format!("descriptors[{i}]"),
+                            format!("duplicate descriptor '{label}': also defined in '{}'", other.display()),
+                        ));
+                    }
+                }
+            }
+            if mode == Domains::Merged {
+                for d in &raw.descriptors {
+                    tops.entry(format!("{}.{}", raw.domain, segment_of(d)))
+                        .or_insert(&file.path);
+                }
+            }
+            compiler.level(&mut domain.root, &raw.descriptors, "descriptors", &raw.domain, false)?;
+            compiler.buckets(&mut domain.buckets, &raw.quota_buckets)?;
+            rules += compiler.rules;
         }
         let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
             (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
@@ -84,6 +135,15 @@ impl RuleSet {
         })
     }
 }
+
+/// A descriptor's name at its level: `key_value`, or `key` when it has no value.
+fn segment_of(raw: &RawDescriptor) -> String {
+    match &raw.value {
+        Some(v) if !v.is_empty() => format!("{}_{}", raw.key, v),
+        _ => raw.key.clone(),
+    }
+}
+
 pub(super) struct Compiler<'a> {
     file: &'a Path,
     pub(super) domain: &'a str,
@@ -108,10 +168,7 @@ impl Compiler<'_> {
             if raw.key.is_empty() {
                 return Err(self.err(&format!("{here}.key"), "descriptor key is empty"));
             }
-            let segment = match &raw.value {
-                Some(v) if !v.is_empty() => format!("{}_{}", raw.key, v),
-                _ => raw.key.clone(),
-            };
+            let segment = segment_of(raw);
             let node_label = format!("{label}.{segment}");
             let wildcard = raw.value.as_deref().filter(|v| v.contains('*'));
             if raw.share_threshold && wildcard.is_none() {
