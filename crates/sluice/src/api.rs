@@ -6,7 +6,7 @@ use std::sync::Arc;
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
-use crate::headers::HeaderMode;
+use crate::headers::ResponseHeaders;
 use crate::limiter::{self, AppliedLimit, Cap, Code, Decision, LimitError, Limiter, QueuedWork, Report};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -21,25 +21,25 @@ use rls::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit, rate
 pub struct EnvoyService<S> {
     limiter: Arc<Limiter<S>>,
     /// Rate limit headers added to each response.
-    headers: HeaderMode,
+    headers: ResponseHeaders,
 }
 
 /// `sluice.v1.RateLimiter`.
 pub struct SluiceService<S> {
     limiter: Arc<Limiter<S>>,
-    headers: HeaderMode,
+    headers: ResponseHeaders,
     /// `Reset` is refused unless set, and then needs `authorization: Bearer <token>`.
     admin_token: Option<Arc<str>>,
 }
 
 impl<S> EnvoyService<S> {
-    pub fn new(limiter: Arc<Limiter<S>>, headers: HeaderMode) -> Self {
+    pub fn new(limiter: Arc<Limiter<S>>, headers: ResponseHeaders) -> Self {
         EnvoyService { limiter, headers }
     }
 }
 
 impl<S> SluiceService<S> {
-    pub fn new(limiter: Arc<Limiter<S>>, headers: HeaderMode, admin_token: Option<Arc<str>>) -> Self {
+    pub fn new(limiter: Arc<Limiter<S>>, headers: ResponseHeaders, admin_token: Option<Arc<str>>) -> Self {
         SluiceService {
             limiter,
             headers,
@@ -79,7 +79,7 @@ impl<S: Store> rls::rate_limit_service_server::RateLimitService for EnvoyService
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        should_rate_limit(&self.limiter, self.headers, request.into_inner()).await
+        should_rate_limit(&self.limiter, &self.headers, request.into_inner()).await
     }
 }
 
@@ -90,7 +90,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        should_rate_limit(&self.limiter, self.headers, request.into_inner()).await
+        should_rate_limit(&self.limiter, &self.headers, request.into_inner()).await
     }
 
     #[tracing::instrument(level = "debug", name = "sluice.GetRemaining", skip_all, fields(domain = %request.get_ref().domain))]
@@ -132,7 +132,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         check_size(&self.limiter, &request)?;
         let (core, costs) = cost_request(request);
         let decision = self.limiter.check(&core, &costs).await.map_err(to_status)?;
-        Ok(Response::new(to_response(decision, self.headers)))
+        Ok(Response::new(to_response(decision, &self.headers)))
     }
 
     #[tracing::instrument(level = "debug", name = "sluice.Report", skip_all, fields(domain = %request.get_ref().domain))]
@@ -141,7 +141,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         check_size(&self.limiter, &request)?;
         let (core, costs) = cost_request(request);
         let decision = self.limiter.report(&core, &costs).await.map_err(to_status)?;
-        Ok(Response::new(to_response(decision, self.headers)))
+        Ok(Response::new(to_response(decision, &self.headers)))
     }
 
     #[tracing::instrument(level = "debug", name = "sluice.Reserve", skip_all, fields(domain = %request.get_ref().domain))]
@@ -166,7 +166,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         };
         let core = to_core(request.domain, request.descriptors, 0);
         let reserved = self.limiter.reserve(&core, &costs, ttl_us).await.map_err(to_status)?;
-        let response = to_response(reserved.decision, HeaderMode::Off);
+        let response = to_response(reserved.decision, &ResponseHeaders::OFF);
         Ok(Response::new(sluice::ReserveResponse {
             overall_code: response.overall_code,
             statuses: response.statuses,
@@ -243,7 +243,7 @@ fn cost_request(request: sluice::CostRequest) -> (limiter::Request, limiter::Cos
 
 async fn should_rate_limit<S: Store>(
     limiter: &Limiter<S>,
-    headers: HeaderMode,
+    headers: &ResponseHeaders,
     request: rls::RateLimitRequest,
 ) -> Result<Response<rls::RateLimitResponse>, Status> {
     check_size(limiter, &request)?;
@@ -314,7 +314,7 @@ pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_adden
 }
 
 /// The protobuf response for a decision, with the rate limit headers `headers` asks for.
-pub fn to_response(decision: Decision, headers: HeaderMode) -> rls::RateLimitResponse {
+pub fn to_response(decision: Decision, headers: &ResponseHeaders) -> rls::RateLimitResponse {
     let dynamic_metadata = dynamic_metadata(&decision);
     let response_headers_to_add = crate::headers::for_decision(headers, &decision)
         .into_iter()

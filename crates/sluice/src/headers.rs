@@ -5,6 +5,8 @@
 //! `reset_after_us` is the wait until its hit would pass, so `Retry-After` says when a retry can succeed); otherwise
 //! the one with the least left.
 
+use std::borrow::Cow;
+
 use crate::limiter::{Code, Decision, Status};
 
 /// Which headers to add to `response_headers_to_add`.
@@ -21,8 +23,64 @@ pub enum HeaderMode {
     Both,
 }
 
+/// Which rate limit headers to add, and the names of the legacy set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    pub mode: HeaderMode,
+    pub names: LegacyNames,
+}
+
+/// The names of the legacy set (the reference's `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`,
+/// `LIMIT_RESET_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyNames {
+    pub limit: Cow<'static, str>,
+    pub remaining: Cow<'static, str>,
+    pub reset: Cow<'static, str>,
+}
+
+impl LegacyNames {
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    pub const STANDARD: LegacyNames = LegacyNames {
+        limit: Cow::Borrowed("RateLimit-Limit"),
+        remaining: Cow::Borrowed("RateLimit-Remaining"),
+        reset: Cow::Borrowed("RateLimit-Reset"),
+    };
+}
+
+impl ResponseHeaders {
+    /// No headers.
+    pub const OFF: ResponseHeaders = ResponseHeaders::standard(HeaderMode::Off);
+
+    /// `mode` with the standard names.
+    pub const fn standard(mode: HeaderMode) -> ResponseHeaders {
+        ResponseHeaders {
+            mode,
+            names: LegacyNames::STANDARD,
+        }
+    }
+}
+
+impl Default for ResponseHeaders {
+    fn default() -> Self {
+        ResponseHeaders::OFF
+    }
+}
+
+/// Checks a header name given on the command line: an HTTP token, as Envoy accepts it.
+pub fn check_name(name: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !name.is_empty() && name.chars().all(token) {
+        Ok(name.to_string())
+    } else {
+        Err(format!("'{name}' is not an HTTP header name"))
+    }
+}
+
 /// The headers for a decision, as (name, value) pairs.
-pub fn for_decision(mode: HeaderMode, decision: &Decision) -> Vec<(&'static str, String)> {
+pub fn for_decision<'a>(headers: &'a ResponseHeaders, decision: &Decision) -> Vec<(&'a str, String)> {
+    let mode = headers.mode;
+    let names = &headers.names;
     let mut headers = Vec::new();
     let Some(status) = constraining(decision) else {
         return headers;
@@ -33,9 +91,9 @@ pub fn for_decision(mode: HeaderMode, decision: &Decision) -> Vec<(&'static str,
     let limit = applied.limit.requests;
     let reset = status.reset_after_us.unwrap_or(0).div_ceil(1_000_000);
     if matches!(mode, HeaderMode::Legacy | HeaderMode::Both) {
-        headers.push(("RateLimit-Limit", limit.to_string()));
-        headers.push(("RateLimit-Remaining", status.remaining.to_string()));
-        headers.push(("RateLimit-Reset", reset.to_string()));
+        headers.push((&*names.limit, limit.to_string()));
+        headers.push((&*names.remaining, status.remaining.to_string()));
+        headers.push((&*names.reset, reset.to_string()));
     }
     if matches!(mode, HeaderMode::Draft | HeaderMode::Both) {
         let name = sf_string(applied.name.as_deref().unwrap_or("default"));
@@ -111,7 +169,8 @@ mod tests {
             Code::Ok,
             vec![status(Code::Ok, 7, 30, None), status(Code::Ok, 2, 20, Some("lo\"gin"))],
         );
-        let h = for_decision(HeaderMode::Both, &d);
+        let both = ResponseHeaders::standard(HeaderMode::Both);
+        let h = for_decision(&both, &d);
         assert_eq!(
             h,
             [
@@ -122,7 +181,19 @@ mod tests {
                 ("RateLimit", r#""lo\"gin";r=2;t=20"#.to_string()),
             ]
         );
-        assert!(for_decision(HeaderMode::Off, &d).is_empty());
+        assert!(for_decision(&ResponseHeaders::OFF, &d).is_empty());
+    }
+
+    #[test]
+    fn legacy_names_are_configurable() {
+        let d = decision(Code::Ok, vec![status(Code::Ok, 3, 9, None)]);
+        let mut custom = ResponseHeaders::standard(HeaderMode::Legacy);
+        custom.names.remaining = "X-RateLimit-Left".into();
+        let h = for_decision(&custom, &d);
+        assert!(h.contains(&("X-RateLimit-Left", "3".to_string())), "{h:?}");
+        assert!(h.contains(&("RateLimit-Limit", "10".to_string())), "{h:?}");
+        assert_eq!(check_name("X-Left"), Ok("X-Left".to_string()));
+        assert!(check_name("bad name").is_err() && check_name("").is_err());
     }
 
     #[test]
@@ -134,10 +205,11 @@ mod tests {
                 status(Code::OverLimit, 0, 40, None),
             ],
         );
-        let h = for_decision(HeaderMode::Legacy, &d);
+        let legacy = ResponseHeaders::standard(HeaderMode::Legacy);
+        let h = for_decision(&legacy, &d);
         assert!(h.contains(&("Retry-After", "40".to_string())), "{h:?}");
         assert!(h.contains(&("RateLimit-Reset", "40".to_string())), "{h:?}");
         let none = decision(Code::Ok, vec![]);
-        assert!(for_decision(HeaderMode::Both, &none).is_empty());
+        assert!(for_decision(&ResponseHeaders::standard(HeaderMode::Both), &none).is_empty());
     }
 }

@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use tokio_stream::StreamExt as _;
 
 use crate::api::{check_request_bytes, over_cap, to_core, to_response};
-use crate::headers::HeaderMode;
+use crate::headers::ResponseHeaders;
 use crate::limiter::{Code, LimitError, Limiter};
 use crate::store::Store;
 
@@ -33,10 +33,11 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
 
 /// The JSON API: `POST /json`, answering with the rate limit headers `headers` asks for. A body is read up to
 /// `--max-request-bytes` and no further.
-pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: HeaderMode) -> Router {
+pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: ResponseHeaders) -> Router {
     let cap = limiter.settings().caps.max_request_bytes;
     Router::new()
         .route("/json", post(json::<S>))
+        .route("/healthcheck", get(healthcheck::<S>))
         .layer(DefaultBodyLimit::max(cap))
         .with_state((limiter, headers))
 }
@@ -98,6 +99,21 @@ async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoRes
     }
 }
 
+/// `GET /healthcheck` on the JSON API's listener, where the reference serves it (Kubernetes probes of a reference
+/// deployment point there): 200 `OK` when ready, 500 otherwise, as the reference answers.
+async fn healthcheck<S: Store>(State((limiter, _)): State<(Arc<Limiter<S>>, ResponseHeaders)>) -> impl IntoResponse {
+    match limiter.ready().await {
+        Ok(()) => (StatusCode::OK, "OK".to_string()),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("not ready: {e}\n")),
+    }
+}
+
+/// The Prometheus text alone, at `path`: the listener of `--metrics-addr` (the reference's `PROMETHEUS_ADDR` and
+/// `PROMETHEUS_PATH`), for scrapers that should see nothing else.
+pub fn metrics_router<S: Store>(limiter: Arc<Limiter<S>>, path: &str) -> Router {
+    Router::new().route(path, get(metrics::<S>)).with_state(limiter)
+}
+
 /// Every domain and rule in force, one per line, as `sluice check` prints them.
 async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
     limiter.rules().summary()
@@ -107,7 +123,7 @@ async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl Into
 /// OVER_LIMIT (as the reference answers); 413 for a body over `--max-request-bytes`, 400 for bad JSON or an invalid
 /// request, 503 when the store fails.
 async fn json<S: Store>(
-    State((limiter, headers)): State<(Arc<Limiter<S>>, HeaderMode)>,
+    State((limiter, headers)): State<(Arc<Limiter<S>>, ResponseHeaders)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let error = |status: StatusCode, message: String| (status, format!("{message}\n")).into_response();
@@ -144,7 +160,7 @@ async fn json<S: Store>(
                 Code::Ok => StatusCode::OK,
                 Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             };
-            let body = crate::json::response(&to_response(decision, headers));
+            let body = crate::json::response(&to_response(decision, &headers));
             (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
         Err(LimitError::InvalidArgument(m)) => error(StatusCode::BAD_REQUEST, m),

@@ -11,6 +11,7 @@
 //!   their JSON mapping, and rate limit response headers.
 //! - [`prometheus`], [`telemetry`]: the core's metrics as Prometheus text; logs and traces.
 //! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
+//! - [`compat`]: envoyproxy/ratelimit's environment variables, turned into `serve` flags (`--compat envoy-ratelimit`).
 //! - [`server`]: assembly, listeners and graceful shutdown; [`tls`]: TLS on the gRPC listener (certificates
 //!   reloaded when their files change).
 //! - [`proto`]: the generated protobuf types, which the tools crate uses too.
@@ -20,6 +21,7 @@
 pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, quota, rules, store};
 
 pub mod api;
+pub mod compat;
 pub mod headers;
 pub mod http;
 pub mod json;

@@ -1,5 +1,6 @@
 //! The `sluice` binary: parses the command line, sets up logs, and runs the server or checks a configuration.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +8,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sluice::breaker::BreakerSettings;
-use sluice::headers::HeaderMode;
+use sluice::compat::{self, Translation};
+use sluice::headers::{HeaderMode, LegacyNames, ResponseHeaders};
 use sluice::limiter::{Caps, LimiterSettings};
 use sluice::metrics::Metrics;
 use sluice::quota::QuotaCaps;
@@ -15,7 +17,7 @@ use sluice::rules::FailurePolicy;
 use sluice::rules::{Domains, RuleSet};
 use sluice::server::{self, ServeOptions, Settings};
 use sluice::store::redis::{RedisSettings, RedisTls};
-use sluice::telemetry::{self, LogFormat};
+use sluice::telemetry::{self, LogFormat, OtlpProtocol, TelemetrySettings};
 use sluice::tls::ServerTlsFiles;
 
 /// glibc's allocator spends a fifth of a decision's CPU time under load (measured with perf); mimalloc far less.
@@ -23,8 +25,11 @@ use sluice::tls::ServerTlsFiles;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A rate-limit decision service, wire-compatible with Envoy's rate limit service.
+///
+/// A flag given twice takes its last value, so that the command line wins over the flags the compatibility mode
+/// derives from the environment.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+#[command(name = "sluice", version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -170,6 +175,66 @@ struct ServeArgs {
     /// Log line format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Log filter when RUST_LOG is not set: a level (error, warn, info, debug, trace) or tracing directives.
+    #[arg(long, env = "SLUICE_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Base URL of an OTLP collector to export traces to (as OTEL_EXPORTER_OTLP_ENDPOINT, which is read without it).
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// OTLP transport; without it OTEL_EXPORTER_OTLP_PROTOCOL (grpc or http/protobuf), else grpc.
+    #[arg(long, env = "SLUICE_OTLP_PROTOCOL", value_enum)]
+    otlp_protocol: Option<OtlpProtocol>,
+    /// service.name of the exported spans (default: OTEL_SERVICE_NAME, else sluice).
+    #[arg(long, env = "SLUICE_OTLP_SERVICE_NAME")]
+    otlp_service_name: Option<String>,
+    /// More resource attributes of the exported spans, as key=value,key=value.
+    #[arg(long, env = "SLUICE_OTLP_RESOURCE_ATTRIBUTES", value_parser = parse_attributes)]
+    otlp_resource_attributes: Option<Attributes>,
+    /// Share of traces sampled, 0 to 1, following the caller's sampling decision when there is one.
+    #[arg(long, env = "SLUICE_OTLP_SAMPLING_RATIO", value_parser = parse_ratio)]
+    otlp_sampling_ratio: Option<f64>,
+    /// Serve Prometheus metrics on a listener of their own too (the admin listener keeps /metrics).
+    #[arg(long, env = "SLUICE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Path of the metrics on --metrics-addr.
+    #[arg(long, env = "SLUICE_METRICS_PATH", default_value = "/metrics", value_parser = parse_path, requires = "metrics_addr")]
+    metrics_path: String,
+    /// Name of the legacy limit header (--response-headers legacy or both).
+    #[arg(long, env = "SLUICE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = sluice::headers::check_name)]
+    limit_header: String,
+    /// Name of the legacy remaining header.
+    #[arg(long, env = "SLUICE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = sluice::headers::check_name)]
+    remaining_header: String,
+    /// Name of the legacy reset header.
+    #[arg(long, env = "SLUICE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = sluice::headers::check_name)]
+    reset_header: String,
+    /// Read the environment variables of another rate limit service: `envoy-ratelimit` reads envoyproxy/ratelimit's
+    /// (README, "Migrating from envoyproxy/ratelimit"). Also on when the binary runs as `ratelimit`.
+    #[arg(long, env = "SLUICE_COMPAT", value_parser = [sluice::compat::MODE])]
+    compat: Option<String>,
+}
+
+/// `--otlp-resource-attributes`, parsed.
+#[derive(Debug, Clone)]
+struct Attributes(Vec<(String, String)>);
+
+fn parse_attributes(s: &str) -> Result<Attributes, String> {
+    s.split(',')
+        .filter(|kv| !kv.trim().is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => Err(format!("'{kv}' is not key=value")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Attributes)
+}
+
+fn parse_path(s: &str) -> Result<String, String> {
+    if s.starts_with('/') && !s.contains(char::is_whitespace) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("'{s}' is not a path (it starts with '/')"))
+    }
 }
 
 fn parse_prefix(s: &str) -> Result<String, String> {
@@ -184,9 +249,35 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    let env = |name: &str| std::env::var(name).ok();
+    let mut compat = None;
+    if compat::requested(&args, env) {
+        let translation = match compat::translate(env) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // The derived flags go right after `serve`, so that the flags on the command line come later and win. Run
+        // as `ratelimit`, the binary serves: the reference takes no command.
+        let at = match args.get(1).and_then(|a| a.to_str()) {
+            Some("serve") => Some(2),
+            Some("check") => None,
+            _ => {
+                args.insert(1, "serve".into());
+                Some(2)
+            }
+        };
+        if let Some(at) = at {
+            args.splice(at..at, translation.args.iter().map(OsString::from));
+            compat = Some(translation);
+        }
+    }
+    match Cli::parse_from(args).command {
         Command::Check { config, merge_domains } => check(&config, domains(merge_domains)),
-        Command::Serve(args) => serve(*args),
+        Command::Serve(args) => serve(*args, compat),
     }
 }
 
@@ -209,22 +300,38 @@ fn check(config: &std::path::Path, domains: Domains) -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
+fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
     let worker_threads = args.worker_threads;
+    let telemetry = TelemetrySettings {
+        format: args.log_format,
+        level: args.log_level,
+        endpoint: args.otlp_endpoint,
+        protocol: args.otlp_protocol,
+        service_name: args.otlp_service_name,
+        resource_attributes: args.otlp_resource_attributes.map(|a| a.0).unwrap_or_default(),
+        sampling_ratio: args.otlp_sampling_ratio,
+    };
     // Dropped when `serve` returns, after the server has drained: that flushes the last spans.
-    let _telemetry = match telemetry::init(args.log_format) {
+    let _telemetry = match telemetry::init(&telemetry) {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
+    if let Some(t) = &compat {
+        tracing::info!(read = ?t.read, "envoy-ratelimit compatibility: the reference's variables read");
+        for (variable, why) in &t.ignored {
+            tracing::warn!(variable, why, "envoy-ratelimit compatibility: variable ignored");
+        }
+    }
     let settings = Settings {
         config: args.config,
         domains: domains(args.merge_domains),
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         json_addr: args.json_addr,
+        metrics: args.metrics_addr.map(|addr| (addr, args.metrics_path)),
         redis: args.redis_url.map(|url| RedisSettings {
             url,
             timeout: Duration::from_millis(args.redis_timeout_ms),
@@ -265,7 +372,14 @@ fn serve(args: ServeArgs) -> ExitCode {
                     key,
                     client_ca: args.grpc_tls_client_ca,
                 }),
-            response_headers: args.response_headers,
+            response_headers: ResponseHeaders {
+                mode: args.response_headers,
+                names: LegacyNames {
+                    limit: args.limit_header.into(),
+                    remaining: args.remaining_header.into(),
+                    reset: args.reset_header.into(),
+                },
+            },
             quota_caps: QuotaCaps {
                 max_streams: args.rlqs_max_streams as usize,
                 max_buckets_per_stream: args.rlqs_max_buckets as usize,

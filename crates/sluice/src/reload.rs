@@ -1,7 +1,10 @@
 //! Hot reload: watches the configuration and swaps in a new rule set when it changes, or on SIGHUP.
 //!
 //! The watch is on the directory that holds the configuration (the file's parent, or the directory itself), so it
-//! sees in-place writes, atomic renames (`mv tmp file`, `sed -i`) and the Kubernetes ConfigMap symlink swap alike.
+//! sees in-place writes, atomic renames (`mv tmp file`, `sed -i`) and the Kubernetes ConfigMap symlink swap alike,
+//! and on the directory of every symlink on the way to it, so that swapping a symlinked directory (the reference's
+//! runtime layout, `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY` with either one a symlink) is seen too. The watches are set
+//! again after every change, so they follow the directories the symlinks now point to.
 //! Events are debounced, and a reload whose files hash to the rule set in force is skipped. A configuration that
 //! does not load (bad YAML, an invalid rule, a file caught empty mid-write) never replaces the running one: the
 //! reason is logged and counted. In-flight requests finish with the rules they started with, and counters survive:
@@ -48,7 +51,7 @@ impl Reloader {
     /// one domain as `domains` says.
     pub fn start<S: Store>(limiter: Arc<Limiter<S>>, path: PathBuf, domains: Domains) -> Result<Reloader, WatchError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if event.is_ok_and(|e| !e.kind.is_access()) {
                 let _ = tx.send(());
             }
@@ -57,13 +60,54 @@ impl Reloader {
             path: path.clone(),
             source,
         })?;
-        let dir = watched_dir(&path);
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|source| WatchError { path: dir, source })?;
-        let task = tokio::spawn(run(limiter, path, domains, watcher, rx));
+        let mut watches = Watches {
+            watcher,
+            dirs: Vec::new(),
+        };
+        watches.follow(&path)?;
+        let task = tokio::spawn(run(limiter, path, domains, watches, rx));
         Ok(Reloader { task })
     }
+}
+
+/// The watcher and the directories it watches.
+struct Watches {
+    watcher: RecommendedWatcher,
+    dirs: Vec<PathBuf>,
+}
+
+impl Watches {
+    /// Watches the directories that `path` goes through now, and no others.
+    fn follow(&mut self, path: &Path) -> Result<(), WatchError> {
+        for dir in self.dirs.drain(..) {
+            let _ = self.watcher.unwatch(&dir);
+        }
+        for dir in watched_dirs(path) {
+            self.watcher
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .map_err(|source| WatchError {
+                    path: dir.clone(),
+                    source,
+                })?;
+            self.dirs.push(dir);
+        }
+        Ok(())
+    }
+}
+
+/// The directory of the configuration, then the directory of each symlink on the way to it.
+fn watched_dirs(path: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![watched_dir(path)];
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for step in absolute.ancestors() {
+        let is_link = std::fs::symlink_metadata(step).is_ok_and(|m| m.file_type().is_symlink());
+        if let (true, Some(parent)) = (is_link, step.parent())
+            && !dirs.iter().any(|d| d == parent)
+        {
+            dirs.push(parent.to_path_buf());
+        }
+    }
+    dirs
 }
 
 /// The directory whose entries change when the configuration does.
@@ -81,7 +125,7 @@ async fn run<S: Store>(
     limiter: Arc<Limiter<S>>,
     path: PathBuf,
     domains: Domains,
-    _watcher: RecommendedWatcher,
+    mut watches: Watches,
     mut events: mpsc::UnboundedReceiver<()>,
 ) {
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -98,6 +142,9 @@ async fn run<S: Store>(
             Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
         };
         reload(&limiter, &path, domains, by_signal);
+        if let Err(e) = watches.follow(&path) {
+            tracing::warn!(error = %e, "configuration changes may go unseen until the next SIGHUP");
+        }
     }
 }
 

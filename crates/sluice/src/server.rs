@@ -37,8 +37,10 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// The admin endpoints: metrics, health, readiness, the rules in force.
     pub http_addr: SocketAddr,
-    /// The JSON API (`POST /json`); `None`: not served.
+    /// The JSON API (`POST /json`, `GET /healthcheck`); `None`: not served.
     pub json_addr: Option<SocketAddr>,
+    /// A listener of its own for Prometheus metrics, and their path; `None`: metrics are on the admin listener only.
+    pub metrics: Option<(SocketAddr, String)>,
     /// `None`: the in-memory store.
     pub redis: Option<RedisSettings>,
     pub limiter: LimiterSettings,
@@ -57,22 +59,28 @@ pub struct ServeOptions {
     /// they change.
     pub tls: Option<crate::tls::ServerTlsFiles>,
     /// Rate limit headers to add to responses, for the most constrained status.
-    pub response_headers: crate::headers::HeaderMode,
+    pub response_headers: crate::headers::ResponseHeaders,
     /// Bounds on the Rate Limit Quota Service's streams.
     pub quota_caps: QuotaCaps,
 }
 
-/// The bound HTTP listeners: the admin endpoints, and the JSON API when it is served.
+/// The bound HTTP listeners: the admin endpoints, and the JSON API and the metrics listener (with its path) when
+/// they are served.
 #[derive(Debug)]
 pub struct HttpListeners {
     pub admin: TcpListener,
     pub json: Option<TcpListener>,
+    pub metrics: Option<(TcpListener, String)>,
 }
 
 impl From<TcpListener> for HttpListeners {
     /// The admin endpoints alone.
     fn from(admin: TcpListener) -> Self {
-        HttpListeners { admin, json: None }
+        HttpListeners {
+            admin,
+            json: None,
+            metrics: None,
+        }
     }
 }
 
@@ -120,6 +128,10 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
         admin: bind(settings.http_addr).await?,
         json: match settings.json_addr {
             Some(addr) => Some(bind(addr).await?),
+            None => None,
+        },
+        metrics: match &settings.metrics {
+            Some((addr, path)) => Some((bind(*addr).await?, path.clone())),
             None => None,
         },
     };
@@ -221,7 +233,12 @@ pub async fn serve<S: Store>(
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let HttpListeners { admin: http, json } = http.into();
+    let HttpListeners {
+        admin: http,
+        json,
+        metrics,
+    } = http.into();
+    let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
     let grpc_addr = grpc.local_addr().ok();
     let http_addr = http.local_addr().ok();
     let json_addr = json.as_ref().and_then(|j| j.local_addr().ok());
@@ -238,11 +255,11 @@ pub async fn serve<S: Store>(
         .layer(crate::telemetry::GrpcTraceLayer)
         .add_service(RateLimitServiceServer::new(EnvoyService::new(
             limiter.clone(),
-            options.response_headers,
+            options.response_headers.clone(),
         )))
         .add_service(RateLimiterServer::new(SluiceService::new(
             limiter.clone(),
-            options.response_headers,
+            options.response_headers.clone(),
             admin_token,
         )))
         .add_service(RateLimitQuotaServiceServer::new(QuotaService::new(
@@ -260,9 +277,13 @@ pub async fn serve<S: Store>(
     let json_server = json.map(|listener| {
         axum::serve(
             listener,
-            crate::http::json_router(limiter.clone(), options.response_headers),
+            crate::http::json_router(limiter.clone(), options.response_headers.clone()),
         )
         .with_graceful_shutdown(signal(stopped.clone()))
+    });
+    let metrics_server = metrics.map(|(listener, path)| {
+        axum::serve(listener, crate::http::metrics_router(limiter.clone(), &path))
+            .with_graceful_shutdown(signal(stopped.clone()))
     });
     let reaped = limiter.clone();
     let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
@@ -274,15 +295,25 @@ pub async fn serve<S: Store>(
             None => Ok(()),
         }
     });
+    let metrics_on = metrics_server.is_some();
+    let mut metrics_task = tokio::spawn(async move {
+        match metrics_server {
+            Some(server) => server.await,
+            None => Ok(()),
+        }
+    });
     let upkeep = tokio::spawn(upkeep(limiter_metrics));
     let reaper = tokio::spawn(reap_reservations(reaped));
-    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, "serving");
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, metrics = ?metrics_addr, "serving");
 
     tokio::select! {
         () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
         r = &mut grpc_task => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
         r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
         r = &mut json_task, if json_on => return Err(ServerError::Serve(format!("json server stopped: {r:?}"))),
+        r = &mut metrics_task, if metrics_on => {
+            return Err(ServerError::Serve(format!("metrics server stopped: {r:?}")));
+        }
     }
     let _ = stop.send(true);
     upkeep.abort();
@@ -290,7 +321,11 @@ pub async fn serve<S: Store>(
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
-    match tokio::time::timeout(grace, async { (grpc_task.await, http_task.await, json_task.await) }).await {
+    match tokio::time::timeout(grace, async {
+        (grpc_task.await, http_task.await, json_task.await, metrics_task.await)
+    })
+    .await
+    {
         Ok(_) => tracing::info!("drained; stopped"),
         Err(_) => {
             tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")

@@ -1,18 +1,21 @@
 //! Logs and traces. Logs: `tracing` events to standard error, as text or JSON, filtered by `RUST_LOG` (default
-//! `info`). Traces: the same `tracing` spans, exported over OTLP/gRPC when the standard OpenTelemetry variables ask for
-//! it, and joined to the caller's trace through the W3C `traceparent`/`tracestate` gRPC metadata ([`GrpcTraceLayer`]).
+//! `--log-level`, `info`). Traces: the same `tracing` spans, exported over OTLP (gRPC, or HTTP with protobuf bodies)
+//! when `--otlp-endpoint` or the standard OpenTelemetry variables ask for it, and joined to the caller's trace through
+//! the W3C `traceparent`/`tracestate` gRPC metadata ([`GrpcTraceLayer`]).
 //!
-//! Export is opt-in: without `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` no exporter, no
-//! propagator and no per-call span are set up, and the logs are what they would be without the tracing half.
+//! Export is opt-in: without `--otlp-endpoint`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! no exporter, no propagator and no per-call span are set up, and the logs are what they would be without the
+//! tracing half.
 
 use std::task::{Context, Poll};
 
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::Instrument;
 use tracing::instrument::Instrumented;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -26,6 +29,47 @@ use tracing_subscriber::{Layer, Registry};
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (port 4317 by convention).
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies, POSTed to `<endpoint>/v1/traces` (port 4318 by convention).
+    HttpProtobuf,
+}
+
+/// What the command line says about logs and traces; what it leaves out comes from the standard variables.
+#[derive(Debug, Clone)]
+pub struct TelemetrySettings {
+    pub format: LogFormat,
+    /// The log filter when `RUST_LOG` is not set (`info`, `warn`, `sluice=debug`, ...).
+    pub level: String,
+    /// The collector's base URL; `None`: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`, or no export.
+    pub endpoint: Option<String>,
+    /// `None`: `OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL` (`grpc` or `http/protobuf`), else gRPC.
+    pub protocol: Option<OtlpProtocol>,
+    /// `service.name`; `None`: `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, else `sluice`.
+    pub service_name: Option<String>,
+    /// More resource attributes (`service.namespace`, `service.instance.id`, ...), over the variables' ones.
+    pub resource_attributes: Vec<(String, String)>,
+    /// The share of traces sampled (parent-based); `None`: `OTEL_TRACES_SAMPLER(_ARG)`, else all.
+    pub sampling_ratio: Option<f64>,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            format: LogFormat::Text,
+            level: "info".to_string(),
+            endpoint: None,
+            protocol: None,
+            service_name: None,
+            resource_attributes: Vec::new(),
+            sampling_ratio: None,
+        }
+    }
 }
 
 /// The variables that switch trace export on, most specific first (the order the OTLP exporter reads them in).
@@ -43,6 +87,8 @@ pub enum TelemetryError {
         value: String,
         source: opentelemetry_otlp::ExporterBuildError,
     },
+    #[error("log level '{level}': {message}")]
+    Level { level: String, message: String },
     #[error("{var} is set but the OTLP export runtime cannot start: {source}")]
     Runtime { var: &'static str, source: std::io::Error },
     #[error("cannot install the log subscriber: {0}")]
@@ -78,40 +124,71 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Installs the process's log subscriber and, when an OTLP endpoint variable is set, the OTLP/gRPC span exporter
-/// and the W3C TraceContext propagator. Call once, from the binary.
+/// Installs the process's log subscriber and, when an OTLP endpoint is given, the OTLP span exporter and the W3C
+/// TraceContext propagator. Call once, from the binary.
 ///
-/// The exporter follows the standard variables: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`, `_HEADERS`, `_TIMEOUT`,
-/// `_COMPRESSION`, `OTEL_SERVICE_NAME` (default `sluice`), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)`,
-/// `OTEL_BSP_*`. `OTEL_SDK_DISABLED=true` switches it off.
-pub fn init(format: LogFormat) -> Result<TelemetryGuard, TelemetryError> {
+/// The exporter follows the standard variables for what `settings` leaves out: `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`,
+/// `_PROTOCOL`, `_HEADERS`, `_TIMEOUT`, `_COMPRESSION`, `OTEL_SERVICE_NAME` (default `sluice`),
+/// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)`, `OTEL_BSP_*`. `OTEL_SDK_DISABLED=true` switches it off.
+pub fn init(settings: &TelemetrySettings) -> Result<TelemetryGuard, TelemetryError> {
     // Logs keep their own filter, so `RUST_LOG=warn` quiets the logs without stopping the spans sent to OTLP.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match EnvFilter::try_from_default_env() {
+        Ok(filter) => filter,
+        Err(_) => EnvFilter::try_new(&settings.level).map_err(|e| TelemetryError::Level {
+            level: settings.level.clone(),
+            message: e.to_string(),
+        })?,
+    };
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = match format {
+    let fmt = match settings.format {
         LogFormat::Text => fmt.with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().with_filter(filter).boxed(),
     };
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt];
 
     let mut guard = TelemetryGuard::default();
-    if let Some((var, value)) = otlp_endpoint() {
+    let endpoint = match &settings.endpoint {
+        Some(url) if !sdk_disabled() => Some(("--otlp-endpoint", url.clone())),
+        Some(_) => None,
+        None => otlp_endpoint(),
+    };
+    if let Some((var, value)) = endpoint {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("sluice-otlp")
             .enable_all()
             .build()
             .map_err(|source| TelemetryError::Runtime { var, source })?;
-        // The exporter's gRPC channel spawns its worker on the runtime current when it is built.
-        let exporter = {
-            let _entered = runtime.enter();
-            opentelemetry_otlp::SpanExporter::builder().with_tonic().build()
+        let exporter = match settings.protocol.unwrap_or_else(protocol_from_env) {
+            OtlpProtocol::Grpc => {
+                // The exporter's gRPC channel spawns its worker on the runtime current when it is built.
+                let _entered = runtime.enter();
+                let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+                match &settings.endpoint {
+                    Some(url) => builder.with_endpoint(url.clone()).build(),
+                    None => builder.build(),
+                }
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let client = RuntimeHttpClient::new(runtime.handle().clone());
+                let builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_http_client(client);
+                match &settings.endpoint {
+                    Some(url) => builder.with_endpoint(traces_url(url)).build(),
+                    None => builder.build(),
+                }
+            }
         }
         .map_err(|source| TelemetryError::Exporter { var, value, source })?;
-        let provider = SdkTracerProvider::builder()
+        let mut provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_resource(resource())
-            .build();
+            .with_resource(resource(settings));
+        if let Some(ratio) = settings.sampling_ratio {
+            provider = provider.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
+        }
+        let provider = provider.build();
         let tracer = provider.tracer(env!("CARGO_PKG_NAME"));
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
         // Only sluice's own spans: the exporter's HTTP/2 client would otherwise trace its own exports. The per-call
@@ -130,9 +207,93 @@ pub fn init(format: LogFormat) -> Result<TelemetryGuard, TelemetryError> {
     Ok(guard)
 }
 
+/// `OTEL_SDK_DISABLED=true`.
+fn sdk_disabled() -> bool {
+    std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The protocol the standard variables name (`http/protobuf`, or `grpc`, the default).
+fn protocol_from_env() -> OtlpProtocol {
+    let named = ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
+    match named.as_deref().map(str::trim) {
+        Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+        _ => OtlpProtocol::Grpc,
+    }
+}
+
+/// The traces URL under a collector's base URL, as the standard variable's value is read.
+fn traces_url(base: &str) -> String {
+    if base.ends_with("/v1/traces") {
+        base.to_string()
+    } else {
+        format!("{}/v1/traces", base.trim_end_matches('/'))
+    }
+}
+
+/// An HTTP/1.1 client for the OTLP exporter whose requests run on the export runtime: the batch processor exports
+/// from a thread of its own, outside any tokio runtime, so each request is spawned onto the runtime and awaited.
+#[derive(Debug, Clone)]
+struct RuntimeHttpClient {
+    runtime: tokio::runtime::Handle,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+}
+
+/// The longest an export may take, reading the answer included.
+const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl RuntimeHttpClient {
+    fn new(runtime: tokio::runtime::Handle) -> Self {
+        let client = {
+            let _entered = runtime.enter();
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+        };
+        RuntimeHttpClient { runtime, client }
+    }
+
+    async fn send(&self, request: http::Request<bytes::Bytes>) -> Result<http::Response<bytes::Bytes>, HttpError> {
+        use http_body_util::BodyExt as _;
+        let client = self.client.clone();
+        let (parts, body) = request.into_parts();
+        let request = http::Request::from_parts(parts, http_body_util::Full::new(body));
+        let exchange = async move {
+            let response = client.request(request).await?;
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::Limited::new(body, 4 << 20).collect().await?.to_bytes();
+            Ok::<_, HttpError>(http::Response::from_parts(parts, body))
+        };
+        self.runtime
+            .spawn(async move {
+                tokio::time::timeout(EXPORT_TIMEOUT, exchange)
+                    .await
+                    .map_err(|_| HttpError::from("the OTLP export timed out"))?
+            })
+            .await?
+    }
+}
+
+type HttpError = opentelemetry_http::HttpError;
+
+impl opentelemetry_http::HttpClient for RuntimeHttpClient {
+    fn send_bytes<'a, 'f>(
+        &'a self,
+        request: http::Request<bytes::Bytes>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<http::Response<bytes::Bytes>, HttpError>> + Send + 'f>>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
+        Box::pin(self.send(request))
+    }
+}
+
 /// The endpoint variable that switches export on, with its value; `None` when export is off.
 fn otlp_endpoint() -> Option<(&'static str, String)> {
-    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+    if sdk_disabled() {
         return None;
     }
     ENDPOINT_VARS
@@ -140,11 +301,21 @@ fn otlp_endpoint() -> Option<(&'static str, String)> {
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()).map(|v| (var, v)))
 }
 
-/// The SDK's resource (from `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`), named `sluice` when they do not name
-/// the service; the SDK's own fallback would be `unknown_service:sluice`.
-fn resource() -> Resource {
-    let builder = Resource::builder();
-    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
+/// The SDK's resource (from `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`, under the settings' name and
+/// attributes), named `sluice` when nothing names the service; the SDK's own fallback would be
+/// `unknown_service:sluice`.
+fn resource(settings: &TelemetrySettings) -> Resource {
+    let builder = Resource::builder().with_attributes(
+        settings
+            .resource_attributes
+            .iter()
+            .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone())),
+    );
+    if let Some(name) = &settings.service_name {
+        return builder.with_service_name(name.clone()).build();
+    }
+    let named = settings.resource_attributes.iter().any(|(k, _)| k == "service.name")
+        || std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
         || EnvResourceDetector::new()
             .detect()
             .get(&opentelemetry::Key::from_static_str("service.name"))

@@ -107,6 +107,7 @@ impl TestServer {
         let http = sluice::server::HttpListeners {
             admin: http,
             json: Some(json),
+            metrics: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {

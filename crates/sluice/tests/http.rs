@@ -1,7 +1,7 @@
 //! The HTTP faces over TCP: the reference's `POST /json` on its own listener under gRPC's request caps, `GET
 //! /rlconfig` on the admin listener, and the rate limit response headers on both the JSON and gRPC answers.
 
-use sluice::headers::HeaderMode;
+use sluice::headers::{HeaderMode, ResponseHeaders};
 use sluice::limiter::{Caps, LimiterSettings};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -85,7 +85,7 @@ async fn rlconfig_lists_the_rules_in_force() {
 async fn response_headers_describe_the_most_constrained_status() {
     let (l, _) = limiter(CONFIG, memory());
     let options = sluice::server::ServeOptions {
-        response_headers: HeaderMode::Both,
+        response_headers: ResponseHeaders::standard(HeaderMode::Both),
         ..TestServer::options()
     };
     let server = TestServer::start_serving(l, options).await;

@@ -7,6 +7,7 @@ mod budget;
 mod chaos;
 mod cli;
 mod cluster;
+mod compat;
 mod exposition;
 mod faults;
 mod fuzz;

@@ -1,0 +1,872 @@
+//! The envoyproxy/ratelimit compatibility mode: the reference's environment variables, read as the reference reads
+//! them, turned into sluice's own command-line flags.
+//!
+//! A deployment built around the reference (its container, its `RUNTIME_*` layout, its `REDIS_*` settings) switches
+//! image and nothing else: `sluice serve --compat envoy-ratelimit`, or the binary run under the reference's name
+//! (`/bin/ratelimit`), reads them. The translation is a pure function from the environment to flags, so it is
+//! tested without a process, and every flag it produces goes through the same parsers as a flag typed by hand.
+//! Flags given on the command line still win over the ones it produces.
+//!
+//! Every variable the reference has is accounted for: it is honoured (mapped onto a flag), refused (its value asks
+//! for something sluice cannot do and ignoring it would change what the deployment does, e.g. a memcache backend
+//! or a unix-socket gRPC listener), or ignored with a reason logged at start (statsd, the per-second Redis). The
+//! README's "Migrating from envoyproxy/ratelimit" table is the same list.
+
+use std::time::Duration;
+
+/// What the environment said, as flags for `sluice serve`, and what was read and ignored.
+#[derive(Debug, Default, PartialEq)]
+pub struct Translation {
+    /// Flags and their values, in order.
+    pub args: Vec<String>,
+    /// The variables that were set and honoured.
+    pub read: Vec<&'static str>,
+    /// The variables that were set and have no meaning in sluice, with why.
+    pub ignored: Vec<(&'static str, &'static str)>,
+}
+
+/// A variable whose value cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CompatError {
+    #[error("{var}='{value}': {message}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("{var}='{value}' is not supported: {why}")]
+    Unsupported {
+        var: &'static str,
+        value: String,
+        why: &'static str,
+    },
+}
+
+/// The reference's variables that sluice does not honour, and why. They are logged when set.
+pub const IGNORED: &[(&str, &str)] = &[
+    (
+        "USE_STATSD",
+        "statsd is not supported; metrics are Prometheus (USE_PROMETHEUS)",
+    ),
+    ("STATSD_HOST", "statsd is not supported"),
+    ("STATSD_PORT", "statsd is not supported"),
+    ("USE_DOG_STATSD", "statsd is not supported"),
+    ("USE_DOG_STATSD_MOGRIFIERS", "statsd is not supported"),
+    ("EXTRA_TAGS", "statsd is not supported"),
+    ("STATS_FLUSH_INTERVAL", "Prometheus is scraped, nothing is flushed"),
+    (
+        "DISABLE_STATS",
+        "metrics cost nothing until scraped; sluice always keeps them",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "sluice's metrics have their own names (README, Metrics)",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "durations are in seconds, as Prometheus names them",
+    ),
+    (
+        "REDIS_PERSECOND",
+        "one Redis keeps every counter; per-second limits need no separate one",
+    ),
+    ("REDIS_PERSECOND_SOCKET_TYPE", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_TYPE", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_URL", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_POOL_SIZE", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_AUTH", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_TLS", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", "no separate per-second Redis"),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "no separate per-second Redis",
+    ),
+    ("REDIS_PERSECOND_TIMEOUT", "no separate per-second Redis"),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "no separate per-second Redis"),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "calls are always pipelined, and concurrent requests share one script call",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "calls are always pipelined, and concurrent requests share one script call",
+    ),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "calls to cluster nodes always run in parallel",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "connections are shared by pipelining; a call never waits for a free one",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "readiness (/readyz, /healthcheck) always reflects the store",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "sluice starts without Redis and reconnects in the background",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "sluice starts without Redis and reconnects in the background",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "sluice starts without Redis and reconnects in the background",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "the server's certificate is always verified against the host name",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "a counter expires when its window ends",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "denials are counted as the reference counts them by default",
+    ),
+    ("QUOTA_MODE", "quota mode is set per descriptor (quota_mode: true)"),
+    ("RUNTIME_IGNOREDOTFILES", "hidden files are always skipped"),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "every directory and symlink on the way to the configuration is watched",
+    ),
+    (
+        "GRPC_MAX_CONNECTION_AGE",
+        "connections are kept until the client closes them",
+    ),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are kept until the client closes them",
+    ),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "over xDS sluice always starts before the first configuration",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "over xDS readiness always waits for the first configuration",
+    ),
+    ("MEMCACHE_MAX_IDLE_CONNS", "memcache is not supported"),
+    ("MEMCACHE_SRV_REFRESH", "memcache is not supported"),
+    ("MEMCACHE_TLS", "memcache is not supported"),
+    ("MEMCACHE_TLS_CLIENT_CERT", "memcache is not supported"),
+    ("MEMCACHE_TLS_CLIENT_KEY", "memcache is not supported"),
+    ("MEMCACHE_TLS_CACERT", "memcache is not supported"),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "memcache is not supported"),
+];
+
+/// Reads the reference's variables through `var` (the process environment, or a map in tests).
+pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translation, CompatError> {
+    let mut env = Env {
+        var: &var,
+        out: Translation::default(),
+    };
+    env.listeners()?;
+    env.rules()?;
+    env.redis()?;
+    env.limits()?;
+    env.telemetry()?;
+    for (name, why) in IGNORED {
+        if env.get(name).is_some() {
+            env.out.ignored.push((name, why));
+        }
+    }
+    Ok(env.out)
+}
+
+/// Whether the command line asks for the compatibility mode: the binary runs as `ratelimit` (the reference's
+/// `/bin/ratelimit`), or `--compat envoy-ratelimit` (or `SLUICE_COMPAT=envoy-ratelimit`) is given.
+pub fn requested(args: &[std::ffi::OsString], var: impl Fn(&str) -> Option<String>) -> bool {
+    let runs_as_reference = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|name| name == "ratelimit");
+    let flag = args.windows(2).any(|w| w[0] == "--compat" && w[1] == MODE)
+        || args.iter().any(|a| a.to_str() == Some("--compat=envoy-ratelimit"));
+    runs_as_reference || flag || var("SLUICE_COMPAT").as_deref() == Some(MODE)
+}
+
+/// The one compatibility mode there is.
+pub const MODE: &str = "envoy-ratelimit";
+
+struct Env<'a, F: Fn(&str) -> Option<String>> {
+    var: &'a F,
+    out: Translation,
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    /// A variable's value when it is set to something (the reference treats empty as unset).
+    fn get(&self, name: &str) -> Option<String> {
+        (self.var)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// A variable's value, counted as read when set.
+    fn read(&mut self, name: &'static str) -> Option<String> {
+        let value = self.get(name)?;
+        self.out.read.push(name);
+        Some(value.trim().to_string())
+    }
+
+    fn read_or(&mut self, name: &'static str, default: &str) -> String {
+        self.read(name).unwrap_or_else(|| default.to_string())
+    }
+
+    fn flag(&mut self, flag: &str, value: impl Into<String>) {
+        self.out.args.push(flag.to_string());
+        self.out.args.push(value.into());
+    }
+
+    fn switch(&mut self, flag: &str) {
+        self.out.args.push(flag.to_string());
+    }
+
+    fn bool(&mut self, name: &'static str) -> Result<Option<bool>, CompatError> {
+        match self.read(name) {
+            None => Ok(None),
+            Some(v) => parse_bool(&v)
+                .map(Some)
+                .ok_or_else(|| invalid(name, &v, "not a boolean (true or false)")),
+        }
+    }
+
+    fn duration(&mut self, name: &'static str) -> Result<Option<Duration>, CompatError> {
+        match self.read(name) {
+            None => Ok(None),
+            Some(v) => parse_duration(&v)
+                .map(Some)
+                .ok_or_else(|| invalid(name, &v, "not a duration (a number with a unit: 100ms, 10s, 1m)")),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&mut self, name: &'static str) -> Result<Option<T>, CompatError> {
+        match self.read(name) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| invalid(name, &v, "not a number")),
+        }
+    }
+
+    fn unsupported_when(
+        &mut self,
+        name: &'static str,
+        is_unsupported: impl Fn(&str) -> bool,
+        why: &'static str,
+    ) -> Result<(), CompatError> {
+        match self.get(name) {
+            Some(value) if is_unsupported(value.trim()) => Err(CompatError::Unsupported { var: name, value, why }),
+            Some(_) => {
+                self.out.read.push(name);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// `HOST`/`PORT` (the JSON API and `/healthcheck`), `GRPC_HOST`/`GRPC_PORT`, `DEBUG_HOST`/`DEBUG_PORT` (the admin
+    /// endpoints), the Prometheus listener and gRPC TLS.
+    fn listeners(&mut self) -> Result<(), CompatError> {
+        let json = self.address(("HOST", "0.0.0.0"), ("PORT", "8080"))?;
+        self.flag("--json-addr", json);
+        let grpc = self.address(("GRPC_HOST", "0.0.0.0"), ("GRPC_PORT", "8081"))?;
+        self.flag("--grpc-addr", grpc);
+        let debug = self.address(("DEBUG_HOST", "0.0.0.0"), ("DEBUG_PORT", "6070"))?;
+        self.flag("--http-addr", debug);
+        self.unsupported_when("GRPC_UDS", |_| true, "gRPC is served on TCP (GRPC_HOST, GRPC_PORT)")?;
+        if self.bool("USE_PROMETHEUS")? == Some(true) {
+            let addr = self.read_or("PROMETHEUS_ADDR", ":9090");
+            let addr = socket_addr(&addr)
+                .ok_or_else(|| invalid("PROMETHEUS_ADDR", &addr, "not an address (host:port or :port)"))?;
+            self.flag("--metrics-addr", addr);
+            let path = self.read_or("PROMETHEUS_PATH", "/metrics");
+            self.flag("--metrics-path", path);
+        }
+        if self.bool("GRPC_SERVER_USE_TLS")? == Some(true) {
+            for (var, flag) in [
+                ("GRPC_SERVER_TLS_CERT", "--grpc-tls-cert"),
+                ("GRPC_SERVER_TLS_KEY", "--grpc-tls-key"),
+                ("GRPC_CLIENT_TLS_CACERT", "--grpc-tls-client-ca"),
+            ] {
+                if let Some(path) = self.read(var) {
+                    self.flag(flag, path);
+                }
+            }
+            self.unsupported_when(
+                "GRPC_CLIENT_TLS_SAN",
+                |_| true,
+                "client certificates are verified against GRPC_CLIENT_TLS_CACERT only; without a SAN check, \
+                 ignoring it would admit clients the reference refuses",
+            )?;
+        }
+        Ok(())
+    }
+
+    fn address(
+        &mut self,
+        (host_var, host): (&'static str, &str),
+        (port_var, port): (&'static str, &str),
+    ) -> Result<String, CompatError> {
+        let host = self.read_or(host_var, host);
+        let port = self.read_or(port_var, port);
+        if port.parse::<u16>().is_err() {
+            return Err(invalid(port_var, &port, "not a port number"));
+        }
+        let addr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        match addr.parse::<std::net::SocketAddr>() {
+            Ok(a) => Ok(a.to_string()),
+            Err(_) => Err(invalid(host_var, &host, "not an IP address")),
+        }
+    }
+
+    /// Where the rules come from: the runtime directory (`CONFIG_TYPE=FILE`), or xDS (`GRPC_XDS_SOTW`).
+    fn rules(&mut self) -> Result<(), CompatError> {
+        if self.bool("MERGE_DOMAIN_CONFIG")? == Some(true) {
+            self.switch("--merge-domains");
+        }
+        let kind = self.read_or("CONFIG_TYPE", "FILE");
+        match kind.to_ascii_uppercase().as_str() {
+            "FILE" => {
+                let root = self.read_or("RUNTIME_ROOT", "/srv/runtime_data/current");
+                let sub = self.read("RUNTIME_SUBDIRECTORY").unwrap_or_default();
+                let app = self.read_or("RUNTIME_APPDIRECTORY", "config");
+                let mut dir = std::path::PathBuf::from(root);
+                dir.push(sub);
+                dir.push(app);
+                self.flag("--config", dir.to_string_lossy());
+                Ok(())
+            }
+            "GRPC_XDS_SOTW" => self.xds(),
+            _ => Err(invalid("CONFIG_TYPE", &kind, "expected FILE or GRPC_XDS_SOTW")),
+        }
+    }
+
+    fn xds(&mut self) -> Result<(), CompatError> {
+        let tls = self.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS")? == Some(true);
+        let server = self.read_or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000");
+        let scheme = if tls { "https" } else { "http" };
+        self.flag("--xds-server", format!("{scheme}://{server}"));
+        let node = self.read_or("CONFIG_GRPC_XDS_NODE_ID", "default");
+        self.flag("--xds-node-id", node);
+        if let Some(metadata) = self.read("CONFIG_GRPC_XDS_NODE_METADATA") {
+            self.flag("--xds-node-metadata", metadata);
+        }
+        if let Some(headers) = self.read("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
+            for header in headers.split(',').filter(|h| !h.trim().is_empty()) {
+                self.flag("--xds-header", header.trim());
+            }
+        }
+        if tls {
+            for (var, flag) in [
+                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-tls-ca"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-tls-cert"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-tls-key"),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-tls-san"),
+            ] {
+                if let Some(value) = self.read(var) {
+                    self.flag(flag, value);
+                }
+            }
+        }
+        // The reference waits CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL before retrying a failed connection and
+        // backs off between stream errors; sluice has one backoff for both, starting at the retry interval.
+        let initial = match self.duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")? {
+            Some(d) => Some(d),
+            None => self.duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")?,
+        };
+        if let Some(d) = initial {
+            self.flag("--xds-backoff-initial-ms", d.as_millis().max(1).to_string());
+        }
+        if let Some(d) = self.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
+            self.flag("--xds-backoff-max-ms", d.as_millis().max(1).to_string());
+        }
+        let jitter = self.bool("XDS_CLIENT_BACKOFF_JITTER")?;
+        let factor = self.number::<f64>("XDS_CLIENT_BACKOFF_RANDOM_FACTOR")?;
+        match (jitter, factor) {
+            (Some(false), _) => self.flag("--xds-backoff-random-factor", "0"),
+            (_, Some(f)) => self.flag("--xds-backoff-random-factor", f.to_string()),
+            _ => {}
+        }
+        if let Some(bytes) = self.number::<u64>("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")? {
+            self.flag("--xds-max-message-bytes", bytes.to_string());
+        }
+        Ok(())
+    }
+
+    /// `BACKEND_TYPE`, `REDIS_*`: one Redis URL, its TLS files, pool and timeout.
+    fn redis(&mut self) -> Result<(), CompatError> {
+        self.unsupported_when(
+            "BACKEND_TYPE",
+            |v| !v.eq_ignore_ascii_case("redis"),
+            "the counters are kept in Redis",
+        )?;
+        self.unsupported_when("MEMCACHE_HOST_PORT", |_| true, "memcache is not supported; use Redis")?;
+        self.unsupported_when("MEMCACHE_SRV", |_| true, "memcache is not supported; use Redis")?;
+        let socket = self.read_or("REDIS_SOCKET_TYPE", "unix");
+        let kind = self.read_or("REDIS_TYPE", "SINGLE");
+        let url = self.read_or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+        let tls = self.bool("REDIS_TLS")? == Some(true);
+        let auth = self.read("REDIS_AUTH").map(|a| userinfo(&a)).unwrap_or_default();
+        let s = if tls { "s" } else { "" };
+        let nodes = |list: &[&str]| -> String {
+            list.iter()
+                .map(|n| format!("node={}", n.trim()))
+                .collect::<Vec<_>>()
+                .join("&")
+        };
+        let redis_url = match (socket.to_ascii_lowercase().as_str(), kind.to_ascii_lowercase().as_str()) {
+            ("unix", "single") => {
+                if tls {
+                    return Err(CompatError::Unsupported {
+                        var: "REDIS_TLS",
+                        value: "true".into(),
+                        why: "TLS over a unix socket",
+                    });
+                }
+                // fred wants a host before the path when the URL carries credentials.
+                let host = if auth.is_empty() { "" } else { "localhost" };
+                format!("redis+unix://{auth}{host}{}", url.trim())
+            }
+            ("unix", _) => {
+                return Err(CompatError::Unsupported {
+                    var: "REDIS_SOCKET_TYPE",
+                    value: socket,
+                    why: "a sentinel or cluster is reached over tcp (REDIS_SOCKET_TYPE=tcp)",
+                });
+            }
+            ("tcp", "single") => format!("redis{s}://{auth}{}", url.trim()),
+            ("tcp", "cluster") => {
+                let list: Vec<&str> = url.split(',').collect();
+                let rest = if list.len() > 1 {
+                    format!("?{}", nodes(&list[1..]))
+                } else {
+                    String::new()
+                };
+                format!("redis{s}-cluster://{auth}{}{rest}", list[0].trim())
+            }
+            ("tcp", "sentinel") => {
+                let list: Vec<&str> = url.split(',').collect();
+                if list.len() < 2 {
+                    return Err(invalid(
+                        "REDIS_URL",
+                        &url,
+                        "a sentinel URL is the master's name then the sentinels: name,host:port[,host:port...]",
+                    ));
+                }
+                let mut query = format!("sentinelServiceName={}", list[0].trim());
+                if list.len() > 2 {
+                    query = format!("{query}&{}", nodes(&list[2..]));
+                }
+                if let Some(sentinel) = self.read("REDIS_SENTINEL_AUTH") {
+                    let (user, pass) = sentinel.split_once(':').unwrap_or(("", &sentinel));
+                    if !user.is_empty() {
+                        query = format!("{query}&sentinelUsername={}", encode(user));
+                    }
+                    query = format!("{query}&sentinelPassword={}", encode(pass));
+                }
+                format!("redis{s}-sentinel://{auth}{}?{query}", list[1].trim())
+            }
+            ("tcp", _) => return Err(invalid("REDIS_TYPE", &kind, "expected SINGLE, SENTINEL or CLUSTER")),
+            _ => return Err(invalid("REDIS_SOCKET_TYPE", &socket, "expected tcp or unix")),
+        };
+        self.flag("--redis-url", redis_url);
+        if tls {
+            for (var, flag) in [
+                ("REDIS_TLS_CACERT", "--redis-tls-ca"),
+                ("REDIS_TLS_CLIENT_CERT", "--redis-tls-cert"),
+                ("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
+            ] {
+                if let Some(path) = self.read(var) {
+                    self.flag(flag, path);
+                }
+            }
+        }
+        if let Some(size) = self.number::<u64>("REDIS_POOL_SIZE")? {
+            self.flag("--redis-pool-size", size.clamp(1, 256).to_string());
+        }
+        if let Some(timeout) = self.duration("REDIS_TIMEOUT")? {
+            let ms = timeout.as_millis().clamp(1, 60_000);
+            self.flag("--redis-timeout-ms", ms.to_string());
+        }
+        Ok(())
+    }
+
+    /// The decision's settings: cache, prefix, near-limit ratio, shadow mode, metadata, response headers.
+    fn limits(&mut self) -> Result<(), CompatError> {
+        // The reference sizes its cache in bytes, and has none by default; sluice counts entries, each about 128
+        // bytes.
+        let bytes = self.number::<u64>("LOCAL_CACHE_SIZE_IN_BYTES")?.unwrap_or(0);
+        self.flag("--local-cache-size", (bytes / 128).to_string());
+        if let Some(ratio) = self.read("NEAR_LIMIT_RATIO") {
+            self.flag("--near-limit-ratio", ratio);
+        }
+        if let Some(prefix) = self.read("CACHE_KEY_PREFIX") {
+            if let Err(e) = sluice_core::store::check_prefix(&prefix) {
+                return Err(invalid("CACHE_KEY_PREFIX", &prefix, &e));
+            }
+            self.flag("--key-prefix", prefix);
+        }
+        if self.bool("SHADOW_MODE")? == Some(true) {
+            self.switch("--shadow-mode");
+        }
+        if self.bool("RESPONSE_DYNAMIC_METADATA")? == Some(true) {
+            self.switch("--response-metadata");
+        }
+        if self.bool("LIMIT_RESPONSE_HEADERS_ENABLED")? == Some(true) {
+            self.flag("--response-headers", "legacy");
+        }
+        for (var, flag) in [
+            ("LIMIT_LIMIT_HEADER", "--limit-header"),
+            ("LIMIT_REMAINING_HEADER", "--remaining-header"),
+            ("LIMIT_RESET_HEADER", "--reset-header"),
+        ] {
+            if let Some(name) = self.read(var) {
+                self.flag(flag, name);
+            }
+        }
+        Ok(())
+    }
+
+    /// `LOG_LEVEL`, `LOG_FORMAT` and `TRACING_*`.
+    fn telemetry(&mut self) -> Result<(), CompatError> {
+        if let Some(level) = self.read("LOG_LEVEL") {
+            let filter = match level.to_ascii_lowercase().as_str() {
+                "panic" | "fatal" | "error" => "error",
+                "warn" | "warning" => "warn",
+                "info" => "info",
+                "debug" => "debug",
+                "trace" => "trace",
+                _ => {
+                    return Err(invalid(
+                        "LOG_LEVEL",
+                        &level,
+                        "expected trace, debug, info, warn, error, fatal or panic",
+                    ));
+                }
+            };
+            self.flag("--log-level", filter);
+        }
+        if let Some(format) = self.read("LOG_FORMAT") {
+            match format.to_ascii_lowercase().as_str() {
+                "text" | "json" => self.flag("--log-format", format.to_ascii_lowercase()),
+                _ => return Err(invalid("LOG_FORMAT", &format, "expected text or json")),
+            }
+        }
+        if self.bool("TRACING_ENABLED")? != Some(true) {
+            return Ok(());
+        }
+        let protocol = self.read_or("TRACING_EXPORTER_PROTOCOL", "http");
+        let protocol = match protocol.to_ascii_lowercase().as_str() {
+            "http" => "http-protobuf",
+            "grpc" => "grpc",
+            _ => return Err(invalid("TRACING_EXPORTER_PROTOCOL", &protocol, "expected http or grpc")),
+        };
+        self.flag("--otlp-protocol", protocol);
+        // The reference leaves the endpoint to the standard OTEL_EXPORTER_OTLP_* variables, whose default is the
+        // local collector.
+        if ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+            .iter()
+            .all(|v| self.get(v).is_none())
+        {
+            let port = if protocol == "grpc" { 4317 } else { 4318 };
+            self.flag("--otlp-endpoint", format!("http://localhost:{port}"));
+        }
+        let name = self.read_or("TRACING_SERVICE_NAME", "RateLimit");
+        self.flag("--otlp-service-name", name);
+        let mut attributes = Vec::new();
+        if let Some(ns) = self.read("TRACING_SERVICE_NAMESPACE") {
+            attributes.push(format!("service.namespace={ns}"));
+        }
+        if let Some(id) = self.read("TRACING_SERVICE_INSTANCE_ID") {
+            attributes.push(format!("service.instance.id={id}"));
+        }
+        if !attributes.is_empty() {
+            self.flag("--otlp-resource-attributes", attributes.join(","));
+        }
+        if let Some(rate) = self.number::<f64>("TRACING_SAMPLING_RATE")? {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(invalid(
+                    "TRACING_SAMPLING_RATE",
+                    &rate.to_string(),
+                    "not a ratio between 0 and 1",
+                ));
+            }
+            self.flag("--otlp-sampling-ratio", rate.to_string());
+        }
+        Ok(())
+    }
+}
+
+fn invalid(var: &'static str, value: &str, message: &str) -> CompatError {
+    CompatError::Invalid {
+        var,
+        value: value.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Go's `time.ParseDuration`: a sequence of numbers with units (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), e.g.
+/// `1m30s`; `0` alone is zero. Negative durations are refused.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    if s == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = s.strip_prefix('+').unwrap_or(s);
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let nanos = match &rest[..unit_len] {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * nanos;
+    }
+    (total.is_finite() && total < u64::MAX as f64).then(|| Duration::from_nanos(total as u64))
+}
+
+/// `host:port` or `:port` (every interface) as a socket address.
+fn socket_addr(s: &str) -> Option<String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse::<std::net::SocketAddr>().ok().map(|a| a.to_string())
+}
+
+/// `REDIS_AUTH` (`password`, or `user:password`) as the user-info part of a URL.
+fn userinfo(auth: &str) -> String {
+    match auth.split_once(':') {
+        Some((user, pass)) => format!("{}:{}@", encode(user), encode(pass)),
+        None => format!(":{}@", encode(auth)),
+    }
+}
+
+/// Percent-encodes everything but the unreserved characters of RFC 3986.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Translation, CompatError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        translate(|name| map.get(name).cloned())
+    }
+
+    fn flag<'a>(t: &'a Translation, name: &str) -> Option<&'a str> {
+        t.args.iter().position(|a| a == name).map(|i| t.args[i + 1].as_str())
+    }
+
+    #[test]
+    fn the_reference_defaults() {
+        let t = with(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")]).unwrap();
+        assert_eq!(flag(&t, "--json-addr"), Some("0.0.0.0:8080"));
+        assert_eq!(flag(&t, "--grpc-addr"), Some("0.0.0.0:8081"));
+        assert_eq!(flag(&t, "--http-addr"), Some("0.0.0.0:6070"));
+        assert_eq!(flag(&t, "--config"), Some("/srv/runtime_data/current/config"));
+        assert_eq!(flag(&t, "--redis-url"), Some("redis://redis:6379"));
+        assert_eq!(t.read, vec!["REDIS_SOCKET_TYPE", "REDIS_URL"]);
+        assert!(t.ignored.is_empty());
+    }
+
+    #[test]
+    fn runtime_paths_listeners_and_switches() {
+        let t = with(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_APPDIRECTORY", "limits"),
+            ("PORT", "9000"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "9001"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":9102"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("SHADOW_MODE", "1"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+            ("LOG_LEVEL", "WARN"),
+            ("LOG_FORMAT", "json"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_TIMEOUT", "250ms"),
+            ("REDIS_POOL_SIZE", "10"),
+            ("USE_STATSD", "false"),
+        ])
+        .unwrap();
+        assert_eq!(flag(&t, "--config"), Some("/data/ratelimit/limits"));
+        assert_eq!(flag(&t, "--json-addr"), Some("0.0.0.0:9000"));
+        assert_eq!(flag(&t, "--grpc-addr"), Some("127.0.0.1:9001"));
+        assert_eq!(flag(&t, "--metrics-addr"), Some("0.0.0.0:9102"));
+        assert_eq!(flag(&t, "--metrics-path"), Some("/metrics"));
+        assert!(t.args.iter().any(|a| a == "--merge-domains") && t.args.iter().any(|a| a == "--shadow-mode"));
+        assert_eq!(flag(&t, "--response-headers"), Some("legacy"));
+        assert_eq!(flag(&t, "--remaining-header"), Some("X-Left"));
+        assert_eq!(flag(&t, "--local-cache-size"), Some("8192"));
+        assert_eq!(flag(&t, "--log-level"), Some("warn"));
+        assert_eq!(flag(&t, "--log-format"), Some("json"));
+        assert_eq!(flag(&t, "--redis-timeout-ms"), Some("250"));
+        assert_eq!(flag(&t, "--redis-pool-size"), Some("10"));
+        assert_eq!(t.ignored.len(), 1);
+        assert_eq!(t.ignored[0].0, "USE_STATSD");
+    }
+
+    #[test]
+    fn redis_kinds_and_auth() {
+        let url = |vars: &[(&str, &str)]| flag(&with(vars).unwrap(), "--redis-url").map(str::to_string);
+        assert_eq!(
+            url(&[("REDIS_URL", "/run/r.sock"), ("REDIS_AUTH", "p@ss")]).as_deref(),
+            Some("redis+unix://:p%40ss@localhost/run/r.sock")
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "cluster"),
+                ("REDIS_URL", "a:7000,b:7001,c:7002"),
+                ("REDIS_AUTH", "app:secret"),
+                ("REDIS_TLS", "true"),
+            ])
+            .as_deref(),
+            Some("rediss-cluster://app:secret@a:7000?node=b:7001&node=c:7002")
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "SENTINEL"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_SENTINEL_AUTH", "sentinelpass"),
+            ])
+            .as_deref(),
+            Some("redis-sentinel://s1:26379?sentinelServiceName=mymaster&node=s2:26379&sentinelPassword=sentinelpass")
+        );
+        let e = with(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "s1:26379"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().starts_with("REDIS_URL='s1:26379': a sentinel URL"), "{e}");
+    }
+
+    #[test]
+    fn xds() {
+        let t = with(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "cp:18000"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "n1"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:1,b:2"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "cp.example"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1m"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+        ])
+        .unwrap();
+        assert_eq!(flag(&t, "--config"), None);
+        assert_eq!(flag(&t, "--xds-server"), Some("https://cp:18000"));
+        assert_eq!(flag(&t, "--xds-node-id"), Some("n1"));
+        assert_eq!(flag(&t, "--xds-tls-san"), Some("cp.example"));
+        assert_eq!(flag(&t, "--xds-backoff-max-ms"), Some("60000"));
+        assert_eq!(flag(&t, "--xds-backoff-random-factor"), Some("0"));
+        assert_eq!(t.args.iter().filter(|a| *a == "--xds-header").count(), 2);
+    }
+
+    #[test]
+    fn bad_and_unsupported_values_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("PORT", "http")], "PORT='http': not a port number"),
+            (&[("HOST", "localhost")], "HOST='localhost': not an IP address"),
+            (&[("USE_PROMETHEUS", "yes")], "USE_PROMETHEUS='yes': not a boolean"),
+            (&[("REDIS_TIMEOUT", "10")], "REDIS_TIMEOUT='10': not a duration"),
+            (
+                &[("CONFIG_TYPE", "CONSUL")],
+                "CONFIG_TYPE='CONSUL': expected FILE or GRPC_XDS_SOTW",
+            ),
+            (
+                &[("BACKEND_TYPE", "memcache")],
+                "BACKEND_TYPE='memcache' is not supported",
+            ),
+            (
+                &[("GRPC_UDS", "/run/rl.sock")],
+                "GRPC_UDS='/run/rl.sock' is not supported",
+            ),
+            (&[("CACHE_KEY_PREFIX", "{a}")], "CACHE_KEY_PREFIX='{a}'"),
+            (&[("LOG_LEVEL", "loud")], "LOG_LEVEL='loud'"),
+            (&[("REDIS_SOCKET_TYPE", "udp")], "REDIS_SOCKET_TYPE='udp'"),
+        ];
+        for (vars, want) in cases {
+            let e = with(vars).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{vars:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+        for bad in ["", "10", "s", "-1s", "1d", "1e400s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn requested_by_name_flag_or_variable() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let none = |_: &str| None;
+        assert!(requested(&args(&["/bin/ratelimit"]), none));
+        assert!(requested(
+            &args(&["sluice", "serve", "--compat", "envoy-ratelimit"]),
+            none
+        ));
+        assert!(requested(&args(&["sluice", "serve", "--compat=envoy-ratelimit"]), none));
+        assert!(requested(&args(&["sluice", "serve"]), |v: &str| (v == "SLUICE_COMPAT")
+            .then(|| MODE.to_string())));
+        assert!(!requested(&args(&["/usr/local/bin/sluice", "serve"]), none));
+    }
+}
