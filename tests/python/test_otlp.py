@@ -1,8 +1,10 @@
 """Tracing and logs as an operator sees them: sluice's spans arrive at an OTLP/gRPC collector inside the caller's
-trace, and `--log-format json` writes nothing but JSON.
+trace, at an OTLP/HTTP collector when the reference's TRACING_* variables ask for it, and `--log-format json` writes
+nothing but JSON.
 
-The collector is a real gRPC server implementing OpenTelemetry's `TraceService/Export` with the stubs PyPI's
-`opentelemetry-proto` ships, so the spans are checked as any collector would decode them. sluice batches its spans and
+The collectors are a real gRPC server implementing OpenTelemetry's `TraceService/Export` with the stubs PyPI's
+`opentelemetry-proto` ships, and an HTTP server decoding `POST /v1/traces` bodies with the same messages, so the
+spans are checked as any collector would decode them. sluice batches its spans and
 sends what it holds when it stops; every test here stops sluice (SIGTERM, graceful shutdown) before it looks.
 """
 
@@ -12,13 +14,14 @@ import json
 import secrets
 import subprocess
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from concurrent import futures
 from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
 import pytest
-from conftest import running_sluice, wait_until
+from conftest import free_port, redis_server, running_sluice, wait_until
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -211,3 +214,78 @@ def test_json_logs_are_json_on_every_line(
     assert reset["level"] == "INFO"
     assert [span["name"] for span in reset["spans"]] == ["grpc", "sluice.Reset"]
     assert reset["spans"][0]["rpc.method"] == "Reset"
+
+
+@pytest.fixture
+def http_collector() -> Iterator[tuple[Collector, str]]:
+    """An OTLP/HTTP receiver (protobuf bodies at /v1/traces) and its base URL."""
+    receiver = Collector()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
+                self.send_response(404)
+                self.end_headers()
+                return
+            receiver.Export(trace_service_pb2.ExportTraceServiceRequest.FromString(body), None)
+            answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_reference_tracing_variables_export_over_otlp_http(
+    sluice_bin: Path, write_config: Callable[[str], Path], tmp_path: Path, http_collector
+) -> None:
+    receiver, endpoint = http_collector
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    with redis_server(tmp_path) as redis_url:
+        env = {
+            "TRACING_ENABLED": "true",
+            "TRACING_EXPORTER_PROTOCOL": "http",
+            "TRACING_SERVICE_NAME": "ratelimit-test",
+            "TRACING_SERVICE_NAMESPACE": "edge",
+            "TRACING_SAMPLING_RATE": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "",
+            "OTEL_SDK_DISABLED": "false",
+            "REDIS_SOCKET_TYPE": "tcp",
+            "REDIS_URL": redis_url.removeprefix("redis://"),
+            "HOST": "127.0.0.1",
+            "PORT": str(free_port()),
+        }
+        # The listeners and the configuration come from the flags running_sluice adds after the derived ones.
+        with running_sluice(
+            sluice_bin, write_config(CONFIG), tmp_path, ("--compat", "envoy-ratelimit"), env
+        ) as server:
+            with grpc.insecure_channel(server.grpc_target) as channel:
+                response = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(
+                    request("a"), timeout=RPC_TIMEOUT_S, metadata=[("traceparent", f"00-{trace_id}-{parent_id}-01")]
+                )
+                assert response.overall_code == rls_pb2.RateLimitResponse.OK
+
+    def exported() -> bool:
+        return any(span.trace_id.hex() == trace_id and span.name == "store.hit" for _, span in receiver.spans())
+
+    wait_until(exported, EXPORT_TIMEOUT_S, "the call's spans at the OTLP/HTTP collector")
+    resources = {tuple(sorted(resource.items())) for resource, span in receiver.spans() if span.trace_id.hex() == trace_id}
+    assert len(resources) == 1
+    (resource,) = [dict(r) for r in resources]
+    assert resource["service.name"] == "ratelimit-test" and resource["service.namespace"] == "edge", resource
+    hit = next(span for _, span in receiver.spans() if span.trace_id.hex() == trace_id and span.name == "store.hit")
+    assert attributes(hit)["store"] == "redis"
