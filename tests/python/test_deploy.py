@@ -368,7 +368,14 @@ def test_dockerfile_runs_sluice_with_its_defaults(options: dict):
     assert "--bin sluice" in text
     assert re.search(r"^USER 65532:65532$", text, re.MULTILINE), "the runtime image must not run as root"
     exposed = set(re.search(r"^EXPOSE (.+)$", text, re.MULTILINE).group(1).split())
-    assert exposed == {"8080", "8081"}
+    # sluice's own ports, and the reference's admin and Prometheus ports for the image run as /bin/ratelimit.
+    assert exposed == {"8080", "8081", "6070", "9090"}
+    # /bin/ratelimit is a link to the binary (the reference's image starts /bin/ratelimit), kept a link by copying
+    # its directory; the binary run under that name reads the reference's variables (tests/compat.rs runs it so).
+    link = re.search(r"ln -s (\S+) /out/bin/ratelimit", text)
+    assert link and link.group(1) == "/usr/local/bin/sluice"
+    assert re.search(r"cp target/release/sluice /out/usr/local/bin/sluice", text)
+    assert re.search(r"^COPY --from=build /out/ /$", text, re.MULTILINE)
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.MULTILINE).group(1))
     cmd = json.loads(re.search(r"^CMD (.+)$", text, re.MULTILINE).group(1))
     assert entrypoint[0].endswith("/sluice")
