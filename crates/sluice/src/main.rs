@@ -117,8 +117,9 @@ struct ServeArgs {
     /// PEM CA certificates: gRPC clients must present a certificate they signed (mutual TLS).
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     grpc_tls_client_ca: Option<PathBuf>,
-    /// Threads that serve requests (0: one per CPU). Where sluice shares its cores with Redis or other busy
-    /// processes, fewer threads cost less CPU per decision; 1 is the cheapest (one scheduler that batches answers).
+    /// Threads that serve requests (0: one per CPU the process may use, its cgroup's quota included, but a single
+    /// one with two CPUs or fewer). Where sluice shares its cores with Redis or other busy processes, fewer threads
+    /// cost less CPU per decision; 1 is the cheapest (one scheduler that batches answers).
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
     worker_threads: u64,
     /// Prefix of every counter key; may not contain '{' or '}'.
@@ -388,7 +389,10 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
         },
     };
     let runtime = match server::runtime(worker_threads as usize) {
-        Ok(rt) => rt,
+        Ok((rt, threads)) => {
+            tracing::info!(threads, "runtime started");
+            rt
+        }
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;

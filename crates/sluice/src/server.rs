@@ -99,22 +99,34 @@ pub enum ServerError {
     Serve(String),
 }
 
-/// The tokio runtime for `threads` threads (0: one per CPU). One thread gets the current-thread scheduler, which
-/// runs woken tasks in the order they were woken: the replies Redis sent in one read complete many requests before
-/// their HTTP/2 connection task runs again, so their answers leave in one write (about 24 per write, against 3 with
-/// the multi-thread scheduler's one worker, whose LIFO slot runs each woken connection task at once). That costs a
-/// fifth less CPU per decision (BENCHMARKS.md).
-pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+/// The tokio runtime for `threads` threads (0: [`auto_threads`]), and the number of threads it got. One thread gets
+/// the current-thread scheduler, which runs woken tasks in the order they were woken: the replies Redis sent in one
+/// read complete many requests before their HTTP/2 connection task runs again, so their answers leave in one write
+/// (about 24 per write, against 3 with the multi-thread scheduler's one worker, whose LIFO slot runs each woken
+/// connection task at once). That costs a fifth less CPU per decision (BENCHMARKS.md).
+pub fn runtime(threads: usize) -> std::io::Result<(tokio::runtime::Runtime, usize)> {
+    let threads = if threads == 0 { auto_threads() } else { threads };
     let mut builder = match threads {
-        1 => tokio::runtime::Builder::new_current_thread(),
-        0 => tokio::runtime::Builder::new_multi_thread(),
+        0 | 1 => tokio::runtime::Builder::new_current_thread(),
         n => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(n);
             builder
         }
     };
-    builder.enable_all().build()
+    Ok((builder.enable_all().build()?, threads))
+}
+
+/// The serving threads when `--worker-threads` is not given: one per CPU the process may use (its cgroup's CPU quota
+/// and affinity included, as the standard library counts them), except that with one or two CPUs a single thread
+/// serves. There a second scheduler thread buys no throughput: the CPUs are shared with the clients, Redis and the
+/// kernel's network work, and the threads' wake-ups and stolen tasks, with answers written one by one instead of in
+/// batches, about double the CPU time of a decision (BENCHMARKS.md, "Worker threads").
+pub fn auto_threads() -> usize {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        n @ 3.. => n,
+        _ => 1,
+    }
 }
 
 /// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
