@@ -1,5 +1,6 @@
 //! The HTTP faces. The admin listener serves Prometheus `/metrics`, liveness `/healthz`, readiness `/readyz` (ready
-//! only when decisions can reach the store: it answers and no circuit breaker is open) and `GET /rlconfig`, the rules in force. The reference's JSON API, `POST /json`,
+//! only when decisions can reach the store: it answers and no circuit breaker is open; and, with rules over xDS, once
+//! the first snapshot is in force) and `GET /rlconfig`, the rules in force. The reference's JSON API, `POST /json`,
 //! decides (and counts) requests, so it is a face of its own: served only on its own listener (`--json-addr`), with
 //! the gRPC listener's TLS when that has one, and held to the same request caps as gRPC. A deployment that locks gRPC
 //! down (mutual TLS) therefore never leaves an open side door beside the health checks.
@@ -14,6 +15,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
 use crate::api::{check_request_bytes, over_cap, to_core, to_response};
@@ -23,13 +25,46 @@ use crate::store::Store;
 
 /// The admin routes over a limiter: metrics, health, readiness and the rules in force. Nothing here decides.
 pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
+    gated_router(limiter, RulesReady::default())
+}
+
+/// The admin routes, with `/readyz` also waiting for `rules`.
+pub fn gated_router<S: Store>(limiter: Arc<Limiter<S>>, rules: RulesReady) -> Router {
     Router::new()
         .route("/metrics", get(metrics::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
-        .with_state(limiter)
+        .with_state((limiter, rules))
 }
+
+/// Whether the rules are in force: always with files (they load before anything is served); with rules over xDS,
+/// once the first snapshot is (the reference's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+#[derive(Debug, Clone, Default)]
+pub struct RulesReady(Option<watch::Receiver<bool>>);
+
+impl RulesReady {
+    /// Ready once `applied` turns true.
+    pub fn when(applied: watch::Receiver<bool>) -> RulesReady {
+        RulesReady(Some(applied))
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.as_ref().is_none_or(|applied| *applied.borrow())
+    }
+
+    /// Resolves when the rules are in force (never, if what would tell is gone first).
+    pub async fn wait(&mut self) {
+        if let Some(applied) = &mut self.0 {
+            if applied.wait_for(|a| *a).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The admin routes' state.
+type Admin<S> = (Arc<Limiter<S>>, RulesReady);
 
 /// The JSON API: `POST /json`, answering with the rate limit headers `headers` asks for. A body is read up to
 /// `--max-request-bytes` and no further.
@@ -84,14 +119,20 @@ impl axum::serve::Listener for JsonListener {
     }
 }
 
-async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+async fn metrics<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         limiter.metrics().render(),
     )
 }
 
-async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoResponse {
+    if !rules.is_ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no configuration received from the xDS server yet\n".to_string(),
+        );
+    }
     match limiter.ready().await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
@@ -99,7 +140,7 @@ async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoRes
 }
 
 /// Every domain and rule in force, one per line, as `sluice check` prints them.
-async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+async fn rlconfig<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoResponse {
     limiter.rules().summary()
 }
 
