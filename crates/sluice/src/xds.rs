@@ -285,8 +285,12 @@ fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
+        let inner_text = inner.to_string();
+        // Wrappers often repeat their source's text.
+        if !text.ends_with(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
         source = inner.source();
     }
     text
