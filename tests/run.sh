@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check sluice has, on a fresh machine as on a developer's: installs what is missing (redis-server and
-# redis-cli, promtool and kubectl from Debian, rustfmt and clippy, the Python test dependencies into .venv), then runs the format check,
+# redis-cli, openssl, promtool and kubectl from Debian, rustfmt and clippy, the Python test dependencies into .venv), then runs the format check,
 # clippy with warnings as errors, the Rust tests and the Python tests (interop from Envoy's official stubs, and a
 # real Envoy in front of sluice).
 set -euo pipefail
@@ -11,6 +11,7 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v openssl >/dev/null || missing+=(openssl)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v kubectl >/dev/null || missing+=(kubernetes-client)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)

@@ -7,6 +7,8 @@ const PROTOS: &[&str] = &[
     "../../proto/envoy/service/ratelimit/v3/rls.proto",
     "../../proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
     "../../proto/sluice/v1/sluice.proto",
+    "../../proto/envoy/service/discovery/v3/ads.proto",
+    "../../proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

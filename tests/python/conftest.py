@@ -94,13 +94,14 @@ class SluiceExited(Exception):
 class Sluice:
     """One `sluice serve` process with its in-memory store, on free ports of 127.0.0.1.
 
+    `config` None: no `--config` (the rules come from elsewhere, e.g. `--xds-server` in `extra_args`).
     `env` adds variables to (or overrides them in) the environment the process inherits, SLUICE_* removed.
     """
 
     def __init__(
         self,
         binary: Path,
-        config: Path,
+        config: Path | None,
         workdir: Path,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
@@ -121,8 +122,7 @@ class Sluice:
             [
                 str(binary),
                 "serve",
-                "--config",
-                str(config),
+                *(("--config", str(config)) if config is not None else ()),
                 "--grpc-addr",
                 self.grpc_target,
                 "--http-addr",
@@ -173,7 +173,7 @@ def sluice_bin() -> Path:
 @contextlib.contextmanager
 def running_sluice(
     binary: Path,
-    config: Path,
+    config: Path | None,
     workdir: Path,
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,

@@ -1,5 +1,6 @@
 //! The HTTP faces. The admin listener serves Prometheus `/metrics`, liveness `/healthz`, readiness `/readyz` (ready
-//! only when decisions can reach the store: it answers and no circuit breaker is open) and `GET /rlconfig`, the rules in force. The reference's JSON API, `POST /json`,
+//! only when decisions can reach the store: it answers and no circuit breaker is open; and, with rules over xDS, once
+//! the first snapshot is in force) and `GET /rlconfig`, the rules in force. The reference's JSON API, `POST /json`,
 //! decides (and counts) requests, so it is a face of its own: served only on its own listener (`--json-addr`), with
 //! the gRPC listener's TLS when that has one, and held to the same request caps as gRPC. A deployment that locks gRPC
 //! down (mutual TLS) therefore never leaves an open side door beside the health checks.
@@ -14,6 +15,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
 use crate::api::{check_request_bytes, over_cap, to_core, to_response};
@@ -23,23 +25,56 @@ use crate::store::Store;
 
 /// The admin routes over a limiter: metrics, health, readiness and the rules in force. Nothing here decides.
 pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
+    gated_router(limiter, RulesReady::default())
+}
+
+/// The admin routes, with `/readyz` also waiting for `rules`.
+pub fn gated_router<S: Store>(limiter: Arc<Limiter<S>>, rules: RulesReady) -> Router {
     Router::new()
         .route("/metrics", get(metrics::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
-        .with_state(limiter)
+        .with_state((limiter, rules))
 }
+
+/// Whether the rules are in force: always with files (they load before anything is served); with rules over xDS,
+/// once the first snapshot is (the reference's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+#[derive(Debug, Clone, Default)]
+pub struct RulesReady(Option<watch::Receiver<bool>>);
+
+impl RulesReady {
+    /// Ready once `applied` turns true.
+    pub fn when(applied: watch::Receiver<bool>) -> RulesReady {
+        RulesReady(Some(applied))
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.as_ref().is_none_or(|applied| *applied.borrow())
+    }
+
+    /// Resolves when the rules are in force (never, if what would tell is gone first).
+    pub async fn wait(&mut self) {
+        if let Some(applied) = &mut self.0 {
+            if applied.wait_for(|a| *a).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The admin routes' state.
+type Admin<S> = (Arc<Limiter<S>>, RulesReady);
 
 /// The JSON API: `POST /json`, answering with the rate limit headers `headers` asks for. A body is read up to
 /// `--max-request-bytes` and no further.
-pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: ResponseHeaders) -> Router {
+pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: ResponseHeaders, rules: RulesReady) -> Router {
     let cap = limiter.settings().caps.max_request_bytes;
     Router::new()
         .route("/json", post(json::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
         .layer(DefaultBodyLimit::max(cap))
-        .with_state((limiter, headers))
+        .with_state((limiter, headers, rules))
 }
 
 /// The JSON API's connections, plain or after a TLS handshake, as axum takes them.
@@ -85,37 +120,50 @@ impl axum::serve::Listener for JsonListener {
     }
 }
 
-async fn metrics<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+async fn metrics<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         limiter.metrics().render(),
     )
 }
 
-async fn ready<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
-    match limiter.ready().await {
+/// Whether decisions can be made: the rules are in force and the store answers with no breaker open.
+async fn readiness<S: Store>(limiter: &Limiter<S>, rules: &RulesReady) -> Result<(), String> {
+    if !rules.is_ready() {
+        return Err("no configuration received from the xDS server yet".to_string());
+    }
+    limiter.ready().await.map_err(|e| e.to_string())
+}
+
+async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoResponse {
+    match readiness(&limiter, &rules).await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
 }
 
 /// `GET /healthcheck` on the JSON API's listener, where the reference serves it (Kubernetes probes of a reference
-/// deployment point there): 200 `OK` when ready, 500 otherwise, as the reference answers.
-async fn healthcheck<S: Store>(State((limiter, _)): State<(Arc<Limiter<S>>, ResponseHeaders)>) -> impl IntoResponse {
-    match limiter.ready().await {
+/// deployment point there): 200 `OK` when ready (as `/readyz`), 500 otherwise, as the reference answers.
+async fn healthcheck<S: Store>(State((limiter, _, rules)): State<JsonState<S>>) -> impl IntoResponse {
+    match readiness(&limiter, &rules).await {
         Ok(()) => (StatusCode::OK, "OK".to_string()),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("not ready: {e}\n")),
     }
 }
 
+/// The JSON API's state: the limiter, the headers to add, and whether the rules are in force.
+type JsonState<S> = (Arc<Limiter<S>>, ResponseHeaders, RulesReady);
+
 /// The Prometheus text alone, at `path`: the listener of `--metrics-addr` (the reference's `PROMETHEUS_ADDR` and
 /// `PROMETHEUS_PATH`), for scrapers that should see nothing else.
 pub fn metrics_router<S: Store>(limiter: Arc<Limiter<S>>, path: &str) -> Router {
-    Router::new().route(path, get(metrics::<S>)).with_state(limiter)
+    Router::new()
+        .route(path, get(metrics::<S>))
+        .with_state((limiter, RulesReady::default()))
 }
 
 /// Every domain and rule in force, one per line, as `sluice check` prints them.
-async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl IntoResponse {
+async fn rlconfig<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoResponse {
     limiter.rules().summary()
 }
 
@@ -123,7 +171,7 @@ async fn rlconfig<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> impl Into
 /// OVER_LIMIT (as the reference answers); 413 for a body over `--max-request-bytes`, 400 for bad JSON or an invalid
 /// request, 503 when the store fails.
 async fn json<S: Store>(
-    State((limiter, headers)): State<(Arc<Limiter<S>>, ResponseHeaders)>,
+    State((limiter, headers, _)): State<JsonState<S>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let error = |status: StatusCode, message: String| (status, format!("{message}\n")).into_response();

@@ -11,6 +11,7 @@
 //!   their JSON mapping, and rate limit response headers.
 //! - [`prometheus`], [`telemetry`]: the core's metrics as Prometheus text; logs and traces.
 //! - [`reload`]: watches the configuration and swaps in new rules when it changes, or on SIGHUP.
+//! - [`xds`]: or, instead of files, takes the rules from an xDS management server (Envoy Gateway) as they are pushed.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables, turned into `serve` flags (`--compat envoy-ratelimit`).
 //! - [`server`]: assembly, listeners and graceful shutdown; [`tls`]: TLS on the gRPC listener (certificates
 //!   reloaded when their files change).
@@ -32,3 +33,4 @@ pub mod rlqs;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod xds;

@@ -72,9 +72,66 @@ impl From<Policy> for FailurePolicy {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file).
-    #[arg(long, env = "SLUICE_CONFIG")]
-    config: PathBuf,
+    /// A YAML file, or a directory of *.yaml/*.yml files (one domain per file). Required unless --xds-server.
+    #[arg(
+        long,
+        env = "SLUICE_CONFIG",
+        required_unless_present = "xds_server",
+        conflicts_with = "xds_server"
+    )]
+    config: Option<PathBuf>,
+    /// Take the rules from this xDS management server (Envoy Gateway) instead of files: http://host:port, or
+    /// https://host:port for TLS. An ADS client, state of the world, for RateLimitConfig resources.
+    #[arg(long, env = "SLUICE_XDS_SERVER", value_parser = clap::value_parser!(sluice::xds::ServerUrl))]
+    xds_server: Option<sluice::xds::ServerUrl>,
+    /// The node id sent to the xDS server (which keys its snapshots on it).
+    #[arg(
+        long,
+        env = "SLUICE_XDS_NODE_ID",
+        default_value = "default",
+        conflicts_with = "config"
+    )]
+    xds_node_id: String,
+    /// Node metadata sent to the xDS server: comma-separated key:value or key=value.
+    #[arg(long, env = "SLUICE_XDS_NODE_METADATA", value_parser = clap::value_parser!(sluice::xds::NodeMetadata), conflicts_with = "config")]
+    xds_node_metadata: Option<sluice::xds::NodeMetadata>,
+    /// An extra header (gRPC metadata) on the xDS stream, name:value; repeat it, or separate with commas.
+    #[arg(long, env = "SLUICE_XDS_HEADER", value_delimiter = ',', value_parser = clap::value_parser!(sluice::xds::Header), conflicts_with = "config")]
+    xds_header: Vec<sluice::xds::Header>,
+    /// PEM CA certificates to trust for an https:// xDS server, instead of the system's roots.
+    #[arg(long, env = "SLUICE_XDS_TLS_CA", conflicts_with = "config")]
+    xds_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for the xDS server (mutual TLS); needs --xds-tls-key.
+    #[arg(
+        long,
+        env = "SLUICE_XDS_TLS_CERT",
+        requires = "xds_tls_key",
+        conflicts_with = "config"
+    )]
+    xds_tls_cert: Option<PathBuf>,
+    /// PEM private key of --xds-tls-cert.
+    #[arg(
+        long,
+        env = "SLUICE_XDS_TLS_KEY",
+        requires = "xds_tls_cert",
+        conflicts_with = "config"
+    )]
+    xds_tls_key: Option<PathBuf>,
+    /// The name the xDS server's certificate must carry, instead of the host of --xds-server.
+    #[arg(long, env = "SLUICE_XDS_TLS_SAN", conflicts_with = "config")]
+    xds_tls_san: Option<String>,
+    /// First delay before reconnecting to the xDS server, in milliseconds; it doubles per failed attempt.
+    #[arg(long, env = "SLUICE_XDS_BACKOFF_INITIAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000), conflicts_with = "config")]
+    xds_backoff_initial_ms: u64,
+    /// Longest delay before reconnecting to the xDS server, in milliseconds (at least the initial delay).
+    #[arg(long, env = "SLUICE_XDS_BACKOFF_MAX_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000), conflicts_with = "config")]
+    xds_backoff_max_ms: u64,
+    /// Each reconnection delay is spread by up to this share of itself, either way (0: none).
+    #[arg(long, env = "SLUICE_XDS_BACKOFF_RANDOM_FACTOR", default_value_t = 0.5, value_parser = parse_ratio, conflicts_with = "config")]
+    xds_backoff_random_factor: f64,
+    /// The largest response accepted from the xDS server, in bytes.
+    #[arg(long, env = "SLUICE_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1_073_741_824), conflicts_with = "config")]
+    xds_max_message_bytes: u64,
     /// Files of one domain merge into one tree, as the reference does under MERGE_DOMAIN_CONFIG (a top-level
     /// descriptor defined in two files is an error naming both). Without it a domain in two files is an error.
     #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
@@ -327,7 +384,27 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
         }
     }
     let settings = Settings {
-        config: args.config,
+        rules: match (args.xds_server, args.config) {
+            (Some(server), _) => server::RuleSource::Xds(Box::new(sluice::xds::XdsSettings {
+                server,
+                node_id: args.xds_node_id,
+                node_metadata: args.xds_node_metadata.unwrap_or_default(),
+                headers: args.xds_header,
+                tls: sluice::xds::XdsTls {
+                    ca: args.xds_tls_ca,
+                    cert: args.xds_tls_cert,
+                    key: args.xds_tls_key,
+                    san: args.xds_tls_san,
+                },
+                backoff: sluice::xds::Backoff::new(
+                    Duration::from_millis(args.xds_backoff_initial_ms),
+                    Duration::from_millis(args.xds_backoff_max_ms),
+                    args.xds_backoff_random_factor,
+                ),
+                max_message_bytes: args.xds_max_message_bytes as usize,
+            })),
+            (None, config) => server::RuleSource::Files(config.unwrap_or_default()),
+        },
         domains: domains(args.merge_domains),
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,

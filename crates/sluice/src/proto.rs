@@ -1,5 +1,6 @@
-//! The generated protobuf types and gRPC services: Envoy's rate limit and rate limit quota APIs and `sluice.v1`, in
-//! modules that mirror their packages.
+//! The generated protobuf types and gRPC services: Envoy's rate limit and rate limit quota APIs, `sluice.v1`, and
+//! what the xDS client speaks (Envoy's aggregated discovery service, the reference's `RateLimitConfig`,
+//! `google.rpc.Status`), in modules that mirror their packages.
 
 #![allow(clippy::all, missing_docs)]
 
@@ -21,6 +22,11 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
@@ -35,6 +41,22 @@ pub mod envoy {
     pub mod r#type {
         pub mod v3 {
             include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+        }
+    }
+}
+
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Assembly and lifecycle: loads the configuration, picks the store, binds the gRPC and HTTP listeners, serves until
-//! the shutdown future resolves, then drains in-flight calls within a bounded grace period.
+//! Assembly and lifecycle: loads the configuration (or starts the xDS client that will deliver it), picks the store,
+//! binds the gRPC and HTTP listeners, serves until the shutdown future resolves, then drains in-flight calls within a
+//! bounded grace period.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use tonic_health::ServingStatus;
 use crate::api::{EnvoyService, SluiceService};
 use crate::clock::SystemClock;
 use crate::config::{self, ConfigError};
+use crate::http::RulesReady;
 use crate::limiter::{Limiter, LimiterSettings};
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -26,13 +28,23 @@ use crate::rules::{Domains, RuleSet};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
+use crate::xds::{XdsClient, XdsError, XdsSettings};
+
+/// Where the rules come from.
+#[derive(Debug, Clone)]
+pub enum RuleSource {
+    /// A YAML file or a directory of them, reloaded when they change.
+    Files(PathBuf),
+    /// An xDS management server's snapshots; until the first arrives the rule set is empty.
+    Xds(Box<XdsSettings>),
+}
 
 /// Everything `sluice serve` is told.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// A YAML file or a directory of them.
-    pub config: PathBuf,
-    /// Whether files of one domain merge (`--merge-domains`, the reference's `MERGE_DOMAIN_CONFIG`).
+    pub rules: RuleSource,
+    /// Whether files (or xDS resources) of one domain merge (`--merge-domains`, the reference's
+    /// `MERGE_DOMAIN_CONFIG`).
     pub domains: Domains,
     pub grpc_addr: SocketAddr,
     /// The admin endpoints: metrics, health, readiness, the rules in force.
@@ -95,6 +107,8 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error(transparent)]
+    Xds(#[from] XdsError),
     #[error("{0}")]
     Serve(String),
 }
@@ -129,12 +143,22 @@ pub fn auto_threads() -> usize {
     }
 }
 
-/// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes.
+/// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes (or
+/// taking it from the xDS server as it is pushed).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
     let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
-    let rules = RuleSet::compile_with(&config::load(&settings.config)?, &metrics, settings.domains)?;
-    metrics.config_loaded(rules.digest());
-    tracing::info!(config = %settings.config.display(), summary = %rules.headline(), "configuration loaded");
+    let rules = match &settings.rules {
+        RuleSource::Files(path) => {
+            let rules = RuleSet::compile_with(&config::load(path)?, &metrics, settings.domains)?;
+            metrics.config_loaded(rules.digest());
+            tracing::info!(config = %path.display(), summary = %rules.headline(), "configuration loaded");
+            rules
+        }
+        RuleSource::Xds(xds) => {
+            tracing::info!(server = %xds.server, node = %xds.node_id, "rules over xDS: none until the first snapshot");
+            RuleSet::compile_with(&[], &metrics, settings.domains)?
+        }
+    };
     let grpc = bind(settings.grpc_addr).await?;
     let http = HttpListeners {
         admin: bind(settings.http_addr).await?,
@@ -176,8 +200,19 @@ async fn start<S: Store>(
         metrics,
         settings.limiter.clone(),
     ));
-    let _reloader = Reloader::start(limiter.clone(), settings.config.clone(), settings.domains)?;
-    serve(limiter, grpc, http, shutdown, &settings.serve).await
+    // Whichever source runs is stopped when this returns.
+    let (_reloader, _xds, ready) = match &settings.rules {
+        RuleSource::Files(path) => {
+            let reloader = Reloader::start(limiter.clone(), path.clone(), settings.domains)?;
+            (Some(reloader), None, RulesReady::default())
+        }
+        RuleSource::Xds(xds) => {
+            let client = XdsClient::start(limiter.clone(), (**xds).clone(), settings.domains)?;
+            let ready = RulesReady::when(client.applied());
+            (None, Some(client), ready)
+        }
+    };
+    serve_gated(limiter, grpc, http, shutdown, &settings.serve, ready).await
 }
 
 /// Keeps the metrics' memory flat between scrapes.
@@ -224,12 +259,39 @@ pub async fn serve<S: Store>(
     shutdown: impl Future<Output = ()> + Send,
     options: &ServeOptions,
 ) -> Result<(), ServerError> {
+    serve_gated(limiter, grpc, http, shutdown, options, RulesReady::default()).await
+}
+
+/// [`serve`], with `/readyz` and the gRPC health service not ready, nor serving, until `ready` says the rules are in
+/// force.
+async fn serve_gated<S: Store>(
+    limiter: Arc<Limiter<S>>,
+    grpc: TcpListener,
+    http: impl Into<HttpListeners>,
+    shutdown: impl Future<Output = ()> + Send,
+    options: &ServeOptions,
+    ready: RulesReady,
+) -> Result<(), ServerError> {
     let grace = options.grace_period;
     let admin_token = options.admin_token.as_deref().map(Arc::from);
     let (health, health_service) = tonic_health::server::health_reporter();
+    let initial = if ready.is_ready() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
     for service in SERVICES {
-        health.set_service_status(service, ServingStatus::Serving).await;
+        health.set_service_status(service, initial).await;
     }
+    let health_gate = tokio::spawn({
+        let (health, mut ready) = (health.clone(), ready.clone());
+        async move {
+            ready.wait().await;
+            for service in SERVICES {
+                health.set_service_status(service, ServingStatus::Serving).await;
+            }
+        }
+    });
     fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -289,7 +351,7 @@ pub async fn serve<S: Store>(
     let json_server = json.map(|listener| {
         axum::serve(
             listener,
-            crate::http::json_router(limiter.clone(), options.response_headers.clone()),
+            crate::http::json_router(limiter.clone(), options.response_headers.clone(), ready.clone()),
         )
         .with_graceful_shutdown(signal(stopped.clone()))
     });
@@ -298,7 +360,8 @@ pub async fn serve<S: Store>(
             .with_graceful_shutdown(signal(stopped.clone()))
     });
     let reaped = limiter.clone();
-    let http_server = axum::serve(http, crate::http::router(limiter)).with_graceful_shutdown(signal(stopped));
+    let http_server =
+        axum::serve(http, crate::http::gated_router(limiter, ready)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
     let mut json_task = tokio::spawn(async move {
@@ -328,6 +391,7 @@ pub async fn serve<S: Store>(
         }
     }
     let _ = stop.send(true);
+    health_gate.abort();
     upkeep.abort();
     reaper.abort();
     for service in SERVICES {
