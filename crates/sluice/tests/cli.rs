@@ -4,11 +4,6 @@
 use std::path::Path;
 use std::process::Command;
 
-use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-
 /// The example configuration of `deploy/`, which the README runs.
 const DEPLOY_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/config");
 
@@ -191,29 +186,6 @@ fn bad_flags_and_env_are_named() {
     assert!(err.contains("config '/nonexistent/sluice.yaml': cannot read"), "{err}");
 }
 
-/// One ShouldRateLimit call in domain `edge` to a server on `port`, from a runtime of its own.
-fn one_call(port: u16, key: &str, value: &str) -> Result<RateLimitResponse, String> {
-    let request = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    };
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    runtime.block_on(async {
-        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let answer = client.should_rate_limit(request).await.map_err(|e| e.to_string())?;
-        Ok(answer.into_inner())
-    })
-}
-
 /// `--worker-threads` sets how many runtime threads serve requests: with 1 the main thread serves alone (the
 /// current-thread scheduler), with n there are n workers. Either way the server answers and drains on SIGTERM.
 #[test]
@@ -237,7 +209,7 @@ fn worker_threads_sets_the_serving_threads() {
             .filter_map(Result::ok)
             .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "tokio-rt-worker"))
             .count();
-        let answer = one_call(port, "remote_address", "10.0.0.1");
+        let answer = crate::harness::one_call(port, "remote_address", "10.0.0.1");
         let term = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()

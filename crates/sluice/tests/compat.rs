@@ -8,10 +8,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice_testkit::redis::{RedisProcess, base_args};
 
 use crate::harness::{free_port, poll_until};
@@ -38,30 +34,9 @@ fn get(port: u16, path: &str) -> String {
     response
 }
 
-fn call(port: u16, key: &str, value: &str) -> RateLimitResponse {
-    let request = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
-            .await
-            .unwrap();
-        client.should_rate_limit(request).await.unwrap().into_inner()
-    })
-}
-
 /// (overall code, remaining) of one call: 1 is OK, 2 OVER_LIMIT.
 fn decide(port: u16, key: &str, value: &str) -> (i32, u32) {
-    let r = call(port, key, value);
+    let r = crate::harness::one_call(port, key, value).unwrap();
     (r.overall_code, r.statuses[0].limit_remaining)
 }
 

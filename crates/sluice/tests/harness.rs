@@ -197,3 +197,34 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// One ShouldRateLimit call in domain `edge` to a server on `port`, from a runtime of its own.
+pub fn one_call(
+    port: u16,
+    key: &str,
+    value: &str,
+) -> Result<sluice::proto::envoy::service::ratelimit::v3::RateLimitResponse, String> {
+    use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+    use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let request = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = client.should_rate_limit(request).await.map_err(|e| e.to_string())?;
+        Ok(answer.into_inner())
+    })
+}
