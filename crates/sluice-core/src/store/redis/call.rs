@@ -148,9 +148,10 @@ impl Call {
     }
 
     /// Readies the call for a cluster node's batch ([`Form::Node`]): finds its probe key, the first key's prefix and
-    /// hash tag alone (`<prefix>{<tag>}`), which has the slot of every key of the call (they share the tag) and which
-    /// sluice never writes (a counter's identity follows the tag). False, and the call must go to its slot alone,
-    /// when its keys have no hash tag.
+    /// hash tag alone (`<prefix>{<tag>}`), which has the slot of every key of the call and which sluice never writes
+    /// (a counter's identity follows the tag). False, and the call must go to its slot alone, when its first key has
+    /// no hash tag or another key does not start with the same prefix and tag (the script's probe would not vouch
+    /// for its slot).
     pub(super) fn probe(&mut self) -> bool {
         let probe = self.keys.first().and_then(Value::as_str).and_then(|key| {
             let key = &*key;
@@ -158,7 +159,12 @@ impl Call {
             let close = open + 1 + key[open + 1..].find('}')?;
             (close > open + 1).then(|| key[..=close].to_string())
         });
-        self.probe = probe.map(Value::from);
+        let shared = |probe: &String| {
+            self.keys
+                .iter()
+                .all(|k| k.as_str().is_some_and(|k| k.starts_with(probe.as_str())))
+        };
+        self.probe = probe.filter(shared).map(Value::from);
         self.probe.is_some()
     }
 }
@@ -419,6 +425,12 @@ mod tests {
         assert!(
             !untagged.probe(),
             "a key without a hash tag has no probe: its call goes to its slot alone"
+        );
+        let other = CounterKey::builder("p:", "d").entry("k", "w").finish().records();
+        call.keys.push(Value::from(other.as_str()));
+        assert!(
+            !call.probe(),
+            "keys of two hash tags: the probe would vouch for one slot only"
         );
     }
 
