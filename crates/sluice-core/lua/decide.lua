@@ -1,7 +1,8 @@
 -- decide.lua: decides one descriptor against all its tiers at once, atomically.
 --
--- decide(k, nk, a) reads the descriptor's nk keys from KEYS[k] and its arguments from ARGV[a] (batch.lua passes
--- the offsets); below, KEYS[i] and ARGV[i] are relative to those.
+-- decide(k, nk, a) reads the descriptor's nk keys from K[k] (KEYS, or ARGV in a cluster node's batch: see
+-- prelude.lua) and its arguments from ARGV[a] (batch.lua passes the offsets); below, KEYS[i] stands for K[k + i - 1]
+-- and ARGV[i] for ARGV[a + i - 1].
 -- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
 -- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
 -- KEYS[last]  the reservation record, in the modes 'reserve', 'reserve_report' and 'settle'
@@ -65,7 +66,7 @@ local function live_reservation(rkey, now, tiers, expired)
 end
 
 -- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
--- tiers (impls, params, from KEYS[k]): reads every tier, then deletes the record and, tier by tier, counts
+-- tiers (impls, params, from K[k]): reads every tier, then deletes the record and, tier by tier, counts
 -- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
 -- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
 -- never written, or not one estimate per tier): { 0 }, nothing written.
@@ -81,7 +82,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
   local out, charged, states, writes = { 1 }, {}, {}, {}
   for i = 1, tiers do
-    local key, p = KEYS[k + i - 1], params[i]
+    local key, p = K[k + i - 1], params[i]
     local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
     charged[i] = c
     states[i] = impls[i].check(key, now, c, p[1], p[2], p[3], true)
@@ -92,7 +93,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   for i = 1, tiers do
     local p = params[i]
     if charged[i] > 0 then
-      impls[i].commit(KEYS[k + i - 1], states[i], now, charged[i], p[1], p[2], p[3], '', {})
+      impls[i].commit(K[k + i - 1], states[i], now, charged[i], p[1], p[2], p[3], '', {})
     end
     if writes[i] then writes[i]() end
   end
@@ -100,7 +101,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   out[n] = 1
   for i = 1, tiers do
     local p = params[i]
-    local s = impls[i].check(KEYS[k + i - 1], now, 1, p[1], p[2], p[3], false)
+    local s = impls[i].check(K[k + i - 1], now, 1, p[1], p[2], p[3], false)
     if not s.ok then out[4 * tiers + 2] = 0 end
     out[n + 1] = s.ok and 1 or 0
     out[n + 2] = s.used0
@@ -144,13 +145,13 @@ local function decide(k, nk, a)
     costs[i] = tonumber(arg(base + 4)) or hit_cost
     if costs[i] > 0 then positive = true end
   end
-  if mode == 'settle' then return settle(k, tiers, impls, params, costs, KEYS[k + nk - 1], now, reaping) end
+  if mode == 'settle' then return settle(k, tiers, impls, params, costs, K[k + nk - 1], now, reaping) end
   local forced = mode == 'report' and positive
 
   local admitted = true
   for i = 1, tiers do
     local p = params[i]
-    local s = impls[i].check(KEYS[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)
+    local s = impls[i].check(K[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)
     states[i] = s
     admitted = admitted and s.ok
   end
@@ -159,7 +160,7 @@ local function decide(k, nk, a)
   local commit = forced or (mode == 'hit' and positive and
     (admitted or (not reserving and tiers == 1 and arg(first) == 'fixed_window' and costs[1] <= params[1][1])))
   if reserving and commit and (forced or admitted) then
-    local rkey, ttl = KEYS[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
+    local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     redis.call('HSET', rkey, 'e', table.concat(e, ','), 't', string.format('%d', now),
@@ -175,7 +176,7 @@ local function decide(k, nk, a)
     -- A tier whose cost is 0 is checked, never written.
     if commit and costs[i] > 0 then
       local p = params[i]
-      entry = impls[i].commit(KEYS[k + i - 1], s, now, costs[i], p[1], p[2], p[3], id, fields)
+      entry = impls[i].commit(K[k + i - 1], s, now, costs[i], p[1], p[2], p[3], id, fields)
       remaining, reset = s.rem1, s.reset1
     end
     if mode ~= 'peek' and not forced and not s.ok then remaining = 0 end
@@ -192,7 +193,7 @@ local function decide(k, nk, a)
   end
 
   if record_size > 0 then
-    local rkey = KEYS[k + tiers]
+    local rkey = K[k + tiers]
     if commit then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)

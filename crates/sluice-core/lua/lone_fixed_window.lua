@@ -5,14 +5,15 @@
 -- nil for any other call. It repeats fixed_window.lua's check instead of going through the algorithm table, which
 -- costs a third of the call's time in Redis. The differential test holds the two paths to the same answers.
 --
--- The arguments are decide.lua's, from ARGV[a]: one key, mode 'hit', no hit records, no queue fields, one
--- fixed_window tier (algorithm, limit, window, burst, cost: its own cost, or '' for the hit's, ARGV[a + 2]).
+-- The arguments are decide.lua's, from ARGV[a], and its key is K[k] (see prelude.lua): one key, mode 'hit', no hit
+-- records, no queue fields, one fixed_window tier (algorithm, limit, window, burst, cost: its own cost, or '' for the
+-- hit's, ARGV[a + 2]).
 
 local function lone_fixed_window(k, nk, a)
   if nk ~= 1 or ARGV[a] ~= 'hit' or ARGV[a + 4] ~= '0' or ARGV[a + 6] ~= '0' or ARGV[a + 7] ~= 'fixed_window' then
     return nil
   end
-  local key = KEYS[k]
+  local key = K[k]
   local now = clock(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 11]) or tonumber(ARGV[a + 2])
   local limit, window = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])

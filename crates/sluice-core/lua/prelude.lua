@@ -30,6 +30,10 @@
 
 local L, loaded = {}, {}
 
+-- The table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one cluster slot);
+-- batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the arguments.
+local K = KEYS
+
 -- The algorithm named `name`, or nil if there is none.
 local function algorithm(name)
   local a = loaded[name]

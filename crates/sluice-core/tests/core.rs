@@ -6,6 +6,7 @@ mod harness;
 
 mod algorithms;
 mod budget;
+mod cluster;
 mod contract;
 mod differential;
 mod embedded;

@@ -18,6 +18,9 @@
 //! Per-tier costs too: a hit (in every mode: an ordinary one, a peek, a forced one, a reserving one) and a
 //! settlement's actual costs may give some tiers a cost of their own (0, a tier's edges, above its capacity,
 //! `u64::MAX`), the same on both stores, so that tiers decide, count, reserve and settle each its own cost.
+//!
+//! And once more on a Redis Cluster, where the script runs in its node form (keys among the arguments, a slot's
+//! probe before each descriptor), which must answer as the declared form does.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,7 +30,7 @@ use sluice_core::rules::{Algorithm, MAX_LOG_LIMIT};
 use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, Store, TierSpec};
 
-use crate::harness::{RedisServer, T0, redis_store};
+use crate::harness::{RedisCluster, RedisServer, T0, redis_store};
 
 const SECOND: u64 = 1_000_000;
 /// What a step adds beyond the real time since the last one: room for the real time the next call takes.
@@ -283,9 +286,17 @@ fn op(settle_in: u32, force: f64, reserve: f64) -> impl Strategy<Value = Op> {
         })
 }
 
+/// Where the Redis side of a run lives.
+#[derive(Clone, Copy)]
+enum On {
+    Server,
+    Cluster,
+}
+
 #[test]
 fn lua_scripts_and_memory_store_agree() {
     agree(
+        On::Server,
         "diff:",
         (
             tier_shapes(&Algorithm::ALL),
@@ -300,17 +311,41 @@ fn lua_scripts_and_memory_store_agree() {
 #[test]
 fn reservations_agree() {
     agree(
+        On::Server,
         "diff-res:",
         (tier_shapes(&COUNTING), prop::collection::vec(op(2, 0.1, 0.8), 1..40)),
         256,
     );
 }
 
+/// Every algorithm and reservations, fewer cases, through a cluster's node batches.
+#[test]
+fn cluster_node_batches_and_memory_store_agree() {
+    agree(
+        On::Cluster,
+        "diff-cluster:",
+        (
+            tier_shapes(&Algorithm::ALL),
+            prop::collection::vec(op(3, 0.25, 0.5), 1..40),
+        ),
+        64,
+    );
+}
+
 /// Runs `cases` cases of `strategy` through both stores (keys under `prefix`), asking identical answers.
-fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)>, cases: u32) {
-    let redis = RedisServer::start();
+fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)>, cases: u32) {
+    let (url, _server): (String, Box<dyn std::any::Any>) = match on {
+        On::Server => {
+            let redis = RedisServer::start();
+            (redis.url(), Box::new(redis))
+        }
+        On::Cluster => {
+            let cluster = RedisCluster::start();
+            (cluster.url(), Box::new(cluster))
+        }
+    };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let redis = (runtime.block_on(redis_store(&redis.url())), redis);
+    let redis = runtime.block_on(redis_store(&url));
     let case = AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases,
@@ -380,7 +415,7 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                             })
                             .collect();
                         let m = memory.settle(now, &settlements).await;
-                        let r = redis.0.settle(now, &settlements).await;
+                        let r = redis.settle(now, &settlements).await;
                         let (m, r) = (
                             m.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
                             r.into_iter().map(|a| a.expect("redis settles")).collect::<Vec<_>>(),
@@ -398,9 +433,9 @@ fn agree(prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)
                         continue;
                     }
                     let (m, r) = if matches!(op.kind, Kind::Peek) {
-                        (memory.peek(now, hits).await, redis.0.peek(now, hits).await)
+                        (memory.peek(now, hits).await, redis.peek(now, hits).await)
                     } else {
-                        (memory.hit(now, hits).await, redis.0.hit(now, hits).await)
+                        (memory.hit(now, hits).await, redis.hit(now, hits).await)
                     };
                     let (m, r) = (
                         crate::harness::decided(m).remove(0),

@@ -117,6 +117,13 @@ impl RedisCluster {
             .find(|&p| keys(p).iter().any(|k| k.contains(needle)))
     }
 
+    /// The live primary whose own view says it serves `slot`.
+    pub fn slot_owner(&self, slot: u16) -> Option<u16> {
+        self.primaries()
+            .into_iter()
+            .find(|&p| own_slots(p).iter().any(|&(a, b)| (a..=b).contains(&slot)))
+    }
+
     pub fn node(&mut self, port: u16) -> &mut RedisProcess {
         self.nodes
             .iter_mut()
@@ -137,6 +144,64 @@ fn owns_slots(port: u16) -> bool {
         .lines()
         .find(|l| l.contains("myself"))
         .is_some_and(|l| l.split(' ').count() > 8)
+}
+
+/// Moves `slots` slots, with their keys, from the primary at `from` to the one at `to`, as an operator would
+/// (`redis-cli --cluster reshard`), once every node agrees on the slots (a reshard refuses to start otherwise), and
+/// waits for it to finish. The error is redis-cli's output.
+pub fn reshard(from: u16, to: u16, slots: u32) -> Result<(), String> {
+    let at = format!("127.0.0.1:{from}");
+    let cli = |args: &[&str]| {
+        Command::new("redis-cli")
+            .args(args)
+            .output()
+            .expect("redis-cli must be installed")
+    };
+    poll_until(Duration::from_secs(10), || {
+        let check = cli(&["--cluster", "check", &at]);
+        let text = String::from_utf8_lossy(&check.stdout);
+        text.contains("All nodes agree about slots configuration") && !text.contains("[WARNING]")
+    });
+    let (from_id, to_id, count) = (node_id(from), node_id(to), slots.to_string());
+    let out = cli(&[
+        "--cluster",
+        "reshard",
+        &at,
+        "--cluster-from",
+        &from_id,
+        "--cluster-to",
+        &to_id,
+        "--cluster-slots",
+        &count,
+        "--cluster-yes",
+    ]);
+    if out.status.success() {
+        return Ok(());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let tail: Vec<&str> = stdout.lines().rev().take(5).collect();
+    Err(format!("{} {}", tail.join(" | "), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A node's id in its cluster.
+pub fn node_id(port: u16) -> String {
+    redis_cli(port, &["CLUSTER", "MYID"]).trim().to_string()
+}
+
+/// The slot ranges a node's own line in `CLUSTER NODES` says it serves (slots it is migrating away included).
+pub fn own_slots(port: u16) -> Vec<(u16, u16)> {
+    let nodes = redis_cli(port, &["CLUSTER", "NODES"]);
+    let Some(line) = nodes.lines().find(|l| l.contains("myself")) else {
+        return Vec::new();
+    };
+    line.split(' ')
+        .skip(8)
+        .filter(|r| !r.starts_with('['))
+        .filter_map(|r| match r.split_once('-') {
+            Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+            None => r.parse().ok().map(|s| (s, s)),
+        })
+        .collect()
 }
 
 /// Every key of a server (`KEYS *`; test servers hold few).

@@ -12,7 +12,7 @@ pub mod redis;
 pub mod sentinel;
 pub mod tls;
 
-pub use cluster::{RedisCluster, keys};
+pub use cluster::{RedisCluster, keys, node_id, own_slots, reshard};
 pub use core::{decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
 pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
 pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};

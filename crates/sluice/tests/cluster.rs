@@ -239,7 +239,7 @@ async fn primaries_work_on_one_request_concurrently() {
 }
 
 fn script_sha() -> String {
-    fred::types::scripts::Script::from_lua(sluice::store::redis::SCRIPT)
+    fred::types::scripts::Script::from_lua(sluice::store::redis::CLUSTER_SCRIPT)
         .sha1()
         .to_string()
 }

@@ -5,10 +5,14 @@
 //! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
-//! [`MAX_BATCH`] descriptors, and fred frames, writes and reads one command instead of one per request. In a cluster,
-//! where a script's keys must share a slot, each descriptor is an EVALSHA to its own slot (its keys share a hash tag),
-//! sent to the primary that serves the slot over that node's own connections ([`cluster`]), so that a dead primary
-//! fails only its own slots' descriptors.
+//! [`MAX_BATCH`](gather::MAX_BATCH) descriptors, and fred frames, writes and reads one command instead of one per
+//! request. In a cluster each primary has such a task of its own, over its own connections ([`cluster`]): the
+//! descriptors of concurrent requests that live on one primary share an EVALSHA whatever their slots (each
+//! descriptor's keys share a hash tag, so a descriptor is on one slot), with the keys among the arguments, since
+//! Redis refuses declared keys of several slots; the script runs there with the flag `allow-cross-slot-keys`
+//! ([`CLUSTER_SCRIPT`]). A dead primary fails only its own slots' descriptors, and a descriptor whose slot has moved
+//! or is migrating is refused by the script before anything of it is written and sent again alone to its slot,
+//! following MOVED and ASK ([`route`]).
 //! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
 //! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
 //! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
@@ -27,13 +31,14 @@
 //! lead to every node, MOVED and ASK are followed, and the slot map is read again after a failover), or a primary
 //! found through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next
 //! connection asks the sentinels again). In a cluster a request's EVALSHAs are written to their primaries without
-//! waiting for any answer, so primaries work on one request's descriptors concurrently. TLS is the `rediss`
+//! waiting for any answer, so primaries work on one request's descriptors concurrently; a cluster needs Redis 7 or
+//! later (script flags). TLS is the `rediss`
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
@@ -42,51 +47,67 @@ use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use tokio::sync::{mpsc, oneshot};
-
 use super::{Answers, CounterKey, Hit, Settled, Settlement, Store, StoreError, StreamReset};
 
 mod call;
 mod cluster;
 mod gather;
+mod route;
 mod settings;
 
-use call::{Call, Mode, eval, is_noscript, parse, parse_settled, redirection};
+use call::{Call, Form, Mode, is_noscript, parse, parse_settled};
 use cluster::{Cluster, Node};
-use gather::{Job, gather};
+use gather::Batches;
 use settings::build_pool;
 pub use settings::{RedisSettings, RedisTls};
 
+/// The files of the decision script in order, after `head`.
+macro_rules! decision_script {
+    ($($head:literal)?) => {
+        concat!(
+            $($head,)?
+            include_str!("../../lua/prelude.lua"),
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/sliding_log.lua"),
+            include_str!("../../lua/token_bucket.lua"),
+            include_str!("../../lua/concurrency.lua"),
+            include_str!("../../lua/queue.lua"),
+            include_str!("../../lua/lone_fixed_window.lua"),
+            include_str!("../../lua/decide.lua"),
+            include_str!("../../lua/batch.lua"),
+        )
+    };
+}
+
 /// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
-/// unit. (`benches/run.sh` loads the same files in the same order to time the script under `redis-benchmark`.)
-pub const SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/concurrency.lua"),
-    include_str!("../../lua/queue.lua"),
-    include_str!("../../lua/lone_fixed_window.lua"),
-    include_str!("../../lua/decide.lua"),
-    include_str!("../../lua/batch.lua"),
-);
+/// unit, as one server (standalone, or found through Sentinel) runs it. (`benches/run.sh` loads the same files in
+/// the same order to time the script under `redis-benchmark`.)
+pub const SCRIPT: &str = decision_script!();
+
+/// The decision script as a Redis Cluster runs it: [`SCRIPT`] declaring the flag `allow-cross-slot-keys`, so that a
+/// node's shared call may touch keys of several of its slots (`lua/batch.lua`'s node form). Declaring flags also
+/// makes Redis refuse the whole call up front, rather than at its first write, when the node is out of memory or is a
+/// replica. Redis 7 or later.
+pub const CLUSTER_SCRIPT: &str = decision_script!("#!lua flags=allow-cross-slot-keys\n");
 
 /// State in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
     /// The connections to one server (standalone or through Sentinel); in a cluster, to the seeds.
     pool: Pool,
-    /// In a cluster: the slot map and each node's connections.
+    /// In a cluster: the slot map, and each node's connections and shared calls.
     cluster: Option<Arc<Cluster>>,
+    /// The decision script: [`SCRIPT`], or in a cluster [`CLUSTER_SCRIPT`].
+    script: &'static str,
     /// The decision script's SHA1, the first argument of every EVALSHA.
     sha: Value,
     timeout: Duration,
     server_time: bool,
     /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
-    /// waiting at one moment into one script call. `None` in a cluster, where each descriptor goes to its slot.
-    batches: Option<mpsc::UnboundedSender<Job>>,
-    /// Requests queued for the gathering task and not yet taken into a script call.
+    /// waiting at one moment into one script call. `None` in a cluster, where each node has its own.
+    batches: Option<Batches>,
+    /// Requests queued for a gathering task and not yet taken into a script call.
     waiting: Arc<AtomicUsize>,
 }
 
@@ -125,20 +146,31 @@ impl RedisStore {
         let timeout = settings.timeout;
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
         let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
-        let sha = Value::from(Script::from_lua(SCRIPT).sha1().clone());
+        let script = if clustered { CLUSTER_SCRIPT } else { SCRIPT };
+        let sha = Value::from(Script::from_lua(script).sha1().clone());
+        let waiting = Arc::new(AtomicUsize::new(0));
         // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
         // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
         let patience = timeout.max(Duration::from_millis(500));
         if clustered {
-            let cluster = Cluster::start(config, timeout, settings.pool_size, patience).await;
+            let cluster = Cluster::start(
+                config,
+                timeout,
+                settings.pool_size,
+                patience,
+                sha.clone(),
+                waiting.clone(),
+            )
+            .await;
             return Ok(RedisStore {
                 pool,
                 cluster: Some(Arc::new(cluster)),
+                script,
                 sha,
                 timeout,
                 server_time: settings.server_time,
                 batches: None,
-                waiting: Arc::default(),
+                waiting,
             });
         }
         pool.connect();
@@ -147,24 +179,29 @@ impl RedisStore {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
             Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
         }
-        let (queue, jobs) = mpsc::unbounded_channel();
-        let waiting = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(gather(pool.clone(), sha.clone(), timeout, jobs, waiting.clone()));
+        let batches = Batches::start(pool.clone(), sha.clone(), timeout, Form::Declared, waiting.clone());
         Ok(RedisStore {
             pool,
             cluster: None,
+            script,
             sha,
             timeout,
             server_time: settings.server_time,
-            batches: Some(queue),
+            batches: Some(batches),
             waiting,
         })
     }
 
-    /// How many requests wait for the gathering task to take them into a script call (against one server; 0 in a
-    /// cluster): the queue a Redis that answers slowly builds up.
+    /// How many requests wait for a gathering task to take them into a script call (in a cluster, summed over the
+    /// nodes): the queue a Redis that answers slowly builds up.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// In a cluster, how many descriptors were sent again alone to their slots because the node their slot map
+    /// named did not decide them (their slot had moved or was migrating); 0 against one server.
+    pub fn resent(&self) -> u64 {
+        self.cluster.as_ref().map_or(0, |c| c.resent())
     }
 
     /// The time argument of a call at `now_us`: empty to decide by the server's clock.
@@ -172,7 +209,7 @@ impl RedisStore {
         (!self.server_time).then_some(now_us)
     }
 
-    /// Decides every hit, one script call for all of them against one server, one per descriptor in a cluster;
+    /// Decides every hit, one script call for all of them against one server, one per primary in a cluster;
     /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
     async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Answers {
         let now = self.now(now_us);
@@ -185,8 +222,9 @@ impl RedisStore {
     }
 
     /// The script calls of `items` (hits or settlements, one descriptor each, built by `call`), sent as hits are:
-    /// one script call for all of them against one server, one per descriptor in a cluster; the script reloaded and
-    /// the calls that met NOSCRIPT resent. Each item gets its own answer, read by `parse`.
+    /// one script call for all of them against one server, one per primary in a cluster (each shared with
+    /// concurrent requests); the script reloaded and the calls that met NOSCRIPT resent. Each item gets its own
+    /// answer, read by `parse`.
     async fn run_calls<I: Sync, T>(
         &self,
         items: &[I],
@@ -198,11 +236,8 @@ impl RedisStore {
         for attempt in 0..2 {
             let answers = match &self.cluster {
                 Some(cluster) => {
-                    let call = &call;
-                    let calls = pending
-                        .iter()
-                        .map(|&i| self.send_to_slot(cluster, move || call(&items[i])));
-                    futures::future::join_all(calls).await
+                    let make = |j: usize| call(&items[pending[j]]);
+                    route::by_node(cluster, &self.sha, self.timeout, pending.len(), make).await
                 }
                 None => self.send(pending.iter().map(|&i| call(&items[i])).collect()).await,
             };
@@ -238,67 +273,14 @@ impl RedisStore {
     /// Sends `calls` to the one server through the gathering task and returns one answer per call.
     async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, (FredError, Option<Node>)>> {
         let n = calls.len();
-        let Some(queue) = &self.batches else {
+        let Some(batches) = &self.batches else {
             let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
             return (0..n).map(|_| Err((e.clone(), None))).collect();
         };
-        let (reply, answer) = oneshot::channel();
-        let gone = || {
-            (
-                FredError::new(ErrorKind::Canceled, "the redis store is shutting down"),
-                None,
-            )
-        };
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        if queue
-            .send(Job {
-                calls,
-                queued: Instant::now(),
-                reply,
-            })
-            .is_err()
-        {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            return (0..n).map(|_| Err(gone())).collect();
+        match batches.send(calls).await {
+            Ok(values) => values.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err((e, None)); n],
         }
-        match answer.await {
-            Ok(Ok(values)) => values.into_iter().map(Ok).collect(),
-            Ok(Err(e)) => vec![Err((e, None)); n],
-            Err(_) => (0..n).map(|_| Err(gone())).collect(),
-        }
-    }
-
-    /// One descriptor's call (built by `make`) to the primary of its slot, with the node that answered. MOVED and
-    /// ASK (the call ran nothing) are followed once, to the node they name; MOVED, a slot without a primary and a
-    /// node that failed to answer ask for a new slot map.
-    async fn send_to_slot(
-        &self,
-        cluster: &Cluster,
-        make: impl Fn() -> Call,
-    ) -> Result<Value, (FredError, Option<Node>)> {
-        let call = make();
-        let slot = call.slot.unwrap_or(0);
-        let Some(node) = cluster.owner(slot) else {
-            let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
-            return Err((e, None));
-        };
-        let first = eval(node.pool.next(), self.sha.clone(), vec![call], false).await;
-        let e = match first {
-            Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
-            Err(e) => e,
-        };
-        let redirect = redirection(&e);
-        if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
-            return Err((e, Some(node)));
-        }
-        cluster.refresh_soon();
-        let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
-            return Err((e, Some(node)));
-        };
-        eval(target.pool.next(), self.sha.clone(), vec![make()], asking)
-            .await
-            .map(|mut values| values.pop().unwrap_or(Value::Null))
-            .map_err(|e| (e, Some(target)))
     }
 
     /// Loads the script where calls met NOSCRIPT: on the one server, or on each cluster node named.
@@ -315,7 +297,7 @@ impl RedisStore {
             pools.push(self.pool.clone());
         }
         for pool in pools {
-            let loaded: Result<String, FredError> = pool.next().script_load(SCRIPT).await;
+            let loaded: Result<String, FredError> = pool.next().script_load(self.script).await;
             loaded.map_err(|e| self.classify(e))?;
         }
         Ok(())

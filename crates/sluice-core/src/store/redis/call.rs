@@ -1,5 +1,6 @@
 //! One script call: each descriptor's keys and arguments as `lua/batch.lua` reads them, the EVALSHA that carries
-//! them (after ASKING when a cluster said ASK), and the reading of the answers and of Redis's errors.
+//! them in either of the script's forms (declared keys, after ASKING when a cluster said ASK; or a cluster node's
+//! batch, whose keys span slots), and the reading of the answers and of Redis's errors.
 
 use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
@@ -16,12 +17,26 @@ pub(super) enum Mode {
     Peek,
 }
 
+/// How a script call carries its descriptors' keys (`lua/batch.lua`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Form {
+    /// Declared as the command's keys: against one server, or one cluster slot (Redis refuses declared keys of
+    /// several slots before running anything).
+    Declared,
+    /// Among the arguments, each descriptor headed by its probe key: a cluster node's batch, whose descriptors live
+    /// on several of its slots. A descriptor whose slot the node does not serve in a stable state answers 0 (see
+    /// [`unserved`]), nothing of it written.
+    Node,
+}
+
 /// One descriptor's part of a script call (`lua/batch.lua`): its keys, and its arguments headed by their counts.
 pub(super) struct Call {
     keys: Vec<Value>,
     args: Vec<Value>,
     /// The cluster slot of its keys, which share one hash tag.
     pub(super) slot: Option<u16>,
+    /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
+    probe: Option<Value>,
 }
 
 impl Call {
@@ -124,37 +139,56 @@ impl Call {
             .or(record.map(|r| &r.key))
             .or(reservation.map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        Call { keys, args, slot }
+        Call {
+            keys,
+            args,
+            slot,
+            probe: None,
+        }
+    }
+
+    /// Readies the call for a cluster node's batch ([`Form::Node`]): finds its probe key, the first key's prefix and
+    /// hash tag alone (`<prefix>{<tag>}`), which has the slot of every key of the call and which sluice never writes
+    /// (a counter's identity follows the tag). False, and the call must go to its slot alone, when its first key has
+    /// no hash tag or another key does not start with the same prefix and tag (the script's probe would not vouch
+    /// for its slot).
+    pub(super) fn probe(&mut self) -> bool {
+        let probe = self.keys.first().and_then(Value::as_str).and_then(|key| {
+            let key = &*key;
+            let open = key.find('{')?;
+            let close = open + 1 + key[open + 1..].find('}')?;
+            (close > open + 1).then(|| key[..=close].to_string())
+        });
+        let shared = |probe: &String| {
+            self.keys
+                .iter()
+                .all(|k| k.as_str().is_some_and(|k| k.starts_with(probe.as_str())))
+        };
+        self.probe = probe.filter(shared).map(Value::from);
+        self.probe.is_some()
     }
 }
 
-/// One EVALSHA deciding `calls` (`lua/batch.lua`), routed in a cluster to the slot of the first call's keys; its
-/// answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom` on a custom
-/// command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a custom
-/// command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
+/// One EVALSHA deciding `calls` (`lua/batch.lua`) in `form`, routed in a cluster to the slot of the first call's
+/// keys; its answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom`
+/// on a custom command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a
+/// custom command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
 pub(super) async fn eval(
     client: &Client,
     sha: Value,
-    mut calls: Vec<Call>,
+    calls: Vec<Call>,
+    form: Form,
     asking: bool,
 ) -> Result<Vec<Value>, FredError> {
-    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
-    let args: usize = calls.iter().map(|c| c.args.len()).sum();
-    let mut command = Vec::with_capacity(3 + keys + args);
-    command.push(sha);
-    command.push(Value::Integer(keys as i64));
-    for call in &mut calls {
-        command.append(&mut call.keys);
-    }
-    command.push(Value::Integer(calls.len() as i64));
+    let n = calls.len();
     let route = calls
         .first()
         .and_then(|c| c.slot)
         .map_or(ClusterHash::Random, ClusterHash::Custom);
-    let n = calls.len();
-    for call in calls {
-        command.extend(call.args);
-    }
+    let command = match form {
+        Form::Declared => declared(sha, calls),
+        Form::Node => node(sha, calls),
+    };
     let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
     let answer: Value = if asking {
         // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
@@ -175,6 +209,48 @@ pub(super) async fn eval(
         Value::Array(values) if values.len() == n => Ok(values),
         _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
     }
+}
+
+/// EVALSHA's arguments in the declared form: every call's keys, then n, then every call's arguments.
+fn declared(sha: Value, mut calls: Vec<Call>) -> Vec<Value> {
+    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
+    let args: usize = calls.iter().map(|c| c.args.len()).sum();
+    let mut command = Vec::with_capacity(3 + keys + args);
+    command.push(sha);
+    command.push(Value::Integer(keys as i64));
+    for call in &mut calls {
+        command.append(&mut call.keys);
+    }
+    command.push(Value::Integer(calls.len() as i64));
+    for call in calls {
+        command.extend(call.args);
+    }
+    command
+}
+
+/// EVALSHA's arguments in the node form: no keys, 'node', n, then per call its two counts, its probe key ('' when it
+/// has none: the script then decides nothing of it), its keys and the rest of its arguments.
+fn node(sha: Value, calls: Vec<Call>) -> Vec<Value> {
+    let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len()).sum();
+    let mut command = Vec::with_capacity(4 + size);
+    command.push(sha);
+    command.push(Value::Integer(0));
+    command.push(Value::from("node"));
+    command.push(Value::Integer(calls.len() as i64));
+    for call in calls {
+        let mut args = call.args.into_iter();
+        command.extend(args.by_ref().take(2));
+        command.push(call.probe.unwrap_or_else(|| Value::from("")));
+        command.extend(call.keys);
+        command.extend(args);
+    }
+    command
+}
+
+/// Whether a descriptor's answer in a node's batch says it was not decided there, nothing of it written: its slot is
+/// served elsewhere or migrating (see `lua/batch.lua`).
+pub(super) fn unserved(value: &Value) -> bool {
+    matches!(value, Value::Integer(0))
 }
 
 fn bad() -> StoreError {
@@ -256,6 +332,21 @@ pub(super) fn is_noscript(e: &FredError) -> bool {
     e.details().starts_with("NOSCRIPT")
 }
 
+/// Whether a cluster node refused a whole call before running any of it because of where slots are: a redirection
+/// (MOVED, ASK), a multi-key call during a slot's migration (TRYAGAIN), keys of several slots (CROSSSLOT), or a node
+/// that is a replica now (READONLY, after a failover the slot map has not caught up with). The call ran nothing and
+/// may be sent again, each descriptor to its own slot.
+pub(super) fn refused_by_topology(e: &FredError) -> bool {
+    let first = e.details().split_whitespace().next().unwrap_or_default();
+    matches!(first, "MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT" | "READONLY")
+}
+
+/// Whether a cluster node asked for the call again later: a multi-key call while the keys of its slot are split
+/// between two nodes by a migration. The call ran nothing.
+pub(super) fn is_tryagain(e: &FredError) -> bool {
+    e.details().starts_with("TRYAGAIN")
+}
+
 /// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
 pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
     let mut parts = e.details().split_whitespace();
@@ -292,6 +383,141 @@ mod tests {
         assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
         // Not the slot of the first argument (the SHA), which fred would hash by default.
         assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+    }
+
+    fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
+        use crate::rules::Algorithm;
+        Hit {
+            tiers: vec![crate::store::TierSpec {
+                key: id.tier(Algorithm::FixedWindow, 60_000_000),
+                algorithm: Algorithm::FixedWindow,
+                limit: 10,
+                window_us: 60_000_000,
+                burst: 0,
+                cost: None,
+            }],
+            cost: 1,
+            ..Hit::default()
+        }
+    }
+
+    #[test]
+    fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
+        let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
+        let hit = fixed_window_hit(&id);
+        let mut call = Call::new(Mode::Hit, None, &hit);
+        assert!(call.probe());
+        let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
+        let key = hit.tiers[0].key.as_str();
+        assert_eq!(probe, format!("p:{{{:016x}}}", hit.tiers[0].key.tag()));
+        assert_eq!(Some(fred::util::redis_keyslot(probe.as_bytes())), call.slot);
+        assert!(
+            key.starts_with(&probe) && key.len() > probe.len(),
+            "a counter's identity follows its tag"
+        );
+        assert_ne!(probe, id.records().as_str());
+        let mut untagged = Call {
+            keys: vec![Value::from("plain")],
+            args: Vec::new(),
+            slot: Some(fred::util::redis_keyslot(b"plain")),
+            probe: None,
+        };
+        assert!(
+            !untagged.probe(),
+            "a key without a hash tag has no probe: its call goes to its slot alone"
+        );
+        let other = CounterKey::builder("p:", "d").entry("k", "w").finish().records();
+        call.keys.push(Value::from(other.as_str()));
+        assert!(
+            !call.probe(),
+            "keys of two hash tags: the probe would vouch for one slot only"
+        );
+    }
+
+    #[test]
+    fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
+        let text = |command: &[Value]| -> Vec<String> {
+            command
+                .iter()
+                .map(|v| {
+                    v.as_i64()
+                        .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+                })
+                .collect()
+        };
+        let ids: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|v| CounterKey::builder("p:", "d").entry("k", v).finish())
+            .collect();
+        let calls = || {
+            ids.iter()
+                .map(|id| {
+                    let mut call = Call::new(Mode::Hit, Some(7), &fixed_window_hit(id));
+                    assert!(call.probe());
+                    call
+                })
+                .collect::<Vec<_>>()
+        };
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| fixed_window_hit(id).tiers[0].key.as_str().to_string())
+            .collect();
+        let probes: Vec<String> = keys
+            .iter()
+            .map(|k| k[..k.find('}').unwrap_or(0) + 1].to_string())
+            .collect();
+        let args = [
+            "hit",
+            "7",
+            "1",
+            "",
+            "0",
+            "",
+            "0",
+            "fixed_window",
+            "10",
+            "60000000",
+            "0",
+            "",
+        ];
+        let node = text(&node(Value::from("sha"), calls()));
+        let mut expected: Vec<String> = ["sha", "0", "node", "2"].map(String::from).to_vec();
+        for (key, probe) in keys.iter().zip(&probes) {
+            expected.extend(["1".into(), "12".into(), probe.clone(), key.clone()]);
+            expected.extend(args.map(String::from));
+        }
+        assert_eq!(node, expected);
+        let declared = text(&declared(Value::from("sha"), calls()));
+        let mut expected: Vec<String> = vec!["sha".into(), "2".into(), keys[0].clone(), keys[1].clone(), "2".into()];
+        for _ in &keys {
+            expected.extend(["1".into(), "12".into()]);
+            expected.extend(args.map(String::from));
+        }
+        assert_eq!(declared, expected);
+    }
+
+    #[test]
+    fn refusals_before_running_are_told_from_failures_that_may_have_run() {
+        let e = |details: &str| FredError::new(ErrorKind::Unknown, details.to_string());
+        for refused in [
+            "MOVED 3300 127.0.0.1:7001",
+            "ASK 3300 127.0.0.1:7001",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(refused_by_topology(&e(refused)), "{refused}");
+        }
+        for other in [
+            "ERR unknown",
+            "NOSCRIPT No matching script",
+            "WRONGTYPE Operation",
+            "LOADING",
+        ] {
+            assert!(!refused_by_topology(&e(other)), "{other}");
+        }
+        assert!(is_tryagain(&e("TRYAGAIN Multiple keys")) && !is_tryagain(&e("MOVED 1 h:1")));
+        assert!(unserved(&Value::Integer(0)) && !unserved(&Value::Array(Vec::new())));
     }
 
     #[test]

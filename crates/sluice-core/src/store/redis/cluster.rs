@@ -2,17 +2,19 @@
 //!
 //! fred's clustered client holds every command while it reconnects to any node, so one dead primary stopped the
 //! decisions of every slot until its replica took over. Here each node has a plain (centralized) connection pool of
-//! its own, and sluice keeps the slot map itself: a call goes to the primary that owns its slot, a dead primary
-//! fails only the calls for its slots, and the calls for the others go on.
+//! its own, and its own task gathering the calls for it into shared script calls ([`Batches`] in the node form), and
+//! sluice keeps the slot map itself: a call goes to the primary that owns its slot, a dead primary fails only the
+//! calls for its slots, and the calls for the others go on.
 //!
 //! The slot map is read with `CLUSTER SLOTS` from every known node at once (the seeds of the URL, then every node the
 //! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other. It
 //! is read again every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired)
 //! or one of its primaries does not answer (a failover under way), every [`SETTLED_REFRESH`] otherwise, and at once
-//! when a call meets MOVED, a slot without a primary, or a node that does not answer. A call that met MOVED or ASK ran nothing, so it is resent once to the node named.
+//! when a call meets MOVED, a slot without a primary, or a node that does not answer. What a call does then is
+//! `route`'s.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -24,6 +26,9 @@ use fred::types::config::{Config, Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::sync::Notify;
 
+use super::call::Form;
+use super::gather::Batches;
+
 /// Hash slots of a Redis Cluster.
 const SLOTS: usize = 16_384;
 /// How often a complete slot map is read again when nothing asked for it sooner.
@@ -34,13 +39,14 @@ const UNSETTLED_REFRESH: Duration = Duration::from_millis(250);
 const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
 const NO_OWNER: u16 = u16::MAX;
 
-/// One node: its address, its failure-domain id and its connections.
+/// One node: its address, its failure-domain id, its connections, and the queue of its shared script calls.
 #[derive(Clone)]
 pub(super) struct Node {
     pub addr: Arc<str>,
     /// A hash of the address, never 0 (the domain of a store on one server).
     pub id: u64,
     pub pool: Pool,
+    pub batches: Batches,
 }
 
 /// Which primary serves each slot.
@@ -65,6 +71,8 @@ impl SlotMap {
 /// The routing state of one cluster.
 pub(super) struct Cluster {
     inner: Arc<Inner>,
+    /// Descriptors sent again alone to their slots after their node did not decide them (see `route`).
+    resent: AtomicU64,
 }
 
 struct Inner {
@@ -73,6 +81,10 @@ struct Inner {
     seeds: Vec<Server>,
     timeout: Duration,
     pool_size: usize,
+    /// The decision script's SHA1, for each node's gathering task.
+    sha: Value,
+    /// The store's count of requests waiting to be taken into a script call, shared by every node's task.
+    waiting: Arc<AtomicUsize>,
     map: ArcSwap<SlotMap>,
     /// The map is complete and every primary in it answered the last read.
     settled: std::sync::atomic::AtomicBool,
@@ -83,8 +95,16 @@ struct Inner {
 
 impl Cluster {
     /// Starts routing for the cluster that `config` (a clustered configuration) names, reading the slot map once
-    /// (for at most `patience`); it is read again in the background until it is complete.
-    pub async fn start(config: Config, timeout: Duration, pool_size: usize, patience: Duration) -> Cluster {
+    /// (for at most `patience`); it is read again in the background until it is complete. Each node's shared calls
+    /// run the script `sha`, and count their waiting requests in `waiting`.
+    pub async fn start(
+        config: Config,
+        timeout: Duration,
+        pool_size: usize,
+        patience: Duration,
+        sha: Value,
+        waiting: Arc<AtomicUsize>,
+    ) -> Cluster {
         let seeds = match &config.server {
             ServerConfig::Clustered { hosts, .. } => hosts.clone(),
             _ => Vec::new(),
@@ -94,6 +114,8 @@ impl Cluster {
             seeds,
             timeout,
             pool_size: pool_size.max(1),
+            sha,
+            waiting,
             map: ArcSwap::from_pointee(SlotMap::empty()),
             settled: std::sync::atomic::AtomicBool::new(false),
             nodes: Mutex::default(),
@@ -104,7 +126,10 @@ impl Cluster {
             tracing::warn!("redis cluster: the slot map is not complete yet; reading it again in the background");
         }
         tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
-        Cluster { inner }
+        Cluster {
+            inner,
+            resent: AtomicU64::new(0),
+        }
     }
 
     /// The primary that serves `slot`, if the map knows one; asks for a new map if not.
@@ -135,6 +160,16 @@ impl Cluster {
         let (host, port) = addr.rsplit_once(':')?;
         let port = port.parse().ok()?;
         self.inner.node(&Server::new(host, port))
+    }
+
+    /// Counts `n` descriptors sent again alone to their slots.
+    pub fn count_resent(&self, n: usize) {
+        self.resent.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// How many descriptors were sent again alone to their slots since the start.
+    pub fn resent(&self) -> u64 {
+        self.resent.load(Ordering::Relaxed)
     }
 
     /// Asks the background task to read the slot map again now.
@@ -215,10 +250,18 @@ impl Inner {
             .inspect_err(|e| tracing::warn!(node = %addr, error = %e, "redis cluster: cannot configure a node"))
             .ok()?;
         pool.connect();
+        let batches = Batches::start(
+            pool.clone(),
+            self.sha.clone(),
+            self.timeout,
+            Form::Node,
+            self.waiting.clone(),
+        );
         let node = Node {
             id: crate::store::fnv1a(addr.as_bytes()).max(2),
             addr: addr.clone(),
             pool,
+            batches,
         };
         nodes.insert(addr, node.clone());
         Some(node)

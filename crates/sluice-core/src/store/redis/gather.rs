@@ -1,4 +1,6 @@
-//! Against one server, the requests waiting at one moment share one script call: the task that gathers them.
+//! The requests waiting at one moment for one server share one script call: the task that gathers them, and the
+//! handle that queues a request's calls for it. Against one server (standalone, Sentinel) there is one such task; in
+//! a cluster each primary has its own, whose calls carry descriptors of any of its slots ([`Form::Node`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,18 +11,55 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::call::{Call, eval};
+use super::call::{Call, Form, eval};
 
 /// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
 /// holds Redis, where each descriptor costs a few microseconds.
 pub(super) const MAX_BATCH: usize = 64;
 
+/// The queue of one gathering task: where a request's calls wait to be taken into a script call.
+#[derive(Clone)]
+pub(super) struct Batches {
+    queue: mpsc::UnboundedSender<Job>,
+    /// Requests queued and not yet taken into a script call, shared by every task of a store.
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Batches {
+    /// Starts the task that gathers the requests for the server `pool` reaches into script calls in `form`, and
+    /// returns its queue. The task ends once every handle to the queue is dropped.
+    pub(super) fn start(pool: Pool, sha: Value, timeout: Duration, form: Form, waiting: Arc<AtomicUsize>) -> Batches {
+        let (queue, jobs) = mpsc::unbounded_channel();
+        tokio::spawn(gather(pool, sha, timeout, form, jobs, waiting.clone()));
+        Batches { queue, waiting }
+    }
+
+    /// Queues one request's `calls` and waits for their answers, one per call, in order. The calls go out whether or
+    /// not this future is still awaited (a request dropped meanwhile is decided all the same, its answer unread); a
+    /// request that waits longer than the store's timeout to be taken fails without going out.
+    pub(super) async fn send(&self, calls: Vec<Call>) -> Result<Vec<Value>, FredError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || FredError::new(ErrorKind::Canceled, "the redis store is shutting down");
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let job = Job {
+            calls,
+            queued: Instant::now(),
+            reply,
+        };
+        if self.queue.send(job).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(gone());
+        }
+        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+}
+
 /// One request's calls, waiting to be gathered into a script call, and where their answers go.
-pub(super) struct Job {
-    pub(super) calls: Vec<Call>,
+struct Job {
+    calls: Vec<Call>,
     /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
-    pub(super) queued: Instant,
-    pub(super) reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
+    queued: Instant,
+    reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
 }
 
 /// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many
@@ -31,11 +70,12 @@ pub(super) struct Job {
 /// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
 /// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
 /// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
-/// with the store.
-pub(super) async fn gather(
+/// with its queue.
+async fn gather(
     pool: Pool,
     sha: Value,
     timeout: Duration,
+    form: Form,
     mut queue: mpsc::UnboundedReceiver<Job>,
     waiting: Arc<AtomicUsize>,
 ) {
@@ -83,7 +123,7 @@ pub(super) async fn gather(
                 replies.push((job.reply, job.calls.len()));
                 calls.extend(job.calls);
             }
-            match eval(&client, sha, calls, false).await {
+            match eval(&client, sha, calls, form, false).await {
                 Ok(values) => {
                     let mut values = values.into_iter();
                     for (reply, n) in replies {

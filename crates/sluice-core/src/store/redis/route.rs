@@ -1,0 +1,155 @@
+//! In a Redis Cluster, where each script call goes, and what happens when a slot has moved.
+//!
+//! The descriptors of a request are grouped by the primary that serves their slots in the current slot map, and each
+//! group joins that primary's shared script call (its [`Batches`](super::gather::Batches), in the node form): the
+//! descriptors of concurrent requests that live on one primary, whatever their slots, are one EVALSHA, one round trip,
+//! as they are against one server. Every group of a request is queued before any answer is awaited, so primaries work
+//! on one request concurrently.
+//!
+//! A slot that moves is met in two ways, and neither can count a descriptor twice. A descriptor whose slot its node
+//! no longer serves, or is migrating, is refused by the script's probe before anything of it is written (it answers
+//! 0, see `lua/batch.lua`), while the other descriptors of the call are decided; and a whole call the node refused
+//! before running it (MOVED, ASK, TRYAGAIN, CROSSSLOT, READONLY) decided none of its descriptors. Either way those
+//! descriptors are sent again, each alone to its slot ([`to_slot`]) while the slot map is read again: to the primary
+//! the map names, with declared keys, so that Redis itself redirects with MOVED or ASK before running anything, and
+//! such a redirection is followed once. A call is never sent again after it may have run: one that timed out or lost
+//! its connection fails.
+
+use std::time::{Duration, Instant};
+
+use fred::error::{Error as FredError, ErrorKind};
+use fred::types::Value;
+
+use super::call::{Call, Form, eval, is_tryagain, redirection, refused_by_topology, unserved};
+use super::cluster::{Cluster, Node};
+
+/// One descriptor's answer, or the error that stopped it with the node that gave it (where a NOSCRIPT reloads).
+pub(super) type Answer = Result<Value, (FredError, Option<Node>)>;
+
+/// The first pause before a call that met TRYAGAIN is tried again; each pause doubles the last.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(1);
+
+/// Decides `count` descriptors, the `i`th built by `make(i)`: each group that one primary serves in one of its
+/// node's shared calls, the others (a slot without a known primary, keys without a hash tag) alone to their slots,
+/// and those a node did not decide (see the module's documentation) alone to their slots after. One answer per
+/// descriptor, in order.
+pub(super) async fn by_node(
+    cluster: &Cluster,
+    sha: &Value,
+    timeout: Duration,
+    count: usize,
+    make: impl Fn(usize) -> Call,
+) -> Vec<Answer> {
+    let make = &make;
+    let mut groups: Vec<(Node, Vec<usize>, Vec<Call>)> = Vec::new();
+    let mut alone: Vec<usize> = Vec::new();
+    for i in 0..count {
+        let mut call = make(i);
+        let node = call.slot.and_then(|slot| cluster.owner(slot));
+        match node {
+            Some(node) if call.probe() => match groups.iter_mut().find(|(n, ..)| n.addr == node.addr) {
+                Some((_, items, calls)) => {
+                    items.push(i);
+                    calls.push(call);
+                }
+                None => groups.push((node, vec![i], vec![call])),
+            },
+            _ => alone.push(i),
+        }
+    }
+    let batched = futures::future::join_all(
+        groups
+            .iter_mut()
+            .map(|(node, _, calls)| node.batches.send(std::mem::take(calls))),
+    );
+    let lone = futures::future::join_all(alone.iter().map(|&i| to_slot(cluster, sha, timeout, move || make(i))));
+    let (batched, lone) = futures::join!(batched, lone);
+
+    let mut answers: Vec<Option<Answer>> = (0..count).map(|_| None).collect();
+    for (i, answer) in alone.into_iter().zip(lone) {
+        answers[i] = Some(answer);
+    }
+    let mut again: Vec<usize> = Vec::new();
+    for ((node, items, _), answer) in groups.into_iter().zip(batched) {
+        match answer {
+            Ok(values) => {
+                for (i, value) in items.into_iter().zip(values) {
+                    if unserved(&value) {
+                        again.push(i);
+                    } else {
+                        answers[i] = Some(Ok(value));
+                    }
+                }
+            }
+            Err(e) if refused_by_topology(&e) => again.extend(items),
+            Err(e) => {
+                if matches!(e.kind(), ErrorKind::Timeout | ErrorKind::IO) {
+                    cluster.refresh_soon();
+                }
+                for i in items {
+                    answers[i] = Some(Err((e.clone(), Some(node.clone()))));
+                }
+            }
+        }
+    }
+    if !again.is_empty() {
+        cluster.refresh_soon();
+        cluster.count_resent(again.len());
+        let resent =
+            futures::future::join_all(again.iter().map(|&i| to_slot(cluster, sha, timeout, move || make(i)))).await;
+        for (i, answer) in again.into_iter().zip(resent) {
+            answers[i] = Some(answer);
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err((FredError::new(ErrorKind::Parse, "unexpected script answer"), None))))
+        .collect()
+}
+
+/// One descriptor's call (built by `make`) alone to the primary of its slot, with declared keys, and the node that
+/// answered. MOVED and ASK (the call ran nothing) are followed once, to the node they name; MOVED, a slot without a
+/// primary and a node that failed to answer ask for a new slot map. TRYAGAIN (a call of several keys while a
+/// migration has split its slot's keys between two nodes; it ran nothing) is tried again from the slot's primary,
+/// after pauses that double from [`FIRST_RETRY_PAUSE`], while the store's `timeout` has not passed.
+pub(super) async fn to_slot(cluster: &Cluster, sha: &Value, timeout: Duration, make: impl Fn() -> Call) -> Answer {
+    let started = Instant::now();
+    let mut pause = FIRST_RETRY_PAUSE;
+    loop {
+        let answer = to_slot_once(cluster, sha, &make).await;
+        match &answer {
+            Err((e, _)) if is_tryagain(e) && started.elapsed() + pause < timeout => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            _ => return answer,
+        }
+    }
+}
+
+/// [`to_slot`]'s call, and the redirection it may follow.
+async fn to_slot_once(cluster: &Cluster, sha: &Value, make: &impl Fn() -> Call) -> Answer {
+    let call = make();
+    let slot = call.slot.unwrap_or(0);
+    let Some(node) = cluster.owner(slot) else {
+        let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
+        return Err((e, None));
+    };
+    let first = eval(node.pool.next(), sha.clone(), vec![call], Form::Declared, false).await;
+    let e = match first {
+        Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
+        Err(e) => e,
+    };
+    let redirect = redirection(&e);
+    if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
+        return Err((e, Some(node)));
+    }
+    cluster.refresh_soon();
+    let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+        return Err((e, Some(node)));
+    };
+    eval(target.pool.next(), sha.clone(), vec![make()], Form::Declared, asking)
+        .await
+        .map(|mut values| values.pop().unwrap_or(Value::Null))
+        .map_err(|e| (e, Some(target)))
+}

@@ -1,0 +1,334 @@
+//! The Redis store on a Redis Cluster of three primaries. The descriptors that live on one primary share its script
+//! call whatever their slots; a descriptor of a slot that is migrating or has moved is decided once, where its
+//! counter is, and never part-way; and a live reshard under load (`redis-cli --cluster reshard`, twice) fails no
+//! decision, loses no hit and counts none twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fred::util::redis_keyslot;
+use sluice_core::rules::Algorithm;
+use sluice_core::store::redis::RedisStore;
+use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, Store, TierSpec};
+
+use crate::harness::{
+    RedisCluster, T0, decided, evalsha_count, node_id, own_slots, redis_cli, redis_store_with, reshard,
+};
+
+const HOUR: u64 = 3_600_000_000;
+const DAY: u64 = 24 * HOUR;
+/// The start of a day: every window is whole, so no counter expires while a test runs.
+const NOW: u64 = T0 - T0 % DAY;
+
+fn identity(prefix: &str, i: usize) -> Identity {
+    CounterKey::builder(prefix, "d").entry("k", &format!("v{i}")).finish()
+}
+
+/// The keys of a descriptor's fixed windows: a day, and an hour for a descriptor of two tiers.
+fn tier_keys(id: &Identity, tiers: usize) -> Vec<CounterKey> {
+    [DAY, HOUR][..tiers]
+        .iter()
+        .map(|&w| id.tier(Algorithm::FixedWindow, w))
+        .collect()
+}
+
+/// A hit of 1 on a descriptor's fixed windows, whose limits are never reached.
+fn hit(id: &Identity, tiers: usize) -> Hit {
+    let tiers = tier_keys(id, tiers)
+        .into_iter()
+        .zip([DAY, HOUR])
+        .map(|(key, window_us)| TierSpec {
+            key,
+            algorithm: Algorithm::FixedWindow,
+            limit: u64::from(u32::MAX),
+            window_us,
+            burst: 0,
+            cost: None,
+        })
+        .collect();
+    Hit {
+        tiers,
+        cost: 1,
+        ..Hit::default()
+    }
+}
+
+fn slot(id: &Identity) -> u16 {
+    redis_keyslot(id.tier(Algorithm::FixedWindow, DAY).as_str().as_bytes())
+}
+
+fn serves(ranges: &[(u16, u16)], slot: u16) -> bool {
+    ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+}
+
+/// Each counter whose key starts with `prefix` on the node at `port`, with its count, read by one script there.
+fn counters(port: u16, prefix: &str) -> HashMap<String, u64> {
+    let script = "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                  out[#out + 1] = k; out[#out + 1] = redis.call('HGET', k, 'n') or '-1' end return out";
+    let out = redis_cli(port, &["EVAL", script, "0", &format!("{prefix}*")]);
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .chunks_exact(2)
+        .map(|kv| (kv[0].to_string(), kv[1].trim().parse().unwrap_or(u64::MAX)))
+        .collect()
+}
+
+/// How much a descriptor has used of its day, through the store.
+async fn used(store: &RedisStore, id: &Identity) -> u64 {
+    let mut peek = hit(id, 1);
+    peek.cost = 0;
+    decided(store.peek(NOW, &[peek]).await)[0].tiers[0].used
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
+    let cluster = RedisCluster::start();
+    let store = redis_store_with(&cluster.url(), Duration::from_secs(1)).await;
+    let prefix = "moving:";
+    // `a` and `e` live on one slot of `source`, `b` on another of its slots, and `c`, never hit until the slot
+    // migrates, on `a`'s slot too.
+    let a = identity(prefix, 0);
+    let s = slot(&a);
+    let source = cluster.slot_owner(s).expect("a primary serves the slot");
+    let target = cluster
+        .primaries()
+        .into_iter()
+        .find(|&p| p != source)
+        .expect("another primary");
+    let ranges = own_slots(source);
+    let mut same_slot = (1..).map(|i| identity(prefix, i)).filter(|id| slot(id) == s);
+    let (c, e) = (same_slot.next().unwrap(), same_slot.next().unwrap());
+    let b = (1..)
+        .map(|i| identity(prefix, i))
+        .find(|id| slot(id) != s && serves(&ranges, slot(id)))
+        .unwrap();
+
+    // Two slots of one primary: one script call decides both (once the script is loaded there, and on `target`).
+    let target_ranges = own_slots(target);
+    let on_target = (1..)
+        .map(|i| identity(prefix, i))
+        .find(|id| serves(&target_ranges, slot(id)))
+        .unwrap();
+    assert!(
+        decided(store.hit(NOW, &[hit(&b, 1), hit(&on_target, 1)]).await)
+            .iter()
+            .all(|o| o.admitted)
+    );
+    let calls = evalsha_count(source);
+    let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1), hit(&e, 1)]).await);
+    assert!(out.iter().all(|o| o.admitted));
+    assert_eq!(
+        evalsha_count(source),
+        calls + 1,
+        "one call for descriptors of two slots"
+    );
+
+    // The slot migrates from `source` to `target`: `a`'s counter is still on `source`, `c` has none yet.
+    let s_text = s.to_string();
+    let setslot = |port: u16, state: &str, node: u16| {
+        let answer = redis_cli(port, &["CLUSTER", "SETSLOT", &s_text, state, &node_id(node)]);
+        assert_eq!(answer.trim(), "OK", "SETSLOT {state} on {port}");
+    };
+    setslot(target, "IMPORTING", source);
+    setslot(source, "MIGRATING", target);
+    let resent = store.resent();
+    let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1), hit(&c, 1)]).await);
+    assert!(out.iter().all(|o| o.admitted));
+    assert_eq!(
+        store.resent(),
+        resent + 2,
+        "`a` and `c` were refused by `source`'s call and sent to their slot; `b` was decided in it"
+    );
+    let keys_in = |port: u16| {
+        redis_cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &s_text])
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        keys_in(source),
+        "2",
+        "`a` and `e` still counted where their counters are"
+    );
+    assert_eq!(
+        keys_in(target),
+        "1",
+        "`c` counted on the node importing the slot (after ASK)"
+    );
+
+    // A descriptor whose keys the migration has split (its day on `source`, its hit records nowhere yet) is never
+    // decided part-way: Redis refuses it before anything runs (TRYAGAIN while the slot migrates), and its day
+    // keeps its count.
+    let mut recording = hit(&e, 1);
+    recording.record = Some(RecordSpec {
+        key: e.records(),
+        size: 3,
+        value: Some("x".into()),
+    });
+    let refused = store.hit(NOW, &[recording]).await;
+    assert!(refused[0].is_err(), "{refused:?}");
+    assert_eq!(
+        used(&store, &e).await,
+        1,
+        "nothing of the refused descriptor was written"
+    );
+
+    // The migration ends: `a`'s counter moves, and the slot is `target`'s. The store's map may still name
+    // `source`, which refuses (MOVED): `a` is counted once, on `target`.
+    let a_key = hit(&a, 1).tiers[0].key.as_str().to_string();
+    let e_key = hit(&e, 1).tiers[0].key.as_str().to_string();
+    let migrated = redis_cli(
+        source,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &target.to_string(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            &a_key,
+            &e_key,
+        ],
+    );
+    assert_eq!(migrated.trim(), "OK");
+    for port in cluster.primaries() {
+        setslot(port, "NODE", target);
+    }
+    let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1)]).await);
+    assert!(out.iter().all(|o| o.admitted));
+    assert_eq!(
+        (
+            used(&store, &a).await,
+            used(&store, &b).await,
+            used(&store, &c).await,
+            used(&store, &e).await
+        ),
+        (3, 4, 1, 1),
+        "every hit counted once"
+    );
+    assert_eq!(redis_cli(target, &["HGET", &a_key, "n"]).trim(), "3");
+}
+
+/// Requests of one and of three descriptors, from many tasks at once, over descriptors of one and of two tiers on
+/// every slot, while a thousand slots move from one primary to another and a thousand more on to the third. Every
+/// decision succeeds, and afterwards each counter holds exactly the hits admitted on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once() {
+    const DESCRIPTORS: usize = 1_500;
+    const WORKERS: usize = 24;
+    let cluster = RedisCluster::start();
+    let store = Arc::new(redis_store_with(&cluster.url(), Duration::from_secs(5)).await);
+    let prefix = "reshard:";
+    let tiers = |i: usize| if i % 3 == 0 { 2 } else { 1 };
+    let ids: Arc<Vec<Identity>> = Arc::new((0..DESCRIPTORS).map(|i| identity(prefix, i)).collect());
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..DESCRIPTORS).map(|_| AtomicU64::new(0)).collect());
+    let (stop, requests) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (store, ids, admitted) = (store.clone(), ids.clone(), admitted.clone());
+            let (stop, requests, failures) = (stop.clone(), requests.clone(), failures.clone());
+            tokio::spawn(async move {
+                let mut state = 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(w as u64 + 1);
+                let mut next = || {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (state >> 33) as usize % DESCRIPTORS
+                };
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    let chosen: Vec<usize> = (0..if round % 2 == 0 { 3 } else { 1 }).map(|_| next()).collect();
+                    let hits: Vec<Hit> = chosen.iter().map(|&i| hit(&ids[i], tiers(i))).collect();
+                    for (&i, answer) in chosen.iter().zip(store.hit(NOW, &hits).await) {
+                        match answer {
+                            Ok(o) if o.admitted => {
+                                admitted[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                            other => failures.lock().unwrap().push(format!("descriptor {i}: {other:?}")),
+                        }
+                    }
+                    requests.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let until = |count: u64| {
+        let requests = requests.clone();
+        async move {
+            while requests.load(Ordering::Relaxed) < count {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+
+    until(500).await;
+    let primaries = cluster.primaries();
+    let before: Vec<Vec<(u16, u16)>> = primaries.iter().map(|&p| own_slots(p)).collect();
+    let started = (Instant::now(), requests.load(Ordering::Relaxed));
+    let moves = [(primaries[0], primaries[1]), (primaries[1], primaries[2])];
+    let resharded = tokio::task::spawn_blocking(move || moves.map(|(from, to)| reshard(from, to, 1_000)))
+        .await
+        .unwrap();
+    let during = requests.load(Ordering::Relaxed) - started.1;
+    let took = started.0.elapsed();
+    // Requests after the moves, while the store's slot map may still name the old owners.
+    until(requests.load(Ordering::Relaxed) + 500).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    for (moved, (from, to)) in resharded.iter().zip(moves) {
+        assert!(moved.is_ok(), "reshard from {from} to {to}: {moved:?}");
+    }
+    let failures = failures.lock().unwrap().clone();
+    let total = requests.load(Ordering::Relaxed);
+    eprintln!(
+        "live reshard: {during} requests during the moves ({took:?}), {total} in all; {} descriptors sent again to \
+         their slots; {} failed",
+        store.resent(),
+        failures.len()
+    );
+    assert!(during > 100, "the load ran while the slots moved: {during} requests");
+    assert!(
+        failures.is_empty(),
+        "{} failed decisions: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        store.resent() > 0,
+        "descriptors of moved slots were refused by their old node and sent again"
+    );
+
+    // Every counter, read on the node that holds it, counts exactly the hits admitted on it.
+    let after: Vec<Vec<(u16, u16)>> = primaries.iter().map(|&p| own_slots(p)).collect();
+    let mut found: HashMap<String, (u64, u16)> = HashMap::new();
+    for &port in &primaries {
+        let ranges = own_slots(port);
+        for (key, n) in counters(port, prefix) {
+            assert!(
+                serves(&ranges, redis_keyslot(key.as_bytes())),
+                "{key} on {port}, which does not serve its slot"
+            );
+            found.insert(key, (n, port));
+        }
+    }
+    let (mut moved, mut expected_keys) = (0, 0);
+    for (i, id) in ids.iter().enumerate() {
+        let hits = admitted[i].load(Ordering::Relaxed);
+        for key in tier_keys(id, tiers(i)) {
+            let n = found.get(key.as_str()).map(|(n, _)| *n);
+            assert_eq!(n.unwrap_or(0), hits, "descriptor {i}: {}", key.as_str());
+            expected_keys += usize::from(hits > 0);
+        }
+        let s = slot(id);
+        let owner = |map: &[Vec<(u16, u16)>]| map.iter().position(|r| serves(r, s));
+        moved += usize::from(hits > 0 && owner(&before) != owner(&after));
+    }
+    assert_eq!(found.len(), expected_keys, "no counter beyond the descriptors'");
+    assert!(moved > 0, "counters moved with their slots: {moved}");
+}
