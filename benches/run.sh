@@ -19,7 +19,7 @@ cleanup() {
 trap cleanup EXIT
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
-cargo build --release --locked --bin sluice --bin sluice-bench --bin sluice-quota-bench --bin sluice-budget-bench >&2
+cargo build --release --locked -p sluice -p sluice-tools --bin sluice --bin sluice-bench --bin sluice-quota-bench --bin sluice-budget-bench >&2
 sluice=$PWD/target/release/sluice
 sluice_bench=$PWD/target/release/sluice-bench
 quota_bench=$PWD/target/release/sluice-quota-bench

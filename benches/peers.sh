@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# sluice and Limitador side by side, on this machine, under the same load: both servers with their default settings,
+# on the same fresh Redis (flushed before every run) and in memory, driven by h2load (one hot key, one descriptor,
+# 8 connections with 16 calls in flight each), in alternated rounds. For each run it records decisions per second
+# and the CPU time per decision of the server and of Redis, read from /proc before and after: the CPU per decision is
+# the figure that holds across hosts.
+#
+# Limitador is built from its public source outside this repository (see BENCHMARKS.md, "Side by side"); give its
+# binary as LIMITADOR=/path/to/limitador-server. ROUNDS (3) and REQUESTS (300000 on Redis, 3x that in memory)
+# change the length.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+REQUESTS=${REQUESTS:-300000}
+LIMITADOR=${LIMITADOR:-$(command -v limitador-server || true)}
+[ -x "$LIMITADOR" ] || { echo "give Limitador's binary as LIMITADOR=/path/to/limitador-server" >&2; exit 1; }
+for tool in redis-server redis-cli h2load python3; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (tests/run.sh installs redis; h2load: nghttp2-client)" >&2; exit 1; }
+done
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --release --locked --bin sluice >&2
+sluice=$PWD/target/release/sluice
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 400); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; return 1
+}
+# CPU time of a process so far, in microseconds (utime + stime from /proc, in clock ticks).
+cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"; }
+
+cat >"$work/sluice.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+YAML
+cat >"$work/limitador.yaml" <<'YAML'
+- namespace: bench
+  max_value: 1000000000
+  seconds: 3600
+  conditions: []
+  variables: ["descriptors[0]['user']"]
+YAML
+# RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]}, gRPC-framed.
+python3 - "$work/body.bin" <<'PY'
+import struct, sys
+entry = b"\x0a\x04user\x12\x017"
+descriptor = b"\x0a" + bytes([len(entry)]) + entry
+message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
+open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
+PY
+
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+wait_port "$redis_port"
+
+# start NAME STORE: starts one server with its defaults on fresh ports; sets $server_pid and $grpc.
+start() {
+  local name=$1 store=$2 http
+  grpc=$(free_port); http=$(free_port)
+  case "$name/$store" in
+    sluice/redis) "$sluice" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
+      --http-addr "127.0.0.1:$http" --redis-url "redis://127.0.0.1:$redis_port" >"$work/$name.log" 2>&1 & ;;
+    sluice/memory) "$sluice" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
+      --http-addr "127.0.0.1:$http" >"$work/$name.log" 2>&1 & ;;
+    limitador/redis) "$LIMITADOR" -b 127.0.0.1 -p "$grpc" -B 127.0.0.1 -P "$http" "$work/limitador.yaml" \
+      redis "redis://127.0.0.1:$redis_port" >"$work/$name.log" 2>&1 & ;;
+    limitador/memory) "$LIMITADOR" -b 127.0.0.1 -p "$grpc" -B 127.0.0.1 -P "$http" "$work/limitador.yaml" \
+      memory >"$work/$name.log" 2>&1 & ;;
+  esac
+  server_pid=$!
+  pids+=("$server_pid")
+  wait_port "$grpc"
+  sleep 0.5
+}
+
+# measure NAME STORE REQUESTS: one run; prints a result line.
+measure() {
+  local name=$1 store=$2 n=$3
+  redis-cli -p "$redis_port" flushall >/dev/null
+  start "$name" "$store"
+  # A short warm-up: connections, scripts loaded, first allocations.
+  h2load -n 5000 -c 8 -m 16 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+    "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" >/dev/null
+  local server0 redis0 out server1 redis1 rps ok
+  server0=$(cpu_us "$server_pid"); redis0=$(cpu_us "$redis_pid")
+  out=$(h2load -n "$n" -c 8 -m 16 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+    "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+  server1=$(cpu_us "$server_pid"); redis1=$(cpu_us "$redis_pid")
+  rps=$(echo "$out" | grep -Eo 'finished in [0-9.]+[a-z]+, [0-9.]+ req/s' | grep -Eo '[0-9.]+ req/s' | cut -d' ' -f1)
+  ok=$(echo "$out" | grep -Eo '[0-9]+ succeeded' | cut -d' ' -f1)
+  kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
+  printf '%-10s %-7s %10.0f/s %8.1f us %8.1f us   (%s of %s succeeded)\n' "$name" "$store" "$rps" \
+    "$(echo "($server1 - $server0) / $n" | bc -l)" "$(echo "($redis1 - $redis0) / $n" | bc -l)" "$ok" "$n"
+}
+
+command -v bc >/dev/null || { echo "bc is missing (apt-get install bc)" >&2; exit 1; }
+echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(redis-server --version | cut -d' ' -f3)"
+echo "server     store      decisions/s   server CPU  Redis CPU   per decision"
+for round in $(seq "$ROUNDS"); do
+  echo "--- round $round"
+  for store in redis memory; do
+    n=$REQUESTS
+    [ "$store" = memory ] && n=$((REQUESTS * 3))
+    if [ $((round % 2)) -eq 1 ]; then order="sluice limitador"; else order="limitador sluice"; fi
+    for name in $order; do measure "$name" "$store" "$n"; done
+  done
+done
