@@ -185,11 +185,19 @@ run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with one th
   --keys uniform:100000 --rate 20000 --concurrency 256
 stop_sluice
 
-start_sluice cluster --redis-url "$cluster_url"
-run "redis cluster, 1 descriptor, keys uniform:100000, max throughput" --keys uniform:100000 --concurrency 256
-run "redis cluster, 3 descriptors, keys uniform:100000, max throughput" --descriptors 3 --keys uniform:100000 \
-  --concurrency 256
-stop_sluice
+# The cluster and one standalone Redis in the same run, alternated, for the cluster-to-standalone ratio.
+for descriptors in 1 3; do
+  for target in standalone cluster; do
+    if [ "$target" = cluster ]; then url=$cluster_url; label="redis cluster"; else
+      url="redis://127.0.0.1:$redis_port"; label="redis standalone"; fi
+    start_sluice "$target-$descriptors" --redis-url "$url"
+    run "$label, $descriptors descriptor(s), keys uniform:100000, max throughput" --descriptors "$descriptors" \
+      --keys uniform:100000 --concurrency 256
+    run "$label, $descriptors descriptor(s), keys uniform:100000, fixed 20000/s" --descriptors "$descriptors" \
+      --keys uniform:100000 --rate 20000 --concurrency 256
+    stop_sluice
+  done
+done
 
 if command -v h2load >/dev/null; then
   python3 - "$work/body.bin" <<'PY'
