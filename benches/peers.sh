@@ -7,7 +7,8 @@
 #
 # Limitador is built from its public source outside this repository (see BENCHMARKS.md, "Side by side"); give its
 # binary as LIMITADOR=/path/to/limitador-server. ROUNDS (3) and REQUESTS (300000 on Redis, 3x that in memory)
-# change the length.
+# change the length. After the rounds, sluice alone with 1, 2 and 4 serving threads (THREADS), the same way: the
+# default sizes itself from the CPUs (one thread on a machine of two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -68,15 +69,18 @@ redis_pid=$!
 pids+=("$redis_pid")
 wait_port "$redis_port"
 
-# start NAME STORE: starts one server with its defaults on fresh ports; sets $server_pid and $grpc.
+# start NAME STORE: starts one server with its defaults on fresh ports (sluice-tN: sluice with N threads); sets
+# $server_pid and $grpc.
 start() {
-  local name=$1 store=$2 http
+  local name=$1 store=$2 http threads=()
   grpc=$(free_port); http=$(free_port)
+  if [[ $name == sluice-t* ]]; then threads=(--worker-threads "${name#sluice-t}"); name=sluice; fi
   case "$name/$store" in
     sluice/redis) "$sluice" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
-      --http-addr "127.0.0.1:$http" --redis-url "redis://127.0.0.1:$redis_port" >"$work/$name.log" 2>&1 & ;;
+      --http-addr "127.0.0.1:$http" --redis-url "redis://127.0.0.1:$redis_port" "${threads[@]}" \
+      >"$work/$name.log" 2>&1 & ;;
     sluice/memory) "$sluice" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
-      --http-addr "127.0.0.1:$http" >"$work/$name.log" 2>&1 & ;;
+      --http-addr "127.0.0.1:$http" "${threads[@]}" >"$work/$name.log" 2>&1 & ;;
     limitador/redis) "$LIMITADOR" -b 127.0.0.1 -p "$grpc" -B 127.0.0.1 -P "$http" "$work/limitador.yaml" \
       redis "redis://127.0.0.1:$redis_port" >"$work/$name.log" 2>&1 & ;;
     limitador/memory) "$LIMITADOR" -b 127.0.0.1 -p "$grpc" -B 127.0.0.1 -P "$http" "$work/limitador.yaml" \
@@ -104,13 +108,13 @@ measure() {
   rps=$(echo "$out" | grep -Eo 'finished in [0-9.]+[a-z]+, [0-9.]+ req/s' | grep -Eo '[0-9.]+ req/s' | cut -d' ' -f1)
   ok=$(echo "$out" | grep -Eo '[0-9]+ succeeded' | cut -d' ' -f1)
   kill "$server_pid"; wait "$server_pid" 2>/dev/null || true
-  printf '%-10s %-7s %10.0f/s %8.1f us %8.1f us   (%s of %s succeeded)\n' "$name" "$store" "$rps" \
+  printf '%-11s %-7s %10.0f/s %8.1f us %8.1f us   (%s of %s succeeded)\n' "$name" "$store" "$rps" \
     "$(echo "($server1 - $server0) / $n" | bc -l)" "$(echo "($redis1 - $redis0) / $n" | bc -l)" "$ok" "$n"
 }
 
 command -v bc >/dev/null || { echo "bc is missing (apt-get install bc)" >&2; exit 1; }
-echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(redis-server --version | cut -d' ' -f3)"
-echo "server     store      decisions/s   server CPU  Redis CPU   per decision"
+echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Redis $(redis-server --version | grep -Eo 'v=[0-9.]+' | cut -c3-)"
+echo "server      store      decisions/s   server CPU  Redis CPU   per decision"
 for round in $(seq "$ROUNDS"); do
   echo "--- round $round"
   for store in redis memory; do
@@ -119,4 +123,10 @@ for round in $(seq "$ROUNDS"); do
     if [ $((round % 2)) -eq 1 ]; then order="sluice limitador"; else order="limitador sluice"; fi
     for name in $order; do measure "$name" "$store" "$n"; done
   done
+done
+echo "--- sluice with 1, 2 and 4 serving threads"
+for store in redis memory; do
+  n=$REQUESTS
+  [ "$store" = memory ] && n=$((REQUESTS * 3))
+  for threads in ${THREADS:-1 2 4}; do measure "sluice-t$threads" "$store" "$n"; done
 done
