@@ -160,6 +160,81 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "memcache is not supported"),
 ];
 
+/// The reference's variables that sluice honours, each under some configuration: set where the configuration gives
+/// it no effect (TLS files without the TLS switch, Prometheus settings without `USE_PROMETHEUS`), the reference
+/// ignores them too, and so does sluice, saying so at start.
+pub const HONOURED: &[&str] = &[
+    "HOST",
+    "PORT",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "GRPC_UDS",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "CACHE_KEY_PREFIX",
+    "BACKEND_TYPE",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "REDIS_POOL_SIZE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_TIMEOUT",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_SRV",
+    "SHADOW_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
+    "MERGE_DOMAIN_CONFIG",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+/// Why a variable sluice honours was ignored this time.
+const NO_EFFECT: &str = "has no effect in this configuration, as in the reference";
+
 /// Reads the reference's variables through `var` (the process environment, or a map in tests).
 pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translation, CompatError> {
     let mut env = Env {
@@ -174,6 +249,11 @@ pub fn translate(var: impl Fn(&str) -> Option<String>) -> Result<Translation, Co
     for (name, why) in IGNORED {
         if env.get(name).is_some() {
             env.out.ignored.push((name, why));
+        }
+    }
+    for name in HONOURED {
+        if env.get(name).is_some() && !env.out.read.contains(name) {
+            env.out.ignored.push((name, NO_EFFECT));
         }
     }
     Ok(env.out)
@@ -841,6 +921,26 @@ mod tests {
             let e = with(vars).unwrap_err().to_string();
             assert!(e.starts_with(want), "{vars:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_variable_without_effect_here_is_said_to_be_ignored() {
+        let t = with(&[
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("PROMETHEUS_ADDR", ":9102"),
+            ("TRACING_SERVICE_NAME", "rl"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+        ])
+        .unwrap();
+        let ignored: Vec<&str> = t.ignored.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            ignored,
+            ["GRPC_SERVER_TLS_CERT", "PROMETHEUS_ADDR", "TRACING_SERVICE_NAME"]
+        );
+        assert!(t.ignored.iter().all(|(_, why)| *why == NO_EFFECT));
+        // Every variable is either honoured or listed as ignored, never both.
+        assert!(HONOURED.iter().all(|h| IGNORED.iter().all(|(i, _)| i != h)));
     }
 
     #[test]
