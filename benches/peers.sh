@@ -15,29 +15,15 @@ ROUNDS=${ROUNDS:-3}
 REQUESTS=${REQUESTS:-300000}
 LIMITADOR=${LIMITADOR:-$(command -v limitador-server || true)}
 [ -x "$LIMITADOR" ] || { echo "give Limitador's binary as LIMITADOR=/path/to/limitador-server" >&2; exit 1; }
-for tool in redis-server redis-cli h2load python3; do
-  command -v "$tool" >/dev/null || { echo "$tool is missing (tests/run.sh installs redis; h2load: nghttp2-client)" >&2; exit 1; }
+for tool in redis-server redis-cli h2load python3 bc; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (tests/run.sh installs redis; h2load: nghttp2-client; bc: bc)" >&2; exit 1; }
 done
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 cargo build --release --locked --bin sluice >&2
 sluice=$PWD/target/release/sluice
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 400); do
-    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2; return 1
-}
 # CPU time of a process so far, in microseconds (utime + stime from /proc, in clock ticks).
 cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"; }
 
@@ -54,14 +40,7 @@ cat >"$work/limitador.yaml" <<'YAML'
   conditions: []
   variables: ["descriptors[0]['user']"]
 YAML
-# RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]}, gRPC-framed.
-python3 - "$work/body.bin" <<'PY'
-import struct, sys
-entry = b"\x0a\x04user\x12\x017"
-descriptor = b"\x0a" + bytes([len(entry)]) + entry
-message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
-open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
-PY
+write_body "$work/body.bin"
 
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
@@ -112,7 +91,6 @@ measure() {
     "$(echo "($server1 - $server0) / $n" | bc -l)" "$(echo "($redis1 - $redis0) / $n" | bc -l)" "$ok" "$n"
 }
 
-command -v bc >/dev/null || { echo "bc is missing (apt-get install bc)" >&2; exit 1; }
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), Redis $(redis-server --version | grep -Eo 'v=[0-9.]+' | cut -c3-)"
 echo "server      store      decisions/s   server CPU  Redis CPU   per decision"
 for round in $(seq "$ROUNDS"); do

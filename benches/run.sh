@@ -9,14 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
 cargo build --release --locked -p sluice -p sluice-tools --bin sluice --bin sluice-bench --bin sluice-quota-bench --bin sluice-budget-bench >&2
@@ -25,15 +19,6 @@ sluice_bench=$PWD/target/release/sluice-bench
 quota_bench=$PWD/target/release/sluice-quota-bench
 budget_bench=$PWD/target/release/sluice-budget-bench
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-wait_port() {
-  for _ in $(seq 200); do
-    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2; return 1
-}
 
 cat >"$work/bench.yaml" <<'YAML'
 domain: bench
@@ -200,14 +185,7 @@ for descriptors in 1 3; do
 done
 
 if command -v h2load >/dev/null; then
-  python3 - "$work/body.bin" <<'PY'
-import struct, sys
-# RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]} in protobuf, gRPC-framed.
-entry = b"\x0a\x04user\x12\x017"
-descriptor = b"\x0a" + bytes([len(entry)]) + entry
-message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
-open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
-PY
+  write_body "$work/body.bin"
   h2() {
     h2load -n "$1" -c 8 -m 32 -d "$work/body.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
       "http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |

@@ -1341,6 +1341,20 @@ async fn many_descriptors_in_one_call(store: impl Store) {
     assert_eq!(out.iter().map(|o| o.tiers[0].used).collect::<Vec<_>>(), [1, 2, 2]);
 }
 
+/// Two seconds and the reaping grace after [`T0`], peeks at many descriptors: every shard that is touched sweeps, and
+/// touching many reaches every shard.
+async fn sweep_every_shard(store: &impl Store) {
+    let later = T0 + 2 * SECOND + sluice_core::store::RESERVATION_GRACE_US;
+    for i in 0..1000 {
+        peek(
+            store,
+            later,
+            &one(&format!("f{i}"), Algorithm::FixedWindow, 5, SECOND, 1),
+        )
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn memory_store_evicts_expired_state() {
     let store = memory();
@@ -1348,17 +1362,7 @@ async fn memory_store_evicts_expired_state() {
         apply(&store, T0, &one(&format!("e{i}"), Algorithm::FixedWindow, 5, SECOND, 1)).await;
     }
     assert_eq!(store.len(), 100);
-    // Two seconds on, every shard that is touched sweeps; touching many descriptors reaches every shard.
-    // After the reaping grace.
-    let later = T0 + 2 * SECOND + sluice_core::store::RESERVATION_GRACE_US;
-    for i in 0..1000 {
-        peek(
-            &store,
-            later,
-            &one(&format!("f{i}"), Algorithm::FixedWindow, 5, SECOND, 1),
-        )
-        .await;
-    }
+    sweep_every_shard(&store).await;
     assert_eq!(store.len(), 0, "expired state is evicted and peeks create nothing");
 }
 
@@ -1509,16 +1513,7 @@ async fn memory_store_evicts_expired_reservations() {
         apply(&store, T0, &reserving(h, &name, "a", 500_000)).await;
     }
     assert_eq!(store.len(), 200);
-    // After the reaping grace.
-    let later = T0 + 2 * SECOND + sluice_core::store::RESERVATION_GRACE_US;
-    for i in 0..1000 {
-        peek(
-            &store,
-            later,
-            &one(&format!("f{i}"), Algorithm::FixedWindow, 5, SECOND, 1),
-        )
-        .await;
-    }
+    sweep_every_shard(&store).await;
     assert_eq!(store.len(), 0, "records expire, a grace after their reservations");
 }
 

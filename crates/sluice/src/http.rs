@@ -74,7 +74,7 @@ pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: ResponseHeaders,
         .route("/json", post(json::<S>))
         .route("/healthcheck", get(healthcheck::<S>))
         .layer(DefaultBodyLimit::max(cap))
-        .with_state((limiter, headers, rules))
+        .with_state(Arc::new((limiter, headers, rules)))
 }
 
 /// The JSON API's connections, plain or after a TLS handshake, as axum takes them.
@@ -144,15 +144,17 @@ async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoR
 
 /// `GET /healthcheck` on the JSON API's listener, where the reference serves it (Kubernetes probes of a reference
 /// deployment point there): 200 `OK` when ready (as `/readyz`), 500 otherwise, as the reference answers.
-async fn healthcheck<S: Store>(State((limiter, _, rules)): State<JsonState<S>>) -> impl IntoResponse {
-    match readiness(&limiter, &rules).await {
+async fn healthcheck<S: Store>(State(state): State<JsonState<S>>) -> impl IntoResponse {
+    let (limiter, _, rules) = &*state;
+    match readiness(limiter, rules).await {
         Ok(()) => (StatusCode::OK, "OK".to_string()),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("not ready: {e}\n")),
     }
 }
 
-/// The JSON API's state: the limiter, the headers to add, and whether the rules are in force.
-type JsonState<S> = (Arc<Limiter<S>>, ResponseHeaders, RulesReady);
+/// The JSON API's state: the limiter, the headers to add, and whether the rules are in force; shared, as axum clones
+/// the state for every request.
+type JsonState<S> = Arc<(Arc<Limiter<S>>, ResponseHeaders, RulesReady)>;
 
 /// The Prometheus text alone, at `path`: the listener of `--metrics-addr` (the reference's `PROMETHEUS_ADDR` and
 /// `PROMETHEUS_PATH`), for scrapers that should see nothing else.
@@ -170,10 +172,8 @@ async fn rlconfig<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoRe
 /// `POST /json`: a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out, with 200 for OK and 429 for
 /// OVER_LIMIT (as the reference answers); 413 for a body over `--max-request-bytes`, 400 for bad JSON or an invalid
 /// request, 503 when the store fails.
-async fn json<S: Store>(
-    State((limiter, headers, _)): State<JsonState<S>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let (limiter, headers, _) = &*state;
     let error = |status: StatusCode, message: String| (status, format!("{message}\n")).into_response();
     let invalid = |status: StatusCode, message: String| {
         limiter.metrics().invalid_request("should_rate_limit");
@@ -190,7 +190,7 @@ async fn json<S: Store>(
         }
         Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}")),
     };
-    if let Err(LimitError::OverCap { cap, message }) = check_request_bytes(&limiter, body.len()) {
+    if let Err(LimitError::OverCap { cap, message }) = check_request_bytes(limiter, body.len()) {
         return error(StatusCode::PAYLOAD_TOO_LARGE, over_cap(cap, &message));
     }
     let value: serde_json::Value = match serde_json::from_slice(&body) {
@@ -208,7 +208,7 @@ async fn json<S: Store>(
                 Code::Ok => StatusCode::OK,
                 Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             };
-            let body = crate::json::response(&to_response(decision, &headers));
+            let body = crate::json::response(&to_response(decision, headers));
             (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
         Err(LimitError::InvalidArgument(m)) => error(StatusCode::BAD_REQUEST, m),

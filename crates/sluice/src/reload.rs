@@ -73,23 +73,35 @@ impl Reloader {
 /// The watcher and the directories it watches.
 struct Watches {
     watcher: RecommendedWatcher,
-    dirs: Vec<PathBuf>,
+    /// Each watched directory, with the directory it resolved to when the watch was set.
+    dirs: Vec<(PathBuf, Option<PathBuf>)>,
 }
 
 impl Watches {
-    /// Watches the directories that `path` goes through now, and no others.
+    /// Watches the directories that `path` goes through now, and no others. When they resolve as they did (an edit,
+    /// not a swap), the watches stay as they are, so no event can fall between an old watch and a new one.
     fn follow(&mut self, path: &Path) -> Result<(), WatchError> {
-        for dir in self.dirs.drain(..) {
+        let now: Vec<_> = watched_dirs(path)
+            .into_iter()
+            .map(|dir| {
+                let resolved = std::fs::canonicalize(&dir).ok();
+                (dir, resolved)
+            })
+            .collect();
+        if now == self.dirs {
+            return Ok(());
+        }
+        for (dir, _) in self.dirs.drain(..) {
             let _ = self.watcher.unwatch(&dir);
         }
-        for dir in watched_dirs(path) {
+        for (dir, resolved) in now {
             self.watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
                 .map_err(|source| WatchError {
                     path: dir.clone(),
                     source,
                 })?;
-            self.dirs.push(dir);
+            self.dirs.push((dir, resolved));
         }
         Ok(())
     }

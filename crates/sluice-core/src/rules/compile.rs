@@ -102,22 +102,28 @@ impl RuleSet {
                 }
                 domain.failure_policy = Some(policy);
             }
-            if first.is_some() {
+            if mode == Domains::Merged {
+                // A top-level descriptor another file of the domain defined; one file's own duplicates are
+                // found by `level`, like any duplicate.
                 for (i, d) in raw.descriptors.iter().enumerate() {
                     let label = format!("{}.{}", raw.domain, segment_of(d));
-                    if let Some(other) = tops.get(&label).filter(|other| **other != file.path.as_path()) {
-                        return Err(ConfigError::invalid(
-                            &file.path,
-                            &format!("descriptors[{i}]"),
-                            format!("duplicate descriptor '{label}': also defined in '{}'", other.display()),
-                        ));
+                    match tops.entry(label) {
+                        MapEntry::Occupied(other) if *other.get() != file.path.as_path() => {
+                            return Err(ConfigError::invalid(
+                                &file.path,
+                                &format!("descriptors[{i}]"),
+                                format!(
+                                    "duplicate descriptor '{}': also defined in '{}'",
+                                    other.key(),
+                                    other.get().display()
+                                ),
+                            ));
+                        }
+                        MapEntry::Occupied(_) => {}
+                        MapEntry::Vacant(slot) => {
+                            slot.insert(&file.path);
+                        }
                     }
-                }
-            }
-            if mode == Domains::Merged {
-                for d in &raw.descriptors {
-                    tops.entry(format!("{}.{}", raw.domain, segment_of(d)))
-                        .or_insert(&file.path);
                 }
             }
             compiler.level(&mut domain.root, &raw.descriptors, "descriptors", &raw.domain, false)?;

@@ -1,0 +1,33 @@
+# What benches/run.sh and benches/peers.sh share: a scratch directory and the processes to stop on exit, free ports,
+# waiting for a listener, and the gRPC-framed request h2load sends. Sourced, not run.
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+wait_port() {
+  for _ in $(seq 400); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; return 1
+}
+
+# write_body FILE: RateLimitRequest{domain: "bench", descriptors: [{entries: [{key: "user", value: "7"}]}]} in
+# protobuf, gRPC-framed, as h2load's -d takes it.
+write_body() {
+  python3 - "$1" <<'PY'
+import struct, sys
+entry = b"\x0a\x04user\x12\x017"
+descriptor = b"\x0a" + bytes([len(entry)]) + entry
+message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
+open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
+PY
+}
