@@ -10,7 +10,6 @@
 pub mod memory;
 pub mod redis;
 
-use std::fmt::Write as _;
 use std::future::Future;
 
 use crate::rules::Algorithm;
@@ -377,24 +376,13 @@ pub struct CounterKey {
 impl CounterKey {
     /// Starts the identity of a descriptor in `domain`, with the configured prefix.
     pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {
-        let mut body = String::with_capacity(64);
-        piece(&mut body, domain);
-        KeyBuilder {
-            out: String::from(prefix),
-            body,
-        }
+        KeyBuilder::start(prefix, "", domain)
     }
 
     /// Starts the identity of an RLQS bucket in `domain`. Its counters never meet a descriptor's: the identity
     /// starts with `rlqs|`, where a descriptor's starts with a length.
     pub fn bucket_builder(prefix: &str, domain: &str) -> KeyBuilder {
-        let mut body = String::with_capacity(64);
-        body.push_str("rlqs|");
-        piece(&mut body, domain);
-        KeyBuilder {
-            out: String::from(prefix),
-            body,
-        }
+        KeyBuilder::start(prefix, "rlqs|", domain)
     }
 
     pub fn as_str(&self) -> &str {
@@ -410,23 +398,44 @@ impl CounterKey {
 /// Appends entries to an identity.
 #[derive(Debug)]
 pub struct KeyBuilder {
+    /// The whole key so far: the prefix, the tag's place, then the identity.
     out: String,
-    body: String,
+    /// Where the tag's 16 hex digits go, once the identity is complete.
+    tag_at: usize,
 }
 
 impl KeyBuilder {
+    /// The key is built in one string, the tag's digits written in place at the end: a key costs one allocation
+    /// and no formatting, on every hit.
+    fn start(prefix: &str, kind: &str, domain: &str) -> KeyBuilder {
+        let mut out = String::with_capacity(prefix.len() + 18 + kind.len() + domain.len() + 64);
+        out.push_str(prefix);
+        out.push('{');
+        let tag_at = out.len();
+        out.push_str("0000000000000000}");
+        out.push_str(kind);
+        piece(&mut out, domain);
+        KeyBuilder { out, tag_at }
+    }
+
     pub fn entry(mut self, key: &str, value: &str) -> KeyBuilder {
-        self.body.push('|');
-        piece(&mut self.body, key);
-        self.body.push('=');
-        piece(&mut self.body, value);
+        self.out.push('|');
+        piece(&mut self.out, key);
+        self.out.push('=');
+        piece(&mut self.out, value);
         self
     }
 
     /// Finishes the identity.
     pub fn finish(mut self) -> Identity {
-        let tag = fnv1a(self.body.as_bytes());
-        let _ = write!(self.out, "{{{tag:016x}}}{}", self.body);
+        let digits = self.tag_at..self.tag_at + 16;
+        let tag = fnv1a(&self.out.as_bytes()[digits.end + 1..]);
+        let mut hex = [0u8; 16];
+        for (i, d) in hex.iter_mut().enumerate() {
+            *d = b"0123456789abcdef"[((tag >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        self.out
+            .replace_range(digits, std::str::from_utf8(&hex).unwrap_or_default());
         Identity { base: self.out, tag }
     }
 }
@@ -441,10 +450,14 @@ pub struct Identity {
 impl Identity {
     /// The key of one limit's state.
     pub fn tier(&self, algorithm: Algorithm, window_us: u64) -> CounterKey {
-        CounterKey {
-            key: format!("{}|{}/{}", self.base, algorithm.name(), window_us / 1_000_000),
-            tag: self.tag,
-        }
+        let name = algorithm.name();
+        let mut key = String::with_capacity(self.base.len() + name.len() + 22);
+        key.push_str(&self.base);
+        key.push('|');
+        key.push_str(name);
+        key.push('/');
+        push_decimal(&mut key, window_us / 1_000_000);
+        CounterKey { key, tag: self.tag }
     }
 
     /// The key of a limit that counts a cost of its own (see `rules::TierCost`): `label` names it, so that two limits
@@ -482,8 +495,24 @@ impl Identity {
 }
 
 fn piece(out: &mut String, s: &str) {
-    let _ = write!(out, "{}:", s.len());
+    push_decimal(out, s.len() as u64);
+    out.push(':');
     out.push_str(s);
+}
+
+/// Appends `n` in decimal, without going through `fmt` (keys are built on every hit).
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// 64-bit FNV-1a: stable across processes and versions, which a hash tag must be.
@@ -531,6 +560,8 @@ mod tests {
         assert_eq!(tag_end, 3 + 16, "{k}");
         assert!(k[3..tag_end].chars().all(|c| c.is_ascii_hexdigit()));
         assert!(k.ends_with("1:d|4:user=3:{x}|fixed_window/60"), "{k}");
+        // Byte for byte: counters written by one version are found by the next.
+        assert_eq!(k, "p:{424ad63badd19887}1:d|4:user=3:{x}|fixed_window/60");
     }
 
     #[test]
