@@ -126,8 +126,9 @@ if command -v redis-benchmark >/dev/null; then
     batch.lua)")
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
-  # One descriptor as crates/sluice-core/lua/batch.lua reads it: key count, argument count, then decide.lua's arguments.
-  fixed=(1 12 hit '' 1 '' 0 '' 0 fixed_window 1000000000 3600000000 0 '')
+  # One descriptor as crates/sluice-core/lua/batch.lua reads it: key count, argument count, then the lone fixed window's
+  # compact arguments (lone_fixed_window.lua), as sluice sends an ordinary hit on one fixed window.
+  fixed=(1 5 fw '' 1 1000000000 3600000000)
   calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 's:__rand_int__' \
     1 "${fixed[@]}"
   calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 evalsha "$decide" 1 \

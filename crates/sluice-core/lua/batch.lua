@@ -8,7 +8,7 @@
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors; then per descriptor: its key count, its argument count, and its
---           arguments as decide.lua reads them.
+--           arguments as decide.lua reads them (or lone_fixed_window.lua's compact form).
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; then per descriptor: its key count, its argument count, its probe key (the
 --           descriptor's key prefix and hash tag alone: a key of its slot that sluice never writes; '' for none),
