@@ -609,7 +609,7 @@ fn descriptors(
                 share_threshold: false,
                 quota_mode: d.quota_mode,
                 cost_reports: false,
-                metadata: d.metadata.as_ref().map(mapping),
+                metadata: d.metadata.as_ref().map(|m| Box::new(mapping(m))),
             })
         })
         .collect()
@@ -647,24 +647,21 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
     })
 }
 
-/// A protobuf `Struct` as the YAML mapping a file's `metadata` would be.
-fn mapping(s: &prost_types::Struct) -> serde_yaml_ng::Mapping {
-    s.fields
-        .iter()
-        .map(|(k, v)| (serde_yaml_ng::Value::String(k.clone()), yaml(v)))
-        .collect()
+/// A protobuf `Struct` as the mapping a file's `metadata` would be.
+fn mapping(s: &prost_types::Struct) -> crate::config::RawMetadata {
+    s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect()
 }
 
-fn yaml(v: &prost_types::Value) -> serde_yaml_ng::Value {
+fn json(v: &prost_types::Value) -> serde_json::Value {
     use prost_types::value::Kind;
-    use serde_yaml_ng::Value as Y;
+    use serde_json::Value as J;
     match &v.kind {
-        None | Some(Kind::NullValue(_)) => Y::Null,
-        Some(Kind::NumberValue(n)) => Y::Number((*n).into()),
-        Some(Kind::StringValue(s)) => Y::String(s.clone()),
-        Some(Kind::BoolValue(b)) => Y::Bool(*b),
-        Some(Kind::StructValue(s)) => Y::Mapping(mapping(s)),
-        Some(Kind::ListValue(l)) => Y::Sequence(l.values.iter().map(yaml).collect()),
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::NumberValue(n)) => J::from(*n),
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::StructValue(s)) => J::Object(mapping(s)),
+        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(json).collect()),
     }
 }
 

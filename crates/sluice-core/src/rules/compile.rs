@@ -319,7 +319,7 @@ impl Compiler<'_> {
             path: Arc::from(label),
             dynamic_label: dynamic || raw.detailed_metric,
             detailed_metric: raw.detailed_metric,
-            metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
+            metadata: raw.metadata.as_ref().map(|m| Arc::new(Metadata::clone(m))),
             stats: std::sync::OnceLock::new(),
             bucket: None,
         }))
@@ -452,29 +452,6 @@ impl Compiler<'_> {
             (None, None) => Ok(TierCost::Request),
         }
     }
-}
-
-/// A `metadata` mapping of the YAML file as plain data (its keys are strings: the loader checks it).
-fn metadata(map: &serde_yaml_ng::Mapping) -> Metadata {
-    fn value(v: &serde_yaml_ng::Value) -> serde_json::Value {
-        use serde_yaml_ng::Value as Y;
-        match v {
-            Y::Null => serde_json::Value::Null,
-            Y::Bool(b) => serde_json::Value::Bool(*b),
-            Y::Number(n) => n
-                .as_i64()
-                .map(serde_json::Value::from)
-                .or_else(|| n.as_u64().map(serde_json::Value::from))
-                .unwrap_or_else(|| serde_json::Value::from(n.as_f64().unwrap_or_default())),
-            Y::String(s) => serde_json::Value::String(s.clone()),
-            Y::Sequence(items) => serde_json::Value::Array(items.iter().map(value).collect()),
-            Y::Mapping(map) => serde_json::Value::Object(metadata(map)),
-            Y::Tagged(t) => value(&t.value),
-        }
-    }
-    map.iter()
-        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), value(v))))
-        .collect()
 }
 
 #[cfg(test)]
