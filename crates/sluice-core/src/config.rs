@@ -55,9 +55,9 @@ pub struct RawQuotaBucket {
 #[serde(deny_unknown_fields)]
 pub struct RawDescriptor {
     #[serde(default)]
-    pub key: String,
-    pub value: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
+    pub key: Box<str>,
+    pub value: Option<Box<str>>,
+    pub rate_limit: Option<Box<RawRateLimit>>,
     /// sluice extension: several limits on one node, all decided together (instead of `rate_limit`).
     pub rate_limits: Option<Vec<RawRateLimit>>,
     #[serde(default)]
@@ -88,24 +88,24 @@ pub type RawMetadata = serde_json::Map<String, serde_json::Value>;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRateLimit {
-    pub unit: Option<String>,
+    pub unit: Option<Box<str>>,
     #[serde(default)]
     pub requests_per_unit: u32,
     #[serde(default)]
     pub unlimited: bool,
-    pub name: Option<String>,
+    pub name: Option<Box<str>>,
     #[serde(default)]
     pub replaces: Vec<RawReplaces>,
     /// sluice extension: the counting algorithm (`fixed_window` by default).
-    pub algorithm: Option<String>,
+    pub algorithm: Option<Box<str>>,
     /// sluice extension: the window is this many units long (1 by default).
     pub unit_multiplier: Option<u32>,
     /// sluice extension: bucket capacity of `token_bucket` and `leaky_bucket`.
     pub burst: Option<u32>,
     /// sluice extension: keep the last values of a request entry that hit this limit.
-    pub record: Option<RawRecord>,
+    pub record: Option<Box<RawRecord>>,
     /// sluice extension: the named cost this limit counts (e.g. `input_tokens`), instead of the request's cost.
-    pub cost: Option<String>,
+    pub cost: Option<Box<str>>,
     /// sluice extension: this limit counts the sum of named costs, each times its price (whole units of the budget).
     pub price: Option<std::collections::BTreeMap<String, u32>>,
 }
@@ -381,7 +381,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.domain.domain, "edge");
-        assert_eq!(f.domain.descriptors[0].descriptors[0].key, "c");
+        assert_eq!(&*f.domain.descriptors[0].descriptors[0].key, "c");
         let rl = f.domain.descriptors[0].rate_limit.as_ref().unwrap();
         assert_eq!(rl.requests_per_unit, 3);
     }

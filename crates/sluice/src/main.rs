@@ -345,7 +345,7 @@ fn domains(merge: bool) -> Domains {
 
 fn check(config: &std::path::Path, domains: Domains) -> ExitCode {
     let compiled =
-        sluice::config::load(config).and_then(|files| RuleSet::compile_with(&files, &Metrics::discarded(0.8), domains));
+        sluice::config::load(config).and_then(|files| RuleSet::compile_owned(files, &Metrics::discarded(0.8), domains));
     match compiled {
         Ok(rules) => {
             print!("{}", rules.summary());

@@ -163,7 +163,7 @@ async fn run<S: Store>(
 /// Loads and compiles the configuration; swaps it in when it is valid and different. Returns whether it did.
 pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, domains: Domains, forced: bool) -> bool {
     let metrics = limiter.metrics();
-    let compiled = config::load(path).and_then(|files| RuleSet::compile_with(&files, metrics, domains));
+    let compiled = config::load(path).and_then(|files| RuleSet::compile_owned(files, metrics, domains));
     match compiled {
         Ok(rules) if !forced && rules.digest() == limiter.rules().digest() => false,
         Ok(rules) => {

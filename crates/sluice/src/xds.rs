@@ -559,7 +559,7 @@ pub fn snapshot(
         (&config.name, &resource.value).hash(&mut hasher);
         files.push(config_file(&config, index, hasher.finish())?);
     }
-    Ok(RuleSet::compile_with(&files, metrics, domains)?)
+    Ok(RuleSet::compile_owned(files, metrics, domains)?)
 }
 
 /// Converts one resource into the raw types of a configuration file named `xds:<resource name>`
@@ -593,13 +593,13 @@ fn descriptors(
         .map(|(i, d)| {
             let at = format!("{at}[{i}]");
             Ok(RawDescriptor {
-                key: d.key.clone(),
+                key: d.key.as_str().into(),
                 // Empty: no value, as in the reference.
-                value: (!d.value.is_empty()).then(|| d.value.clone()),
+                value: (!d.value.is_empty()).then(|| d.value.as_str().into()),
                 rate_limit: d
                     .rate_limit
                     .as_ref()
-                    .map(|p| policy(file, p, &format!("{at}.rate_limit")))
+                    .map(|p| policy(file, p, &format!("{at}.rate_limit")).map(Box::new))
                     .transpose()?,
                 rate_limits: None,
                 descriptors: descriptors(file, &d.descriptors, &format!("{at}.descriptors"))?,
@@ -619,7 +619,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
     // UNKNOWN is no unit, which is what an unlimited rule has (the reference reads it so too).
     let unit = match RateLimitUnit::try_from(p.unit) {
         Ok(RateLimitUnit::Unknown) => None,
-        Ok(unit) => Some(unit.as_str_name().to_ascii_lowercase()),
+        Ok(unit) => Some(unit.as_str_name().to_ascii_lowercase().into()),
         Err(_) => {
             return Err(ConfigError::Invalid {
                 file: file.to_path_buf(),
@@ -632,7 +632,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
         unit,
         requests_per_unit: p.requests_per_unit,
         unlimited: p.unlimited,
-        name: (!p.name.is_empty()).then(|| p.name.clone()),
+        name: (!p.name.is_empty()).then(|| p.name.as_str().into()),
         replaces: p
             .replaces
             .iter()

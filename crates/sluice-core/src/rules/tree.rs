@@ -32,16 +32,17 @@ pub struct Rule {
     pub metadata: Option<Arc<Metadata>>,
     /// The rule's hit counters, registered on its first hit: a configuration of many rules exposes series only
     /// for the rules that were hit (see [`Rule::stats`]).
-    pub(super) stats: std::sync::OnceLock<RuleStats>,
+    pub(super) stats: std::sync::OnceLock<Box<RuleStats>>,
     /// For a rule of RLQS `quota_buckets`: how its assignments are handed out.
-    pub bucket: Option<BucketSettings>,
+    pub bucket: Option<Box<BucketSettings>>,
 }
 
 impl Rule {
     /// The rule's hit counters in `metrics`, under its own label in `domain`; registered on the first call. A rule
     /// that a reload keeps gets the same series back (the recorder keys them by name and labels).
     pub fn stats(&self, metrics: &Metrics, domain: &str) -> &RuleStats {
-        self.stats.get_or_init(|| metrics.rule_stats(domain, &self.path))
+        self.stats
+            .get_or_init(|| Box::new(metrics.rule_stats(domain, &self.path)))
     }
     /// Whether any of the rule's names is in `replaced`.
     pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
@@ -55,9 +56,11 @@ impl Rule {
 /// A node of a domain's tree: an optional rule and the next level.
 #[derive(Debug, Default)]
 pub(super) struct Node {
-    pub(super) rule: Option<Rule>,
-    /// The label of this level in metric paths: `key` or `key_value`.
-    pub(super) segment: Arc<str>,
+    pub(super) rule: Option<Box<Rule>>,
+    /// The node's metric path, e.g. `edge.path_/login.user`, shared with its rule's [`Rule::path`].
+    pub(super) label: Arc<str>,
+    /// Where this level's part of `label` starts: its `key` or `key_value`.
+    pub(super) segment_at: u32,
     pub(super) value_to_metric: bool,
     /// For a wildcard node with `share_threshold`: every matching value shares the counter named by the pattern.
     pub(super) shared_value: Option<Arc<str>>,
@@ -152,9 +155,9 @@ impl Domain {
             };
             node = next;
             label.push('.');
-            label.push_str(&node.segment);
+            label.push_str(node.segment());
             let detailed = node.rule.as_ref().is_some_and(|r| r.detailed_metric);
-            if (node.value_to_metric || detailed) && node.segment.len() == key.as_ref().len() {
+            if (node.value_to_metric || detailed) && node.segment().len() == key.as_ref().len() {
                 label.push('_');
                 label.push_str(value.as_ref());
             }
@@ -164,6 +167,24 @@ impl Domain {
 }
 
 impl Node {
+    /// A node labelled `segment` under a parent labelled `parent` (no parent: the domain's root).
+    pub(super) fn new(parent: Option<&str>, segment: &str) -> Node {
+        let (label, segment_at) = match parent {
+            Some(parent) => (format!("{parent}.{segment}"), parent.len() + 1),
+            None => (segment.to_string(), 0),
+        };
+        Node {
+            label: Arc::from(label),
+            segment_at: u32::try_from(segment_at).unwrap_or(u32::MAX),
+            ..Node::default()
+        }
+    }
+
+    /// The label of this level in metric paths: `key` or `key_value`.
+    pub(super) fn segment(&self) -> &str {
+        self.label.get(self.segment_at as usize..).unwrap_or_default()
+    }
+
     /// The rule on the node the last entry lands on: one entry per level, no backtracking.
     fn find_path<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
         let mut node = self;
@@ -176,7 +197,7 @@ impl Node {
             }
         }
         Some(Match {
-            rule: node.rule.as_ref()?,
+            rule: node.rule.as_deref()?,
             shared,
         })
     }
