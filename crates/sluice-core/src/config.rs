@@ -107,7 +107,7 @@ pub struct RawRateLimit {
     /// sluice extension: the named cost this limit counts (e.g. `input_tokens`), instead of the request's cost.
     pub cost: Option<Box<str>>,
     /// sluice extension: this limit counts the sum of named costs, each times its price (whole units of the budget).
-    pub price: Option<std::collections::BTreeMap<String, u32>>,
+    pub price: Option<Box<std::collections::BTreeMap<String, u32>>>,
 }
 
 /// `record`: which request entry's value to keep, and how many of the latest.

@@ -88,7 +88,7 @@ impl Compiler<'_> {
 
             let mut node = &mut *root;
             for (key, value) in &raw.bucket {
-                let branches = node.children.entry(key.as_str().into()).or_default();
+                let branches = node.branches_mut(key.as_str().into());
                 let fresh = |segment: String, shared: Option<&str>| Node {
                     shared_value: shared.map(Arc::from),
                     ..Node::new(None, &segment)

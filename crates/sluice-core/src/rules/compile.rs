@@ -153,6 +153,29 @@ fn segment_of(raw: &RawDescriptor) -> String {
     }
 }
 
+/// The items of a list in order, its memory freed as they are taken: a level's raw descriptors are not all kept
+/// until the last is compiled.
+struct Draining<T>(Vec<T>);
+
+impl<T> Draining<T> {
+    fn new(mut items: Vec<T>) -> Draining<T> {
+        items.reverse();
+        Draining(items)
+    }
+}
+
+impl<T> Iterator for Draining<T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        let item = self.0.pop()?;
+        if self.0.len() < self.0.capacity() / 2 {
+            self.0.shrink_to_fit();
+        }
+        Some(item)
+    }
+}
+
 pub(super) struct Compiler<'a> {
     file: &'a Path,
     pub(super) domain: &'a str,
@@ -181,10 +204,10 @@ impl Compiler<'_> {
                 }
             }
             for (key, n) in exact {
-                parent.children.entry(key.into()).or_default().exact.reserve(n);
+                parent.branches_mut(key.into()).exact.reserve(n);
             }
         }
-        for (i, mut raw) in descriptors.into_iter().enumerate() {
+        for (i, mut raw) in Draining::new(descriptors).enumerate() {
             let here = format!("{path}[{i}]");
             if raw.key.is_empty() {
                 return Err(self.err(&format!("{here}.key"), "descriptor key is empty"));
@@ -218,7 +241,7 @@ impl Compiler<'_> {
             )?;
 
             let duplicate = || self.err(&here, format!("duplicate descriptor '{node_label}' at this level"));
-            let branches = parent.children.entry(std::mem::take(&mut raw.key)).or_default();
+            let branches = parent.branches_mut(std::mem::take(&mut raw.key));
             match raw.value.take().filter(|v| !v.is_empty()) {
                 None => {
                     if branches.any.is_some() {

@@ -64,7 +64,8 @@ pub(super) struct Node {
     pub(super) value_to_metric: bool,
     /// For a wildcard node with `share_threshold`: every matching value shares the counter named by the pattern.
     pub(super) shared_value: Option<Arc<str>>,
-    pub(super) children: HashMap<Box<str>, Branches>,
+    /// The next level by key; none on a leaf, which most nodes of a large level are.
+    pub(super) children: Option<Box<HashMap<Box<str>, Branches>>>,
 }
 
 /// The nodes of one level that share a key.
@@ -150,7 +151,7 @@ impl Domain {
         let mut label = String::from(&*self.name);
         let mut node = &self.root;
         for (key, value) in entries {
-            let Some(next) = node.children.get(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
+            let Some(next) = node.branches(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
                 break;
             };
             node = next;
@@ -180,6 +181,16 @@ impl Node {
         }
     }
 
+    /// The nodes of the next level under `key`.
+    fn branches(&self, key: &str) -> Option<&Branches> {
+        self.children.as_ref()?.get(key)
+    }
+
+    /// The nodes of the next level under `key`, created empty if there are none yet.
+    pub(super) fn branches_mut(&mut self, key: Box<str>) -> &mut Branches {
+        self.children.get_or_insert_default().entry(key).or_default()
+    }
+
     /// The label of this level in metric paths: `key` or `key_value`.
     pub(super) fn segment(&self) -> &str {
         self.label.get(self.segment_at as usize..).unwrap_or_default()
@@ -190,7 +201,7 @@ impl Node {
         let mut node = self;
         let mut shared = Vec::new();
         for (depth, (key, value)) in entries.iter().enumerate() {
-            let branches = node.children.get(key.as_ref())?;
+            let branches = node.branches(key.as_ref())?;
             node = branches.find(value.as_ref())?;
             if let Some(pattern) = &node.shared_value {
                 shared.push((depth, &**pattern));
