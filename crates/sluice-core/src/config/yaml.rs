@@ -1,9 +1,10 @@
 //! A YAML reader for the configuration files: a serde [`Deserializer`](de::Deserializer) over the events of
 //! `saphyr-parser`, taken one at a time, so a file is never held as a tree or as a list of events.
 //!
-//! Scalars read as the reference's YAML reads them for the configuration's fields: a plain scalar is an integer,
-//! a boolean (`true`, `True`, `TRUE`, and the same for false) or null (`~`, `null`, empty) where the field wants
-//! one; a string field takes any scalar as written (`007`, `true`); a quoted scalar is always a string. Anchored
+//! Scalars resolve as YAML 1.2's core schema has them, as serde_yaml_ng (which read these files before) resolves
+//! them: a plain scalar is an integer (`12`, `0x1f`, not `007`), a boolean (`true`, `True`, `TRUE`, and the same for
+//! false) or null (`~`, `null`, empty) where the field wants one; a string field takes any scalar as written (`007`,
+//! `true`); a quoted scalar is always a string. Anchored
 //! subtrees are recorded as they are read and replayed where an alias names them. Errors carry the path inside the
 //! document (`descriptors[3].rate_limit.unit`) and the line and column.
 
@@ -875,9 +876,9 @@ mod tests {
         let e = parse(Path::new("big.yaml"), &text).unwrap_err().to_string();
         let line = 2 + 17_345 * 5 + 4;
         assert!(
-            e.starts_with(&format!(
+            e.starts_with(
                 "config 'big.yaml': descriptors[17345].rate_limit: unknown field `fortnight`, expected one of"
-            )),
+            ),
             "{e}"
         );
         assert!(e.ends_with(&format!("at line {line} column 7")), "{e}");
