@@ -152,6 +152,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
             let rules = RuleSet::compile_owned(config::load(path)?, &metrics, settings.domains)?;
             metrics.config_loaded(rules.digest());
             tracing::info!(config = %path.display(), summary = %rules.headline(), "configuration loaded");
+            crate::reload::after_load();
             rules
         }
         RuleSource::Xds(xds) => {
