@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_yaml_ng::Value;
+use serde::de;
+
+mod yaml;
 
 /// One configuration file: a domain and its descriptor tree.
 #[derive(Debug, Clone, Deserialize)]
@@ -53,9 +55,9 @@ pub struct RawQuotaBucket {
 #[serde(deny_unknown_fields)]
 pub struct RawDescriptor {
     #[serde(default)]
-    pub key: String,
-    pub value: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
+    pub key: Box<str>,
+    pub value: Option<Box<str>>,
+    pub rate_limit: Option<Box<RawRateLimit>>,
     /// sluice extension: several limits on one node, all decided together (instead of `rate_limit`).
     pub rate_limits: Option<Vec<RawRateLimit>>,
     #[serde(default)]
@@ -74,33 +76,38 @@ pub struct RawDescriptor {
     /// a hit of cost 0 checks that something is left.
     #[serde(default)]
     pub cost_reports: bool,
-    pub metadata: Option<serde_yaml_ng::Mapping>,
+    /// Free-form data handed back with a decision; its keys are strings at every level.
+    #[serde(default, deserialize_with = "metadata")]
+    pub metadata: Option<Box<RawMetadata>>,
 }
+
+/// A rule's `metadata`: a map of strings to JSON-like values.
+pub type RawMetadata = serde_json::Map<String, serde_json::Value>;
 
 /// The limit of one node.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRateLimit {
-    pub unit: Option<String>,
+    pub unit: Option<Box<str>>,
     #[serde(default)]
     pub requests_per_unit: u32,
     #[serde(default)]
     pub unlimited: bool,
-    pub name: Option<String>,
+    pub name: Option<Box<str>>,
     #[serde(default)]
     pub replaces: Vec<RawReplaces>,
     /// sluice extension: the counting algorithm (`fixed_window` by default).
-    pub algorithm: Option<String>,
+    pub algorithm: Option<Box<str>>,
     /// sluice extension: the window is this many units long (1 by default).
     pub unit_multiplier: Option<u32>,
     /// sluice extension: bucket capacity of `token_bucket` and `leaky_bucket`.
     pub burst: Option<u32>,
     /// sluice extension: keep the last values of a request entry that hit this limit.
-    pub record: Option<RawRecord>,
+    pub record: Option<Box<RawRecord>>,
     /// sluice extension: the named cost this limit counts (e.g. `input_tokens`), instead of the request's cost.
-    pub cost: Option<String>,
+    pub cost: Option<Box<str>>,
     /// sluice extension: this limit counts the sum of named costs, each times its price (whole units of the budget).
-    pub price: Option<std::collections::BTreeMap<String, u32>>,
+    pub price: Option<Box<std::collections::BTreeMap<String, u32>>>,
 }
 
 /// `record`: which request entry's value to keep, and how many of the latest.
@@ -204,17 +211,15 @@ pub fn load_file(file: &Path) -> Result<ConfigFile, ConfigError> {
 
 /// Shape-checks the text of one file; `file` only names it in errors.
 pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
-    let yaml_err = |e: serde_yaml_ng::Error| ConfigError::Yaml {
+    // One pass into the typed structures: a mapping key that is not a string can only be an unknown field there
+    // (the reader names it with its path), except inside the free-form `metadata`, which refuses it itself.
+    let domain: Option<RawDomain> = yaml::from_str(text).map_err(|e| ConfigError::Yaml {
         file: file.to_path_buf(),
         message: e.to_string(),
-    };
-    // One pass into the typed structures: a mapping key that is not a string can only be an unknown field there
-    // (the deserializer names it with its path), except inside the free-form `metadata`, checked below.
-    let domain: Option<RawDomain> = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
+    })?;
     let Some(domain) = domain else {
         return Err(ConfigError::invalid(file, "", "the file is empty"));
     };
-    check_metadata(file, &domain.descriptors, &mut String::from("descriptors"))?;
     let mut hasher = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&(file, text), &mut hasher);
     Ok(ConfigFile {
@@ -224,63 +229,141 @@ pub fn parse(file: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
     })
 }
 
-/// Rejects `metadata` whose mapping keys are not all strings, anywhere in the descriptor tree.
-fn check_metadata(file: &Path, descriptors: &[RawDescriptor], path: &mut String) -> Result<(), ConfigError> {
-    for (i, d) in descriptors.iter().enumerate() {
-        let len = path.len();
-        path.push_str(&format!("[{i}]"));
-        if let Some(metadata) = &d.metadata {
-            let at = path.len();
-            path.push_str(".metadata");
-            check_keys(file, &Value::Mapping(metadata.clone()), path)?;
-            path.truncate(at);
-        }
-        path.push_str(".descriptors");
-        check_metadata(file, &d.descriptors, path)?;
-        path.truncate(len);
-    }
-    Ok(())
+/// Reads `metadata`: a mapping whose keys are strings at every level, with any values.
+fn metadata<'de, D: de::Deserializer<'de>>(d: D) -> Result<Option<Box<RawMetadata>>, D::Error> {
+    Ok(Option::<FreeMap>::deserialize(d)?.map(|m| Box::new(m.0)))
 }
 
-/// Rejects mapping keys that are not strings in a free-form value.
-fn check_keys(file: &Path, value: &Value, path: &mut String) -> Result<(), ConfigError> {
-    match value {
-        Value::Mapping(map) => {
-            for (k, v) in map {
-                let Value::String(k) = k else {
-                    return Err(ConfigError::invalid(
-                        file,
-                        path,
-                        format!("key is not a string: {}", describe(k)),
-                    ));
-                };
-                let len = path.len();
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                path.push_str(k);
-                check_keys(file, v, path)?;
-                path.truncate(len);
-            }
+/// A free-form mapping with string keys.
+struct FreeMap(RawMetadata);
+
+/// A free-form value: null, a boolean, a number, a string, or a sequence or mapping of them.
+struct Free(serde_json::Value);
+
+/// A key of a free-form mapping, refused unless it is a string.
+struct FreeKey(String);
+
+impl<'de> Deserialize<'de> for FreeMap {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match d.deserialize_map(FreeVisitor)? {
+            serde_json::Value::Object(map) => Ok(FreeMap(map)),
+            _ => Err(de::Error::custom("expected a mapping")),
         }
-        Value::Sequence(items) => {
-            for (i, v) in items.iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                check_keys(file, v, path)?;
-                path.truncate(len);
-            }
-        }
-        Value::Tagged(tagged) => check_keys(file, &tagged.value, path)?,
-        _ => {}
     }
-    Ok(())
 }
 
-fn describe(v: &Value) -> String {
-    serde_yaml_ng::to_string(v)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".to_string())
+impl<'de> Deserialize<'de> for Free {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FreeVisitor).map(Free)
+    }
+}
+
+struct FreeVisitor;
+
+impl<'de> de::Visitor<'de> for FreeVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a mapping")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Free(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = RawMetadata::new();
+        while let Some(FreeKey(k)) = map.next_key()? {
+            let Free(v) = map.next_value()?;
+            out.insert(k, v);
+        }
+        Ok(serde_json::Value::Object(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for FreeKey {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        fn refuse<E: de::Error>(what: impl std::fmt::Display) -> Result<FreeKey, E> {
+            Err(E::custom(format!("key is not a string: {what}")))
+        }
+        impl<'de> de::Visitor<'de> for KeyVisitor {
+            type Value = FreeKey;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<FreeKey, E> {
+                Ok(FreeKey(v.to_string()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<FreeKey, E> {
+                Ok(FreeKey(v))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<FreeKey, E> {
+                refuse("null")
+            }
+
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<FreeKey, E> {
+                refuse(v)
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<FreeKey, E> {
+                refuse(v)
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<FreeKey, E> {
+                refuse(v)
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<FreeKey, E> {
+                refuse(v)
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<FreeKey, A::Error> {
+                refuse("a sequence")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<FreeKey, A::Error> {
+                refuse("a mapping")
+            }
+        }
+        d.deserialize_any(KeyVisitor)
+    }
 }
 
 #[cfg(test)]
@@ -298,7 +381,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.domain.domain, "edge");
-        assert_eq!(f.domain.descriptors[0].descriptors[0].key, "c");
+        assert_eq!(&*f.domain.descriptors[0].descriptors[0].key, "c");
         let rl = f.domain.descriptors[0].rate_limit.as_ref().unwrap();
         assert_eq!(rl.requests_per_unit, 3);
     }

@@ -11,7 +11,7 @@
 //! their keys depend only on the domain, the entries, the algorithm and the window.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
@@ -160,10 +160,21 @@ async fn run<S: Store>(
     }
 }
 
+/// What to call on the thread that loaded a configuration, once the rules it replaced are dropped: `sluice serve`
+/// sets it to hand back to the system the memory its allocator keeps after a large load. Set once, before serving.
+pub static AFTER_LOAD: OnceLock<fn()> = OnceLock::new();
+
+/// Calls [`AFTER_LOAD`], if it is set.
+pub(crate) fn after_load() {
+    if let Some(release) = AFTER_LOAD.get() {
+        release();
+    }
+}
+
 /// Loads and compiles the configuration; swaps it in when it is valid and different. Returns whether it did.
 pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, domains: Domains, forced: bool) -> bool {
     let metrics = limiter.metrics();
-    let compiled = config::load(path).and_then(|files| RuleSet::compile_with(&files, metrics, domains));
+    let compiled = config::load(path).and_then(|files| RuleSet::compile_owned(files, metrics, domains));
     match compiled {
         Ok(rules) if !forced && rules.digest() == limiter.rules().digest() => false,
         Ok(rules) => {
@@ -175,6 +186,7 @@ pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, domains: Domains, for
                 "configuration reloaded"
             );
             limiter.reload(rules);
+            after_load();
             metrics.config_reload(Ok(digest));
             true
         }

@@ -149,9 +149,10 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
     let rules = match &settings.rules {
         RuleSource::Files(path) => {
-            let rules = RuleSet::compile_with(&config::load(path)?, &metrics, settings.domains)?;
+            let rules = RuleSet::compile_owned(config::load(path)?, &metrics, settings.domains)?;
             metrics.config_loaded(rules.digest());
             tracing::info!(config = %path.display(), summary = %rules.headline(), "configuration loaded");
+            crate::reload::after_load();
             rules
         }
         RuleSource::Xds(xds) => {

@@ -508,6 +508,7 @@ impl<S: Store> Client<S> {
                         "configuration applied from xDS"
                     );
                     self.limiter.reload(rules);
+                    crate::reload::after_load();
                     metrics.config_reload(Ok(digest));
                 } else {
                     tracing::debug!(version = %response.version_info, "xDS snapshot unchanged");
@@ -559,7 +560,7 @@ pub fn snapshot(
         (&config.name, &resource.value).hash(&mut hasher);
         files.push(config_file(&config, index, hasher.finish())?);
     }
-    Ok(RuleSet::compile_with(&files, metrics, domains)?)
+    Ok(RuleSet::compile_owned(files, metrics, domains)?)
 }
 
 /// Converts one resource into the raw types of a configuration file named `xds:<resource name>`
@@ -593,13 +594,13 @@ fn descriptors(
         .map(|(i, d)| {
             let at = format!("{at}[{i}]");
             Ok(RawDescriptor {
-                key: d.key.clone(),
+                key: d.key.as_str().into(),
                 // Empty: no value, as in the reference.
-                value: (!d.value.is_empty()).then(|| d.value.clone()),
+                value: (!d.value.is_empty()).then(|| d.value.as_str().into()),
                 rate_limit: d
                     .rate_limit
                     .as_ref()
-                    .map(|p| policy(file, p, &format!("{at}.rate_limit")))
+                    .map(|p| policy(file, p, &format!("{at}.rate_limit")).map(Box::new))
                     .transpose()?,
                 rate_limits: None,
                 descriptors: descriptors(file, &d.descriptors, &format!("{at}.descriptors"))?,
@@ -609,7 +610,7 @@ fn descriptors(
                 share_threshold: false,
                 quota_mode: d.quota_mode,
                 cost_reports: false,
-                metadata: d.metadata.as_ref().map(mapping),
+                metadata: d.metadata.as_ref().map(|m| Box::new(mapping(m))),
             })
         })
         .collect()
@@ -619,7 +620,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
     // UNKNOWN is no unit, which is what an unlimited rule has (the reference reads it so too).
     let unit = match RateLimitUnit::try_from(p.unit) {
         Ok(RateLimitUnit::Unknown) => None,
-        Ok(unit) => Some(unit.as_str_name().to_ascii_lowercase()),
+        Ok(unit) => Some(unit.as_str_name().to_ascii_lowercase().into()),
         Err(_) => {
             return Err(ConfigError::Invalid {
                 file: file.to_path_buf(),
@@ -632,7 +633,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
         unit,
         requests_per_unit: p.requests_per_unit,
         unlimited: p.unlimited,
-        name: (!p.name.is_empty()).then(|| p.name.clone()),
+        name: (!p.name.is_empty()).then(|| p.name.as_str().into()),
         replaces: p
             .replaces
             .iter()
@@ -647,24 +648,21 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
     })
 }
 
-/// A protobuf `Struct` as the YAML mapping a file's `metadata` would be.
-fn mapping(s: &prost_types::Struct) -> serde_yaml_ng::Mapping {
-    s.fields
-        .iter()
-        .map(|(k, v)| (serde_yaml_ng::Value::String(k.clone()), yaml(v)))
-        .collect()
+/// A protobuf `Struct` as the mapping a file's `metadata` would be.
+fn mapping(s: &prost_types::Struct) -> crate::config::RawMetadata {
+    s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect()
 }
 
-fn yaml(v: &prost_types::Value) -> serde_yaml_ng::Value {
+fn json(v: &prost_types::Value) -> serde_json::Value {
     use prost_types::value::Kind;
-    use serde_yaml_ng::Value as Y;
+    use serde_json::Value as J;
     match &v.kind {
-        None | Some(Kind::NullValue(_)) => Y::Null,
-        Some(Kind::NumberValue(n)) => Y::Number((*n).into()),
-        Some(Kind::StringValue(s)) => Y::String(s.clone()),
-        Some(Kind::BoolValue(b)) => Y::Bool(*b),
-        Some(Kind::StructValue(s)) => Y::Mapping(mapping(s)),
-        Some(Kind::ListValue(l)) => Y::Sequence(l.values.iter().map(yaml).collect()),
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::NumberValue(n)) => J::from(*n),
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::StructValue(s)) => J::Object(mapping(s)),
+        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(json).collect()),
     }
 }
 

@@ -125,7 +125,7 @@ impl<S: Store> Limiter<S> {
                 out.push(Ok(Charged::NoRule));
                 continue;
             };
-            let settings = rule.bucket.unwrap_or_default();
+            let settings = rule.bucket.as_deref().copied().unwrap_or_default();
             if rule.tiers.is_empty() {
                 out.push(Ok(Charged::Unlimited));
                 continue;

@@ -45,9 +45,9 @@ impl Compiler<'_> {
                 .collect::<Vec<_>>()
                 .join(".");
             let limits = RawDescriptor {
-                key: String::new(),
+                key: Box::default(),
                 value: None,
-                rate_limit: raw.rate_limit.clone(),
+                rate_limit: raw.rate_limit.clone().map(Box::new),
                 rate_limits: raw.rate_limits.clone(),
                 descriptors: Vec::new(),
                 shadow_mode: raw.shadow_mode,
@@ -58,7 +58,7 @@ impl Compiler<'_> {
                 cost_reports: false,
                 metadata: None,
             };
-            let Some(mut rule) = self.rule(&limits, &here, &label, false)? else {
+            let Some(mut rule) = self.rule(&limits, &here, &Arc::from(label.as_str()), false)? else {
                 return Err(self.err(&here, "a quota bucket needs rate_limit or rate_limits"));
             };
             if rule.record.is_some() {
@@ -84,22 +84,21 @@ impl Compiler<'_> {
                     ));
                 }
             }
-            rule.bucket = Some(settings);
+            rule.bucket = Some(Box::new(settings));
 
             let mut node = &mut *root;
             for (key, value) in &raw.bucket {
-                let branches = node.children.entry(key.as_str().into()).or_default();
+                let branches = node.branches_mut(key.as_str().into());
                 let fresh = |segment: String, shared: Option<&str>| Node {
-                    segment: Arc::from(segment.as_str()),
                     shared_value: shared.map(Arc::from),
-                    ..Node::default()
+                    ..Node::new(None, &segment)
                 };
                 node = match value.as_deref() {
                     None | Some("") => branches.any.get_or_insert_with(|| Box::new(fresh(key.clone(), None))),
                     Some(v) if v.contains('*') => {
                         let shared = raw.share_threshold.then_some(v);
                         let segment = format!("{key}_{v}");
-                        match branches.wildcards.iter().position(|(_, n)| *n.segment == *segment) {
+                        match branches.wildcards.iter().position(|(_, n)| n.segment() == segment) {
                             Some(p) if branches.wildcards[p].1.shared_value.as_deref() != shared => {
                                 return Err(self.err(
                                     &at("share_threshold"),
@@ -125,7 +124,7 @@ impl Compiler<'_> {
                     format!("duplicate quota bucket '{label}': an earlier one has the same entries"),
                 ));
             }
-            node.rule = Some(rule);
+            node.rule = Some(Box::new(rule));
             self.rules += 1;
         }
         Ok(())
@@ -222,7 +221,7 @@ quota_buckets:
         // Descriptors do not see buckets, and buckets do not see descriptors.
         assert!(d.find(&[("name", "per_user"), ("user", "ann")]).is_none());
         let vip = d.find_bucket(&[("name", "per_user"), ("user", "vip")]).unwrap().rule;
-        let settings = vip.bucket.unwrap();
+        let settings = *vip.bucket.as_deref().unwrap();
         assert_eq!(
             (settings.assignment_ttl_s, settings.initial),
             (5, InitialAssignment::AllowAll)

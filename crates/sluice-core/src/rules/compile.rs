@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::{ConfigError, ConfigFile, RawDescriptor, RawRateLimit};
@@ -16,8 +16,7 @@ use crate::metrics::Metrics;
 use super::RuleSet;
 use super::tree::{Domain, Node, Pattern, Rule};
 use super::vocabulary::{
-    Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Metadata, Record, Tier, TierCost,
-    Unit,
+    Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Record, Tier, TierCost, Unit,
 };
 
 /// What two files of one domain mean.
@@ -39,20 +38,30 @@ impl RuleSet {
 
     /// Compiles shape-checked files; `domains` says whether files of one domain merge.
     pub fn compile_with(files: &[ConfigFile], metrics: &Metrics, mode: Domains) -> Result<RuleSet, ConfigError> {
+        RuleSet::compile_owned(files.to_vec(), metrics, mode)
+    }
+
+    /// Compiles shape-checked files as [`RuleSet::compile_with`] does, taking them so that each descriptor is freed
+    /// once compiled: a large configuration is not held twice, raw and compiled.
+    pub fn compile_owned(files: Vec<ConfigFile>, metrics: &Metrics, mode: Domains) -> Result<RuleSet, ConfigError> {
+        let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
+            (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
+        });
+        let count = files.len();
         let mut domains: HashMap<Box<str>, Domain> = HashMap::new();
-        let mut origin: HashMap<&str, &Path> = HashMap::new();
+        let mut origin: HashMap<String, PathBuf> = HashMap::new();
         // With merging: the file that defined each top-level descriptor ("domain.key_value").
-        let mut tops: HashMap<String, &Path> = HashMap::new();
+        let mut tops: HashMap<String, PathBuf> = HashMap::new();
         let mut rules = 0;
         for file in files {
-            let raw = &file.domain;
+            let ConfigFile { path, domain: raw, .. } = file;
             if raw.domain.is_empty() {
-                return Err(ConfigError::invalid(&file.path, "domain", "domain is empty"));
+                return Err(ConfigError::invalid(&path, "domain", "domain is empty"));
             }
-            let first = origin.get(raw.domain.as_str()).copied();
-            if let (Some(first), Domains::OnePerFile) = (first, mode) {
+            let first = origin.get(raw.domain.as_str()).cloned();
+            if let (Some(first), Domains::OnePerFile) = (&first, mode) {
                 return Err(ConfigError::invalid(
-                    &file.path,
+                    &path,
                     "domain",
                     format!(
                         "domain '{}' is also defined in '{}' (files of one domain merge only with --merge-domains)",
@@ -61,29 +70,26 @@ impl RuleSet {
                     ),
                 ));
             }
-            origin.entry(raw.domain.as_str()).or_insert(&file.path);
+            origin.entry(raw.domain.clone()).or_insert_with(|| path.clone());
             let failure_policy = match raw.failure_policy.as_deref() {
                 None => None,
                 Some(p) => Some(FailurePolicy::from_name(p).ok_or_else(|| {
                     ConfigError::invalid(
-                        &file.path,
+                        &path,
                         "failure_policy",
                         format!("unknown failure policy '{p}' (expected fail_open, fail_closed or error)"),
                     )
                 })?),
             };
             let mut compiler = Compiler {
-                file: &file.path,
+                file: &path,
                 domain: &raw.domain,
                 rules: 0,
             };
             let domain = domains.entry(raw.domain.as_str().into()).or_insert_with(|| Domain {
                 name: Arc::from(raw.domain.as_str()),
                 failure_policy: None,
-                root: Node {
-                    segment: Arc::from(raw.domain.as_str()),
-                    ..Node::default()
-                },
+                root: Node::new(None, &raw.domain),
                 buckets: Node::default(),
                 stats: metrics.domain_stats(&raw.domain),
                 override_stats: metrics.override_stats(&raw.domain),
@@ -91,12 +97,12 @@ impl RuleSet {
             if let Some(policy) = failure_policy {
                 if domain.failure_policy.is_some_and(|p| p != policy) {
                     return Err(ConfigError::invalid(
-                        &file.path,
+                        &path,
                         "failure_policy",
                         format!(
                             "domain '{}' has another failure policy in '{}'",
                             raw.domain,
-                            first.map_or_else(String::new, |f| f.display().to_string())
+                            first.as_ref().map_or_else(String::new, |f| f.display().to_string())
                         ),
                     ));
                 }
@@ -108,9 +114,9 @@ impl RuleSet {
                 for (i, d) in raw.descriptors.iter().enumerate() {
                     let label = format!("{}.{}", raw.domain, segment_of(d));
                     match tops.entry(label) {
-                        MapEntry::Occupied(other) if *other.get() != file.path.as_path() => {
+                        MapEntry::Occupied(other) if *other.get() != path => {
                             return Err(ConfigError::invalid(
-                                &file.path,
+                                &path,
                                 &format!("descriptors[{i}]"),
                                 format!(
                                     "duplicate descriptor '{}': also defined in '{}'",
@@ -121,21 +127,18 @@ impl RuleSet {
                         }
                         MapEntry::Occupied(_) => {}
                         MapEntry::Vacant(slot) => {
-                            slot.insert(&file.path);
+                            slot.insert(path.clone());
                         }
                     }
                 }
             }
-            compiler.level(&mut domain.root, &raw.descriptors, "descriptors", &raw.domain, false)?;
+            compiler.level(&mut domain.root, raw.descriptors, "descriptors", &raw.domain, false)?;
             compiler.buckets(&mut domain.buckets, &raw.quota_buckets)?;
             rules += compiler.rules;
         }
-        let digest = files.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, f| {
-            (h ^ f.digest).wrapping_mul(0x0100_0000_01b3)
-        });
         Ok(RuleSet {
             domains,
-            files: files.len(),
+            files: count,
             rules,
             digest,
         })
@@ -144,9 +147,32 @@ impl RuleSet {
 
 /// A descriptor's name at its level: `key_value`, or `key` when it has no value.
 fn segment_of(raw: &RawDescriptor) -> String {
-    match &raw.value {
+    match raw.value.as_deref() {
         Some(v) if !v.is_empty() => format!("{}_{}", raw.key, v),
-        _ => raw.key.clone(),
+        _ => raw.key.to_string(),
+    }
+}
+
+/// The items of a list in order, its memory freed as they are taken: a level's raw descriptors are not all kept
+/// until the last is compiled.
+struct Draining<T>(Vec<T>);
+
+impl<T> Draining<T> {
+    fn new(mut items: Vec<T>) -> Draining<T> {
+        items.reverse();
+        Draining(items)
+    }
+}
+
+impl<T> Iterator for Draining<T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        let item = self.0.pop()?;
+        if self.0.len() < self.0.capacity() / 2 {
+            self.0.shrink_to_fit();
+        }
+        Some(item)
     }
 }
 
@@ -164,18 +190,28 @@ impl Compiler<'_> {
     fn level(
         &mut self,
         parent: &mut Node,
-        descriptors: &[RawDescriptor],
+        descriptors: Vec<RawDescriptor>,
         path: &str,
         label: &str,
         dynamic: bool,
     ) -> Result<(), ConfigError> {
-        for (i, raw) in descriptors.iter().enumerate() {
+        // Each key's map of exact values is sized once: a level of many values is not rehashed as it grows.
+        if descriptors.len() > 1 {
+            let mut exact: HashMap<&str, usize> = HashMap::new();
+            for d in &descriptors {
+                if d.value.as_deref().is_some_and(|v| !v.is_empty() && !v.contains('*')) {
+                    *exact.entry(&d.key).or_default() += 1;
+                }
+            }
+            for (key, n) in exact {
+                parent.branches_mut(key.into()).exact.reserve(n);
+            }
+        }
+        for (i, mut raw) in Draining::new(descriptors).enumerate() {
             let here = format!("{path}[{i}]");
             if raw.key.is_empty() {
                 return Err(self.err(&format!("{here}.key"), "descriptor key is empty"));
             }
-            let segment = segment_of(raw);
-            let node_label = format!("{label}.{segment}");
             let wildcard = raw.value.as_deref().filter(|v| v.contains('*'));
             if raw.share_threshold && wildcard.is_none() {
                 return Err(self.err(
@@ -185,32 +221,41 @@ impl Compiler<'_> {
             }
             let dynamic = dynamic || raw.value_to_metric;
             let mut node = Node {
-                segment: Arc::from(segment.as_str()),
                 value_to_metric: raw.value_to_metric,
                 shared_value: wildcard.filter(|_| raw.share_threshold).map(Arc::from),
-                ..Node::default()
+                ..Node::new(Some(label), &segment_of(&raw))
             };
-            node.rule = self.rule(raw, &here, &node_label, dynamic)?;
+            node.rule = self.rule(&raw, &here, &node.label, dynamic)?.map(|mut rule| {
+                rule.metadata = raw.metadata.take().map(|m| Arc::new(*m));
+                Box::new(rule)
+            });
             self.rules += usize::from(node.rule.is_some());
             let child_path = format!("{here}.descriptors");
-            self.level(&mut node, &raw.descriptors, &child_path, &node_label, dynamic)?;
+            let node_label = Arc::clone(&node.label);
+            self.level(
+                &mut node,
+                std::mem::take(&mut raw.descriptors),
+                &child_path,
+                &node_label,
+                dynamic,
+            )?;
 
             let duplicate = || self.err(&here, format!("duplicate descriptor '{node_label}' at this level"));
-            let branches = parent.children.entry(raw.key.as_str().into()).or_default();
-            match raw.value.as_deref() {
-                None | Some("") => {
+            let branches = parent.branches_mut(std::mem::take(&mut raw.key));
+            match raw.value.take().filter(|v| !v.is_empty()) {
+                None => {
                     if branches.any.is_some() {
                         return Err(duplicate());
                     }
                     branches.any = Some(Box::new(node));
                 }
                 Some(v) if v.contains('*') => {
-                    if branches.wildcards.iter().any(|(_, n)| n.segment == node.segment) {
+                    if branches.wildcards.iter().any(|(_, n)| n.segment() == node.segment()) {
                         return Err(duplicate());
                     }
-                    branches.wildcards.push((Pattern::new(v), node));
+                    branches.wildcards.push((Pattern::new(&v), node));
                 }
-                Some(v) => match branches.exact.entry(v.into()) {
+                Some(v) => match branches.exact.entry(v) {
                     MapEntry::Occupied(_) => return Err(duplicate()),
                     MapEntry::Vacant(slot) => {
                         slot.insert(node);
@@ -225,7 +270,7 @@ impl Compiler<'_> {
         &self,
         raw: &RawDescriptor,
         here: &str,
-        label: &str,
+        label: &Arc<str>,
         dynamic: bool,
     ) -> Result<Option<Rule>, ConfigError> {
         let (raws, base): (Vec<&RawRateLimit>, String) = match (&raw.rate_limit, &raw.rate_limits) {
@@ -236,7 +281,7 @@ impl Compiler<'_> {
                     "use either rate_limit or rate_limits, not both",
                 ));
             }
-            (Some(one), None) => (vec![one], format!("{here}.rate_limit")),
+            (Some(one), None) => (vec![&**one], format!("{here}.rate_limit")),
             (None, Some(list)) => {
                 if list.is_empty() {
                     return Err(self.err(&format!("{here}.rate_limits"), "the list of limits is empty"));
@@ -316,10 +361,11 @@ impl Compiler<'_> {
             quota_mode: raw.quota_mode,
             cost_reports: raw.cost_reports,
             record,
-            path: Arc::from(label),
+            path: Arc::clone(label),
             dynamic_label: dynamic || raw.detailed_metric,
             detailed_metric: raw.detailed_metric,
-            metadata: raw.metadata.as_ref().map(|m| Arc::new(metadata(m))),
+            // Set by the caller, which owns the descriptor.
+            metadata: None,
             stats: std::sync::OnceLock::new(),
             bucket: None,
         }))
@@ -436,7 +482,7 @@ impl Compiler<'_> {
         match (&rl.cost, &rl.price) {
             (Some(_), Some(_)) => Err(self.err(&at("price"), "use either cost or price, not both")),
             (Some(name), None) if name.is_empty() => Err(self.err(&at("cost"), "the cost name is empty")),
-            (Some(name), None) => Ok(TierCost::Named(Arc::from(name.as_str()))),
+            (Some(name), None) => Ok(TierCost::Named(Arc::from(&**name))),
             (None, Some(prices)) if prices.is_empty() => Err(self.err(&at("price"), "no named costs to price")),
             (None, Some(prices)) => {
                 if let Some(name) = prices.keys().find(|n| n.is_empty()) {
@@ -452,29 +498,6 @@ impl Compiler<'_> {
             (None, None) => Ok(TierCost::Request),
         }
     }
-}
-
-/// A `metadata` mapping of the YAML file as plain data (its keys are strings: the loader checks it).
-fn metadata(map: &serde_yaml_ng::Mapping) -> Metadata {
-    fn value(v: &serde_yaml_ng::Value) -> serde_json::Value {
-        use serde_yaml_ng::Value as Y;
-        match v {
-            Y::Null => serde_json::Value::Null,
-            Y::Bool(b) => serde_json::Value::Bool(*b),
-            Y::Number(n) => n
-                .as_i64()
-                .map(serde_json::Value::from)
-                .or_else(|| n.as_u64().map(serde_json::Value::from))
-                .unwrap_or_else(|| serde_json::Value::from(n.as_f64().unwrap_or_default())),
-            Y::String(s) => serde_json::Value::String(s.clone()),
-            Y::Sequence(items) => serde_json::Value::Array(items.iter().map(value).collect()),
-            Y::Mapping(map) => serde_json::Value::Object(metadata(map)),
-            Y::Tagged(t) => value(&t.value),
-        }
-    }
-    map.iter()
-        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), value(v))))
-        .collect()
 }
 
 #[cfg(test)]

@@ -26,9 +26,9 @@ impl RuleSet {
         out.push('\n');
         for domain in names {
             out.push_str(&format!("domain {}\n", domain.name));
-            for line in domain.rule_lines() {
-                out.push_str(&format!("  {line}\n"));
-            }
+            domain.each_rule(&mut |rule| {
+                out.push_str(&format!("  {}: {}\n", rule.path, describe(rule)));
+            });
         }
         out
     }
@@ -37,24 +37,29 @@ impl RuleSet {
 impl Domain {
     /// One line per rule, in a stable order: `path: limit`.
     pub fn rule_lines(&self) -> Vec<String> {
-        fn walk(node: &Node, out: &mut Vec<String>) {
+        let mut out = Vec::new();
+        self.each_rule(&mut |rule| out.push(format!("{}: {}", rule.path, describe(rule))));
+        out
+    }
+
+    /// Every rule, in the stable order of [`Domain::rule_lines`].
+    fn each_rule(&self, f: &mut dyn FnMut(&Rule)) {
+        fn walk(node: &Node, f: &mut dyn FnMut(&Rule)) {
             if let Some(rule) = &node.rule {
-                out.push(format!("{}: {}", rule.path, describe(rule)));
+                f(rule);
             }
-            let mut keys: Vec<_> = node.children.iter().collect();
+            let mut keys: Vec<_> = node.children.iter().flat_map(|c| c.iter()).collect();
             keys.sort_by(|a, b| a.0.cmp(b.0));
             for (_, b) in keys {
                 let mut exact: Vec<_> = b.exact.iter().collect();
                 exact.sort_by(|a, b| a.0.cmp(b.0));
-                exact.into_iter().for_each(|(_, n)| walk(n, out));
-                b.wildcards.iter().for_each(|(_, n)| walk(n, out));
-                b.any.iter().for_each(|n| walk(n, out));
+                exact.into_iter().for_each(|(_, n)| walk(n, f));
+                b.wildcards.iter().for_each(|(_, n)| walk(n, f));
+                b.any.iter().for_each(|n| walk(n, f));
             }
         }
-        let mut out = Vec::new();
-        walk(&self.root, &mut out);
-        walk(&self.buckets, &mut out);
-        out
+        walk(&self.root, f);
+        walk(&self.buckets, f);
     }
 }
 

@@ -32,16 +32,17 @@ pub struct Rule {
     pub metadata: Option<Arc<Metadata>>,
     /// The rule's hit counters, registered on its first hit: a configuration of many rules exposes series only
     /// for the rules that were hit (see [`Rule::stats`]).
-    pub(super) stats: std::sync::OnceLock<RuleStats>,
+    pub(super) stats: std::sync::OnceLock<Box<RuleStats>>,
     /// For a rule of RLQS `quota_buckets`: how its assignments are handed out.
-    pub bucket: Option<BucketSettings>,
+    pub bucket: Option<Box<BucketSettings>>,
 }
 
 impl Rule {
     /// The rule's hit counters in `metrics`, under its own label in `domain`; registered on the first call. A rule
     /// that a reload keeps gets the same series back (the recorder keys them by name and labels).
     pub fn stats(&self, metrics: &Metrics, domain: &str) -> &RuleStats {
-        self.stats.get_or_init(|| metrics.rule_stats(domain, &self.path))
+        self.stats
+            .get_or_init(|| Box::new(metrics.rule_stats(domain, &self.path)))
     }
     /// Whether any of the rule's names is in `replaced`.
     pub fn is_replaced(&self, replaced: &std::collections::HashSet<&str>) -> bool {
@@ -55,13 +56,18 @@ impl Rule {
 /// A node of a domain's tree: an optional rule and the next level.
 #[derive(Debug, Default)]
 pub(super) struct Node {
-    pub(super) rule: Option<Rule>,
-    /// The label of this level in metric paths: `key` or `key_value`.
-    pub(super) segment: Arc<str>,
+    pub(super) rule: Option<Box<Rule>>,
+    /// The node's metric path, e.g. `edge.path_/login.user`, shared with its rule's [`Rule::path`].
+    pub(super) label: Arc<str>,
+    /// Where this level's part of `label` starts: its `key` or `key_value`.
+    pub(super) segment_at: u32,
     pub(super) value_to_metric: bool,
     /// For a wildcard node with `share_threshold`: every matching value shares the counter named by the pattern.
     pub(super) shared_value: Option<Arc<str>>,
-    pub(super) children: HashMap<Box<str>, Branches>,
+    /// The next level by key; none on a leaf, which most nodes of a large level are. Boxed: a node sits inline in
+    /// its parent's map of exact values, where an empty map would cost 48 bytes per value.
+    #[allow(clippy::box_collection)]
+    pub(super) children: Option<Box<HashMap<Box<str>, Branches>>>,
 }
 
 /// The nodes of one level that share a key.
@@ -147,14 +153,14 @@ impl Domain {
         let mut label = String::from(&*self.name);
         let mut node = &self.root;
         for (key, value) in entries {
-            let Some(next) = node.children.get(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
+            let Some(next) = node.branches(key.as_ref()).and_then(|b| b.find(value.as_ref())) else {
                 break;
             };
             node = next;
             label.push('.');
-            label.push_str(&node.segment);
+            label.push_str(node.segment());
             let detailed = node.rule.as_ref().is_some_and(|r| r.detailed_metric);
-            if (node.value_to_metric || detailed) && node.segment.len() == key.as_ref().len() {
+            if (node.value_to_metric || detailed) && node.segment().len() == key.as_ref().len() {
                 label.push('_');
                 label.push_str(value.as_ref());
             }
@@ -164,19 +170,47 @@ impl Domain {
 }
 
 impl Node {
+    /// A node labelled `segment` under a parent labelled `parent` (no parent: the domain's root).
+    pub(super) fn new(parent: Option<&str>, segment: &str) -> Node {
+        let (label, segment_at) = match parent {
+            Some(parent) => (format!("{parent}.{segment}"), parent.len() + 1),
+            None => (segment.to_string(), 0),
+        };
+        Node {
+            label: Arc::from(label),
+            segment_at: u32::try_from(segment_at).unwrap_or(u32::MAX),
+            ..Node::default()
+        }
+    }
+
+    /// The nodes of the next level under `key`.
+    fn branches(&self, key: &str) -> Option<&Branches> {
+        self.children.as_ref()?.get(key)
+    }
+
+    /// The nodes of the next level under `key`, created empty if there are none yet.
+    pub(super) fn branches_mut(&mut self, key: Box<str>) -> &mut Branches {
+        self.children.get_or_insert_default().entry(key).or_default()
+    }
+
+    /// The label of this level in metric paths: `key` or `key_value`.
+    pub(super) fn segment(&self) -> &str {
+        self.label.get(self.segment_at as usize..).unwrap_or_default()
+    }
+
     /// The rule on the node the last entry lands on: one entry per level, no backtracking.
     fn find_path<'a, K: AsRef<str>, V: AsRef<str>>(&'a self, entries: &[(K, V)]) -> Option<Match<'a>> {
         let mut node = self;
         let mut shared = Vec::new();
         for (depth, (key, value)) in entries.iter().enumerate() {
-            let branches = node.children.get(key.as_ref())?;
+            let branches = node.branches(key.as_ref())?;
             node = branches.find(value.as_ref())?;
             if let Some(pattern) = &node.shared_value {
                 shared.push((depth, &**pattern));
             }
         }
         Some(Match {
-            rule: node.rule.as_ref()?,
+            rule: node.rule.as_deref()?,
             shared,
         })
     }
