@@ -56,7 +56,8 @@ done
 cluster_url="redis-cluster://127.0.0.1:${cluster_ports[0]}?node=127.0.0.1:${cluster_ports[1]}&node=127.0.0.1:${cluster_ports[2]}"
 
 # start_sluice NAME ARGS...: runs sluice, sets $grpc to its address. One worker thread, as the machine's two cores
-# are shared with Redis and the load generator (its own default is one thread per core; see BENCHMARKS.md).
+# are shared with Redis and the load generator (its own default, `--worker-threads 0`, sizes itself from the CPUs:
+# one thread on a machine of two; see BENCHMARKS.md).
 start_sluice() {
   local name=$1; shift
   grpc=$(free_port); local http; http=$(free_port)
@@ -165,9 +166,9 @@ run "redis, over-limit flood of one key, local cache off" --descriptor-key flood
 stop_sluice
 
 SLUICE_THREADS=0 start_sluice redis-default-threads --redis-url "redis://127.0.0.1:$redis_port"
-run "redis, 1 descriptor, keys uniform:100000, max throughput, sluice with one thread per core" \
+run "redis, 1 descriptor, keys uniform:100000, max throughput, sluice with its default threads" \
   --keys uniform:100000 --concurrency 256
-run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with one thread per core" \
+run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with its default threads" \
   --keys uniform:100000 --rate 20000 --concurrency 256
 stop_sluice
 
