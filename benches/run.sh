@@ -3,8 +3,9 @@
 # a 3-primary local cluster) and sluice on loopback ports, and drives `sluice-bench` through the scenarios: in memory
 # and on Redis, one and three descriptors, one hot key and 100 000 keys, maximum throughput and fixed rates, an
 # over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
-# cross-checking, RLQS usage reports and Reserve+Settle pairs. Every process it starts is stopped on exit. Takes about 10 minutes; DURATION=5s shortens it
-# (LARGE_DURATION, 30s, is how long the many-counters scenario runs).
+# cross-checking, RLQS usage reports and Reserve+Settle pairs, then the cluster against one Redis in alternated
+# rounds. Every process it starts is stopped on exit. Takes about 15 minutes; DURATION=5s shortens it (LARGE_DURATION,
+# 30s, is how long the many-counters scenario runs; CLUSTER_ROUNDS, 3, how many rounds the cluster comparison has).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -172,17 +173,22 @@ run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with its de
   --keys uniform:100000 --rate 20000 --concurrency 256
 stop_sluice
 
-# The cluster and one standalone Redis in the same run, alternated, for the cluster-to-standalone ratio.
-for descriptors in 1 3; do
-  for target in standalone cluster; do
-    if [ "$target" = cluster ]; then url=$cluster_url; label="redis cluster"; else
-      url="redis://127.0.0.1:$redis_port"; label="redis standalone"; fi
-    start_sluice "$target-$descriptors" --redis-url "$url"
-    run "$label, $descriptors descriptor(s), keys uniform:100000, max throughput" --descriptors "$descriptors" \
-      --keys uniform:100000 --concurrency 256
-    run "$label, $descriptors descriptor(s), keys uniform:100000, fixed 20000/s" --descriptors "$descriptors" \
-      --keys uniform:100000 --rate 20000 --concurrency 256
-    stop_sluice
+# The cluster and one standalone Redis in the same run, for the cluster-to-standalone ratio: CLUSTER_ROUNDS (3)
+# rounds, the order alternated, as the host's noise is larger than the difference measured.
+for round in $(seq "${CLUSTER_ROUNDS:-3}"); do
+  order="standalone cluster"
+  [ $((round % 2)) -eq 0 ] && order="cluster standalone"
+  for descriptors in 1 3; do
+    for target in $order; do
+      if [ "$target" = cluster ]; then url=$cluster_url; label="redis cluster"; else
+        url="redis://127.0.0.1:$redis_port"; label="redis standalone"; fi
+      start_sluice "$target-$descriptors" --redis-url "$url"
+      run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, max throughput" \
+        --descriptors "$descriptors" --keys uniform:100000 --concurrency 256
+      run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, fixed 20000/s" \
+        --descriptors "$descriptors" --keys uniform:100000 --rate 20000 --concurrency 256
+      stop_sluice
+    done
   done
 done
 
