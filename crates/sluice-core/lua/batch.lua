@@ -25,7 +25,8 @@
 -- served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot
 -- is therefore refused before anything is written, never part-way (a migrating slot serves only the keys it still
 -- holds, so a key created or emptied by the decision could be refused after another was written). Each probe key is
--- read once per call.
+-- read once per call. A lone fixed window in the compact form is the exception: it has one key, never empties it,
+-- and reads it before writing, so the read of its own key is its probe.
 
 local function decide_one(k, nk, a)
   return lone_fixed_window(k, nk, a) or decide(k, nk, a)
@@ -43,16 +44,22 @@ local answers = {}
 for i = 1, n do
   local nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  local here = true
+  local here, unprobed = true, false
   if node then
     local probe = ARGV[a]
-    here = served[probe]
-    if here == nil then
-      here = probe ~= '' and (pcall(redis.call, 'GET', probe))
-      served[probe] = here
-    end
     k = a + 1
     a = a + 1 + nk
+    -- A lone fixed window in its compact form touches its one key only, and reads it first: that read is refused
+    -- exactly where the probe's would be (a slot not served here, or migrating with the key already gone), before
+    -- anything is written. The refusal stands in for the probe and saves a command per descriptor.
+    unprobed = nk == 1 and ARGV[a] == 'fw'
+    if not unprobed then
+      here = served[probe]
+      if here == nil then
+        here = probe ~= '' and (pcall(redis.call, 'GET', probe))
+        served[probe] = here
+      end
+    end
   end
   local answer = 0
   if here then
@@ -61,6 +68,9 @@ for i = 1, n do
     if not ok then
       if type(answer) == 'table' then answer = answer.err end
       answer = tostring(answer)
+      -- Refused as not served here: not decided, nothing written; sent again to its slot.
+      local refused = string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)
+      if unprobed and refused then answer = 0 end
     end
   end
   answers[i] = answer
