@@ -5,7 +5,8 @@
 # over-limit flood with and without the local cache, a million counters and more in memory, and h2load for
 # cross-checking, RLQS usage reports and Reserve+Settle pairs, then the cluster against one Redis in alternated
 # rounds. Every process it starts is stopped on exit. Takes about 15 minutes; DURATION=5s shortens it (LARGE_DURATION,
-# 30s, is how long the many-counters scenario runs; CLUSTER_ROUNDS, 3, how many rounds the cluster comparison has).
+# 30s, is how long the many-counters scenario runs; CLUSTER_ROUNDS, 3, how many rounds the cluster comparison has;
+# ONLY=cluster runs that comparison alone, in about 6 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -120,6 +121,32 @@ calibrate() {
     sed 's/.*usec_per_call=\([0-9.]*\).*/\1/')
   echo "--- calibration: $label: $rps, $usec us per call inside Redis"
 }
+# The cluster and one standalone Redis in the same run, for the cluster-to-standalone ratio: CLUSTER_ROUNDS (3)
+# rounds, the order alternated, as the host's noise is larger than the difference measured. ONLY=cluster runs this
+# comparison alone.
+compare_cluster() {
+  for round in $(seq "${CLUSTER_ROUNDS:-3}"); do
+    order="standalone cluster"
+    [ $((round % 2)) -eq 0 ] && order="cluster standalone"
+    for descriptors in 1 3; do
+      for target in $order; do
+        if [ "$target" = cluster ]; then url=$cluster_url; label="redis cluster"; else
+          url="redis://127.0.0.1:$redis_port"; label="redis standalone"; fi
+        start_sluice "$target-$descriptors" --redis-url "$url"
+        run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, max throughput" \
+          --descriptors "$descriptors" --keys uniform:100000 --concurrency 256
+        run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, fixed 20000/s" \
+          --descriptors "$descriptors" --keys uniform:100000 --rate 20000 --concurrency 256
+        stop_sluice
+      done
+    done
+  done
+}
+if [ "${ONLY:-}" = cluster ]; then
+  compare_cluster
+  exit 0
+fi
+
 if command -v redis-benchmark >/dev/null; then
   counter=$(redis-cli -p "$redis_port" script load \
     "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
@@ -173,24 +200,7 @@ run "redis, 1 descriptor, keys uniform:100000, fixed 20000/s, sluice with its de
   --keys uniform:100000 --rate 20000 --concurrency 256
 stop_sluice
 
-# The cluster and one standalone Redis in the same run, for the cluster-to-standalone ratio: CLUSTER_ROUNDS (3)
-# rounds, the order alternated, as the host's noise is larger than the difference measured.
-for round in $(seq "${CLUSTER_ROUNDS:-3}"); do
-  order="standalone cluster"
-  [ $((round % 2)) -eq 0 ] && order="cluster standalone"
-  for descriptors in 1 3; do
-    for target in $order; do
-      if [ "$target" = cluster ]; then url=$cluster_url; label="redis cluster"; else
-        url="redis://127.0.0.1:$redis_port"; label="redis standalone"; fi
-      start_sluice "$target-$descriptors" --redis-url "$url"
-      run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, max throughput" \
-        --descriptors "$descriptors" --keys uniform:100000 --concurrency 256
-      run "round $round, $label, $descriptors descriptor(s), keys uniform:100000, fixed 20000/s" \
-        --descriptors "$descriptors" --keys uniform:100000 --rate 20000 --concurrency 256
-      stop_sluice
-    done
-  done
-done
+compare_cluster
 
 if command -v h2load >/dev/null; then
   write_body "$work/body.bin"
