@@ -121,6 +121,7 @@ calibrate() {
     sed 's/.*usec_per_call=\([0-9.]*\).*/\1/')
   echo "--- calibration: $label: $rps, $usec us per call inside Redis"
 }
+
 # The cluster and one standalone Redis in the same run, for the cluster-to-standalone ratio: CLUSTER_ROUNDS (3)
 # rounds, the order alternated, as the host's noise is larger than the difference measured. ONLY=cluster runs this
 # comparison alone.
