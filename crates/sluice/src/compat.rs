@@ -301,6 +301,15 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         self.out.args.push(value.into());
     }
 
+    /// Passes each variable that is set to its flag, as it is.
+    fn pass(&mut self, pairs: &[(&'static str, &str)]) {
+        for &(var, flag) in pairs {
+            if let Some(value) = self.read(var) {
+                self.flag(flag, value);
+            }
+        }
+    }
+
     fn switch(&mut self, flag: &str) {
         self.out.args.push(flag.to_string());
     }
@@ -365,15 +374,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             self.flag("--metrics-path", path);
         }
         if self.bool("GRPC_SERVER_USE_TLS")? == Some(true) {
-            for (var, flag) in [
+            self.pass(&[
                 ("GRPC_SERVER_TLS_CERT", "--grpc-tls-cert"),
                 ("GRPC_SERVER_TLS_KEY", "--grpc-tls-key"),
                 ("GRPC_CLIENT_TLS_CACERT", "--grpc-tls-client-ca"),
-            ] {
-                if let Some(path) = self.read(var) {
-                    self.flag(flag, path);
-                }
-            }
+            ]);
             self.unsupported_when(
                 "GRPC_CLIENT_TLS_SAN",
                 |_| true,
@@ -443,16 +448,12 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             }
         }
         if tls {
-            for (var, flag) in [
+            self.pass(&[
                 ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-tls-ca"),
                 ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-tls-cert"),
                 ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-tls-key"),
                 ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-tls-san"),
-            ] {
-                if let Some(value) = self.read(var) {
-                    self.flag(flag, value);
-                }
-            }
+            ]);
         }
         // The reference waits CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL before retrying a failed connection and
         // backs off between stream errors; sluice has one backoff for both, starting at the retry interval.
@@ -557,15 +558,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         };
         self.flag("--redis-url", redis_url);
         if tls {
-            for (var, flag) in [
+            self.pass(&[
                 ("REDIS_TLS_CACERT", "--redis-tls-ca"),
                 ("REDIS_TLS_CLIENT_CERT", "--redis-tls-cert"),
                 ("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
-            ] {
-                if let Some(path) = self.read(var) {
-                    self.flag(flag, path);
-                }
-            }
+            ]);
         }
         if let Some(size) = self.number::<u64>("REDIS_POOL_SIZE")? {
             self.flag("--redis-pool-size", size.clamp(1, 256).to_string());
@@ -601,15 +598,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         if self.bool("LIMIT_RESPONSE_HEADERS_ENABLED")? == Some(true) {
             self.flag("--response-headers", "legacy");
         }
-        for (var, flag) in [
+        self.pass(&[
             ("LIMIT_LIMIT_HEADER", "--limit-header"),
             ("LIMIT_REMAINING_HEADER", "--remaining-header"),
             ("LIMIT_RESET_HEADER", "--reset-header"),
-        ] {
-            if let Some(name) = self.read(var) {
-                self.flag(flag, name);
-            }
-        }
+        ]);
         Ok(())
     }
 
