@@ -58,6 +58,11 @@ impl LocalCache {
         }
     }
 
+    /// Whether the cache was built with no room (`--local-cache-size 0`).
+    pub fn is_disabled(&self) -> bool {
+        self.per_shard == 0
+    }
+
     /// The generation now: read before a store call, handed to [`LocalCache::insert`] with its denial.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

@@ -14,6 +14,24 @@ use std::future::Future;
 
 use crate::rules::Algorithm;
 
+/// What one instance tells every instance sharing its store (itself included), so that state kept beside the store
+/// (the local over-limit cache, RLQS shares) follows what others did to it. Best effort, and fast: on Redis a
+/// PUBLISH on one channel, heard within milliseconds; in memory, in-process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// Capacity came back to these counters (a settlement's refund, a reset): a denial remembered for them may be
+    /// stale.
+    Freed(Vec<String>),
+    /// These RLQS buckets changed (grants or demand moved): their shares should be sized again. Each is named by a
+    /// string the quota code chooses.
+    Quota(Vec<String>),
+    /// Notices may have been missed (the subscription was lost and is back): treat everything as changed.
+    Missed,
+}
+
+/// How many notices a slow listener may fall behind before it is told [`Notice::Missed`] instead.
+pub const NOTICE_BACKLOG: usize = 4_096;
+
 /// One limit of a descriptor, as the store applies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierSpec {
@@ -354,6 +372,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Tells every instance sharing this store, this one included, about `notice`. Best effort: a notice that cannot
+    /// be sent is logged and dropped (the listeners' own loss of the subscription is what [`Store::hearing`] tells).
+    fn announce(&self, notice: Notice) -> impl Future<Output = ()> + Send;
+
+    /// The notices announced by every instance sharing the store (this one included), as they arrive; each call gives
+    /// a new receiver. A receiver that lags more than [`NOTICE_BACKLOG`] behind loses the oldest: it must then treat
+    /// everything as changed, as for [`Notice::Missed`].
+    fn notices(&self) -> tokio::sync::broadcast::Receiver<Notice>;
+
+    /// Whether notices from other instances reach this one now. While they do not (the subscription is down or not
+    /// yet up), state that relies on them must not be trusted: the local cache answers nothing.
+    fn hearing(&self) -> bool {
+        true
+    }
 }
 
 /// The name of one counter in a store.

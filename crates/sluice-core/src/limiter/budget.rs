@@ -257,6 +257,21 @@ impl<S: Store> Limiter<S> {
             return Ok(None);
         }
         let answers = self.guard.store().settle(now_us, &settlements).await;
+        if !reap {
+            // What came back frees its counters' denials, here and on every instance. A settlement that failed may
+            // still have been applied (a timeout), so its counters are freed too.
+            let freed = settlements
+                .iter()
+                .zip(&answers)
+                .filter(|(_, answer)| match answer {
+                    Ok(Settled::Done { tiers, .. }) => tiers.iter().any(|t| t.refunded > 0),
+                    Ok(Settled::Unknown) => false,
+                    Err(_) => true,
+                })
+                .flat_map(|(s, _)| s.hit.tiers.iter().map(|t| t.key.as_str().to_string()))
+                .collect();
+            self.guard.freed(freed).await;
+        }
         let mut out = vec![SettledDescriptor::default(); request.descriptors.len()];
         let mut found = false;
         let domain = request.domain.as_str();

@@ -1,7 +1,14 @@
 //! The guard around every store call: the circuit breaker of each failure domain (a refused domain's hits answer
 //! at once), the local over-limit cache (a denial that still holds answers without a call), and the call's timing,
 //! error count and log. The limiter decides; this file is what stands between its decisions and the store.
+//!
+//! The cache is kept true to what every instance sharing the store does: whatever gives capacity back (a
+//! settlement's refund, a reset) is [freed](Guard::freed) here at once and announced to the others, and a task
+//! listening to the store's notices drops the denials they name (all of them after a missed notice). While notices
+//! cannot be heard (a lost subscription) the cache answers nothing, so a denial never outlives a refund by more than
+//! a notice's delivery.
 
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use tracing::Instrument;
@@ -10,13 +17,15 @@ use crate::breaker::Breakers;
 use crate::cache::{Denial, LocalCache};
 use crate::metrics::Metrics;
 use crate::rules::Algorithm;
-use crate::store::{Answers, Hit, Outcome, Store, StoreError, TierOutcome};
+use crate::store::{Answers, Hit, Notice, Outcome, Store, StoreError, TierOutcome};
 
 /// A store with its breakers, its local cache and its call metrics.
 pub struct Guard<S> {
     store: S,
     breakers: Breakers,
-    cache: LocalCache,
+    cache: Arc<LocalCache>,
+    /// Whether the task that applies the store's notices to the cache runs (started on first use, inside a runtime).
+    listening: OnceLock<bool>,
     /// Store call latency, registered once: hits and peeks.
     latency: [metrics::Histogram; 2],
     metrics: Metrics,
@@ -31,7 +40,8 @@ impl<S: Store> Guard<S> {
             ],
             store,
             breakers,
-            cache,
+            cache: Arc::new(cache),
+            listening: OnceLock::new(),
             metrics,
         }
     }
@@ -42,6 +52,31 @@ impl<S: Store> Guard<S> {
 
     pub fn cache(&self) -> &LocalCache {
         &self.cache
+    }
+
+    /// Capacity came back to `keys` (a refund, a reset): their denials are dropped here at once, and on every
+    /// other instance sharing the store when it hears of it.
+    pub async fn freed(&self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        self.cache.remove(&keys.iter().map(String::as_str).collect::<Vec<_>>());
+        self.store.announce(Notice::Freed(keys)).await;
+    }
+
+    /// Whether the cache may answer: it is on, the task that applies notices runs, and notices are heard now.
+    fn trusted(&self) -> bool {
+        if self.cache.is_disabled() {
+            return false;
+        }
+        let listening = *self.listening.get_or_init(|| {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return false;
+            };
+            runtime.spawn(apply_notices(Arc::downgrade(&self.cache), self.store.notices()));
+            true
+        });
+        listening && self.store.hearing()
     }
 
     /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker
@@ -156,7 +191,7 @@ impl<S: Store> Guard<S> {
     /// A denial from the local cache, as the outcome the store gave. Never for a forced hit: the store must count it
     /// whatever the limits say.
     pub fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
-        if hit.force {
+        if hit.force || !self.trusted() {
             return None;
         }
         let first = hit.tiers.first()?;
@@ -195,7 +230,12 @@ impl<S: Store> Guard<S> {
     /// started in the cache's `generation`. Not a forced hit's: it was counted, not refused.
     pub fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
         let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
-        if outcome.admitted || hit.force || hit.cost == 0 || !hit.tiers.iter().all(|t| exact(t.algorithm)) {
+        if !self.trusted()
+            || outcome.admitted
+            || hit.force
+            || hit.cost == 0
+            || !hit.tiers.iter().all(|t| exact(t.algorithm))
+        {
             return;
         }
         let (tier, denied) = constraining(outcome);
@@ -248,6 +288,21 @@ fn limits_fingerprint(hit: &Hit) -> u64 {
         (t.algorithm.name(), t.limit, t.window_us, t.burst).hash(&mut h);
     }
     h.finish()
+}
+
+/// Applies the store's notices to the cache until the cache or the store is gone.
+async fn apply_notices(cache: Weak<LocalCache>, mut notices: tokio::sync::broadcast::Receiver<Notice>) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let notice = notices.recv().await;
+        let Some(cache) = cache.upgrade() else { return };
+        match notice {
+            Ok(Notice::Freed(keys)) => cache.remove(&keys.iter().map(String::as_str).collect::<Vec<_>>()),
+            Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => cache.clear(),
+            Ok(Notice::Quota(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store, StoreError, StreamReset,
-    TierOutcome, TierSettled, TierSpec,
+    Answers, CounterKey, Hit, Notice, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store, StoreError,
+    StreamReset, TierOutcome, TierSettled, TierSpec,
 };
 use crate::rules::Algorithm;
 use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us};
@@ -45,6 +45,8 @@ const SWEEP_BATCH: usize = 16;
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
+    /// Notices go to this process's listeners only: no other instance shares this store.
+    notices: tokio::sync::broadcast::Sender<Notice>,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +75,7 @@ impl Default for MemoryStore {
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore {
+            notices: tokio::sync::broadcast::Sender::new(super::NOTICE_BACKLOG),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
@@ -402,6 +405,15 @@ impl Store for MemoryStore {
 
     async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
         settlements.iter().map(|s| Ok(self.settle_one(now_us, s))).collect()
+    }
+
+    async fn announce(&self, notice: Notice) {
+        // No listener is not an error: nothing keeps state beside the store.
+        let _ = self.notices.send(notice);
+    }
+
+    fn notices(&self) -> tokio::sync::broadcast::Receiver<Notice> {
+        self.notices.subscribe()
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {

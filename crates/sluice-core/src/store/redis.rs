@@ -47,17 +47,20 @@ use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::{Answers, CounterKey, Hit, Settled, Settlement, Store, StoreError, StreamReset};
+use super::{Answers, CounterKey, Hit, Notice, Settled, Settlement, Store, StoreError, StreamReset};
 
 mod call;
 mod cluster;
 mod gather;
+mod notices;
 mod route;
 mod settings;
 
 use call::{Call, Form, Mode, is_noscript, parse, parse_settled};
 use cluster::{Cluster, Node};
 use gather::Batches;
+pub use notices::CHANNEL as NOTICE_CHANNEL;
+use notices::Notices;
 use settings::build_pool;
 pub use settings::{RedisSettings, RedisTls};
 
@@ -109,6 +112,8 @@ pub struct RedisStore {
     batches: Option<Batches>,
     /// Requests queued for a gathering task and not yet taken into a script call.
     waiting: Arc<AtomicUsize>,
+    /// What the instances sharing this Redis tell each other.
+    notices: Notices,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -149,6 +154,7 @@ impl RedisStore {
         let script = if clustered { CLUSTER_SCRIPT } else { SCRIPT };
         let sha = Value::from(Script::from_lua(script).sha1().clone());
         let waiting = Arc::new(AtomicUsize::new(0));
+        let notices = Notices::start(config.clone(), timeout)?;
         // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
         // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
         let patience = timeout.max(Duration::from_millis(500));
@@ -171,6 +177,7 @@ impl RedisStore {
                 server_time: settings.server_time,
                 batches: None,
                 waiting,
+                notices,
             });
         }
         pool.connect();
@@ -189,6 +196,7 @@ impl RedisStore {
             server_time: settings.server_time,
             batches: Some(batches),
             waiting,
+            notices,
         })
     }
 
@@ -451,6 +459,23 @@ impl Store for RedisStore {
 
     async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
         reset_idle_streams(self, keys).await
+    }
+
+    async fn announce(&self, notice: Notice) {
+        use fred::interfaces::PubsubInterface;
+        let message = notices::encode(&notice);
+        let sent: Result<Value, FredError> = self.pool.next().publish(NOTICE_CHANNEL, message).await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %self.classify(e), "a notice to the other instances could not be sent");
+        }
+    }
+
+    fn notices(&self) -> tokio::sync::broadcast::Receiver<Notice> {
+        self.notices.listen()
+    }
+
+    fn hearing(&self) -> bool {
+        self.notices.hearing()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -76,10 +76,18 @@ impl RedisTls {
 
 /// The connections to the server `config` names, not yet connecting. Every command is bounded by `timeout`; a
 /// server that cannot be reached, at start as later, is retried in the background.
-pub(super) fn build_pool(mut config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
+pub(super) fn build_pool(config: Config, timeout: Duration, size: usize) -> Result<Pool, StoreError> {
+    builder(config, timeout)
+        .build_pool(size.max(1))
+        .map_err(|e| StoreError::Other(e.details().to_string()))
+}
+
+/// The settings every connection to the store shares: the command pool's and the notices' subscriber.
+pub(super) fn builder(mut config: Config, timeout: Duration) -> Builder {
     // Keep retrying a server that is down at start instead of failing for good (fred's default).
     config.fail_fast = false;
-    Builder::from_config(config)
+    let mut builder = Builder::from_config(config);
+    builder
         .with_performance_config(|p| p.default_command_timeout = timeout)
         .with_connection_config(|c| {
             c.connection_timeout = timeout.max(Duration::from_millis(500));
@@ -91,7 +99,6 @@ pub(super) fn build_pool(mut config: Config, timeout: Duration, size: usize) -> 
         })
         // Retry forever, backing off to at most 500 ms: after a failover the new primary is found within half a
         // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2))
-        .build_pool(size.max(1))
-        .map_err(|e| StoreError::Other(e.details().to_string()))
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2));
+    builder
 }

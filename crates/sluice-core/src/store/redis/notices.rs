@@ -1,0 +1,145 @@
+//! Notices between the instances that share one Redis (or one cluster): each instance publishes on one channel,
+//! [`CHANNEL`], and listens on a connection of its own, a fred subscriber. In a cluster a PUBLISH reaches the
+//! subscribers of every node.
+//!
+//! What is published while an instance's subscription is down is never heard by it, so the instance does not trust
+//! what the notices protect meanwhile: [`Notices::hearing`] is false from the moment the connection fails until it is
+//! subscribed again, and then the listeners are told [`Notice::Missed`] (everything may have changed). A message is a
+//! JSON array: `["freed", key…]`, `["quota", name…]`; one that does not parse is logged and ignored.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use fred::clients::SubscriberClient;
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::types::Value;
+use fred::types::config::Config;
+use tokio::sync::broadcast;
+
+use super::super::{NOTICE_BACKLOG, Notice};
+use super::StoreError;
+use super::settings::builder;
+
+/// The channel every instance publishes its notices on and listens to.
+pub const CHANNEL: &str = "sluice:notices";
+
+/// One instance's subscription, and the listeners it feeds.
+#[derive(Clone)]
+pub(super) struct Notices {
+    tx: broadcast::Sender<Notice>,
+    hearing: Arc<AtomicBool>,
+    subscriber: SubscriberClient,
+}
+
+impl Notices {
+    /// Starts the subscriber: it connects, and subscribes again after every reconnection, in the background.
+    pub(super) fn start(config: Config, timeout: Duration) -> Result<Notices, StoreError> {
+        let subscriber = builder(config, timeout)
+            .build_subscriber_client()
+            .map_err(|e| StoreError::Other(e.details().to_string()))?;
+        let notices = Notices {
+            tx: broadcast::Sender::new(NOTICE_BACKLOG),
+            hearing: Arc::new(AtomicBool::new(false)),
+            subscriber,
+        };
+        let mut messages = notices.subscriber.message_rx();
+        let tx = notices.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                match messages.recv().await {
+                    Ok(message) if &*message.channel == CHANNEL => match decode(&message.value) {
+                        Some(notice) => {
+                            let _ = tx.send(notice);
+                        }
+                        None => tracing::warn!(channel = CHANNEL, "a notice that does not parse was ignored"),
+                    },
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        let _ = tx.send(Notice::Missed);
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        let hearing = notices.hearing.clone();
+        let mut errors = notices.subscriber.error_rx();
+        tokio::spawn(async move {
+            while errors.recv().await.is_ok() {
+                hearing.store(false, Ordering::Release);
+            }
+        });
+        // Every successful connection, the first included, is a reconnection to fred: subscribe on it, then say that
+        // what was published before may have been missed, and only then trust the notices again.
+        let mut connected = notices.subscriber.reconnect_rx();
+        let this = notices.clone();
+        tokio::spawn(async move {
+            while connected.recv().await.is_ok() {
+                this.hearing.store(false, Ordering::Release);
+                match this.subscriber.subscribe(CHANNEL).await {
+                    Ok(()) => {
+                        let _ = this.tx.send(Notice::Missed);
+                        this.hearing.store(true, Ordering::Release);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not subscribe to notices; retrying on reconnection"),
+                }
+            }
+        });
+        notices.subscriber.connect();
+        Ok(notices)
+    }
+
+    pub(super) fn hearing(&self) -> bool {
+        self.hearing.load(Ordering::Acquire)
+    }
+
+    pub(super) fn listen(&self) -> broadcast::Receiver<Notice> {
+        self.tx.subscribe()
+    }
+}
+
+/// The message that carries `notice`.
+pub(super) fn encode(notice: &Notice) -> String {
+    let (kind, names): (&str, &[String]) = match notice {
+        Notice::Freed(keys) => ("freed", keys),
+        Notice::Quota(names) => ("quota", names),
+        Notice::Missed => ("missed", &[]),
+    };
+    let mut all = Vec::with_capacity(names.len() + 1);
+    all.push(kind);
+    all.extend(names.iter().map(String::as_str));
+    serde_json::to_string(&all).unwrap_or_default()
+}
+
+fn decode(value: &Value) -> Option<Notice> {
+    let text = value.as_str()?;
+    let mut parts: Vec<String> = serde_json::from_str(&text).ok()?;
+    if parts.is_empty() {
+        return None;
+    }
+    let kind = parts.remove(0);
+    match kind.as_str() {
+        "freed" => Some(Notice::Freed(parts)),
+        "quota" => Some(Notice::Quota(parts)),
+        "missed" => Some(Notice::Missed),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_travel_as_they_were_sent() {
+        for notice in [
+            Notice::Freed(vec!["a\n\"b\"".into(), "c".into()]),
+            Notice::Quota(vec!["q".into()]),
+            Notice::Missed,
+        ] {
+            assert_eq!(decode(&Value::from(encode(&notice))), Some(notice));
+        }
+        assert_eq!(decode(&Value::from("not json")), None);
+        assert_eq!(decode(&Value::from("[\"other\"]")), None);
+    }
+}
