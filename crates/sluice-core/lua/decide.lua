@@ -86,8 +86,10 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
     local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
     charged[i] = c
     states[i] = impls[i].check(key, now, c, p[1], p[2], p[3], true)
-    if r > 0 then writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
-    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, r
+    -- Reported refunded: what came back to a window still in force, not what was asked.
+    local given = 0
+    if r > 0 then given, writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
+    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, given or 0
   end
   redis.call('DEL', rkey)
   for i = 1, tiers do

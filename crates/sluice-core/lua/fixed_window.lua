@@ -40,8 +40,8 @@ function L.fixed_window()
     local f = redis.call('HMGET', key, 'w', 'n')
     if tonumber(f[1]) ~= start then return nil end
     local n = tonumber(f[2]) or 0
-    local left = n - math.min(n, amount)
-    return function() redis.call('HSET', key, 'n', string.format('%d', left)) end
+    local given = math.min(n, amount)
+    return given, function() redis.call('HSET', key, 'n', string.format('%d', n - given)) end
   end
   return M
 end

@@ -14,7 +14,8 @@
 --   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
 -- and the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket) a third, for settling a
 -- reservation (decide.lua's mode 'settle'):
---   refund(key, now, at, amount, limit, window, burst) -> nil when nothing changes, else a function that writes the
+--   refund(key, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
+--     `amount`) and a function that writes the
 --     refund: give back up to `amount` of what a hit at time `at` counted, from the state it was counted in. It only
 --     reads; the function it returns never creates the key and never extends its expiry (a bucket's moves with its
 --     arrival time, as every write of it does).

@@ -96,8 +96,8 @@ function L.sliding_window()
       return nil
     end
     local n = tonumber(f[i]) or 0
-    local left = n - math.min(n, amount)
-    return function() redis.call('HSET', key, field, string.format('%d', left)) end
+    local given = math.min(n, amount)
+    return given, function() redis.call('HSET', key, field, string.format('%d', n - given)) end
   end
   return M
 end

@@ -60,9 +60,10 @@ function L.token_bucket()
     local interval = math.floor((window + rate - 1) / rate)
     local tat = tonumber(redis.call('GET', key))
     if tat == nil or tat <= now then return nil end
-    local new = now
-    if amount < math.floor((tat - now + interval - 1) / interval) then new = tat - amount * interval end
-    return function() redis.call('SET', key, string.format('%d', new), 'PX', ceil_ms(new - now)) end
+    -- Back to `now` at most: then only the whole tokens the arrival time was past `now` came back.
+    local new, given = now, math.floor((tat - now) / interval)
+    if amount < math.floor((tat - now + interval - 1) / interval) then new, given = tat - amount * interval, amount end
+    return given, function() redis.call('SET', key, string.format('%d', new), 'PX', ceil_ms(new - now)) end
   end
   return M
 end

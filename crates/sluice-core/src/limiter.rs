@@ -88,6 +88,17 @@ impl<S: Store> Limiter<S> {
         &self.settings
     }
 
+    /// How many notices from the instances sharing the store (this one included) the local cache has applied. A
+    /// change announced elsewhere (a refund, a reset) is in force here once this has counted it.
+    pub fn notices_heard(&self) -> u64 {
+        self.guard.notices_heard()
+    }
+
+    /// How many denials the local cache holds now.
+    pub fn cached_denials(&self) -> usize {
+        self.guard.cache().len()
+    }
+
     /// The time by the limiter's clock, in microseconds since the Unix epoch.
     pub fn now_us(&self) -> u64 {
         self.clock.now_us()
@@ -125,7 +136,7 @@ impl<S: Store> Limiter<S> {
         let mut hits = Vec::with_capacity(targets.len());
         // Per hit: decided by a read-only peek (a check) rather than counted.
         let mut peeks = Vec::with_capacity(targets.len());
-        for (descriptor, target) in request.descriptors.iter().zip(&targets) {
+        for (index, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
                 let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
                 let cost = how.cost(request, descriptor).min(capacity + 1);
@@ -139,6 +150,7 @@ impl<S: Store> Limiter<S> {
                         false
                     }
                     How::Reserve { id, ttl_us, .. } => {
+                        refuse_unpaid(&hit, index).inspect_err(|_| self.metrics.invalid_request(how.rpc()))?;
                         hit.reservation = Some(ReservationSpec {
                             key: self.identity(&request.domain, descriptor, shared).reservation(id),
                             ttl_us,
@@ -594,4 +606,30 @@ fn new_lease() -> String {
         .map_or(0, |d| d.as_nanos() as u64);
     let (a, b) = STATE.with(|s| (s.hash_one((seq, nanos, 1u8)), s.hash_one((seq, nanos, 2u8))));
     format!("{a:016x}{b:016x}")
+}
+
+/// A reservation must be paid for when it is settled: refused up front when the descriptor's hit could hold
+/// nothing (every limit it matches would count 0, so no record would be kept for Settle to charge), or when one of
+/// its limits cannot hold a reservation at all (only the counting algorithms can).
+fn refuse_unpaid(hit: &Hit, index: usize) -> Result<(), LimitError> {
+    if let Some(t) = hit.tiers.iter().find(|t| {
+        !matches!(
+            t.algorithm,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
+        )
+    }) {
+        return Err(LimitError::InvalidArgument(format!(
+            "descriptors[{index}]: a {} limit cannot hold a reservation (only fixed_window, sliding_window, \
+             token_bucket and leaky_bucket can)",
+            t.algorithm.name()
+        )));
+    }
+    if !hit_costs(hit) {
+        return Err(LimitError::InvalidArgument(format!(
+            "estimate: descriptors[{index}] would hold 0 against every limit it matches; a reservation holds a \
+             positive estimate (estimate, estimates or the descriptor's hits_addend), and a cost known only \
+             afterwards is counted with Report"
+        )));
+    }
+    Ok(())
 }

@@ -220,12 +220,12 @@ pub enum Settled {
 /// cost (as bounded, [`TierSpec::bounded_cost`]).
 /// - `actual > estimate`: `charged` = `actual - estimate` is counted on the tier as a [forced](Hit::force) hit of
 ///   that cost at `now_us` would be (past the limit if it must, with the same caps).
-/// - `actual < estimate`: `refunded` = `estimate - actual`, the amount asked back of the tier, from the state the
-///   reservation was charged in: a fixed window gives it back (down to 0) if the window it was charged in is still the
+/// - `actual < estimate`: `estimate - actual` is asked back of the tier, from the state the reservation was charged
+///   in, and `refunded` is what came back: a fixed window gives it back (down to 0) if the window it was charged in is still the
 ///   current one; a sliding window gives it back from the current window's count if it was charged in the current
 ///   window, from the previous window's if it was charged in that one; a bucket moves its arrival time back by that
-///   many tokens, never before `now_us`. A tier whose window has passed (or whose state expired) gives back nothing,
-///   though `refunded` still reports the amount asked. A refund never creates a key and never moves a window's expiry.
+///   many tokens, never before `now_us`. A tier whose window has passed (or whose state expired) gives back nothing
+///   (`refunded` 0), and one that held less than asked gives back what it held. A refund never creates a key and never moves a window's expiry.
 /// - `actual == estimate`: the tier does not change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TierSettled {

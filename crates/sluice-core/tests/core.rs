@@ -6,6 +6,7 @@ mod harness;
 
 mod algorithms;
 mod budget;
+mod cache;
 mod cluster;
 mod contract;
 mod differential;

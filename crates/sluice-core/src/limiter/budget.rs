@@ -41,7 +41,8 @@ pub struct SettledDescriptor {
     pub actual: u64,
     /// Counted beyond the estimate.
     pub charged: u64,
-    /// Given back (asked: a limit whose window has passed gives back nothing).
+    /// What came back to a window still in force: a limit whose window has passed gives back nothing, one that held
+    /// less than the difference gives back what it held.
     pub refunded: u64,
 }
 
@@ -128,6 +129,16 @@ impl<S: Store> Limiter<S> {
         }
         let id = super::new_lease();
         let decision = self.decide(request, How::Reserve { costs, id: &id, ttl_us }).await?;
+        // Nothing is held when no descriptor met a limit (an unknown domain or key): no id, which Settle would not
+        // know.
+        let holds = decision.statuses.iter().any(|s| s.limit.is_some());
+        if decision.overall == Code::Ok && !holds {
+            return Ok(Reserved {
+                decision,
+                id: None,
+                ttl_us,
+            });
+        }
         if decision.overall == Code::Ok {
             let expires_at = self.clock.now_us().saturating_add(ttl_us);
             self.book().track(&id, expires_at, request);

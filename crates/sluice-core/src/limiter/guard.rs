@@ -8,6 +8,7 @@
 //! cannot be heard (a lost subscription) the cache answers nothing, so a denial never outlives a refund by more than
 //! a notice's delivery.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
@@ -26,6 +27,8 @@ pub struct Guard<S> {
     cache: Arc<LocalCache>,
     /// Whether the task that applies the store's notices to the cache runs (started on first use, inside a runtime).
     listening: OnceLock<bool>,
+    /// Notices applied to the cache so far.
+    heard: Arc<AtomicU64>,
     /// Store call latency, registered once: hits and peeks.
     latency: [metrics::Histogram; 2],
     metrics: Metrics,
@@ -42,6 +45,7 @@ impl<S: Store> Guard<S> {
             breakers,
             cache: Arc::new(cache),
             listening: OnceLock::new(),
+            heard: Arc::default(),
             metrics,
         }
     }
@@ -64,6 +68,12 @@ impl<S: Store> Guard<S> {
         self.store.announce(Notice::Freed(keys)).await;
     }
 
+    /// How many notices the cache has applied: what a caller waits on to know that a change announced elsewhere is
+    /// in force here.
+    pub fn notices_heard(&self) -> u64 {
+        self.heard.load(Ordering::Acquire)
+    }
+
     /// Whether the cache may answer: it is on, the task that applies notices runs, and notices are heard now.
     fn trusted(&self) -> bool {
         if self.cache.is_disabled() {
@@ -73,7 +83,8 @@ impl<S: Store> Guard<S> {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return false;
             };
-            runtime.spawn(apply_notices(Arc::downgrade(&self.cache), self.store.notices()));
+            let (cache, heard) = (Arc::downgrade(&self.cache), self.heard.clone());
+            runtime.spawn(apply_notices(cache, heard, self.store.notices()));
             true
         });
         listening && self.store.hearing()
@@ -291,7 +302,11 @@ fn limits_fingerprint(hit: &Hit) -> u64 {
 }
 
 /// Applies the store's notices to the cache until the cache or the store is gone.
-async fn apply_notices(cache: Weak<LocalCache>, mut notices: tokio::sync::broadcast::Receiver<Notice>) {
+async fn apply_notices(
+    cache: Weak<LocalCache>,
+    heard: Arc<AtomicU64>,
+    mut notices: tokio::sync::broadcast::Receiver<Notice>,
+) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let notice = notices.recv().await;
@@ -302,6 +317,7 @@ async fn apply_notices(cache: Weak<LocalCache>, mut notices: tokio::sync::broadc
             Ok(Notice::Quota(_)) => {}
             Err(RecvError::Closed) => return,
         }
+        heard.fetch_add(1, Ordering::AcqRel);
     }
 }
 

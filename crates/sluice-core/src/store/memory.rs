@@ -198,7 +198,7 @@ impl MemoryStore {
         } else {
             hit.tier_costs()
         };
-        let settled: Vec<TierSettled> = estimates
+        let mut settled: Vec<TierSettled> = estimates
             .iter()
             .zip(actuals)
             .map(|(&estimate, actual)| TierSettled::new(estimate, actual))
@@ -218,6 +218,10 @@ impl MemoryStore {
             .zip(&settled)
             .map(|(t, s)| (s.refunded > 0).then(|| shard.refund(t, now, at, s.refunded)).flatten())
             .collect();
+        // What is reported as refunded is what came back to a window still in force.
+        for (s, refund) in settled.iter_mut().zip(&refunds) {
+            s.refunded = refund.as_ref().map_or(0, |r| r.given);
+        }
         shard.entries.remove(key);
         for (((spec, s), check), refund) in hit.tiers.iter().zip(&settled).zip(&checks).zip(refunds) {
             if let Some(check) = check {

@@ -60,6 +60,7 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amo
                 w: start,
                 n: n - amount.min(*n),
             }),
+            given: amount.min(*n),
             expires_at_us: None,
         }),
         _ => None,

@@ -161,6 +161,8 @@ pub(super) enum Write {
 #[derive(Debug, Clone)]
 pub(super) struct Refund {
     pub(super) state: State,
+    /// What came back: at most the amount asked, less when the state held less.
+    pub(super) given: u64,
     pub(super) expires_at_us: Option<u64>,
 }
 

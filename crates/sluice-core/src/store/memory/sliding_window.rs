@@ -87,9 +87,11 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amo
     } else {
         return None;
     };
-    *count -= amount.min(*count);
+    let given = amount.min(*count);
+    *count -= given;
     Some(Refund {
         state: State::Sliding(s),
+        given,
         expires_at_us: None,
     })
 }

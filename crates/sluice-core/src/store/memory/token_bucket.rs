@@ -67,13 +67,15 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, _at: u64, am
         Some(State::Tat(Tat(tat))) if *tat > now => *tat,
         _ => return None,
     };
-    let new = if amount < (tat - now).div_ceil(interval) {
-        tat - amount * interval
+    // Back to `now` at most: then only the whole tokens the arrival time was past `now` came back.
+    let (new, given) = if amount < (tat - now).div_ceil(interval) {
+        (tat - amount * interval, amount)
     } else {
-        now
+        (now, (tat - now) / interval)
     };
     Some(Refund {
         state: State::Tat(Tat(new)),
+        given,
         expires_at_us: Some(now + ceil_ms_us(new - now)),
     })
 }
