@@ -1,34 +1,70 @@
 -- fixed_window.lua: at most `limit` hits per epoch-aligned window of `window` us.
 --
--- State: a hash {w = start of the window it counts, n = hits counted in it}. A hash from another window counts as
--- empty. The key expires when its window ends.
--- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first hit creates the count and never
+-- State: one integer string per window, `<key>:<start>` (`start` the window's first microsecond, as a decimal
+-- integer: `window_of` below; sluice sends the key of the window it expects), counted with INCRBY, which expires when its window ends. The commonest call,
+-- lone_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
+-- is simply another key.
+-- Counters of the previous form, a hash {w = start of the window it counts, n = hits counted in it} at `<key>`
+-- itself, are still read: a window whose own key does not exist yet counts the hash's `n` when the hash is of the
+-- same window, and its first write folds that count into the window's key and deletes the hash (`legacy` below).
+-- Invariants: a cost of 0 writes nothing; the TTL is set when a window's first count creates its key and never
 -- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, but never a
 -- cost above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT. A
 -- settlement's refund lowers the count of the current window only, never below 0, and keeps the key's expiry.
+
+-- The key of the window starting at `start`, from `key`, the key of the window sluice expects (its clock's; the
+-- server's may be across an edge, and that window then gets its own key), and the counter's own key (`key` without
+-- its window), where the previous form kept its hash.
+local function window_of(key, start)
+  local base, at = string.match(key, '^(.*):(%d+)$')
+  if base == nil then error('not a window key: ' .. key, 0) end
+  if tonumber(at) == start then return key, base end
+  return base .. ':' .. string.format('%d', start), base
+end
+
+-- The count a hash of the previous form at `base` holds for the window starting at `start` (0 if none), and whether
+-- there is such a hash to fold into the window's key.
+local function legacy(base, start)
+  local f = redis.call('HMGET', base, 'w', 'n')
+  if tonumber(f[1]) == start then return tonumber(f[2]) or 0, true end
+  return 0, false
+end
+
+-- The count of the window `wkey` (starting at `start`; `base` the counter's own key): its key's, or the previous
+-- form's; whether its key exists; whether a hash of the previous form must be folded in.
+local function window_count(wkey, base, start)
+  local n = tonumber(redis.call('GET', wkey))
+  if n ~= nil then return n, true, false end
+  local old, found = legacy(base, start)
+  return old, false, found
+end
 
 function L.fixed_window()
   local M = {}
 
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
-    local f = redis.call('HMGET', key, 'w', 'n')
-    local n = 0
-    if tonumber(f[1]) == start then n = tonumber(f[2]) end
+    local wkey, base = window_of(key, start)
+    local n, exists, folds = window_count(wkey, base, start)
     local reset = start + window - now
     local ok = n + cost <= limit
     local retry = 0
     if cost > limit then retry = -1 elseif not ok then retry = reset end
     return {
       ok = ok, used0 = n, used = n + cost, rem0 = max0(limit - n), rem1 = max0(limit - n - cost),
-      reset0 = reset, reset1 = reset, retry = retry, start = start, n = n,
+      reset0 = reset, reset1 = reset, retry = retry, n = n, wkey = wkey, base = base, exists = exists, folds = folds,
     }
   end
 
   function M.commit(key, s, now, cost)
     if cost == 0 then return '' end
-    redis.call('HSET', key, 'w', string.format('%d', s.start), 'n', string.format('%d', math.min(s.n + cost, MAX_COUNT)))
-    if s.n == 0 then redis.call('PEXPIRE', key, ceil_ms(s.reset0)) end
+    local count = string.format('%d', math.min(s.n + cost, MAX_COUNT))
+    if s.exists then
+      redis.call('SET', s.wkey, count, 'KEEPTTL')
+    else
+      redis.call('SET', s.wkey, count, 'PX', ceil_ms(s.reset0))
+      if s.folds then redis.call('DEL', s.base) end
+    end
     return ''
   end
 
@@ -37,11 +73,18 @@ function L.fixed_window()
   function M.refund(key, now, at, amount, limit, window)
     local start = now - now % window
     if at - at % window ~= start then return nil end
-    local f = redis.call('HMGET', key, 'w', 'n')
-    if tonumber(f[1]) ~= start then return nil end
-    local n = tonumber(f[2]) or 0
+    local wkey, base = window_of(key, start)
+    local n, exists, folds = window_count(wkey, base, start)
+    if not exists and not folds then return nil end
     local given = math.min(n, amount)
-    return given, function() redis.call('HSET', key, 'n', string.format('%d', n - given)) end
+    return given, function()
+      if exists then
+        redis.call('SET', wkey, string.format('%d', n - given), 'KEEPTTL')
+      else
+        redis.call('SET', wkey, string.format('%d', n - given), 'PX', ceil_ms(start + window - now))
+        redis.call('DEL', base)
+      end
+    end
   end
   return M
 end

@@ -1,35 +1,40 @@
 -- lone_fixed_window.lua: the most common call, a hit on a descriptor with one fixed-window limit and nothing else to
--- write, decided without the driver's tables and from fewer arguments. It answers exactly as decide.lua does for the
--- same hit with fixed_window.lua (same state, same answer, denials counted as the reference does unless the cost
--- exceeds the limit); the differential test holds the two paths to the same answers. It repeats fixed_window.lua's
--- check instead of going through the algorithm table, which costs a third of the call's time in Redis, and its
--- arguments are a compact form of the driver's: each argument is parsed by Redis and read by the script on every
--- descriptor.
+-- write, in the fewest Redis commands and arguments: one INCRBY of the window's count (a GET for a cost that is not
+-- counted), one PEXPIRE on the window's first count, three arguments, and an integer back. The decision itself
+-- (whether the hit fits, what is left, when to retry) is made by sluice from that integer, the limit and the time,
+-- exactly as fixed_window.lua's check would make it; the differential test holds the two paths to the same answers.
 --
--- Its key is K[k] (see prelude.lua); its arguments, from ARGV[a]: 'fw', the time in microseconds ('' for the
--- server's clock), the cost (bounded by the limit + 1), the limit, the window in microseconds. sluice sends this form
--- for an ordinary hit (decide.lua's mode 'hit') with one fixed_window tier, no hit records, no queue fields and no
--- reservation. Any other call returns nil and goes to decide.lua.
+-- Its key is the window's key (fixed_window.lua's `window_of`: the counter's key, ':', the window's start), built by
+-- sluice; its arguments, from ARGV[a]: the window in microseconds, the cost to count (0 for a hit that is not
+-- counted: a cost of 0, or one above the limit, which can never fit; a positive cost is at most the limit), and the
+-- time: the decision's time in microseconds when it is given (t >= 0), else minus the start of the window sluice
+-- built the key for, by its own clock (t < 0), the decision then being made at the server's clock: if the server's
+-- window is another (the two clocks straddle a window's edge), the key is rebuilt for the server's window.
+--
+-- Returns the window's count before the hit. Denials are counted as the reference counts them: sluice sends the cost
+-- whether or not it will fit. A count past MAX_COUNT stays there.
 
-local function lone_fixed_window(k, nk, a)
-  if nk ~= 1 or ARGV[a] ~= 'fw' then return nil end
-  local key = K[k]
-  local now = clock(ARGV[a + 1])
-  local cost, limit, window = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+local function lone_fixed_window(key, window, cost, t)
+  local now
+  if t >= 0 then now = t else now = clock('') end
   local start = now - now % window
-  local f = redis.call('HMGET', key, 'w', 'n')
-  local n = 0
-  if tonumber(f[1]) == start then n = tonumber(f[2]) end
-  local reset = start + window - now
-  local ok = n + cost <= limit
-  local retry = 0
-  if cost > limit then retry = -1 elseif not ok then retry = reset end
-  if cost > 0 and cost <= limit then
-    redis.call('HSET', key, 'w', string.format('%d', start), 'n', string.format('%d', math.min(n + cost, MAX_COUNT)))
-    if n == 0 then redis.call('PEXPIRE', key, ceil_ms(reset)) end
+  if t < 0 and start ~= -t then key = window_of(key, start) end
+  if cost == 0 then
+    local n = tonumber(redis.call('GET', key))
+    if n == nil then n = legacy(string.match(key, '^(.*):%d+$'), start) end
+    return n
   end
-  local remaining = limit - n - cost
-  if not ok or remaining < 0 then remaining = 0 end
-  local admitted = ok and 1 or 0
-  return { admitted, admitted, n + cost, remaining, reset, retry, '' }
+  local n = redis.call('INCRBY', key, cost)
+  if n == cost then
+    -- The window's first count: fold in a counter of the previous form, and set the window's expiry.
+    local base = string.match(key, '^(.*):%d+$')
+    local old, found = legacy(base, start)
+    if found then
+      redis.call('DEL', base)
+      if old > 0 then n = redis.call('INCRBY', key, old) end
+    end
+    redis.call('PEXPIRE', key, ceil_ms(start + window - now))
+  end
+  if n > MAX_COUNT then redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL') end
+  return n - cost
 end

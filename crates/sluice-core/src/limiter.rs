@@ -471,15 +471,29 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The keys of the matched limits that `select` picks, and of the hit records when `records`.
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed window's
+    /// counter in Redis is a key per window ([`CounterKey::window`]): the keys of the windows around now (the store
+    /// may decide by its own clock, a little off this one) come with it, as does the counter's own key, which the
+    /// memory store and the previous form of the Redis counter use.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);
+        let now_us = self.clock.now_us();
         let mut keys = Vec::new();
         for (descriptor, target) in request.descriptors.iter().zip(&targets) {
             if let Target::Limited { tiers, rule, shared } = target {
                 let id = self.identity(&request.domain, descriptor, shared);
-                keys.extend(tiers.iter().filter(|t| select(t)).map(|t| tier_key(&id, t)));
+                for tier in tiers.iter().filter(|t| select(t)) {
+                    let key = tier_key(&id, tier);
+                    let window = tier.limit.window_us();
+                    if tier.limit.algorithm == Algorithm::FixedWindow && window > 0 {
+                        let start = now_us - now_us % window;
+                        for s in [start.saturating_sub(window), start, start.saturating_add(window)] {
+                            keys.push(key.window(s));
+                        }
+                    }
+                    keys.push(key);
+                }
                 if records && rule.is_some_and(|r| r.record.is_some()) {
                     keys.push(id.records());
                 }

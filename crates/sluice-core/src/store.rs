@@ -394,7 +394,8 @@ pub trait Store: Send + Sync + 'static {
 /// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, `<prefix>{<tag>}<identity>|records` for
 /// hit records, `<prefix>{<tag>}<identity>|demand` for the demand of an RLQS bucket, and
 /// `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as the caller gives it, last
-/// in the key, after a name no algorithm has). `<identity>` is `<domain>`
+/// in the key, after a name no algorithm has). In Redis a fixed window keeps each window's count under its own key,
+/// the counter's key then `:<start>`, the window's first microsecond in decimal ([`CounterKey::window`]). `<identity>` is `<domain>`
 /// then, per descriptor entry, `|<key>=<value>`, every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and
 /// `a`+`b_c` can never collide, whatever bytes the request carries); an RLQS bucket's identity is `rlqs|` then the
 /// same, with its entries in key order.
@@ -425,6 +426,16 @@ impl CounterKey {
     /// The hash of the identity: equal for every key of one descriptor.
     pub fn tag(&self) -> u64 {
         self.tag
+    }
+
+    /// The key of one window of a fixed-window counter in Redis: this key, `:`, and the window's first microsecond
+    /// (`lua/fixed_window.lua`'s `window_key`).
+    pub fn window(&self, start_us: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 18);
+        key.push_str(&self.key);
+        key.push(':');
+        push_decimal(&mut key, start_us);
+        CounterKey { key, tag: self.tag }
     }
 }
 

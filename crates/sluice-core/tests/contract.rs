@@ -79,6 +79,7 @@ every_store!(
     a_tier_cost_of_zero_is_checked_not_written,
     reserve_per_tier_estimates_then_settle_per_tier_actuals,
     a_forced_hit_with_per_tier_costs_counts_each,
+    hits_on_one_counter_in_one_call_are_answered_as_serial_hits,
 );
 
 /// `t`, counting its own cost instead of the hit's.
@@ -992,7 +993,7 @@ async fn a_cost_that_can_never_fit_is_denied_and_consumes_nothing(store: impl St
                 if places && (shape == "alone" || cost <= roomy) {
                     assert!(o.admitted && p.admitted, "{name} {shape} cost {cost}");
                     assert_eq!((p.tiers[0].used, o.tiers[0].used), (0, 1), "{name} {shape} cost {cost}");
-                    store.reset(&[h.tiers[0].key.clone()]).await.unwrap();
+                    store.reset(&window_keys(&h.tiers[0])).await.unwrap();
                     continue;
                 }
                 let what = format!("{name} {shape} cost {cost}: {o:?}");
@@ -1012,7 +1013,7 @@ async fn a_cost_that_can_never_fit_is_denied_and_consumes_nothing(store: impl St
             assert!(o.admitted, "{name} {shape}: {o:?}");
             assert_eq!((o.tiers[0].used, o.tiers[0].remaining), (1, 2), "{name} {shape}");
             // Reset between shapes: the tiered case shares the first tier's key.
-            store.reset(&[h.tiers[0].key.clone()]).await.unwrap();
+            store.reset(&window_keys(&h.tiers[0])).await.unwrap();
         }
     }
 }
@@ -1438,23 +1439,26 @@ async fn redis_forced_counts_stop_at_their_bounds() {
         (Algorithm::SlidingWindow, "c", 1 << 51),
     ] {
         let h = forced(one("force-bound", algorithm, 3, MINUTE, 5));
-        let key = h.tiers[0].key.as_str();
         let seeded = (bound - 1).to_string();
-        redis.cli(&["HSET", key, "w", &start, field, &seeded]);
-        redis.cli(&["PEXPIRE", key, "60000"]);
+        // A fixed window's count is a string per window; a sliding window's a hash.
+        let window = h.tiers[0].key.window(T0 - T0 % MINUTE);
+        let (key, read): (&str, Vec<&str>) = match algorithm {
+            Algorithm::FixedWindow => {
+                redis.cli(&["SET", window.as_str(), &seeded, "PX", "60000"]);
+                (window.as_str(), vec!["--raw", "GET", window.as_str()])
+            }
+            _ => {
+                let key = h.tiers[0].key.as_str();
+                redis.cli(&["HSET", key, "w", &start, field, &seeded]);
+                redis.cli(&["PEXPIRE", key, "60000"]);
+                (key, vec!["--raw", "HGET", key, field])
+            }
+        };
         let o = apply(&store, T0, &h).await;
         assert_eq!(o.tiers[0].used, bound - 1 + 4, "{algorithm:?}: the cost counts as 4");
-        assert_eq!(
-            redis.cli(&["--raw", "HGET", key, field]).trim(),
-            bound.to_string(),
-            "{algorithm:?}"
-        );
+        assert_eq!(redis.cli(&read).trim(), bound.to_string(), "{algorithm:?} {key}");
         apply(&store, T0, &h).await;
-        assert_eq!(
-            redis.cli(&["--raw", "HGET", key, field]).trim(),
-            bound.to_string(),
-            "{algorithm:?}"
-        );
+        assert_eq!(redis.cli(&read).trim(), bound.to_string(), "{algorithm:?}");
     }
 }
 
@@ -1485,7 +1489,7 @@ async fn redis_reservation_records_expire_and_settle_away() {
     let fields: Vec<&str> = fields.lines().collect();
     let (t, x) = (T0.to_string(), (T0 + 30 * SECOND).to_string());
     assert_eq!(fields, ["4", t.as_str(), x.as_str()]);
-    let counter = h(0).tiers[0].key.clone();
+    let counter = h(0).tiers[0].key.window(T0 - T0 % MINUTE);
     let before: i64 = redis.cli(&["--raw", "PTTL", counter.as_str()]).trim().parse().unwrap();
     let (_, _, refunded, _) = done(settle(&store, T0, &h(0), "res-redis", "a", 1).await);
     assert_eq!(refunded, 3);
@@ -1583,4 +1587,96 @@ async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
             .into_iter()
             .all(|s| s.unwrap() == Settled::Unknown)
     );
+}
+
+/// The keys that hold a fixed window's count at [`T0`] in either store: the counter's own (the memory store's) and
+/// its window's (Redis's).
+fn window_keys(tier: &sluice_core::store::TierSpec) -> Vec<sluice_core::store::CounterKey> {
+    vec![tier.key.clone(), tier.key.window(T0 - T0 % tier.window_us.max(1))]
+}
+
+/// Hits on the same counter in one call (a hot key: one tenant, one route) are answered exactly as the same hits one
+/// after the other: on Redis they share one count of their summed costs, and each reads the count before it from
+/// the hits ahead of it. Costs of 0 and above the limit among them, and another counter in between.
+async fn hits_on_one_counter_in_one_call_are_answered_as_serial_hits(store: impl Store) {
+    let lone = |name: &str, limit, cost| {
+        let mut h = one(name, Algorithm::FixedWindow, limit, MINUTE, cost);
+        h.fields.clear();
+        h.lease.clear();
+        h
+    };
+    let hits: Vec<Hit> = [1, 2, 0, 3, 7, 2, 1, 0]
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, cost)| {
+            let mut hits = vec![lone("hot", 6, cost)];
+            if i % 3 == 0 {
+                hits.push(lone("other", 6, 1));
+            }
+            hits
+        })
+        .collect();
+    let together = crate::harness::decided(store.hit(T0, &hits).await);
+    let serial = memory();
+    for (h, got) in hits.iter().zip(&together) {
+        assert_eq!(got, &apply(&serial, T0, h).await, "{h:?}");
+    }
+    let counts: Vec<u64> = together.iter().map(|o| o.tiers[0].used).collect();
+    assert_eq!(counts[..4], [1, 1, 3, 3], "hot, other, hot, hot");
+    assert_eq!(
+        peek(&store, T0, &lone("hot", 6, 0)).await.tiers[0].used,
+        9,
+        "denials count, 7 never"
+    );
+}
+
+/// A counter of the previous form in Redis (a hash {w, n} at the counter's own key) is found and folded into the
+/// window's key at its first write, so an upgrade admits no burst; one of another window counts nothing.
+#[tokio::test]
+async fn redis_counters_of_the_previous_form_are_folded_in() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let start = T0 - T0 % MINUTE;
+    for (name, lone) in [("legacy-lone", true), ("legacy-driver", false)] {
+        let mut h = one(name, Algorithm::FixedWindow, 6, MINUTE, 1);
+        if lone {
+            h.fields.clear();
+            h.lease.clear();
+        }
+        let base = h.tiers[0].key.as_str().to_string();
+        redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
+        redis.cli(&["PEXPIRE", &base, "60000"]);
+        let mut read = h.clone();
+        read.cost = 0;
+        assert_eq!(
+            peek(&store, T0, &read).await.tiers[0].used,
+            5,
+            "{name}: found before any write"
+        );
+        let o = apply(&store, T0, &h).await;
+        assert_eq!(
+            (o.admitted, o.tiers[0].used, o.tiers[0].remaining),
+            (true, 6, 0),
+            "{name}"
+        );
+        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
+        assert_eq!(
+            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            "0",
+            "{name}: folded and deleted"
+        );
+        let window = h.tiers[0].key.window(start);
+        assert_eq!(
+            redis.cli(&["--raw", "GET", window.as_str()]).trim(),
+            "7",
+            "{name}: the denial counted too"
+        );
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 50_000, "{name}: expires with its window: {ttl}");
+    }
+    // A hash of a window that has passed counts nothing.
+    let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
+    assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
 }

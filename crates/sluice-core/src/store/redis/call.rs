@@ -34,6 +34,8 @@ pub(super) enum Form {
 pub(super) struct Call {
     keys: Vec<Value>,
     args: Vec<Value>,
+    /// A lone fixed window's call (`lua/lone_fixed_window.lua`): what sluice needs to decide from the count it gets.
+    lone: Option<Lone>,
     /// The cluster slot of its keys, which share one hash tag.
     pub(super) slot: Option<u16>,
     /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
@@ -83,7 +85,11 @@ impl Call {
             &hit.fields
         };
         let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
-        keys.extend(hit.tiers.iter().map(|t| Value::from(t.key.as_str())));
+        // A fixed window's count is a key per window (`lua/fixed_window.lua`): the one sluice's clock expects.
+        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
+            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
+            _ => Value::from(t.key.as_str()),
+        }));
         if let Some(r) = record {
             keys.push(Value::from(r.key.as_str()));
         }
@@ -98,10 +104,11 @@ impl Call {
             .or(reservation.map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         if let ([tier], "hit", None, []) = (&hit.tiers[..], mode, record, fields) {
-            if tier.algorithm == Algorithm::FixedWindow {
+            if let Some((key, args, lone)) = lone_fixed_window(now_us, tier, hit.cost) {
                 return Call {
-                    keys,
-                    args: lone_fixed_window(now_us, tier, hit.cost),
+                    keys: vec![Value::from(key.as_str())],
+                    args,
+                    lone: Some(lone),
                     slot,
                     probe: None,
                 };
@@ -110,7 +117,8 @@ impl Call {
         let ttl = reservation.and_then(|r| r.1);
         let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + usize::from(ttl.is_some());
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
-        args.push(Value::Integer(keys.len() as i64));
+        // Minus the key count: what tells this form from a lone fixed window's, headed by its (positive) window.
+        args.push(Value::Integer(-(keys.len() as i64)));
         args.push(Value::Integer(count as i64));
         args.push(Value::from(mode));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
@@ -153,6 +161,7 @@ impl Call {
         Call {
             keys,
             args,
+            lone: None,
             slot,
             probe: None,
         }
@@ -180,20 +189,135 @@ impl Call {
     }
 }
 
-/// The arguments of the commonest call, a hit on one fixed window with nothing else to write, in
-/// `lua/lone_fixed_window.lua`'s compact form: 'fw', the time ('' for the server's clock), the tier's cost (bounded by
-/// its capacity + 1), the limit and the window. Five arguments instead of the driver's twelve, each of which Redis
-/// parses and the script reads on every descriptor.
-fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Vec<Value> {
-    vec![
-        Value::Integer(1),
-        Value::Integer(5),
-        Value::from("fw"),
-        now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)),
-        Value::Integer(i64::try_from(tier.bounded_cost(cost)).unwrap_or(i64::MAX)),
-        Value::Integer(tier.limit as i64),
-        Value::Integer(tier.window_us as i64),
-    ]
+/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
+/// `lua/fixed_window.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+struct Lone {
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    /// The cost counted: `cost`, or 0 for a cost that is not (0 itself, or one above the limit, which never fits).
+    counted: u64,
+    /// The decision's time, or `None` for the server's (which the call's answer carries).
+    now_us: Option<u64>,
+}
+
+impl Lone {
+    /// The decision, in `lua/decide.lua`'s answer for one tier, from the count `n` before the hit at `now_us`.
+    fn answer(&self, n: u64, now_us: u64) -> Value {
+        let start = now_us - now_us % self.window_us;
+        let reset = start + self.window_us - now_us;
+        let ok = n.saturating_add(self.cost) <= self.limit;
+        let retry = if self.cost > self.limit {
+            -1
+        } else if ok {
+            0
+        } else {
+            reset as i64
+        };
+        let remaining = if ok { self.limit - n - self.cost } else { 0 };
+        let used = n.saturating_add(self.cost).min(i64::MAX as u64);
+        Value::Array(vec![
+            Value::Integer(i64::from(ok)),
+            Value::Integer(i64::from(ok)),
+            Value::Integer(used as i64),
+            Value::Integer(remaining as i64),
+            Value::Integer(reset as i64),
+            Value::Integer(retry),
+            Value::from(""),
+        ])
+    }
+}
+
+/// The commonest call, a hit on one fixed window with nothing else to write, in `lua/lone_fixed_window.lua`'s form:
+/// the window's key, and three arguments (the window, the cost counted, the time), where the driver's form takes
+/// twelve. The time is the decision's when it is given; by the server's clock, it is minus the start of the window
+/// whose key sluice built by its own clock, which the script checks against the server's. `None` when the form does
+/// not apply (a window of 0, a clock before the epoch's first window).
+fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<(CounterKey, Vec<Value>, Lone)> {
+    if tier.algorithm != Algorithm::FixedWindow || tier.window_us == 0 {
+        return None;
+    }
+    let window = tier.window_us;
+    let cost = tier.bounded_cost(cost);
+    let counted = if cost <= tier.limit { cost } else { 0 };
+    let start = window_start(now_us, window);
+    let time = match now_us {
+        Some(now) => i64::try_from(now).ok()?,
+        None => -i64::try_from(start).ok().filter(|&s| s > 0)?,
+    };
+    let args = vec![
+        Value::Integer(window as i64),
+        Value::Integer(counted as i64),
+        Value::Integer(time),
+    ];
+    let lone = Lone {
+        limit: tier.limit,
+        window_us: window,
+        cost,
+        counted,
+        now_us,
+    };
+    Some((tier.key.window(start), args, lone))
+}
+
+/// The start of the window of `window_us` at `now_us`, or by this host's clock for a call decided by the server's.
+fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
+    let now = now_us.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    });
+    now - now % window_us.max(1)
+}
+
+/// Calls on the same counter in one script call share one: a lone fixed window's count is the same whichever hit
+/// comes first, so `k` hits on one window's key are one INCRBY of their summed counted costs, and each hit's count
+/// before it is the shared count before plus the counted costs of the hits ahead of it in the call: exactly the
+/// counts serial hits would see. Returns the calls to send and, per call given, the index of the call sent for it
+/// and what its count is ahead of that call's.
+fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
+    let mut sent: Vec<Call> = Vec::with_capacity(calls.len());
+    let mut plan = Vec::with_capacity(calls.len());
+    let mut first: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for call in calls {
+        let own = call.lone;
+        let key = own.and_then(|_| call.keys.first()).and_then(Value::as_string);
+        match key.as_ref().and_then(|k| first.get(k)).copied() {
+            Some(j) => {
+                let total = sent[j].lone.as_mut().map(|l| {
+                    let ahead = l.counted;
+                    l.counted += own.map_or(0, |o| o.counted);
+                    (ahead, l.counted)
+                });
+                let (ahead, counted) = total.unwrap_or_default();
+                sent[j].args[1] = Value::Integer(counted as i64);
+                plan.push(Planned { sent: j, ahead, own });
+            }
+            None => {
+                if let Some(key) = key {
+                    first.insert(key, sent.len());
+                }
+                plan.push(Planned {
+                    sent: sent.len(),
+                    ahead: 0,
+                    own,
+                });
+                sent.push(call);
+            }
+        }
+    }
+    (sent, plan)
+}
+
+/// Where a call's answer comes from once calls on one counter are shared ([`coalesce`]).
+struct Planned {
+    /// The call sent for it.
+    sent: usize,
+    /// For a lone fixed window: the counted costs of the hits ahead of it in the shared call.
+    ahead: u64,
+    own: Option<Lone>,
 }
 
 /// One EVALSHA deciding `calls` (`lua/batch.lua`) in `form`, routed in a cluster to the slot of the first call's
@@ -207,6 +331,7 @@ pub(super) async fn eval(
     form: Form,
     asking: bool,
 ) -> Result<Vec<Value>, FredError> {
+    let (calls, plan) = coalesce(calls);
     let n = calls.len();
     let route = calls
         .first()
@@ -232,10 +357,22 @@ pub(super) async fn eval(
     } else {
         client.custom(command_kind, command).await?
     };
-    match answer {
-        Value::Array(values) if values.len() == n => Ok(values),
-        _ => Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
-    }
+    let mut values = match answer {
+        Value::Array(values) if values.len() == n + 1 => values,
+        _ => return Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
+    };
+    // The server's time, when a descriptor was decided by it.
+    let server_now = values.pop().and_then(|v| v.as_i64()).unwrap_or(0).max(0) as u64;
+    Ok(plan
+        .into_iter()
+        .map(|p| match (p.own, &values[p.sent]) {
+            (Some(lone), Value::Integer(n)) => {
+                lone.answer((*n).max(0) as u64 + p.ahead, lone.now_us.unwrap_or(server_now))
+            }
+            (Some(_), other) => other.clone(),
+            (None, _) => std::mem::replace(&mut values[p.sent], Value::Null),
+        })
+        .collect())
 }
 
 /// EVALSHA's arguments in the declared form: every call's keys, then n, then every call's arguments.
@@ -255,8 +392,9 @@ fn declared(sha: Value, mut calls: Vec<Call>) -> Vec<Value> {
     command
 }
 
-/// EVALSHA's arguments in the node form: no keys, 'node', n, then per call its two counts, its probe key ('' when it
-/// has none: the script then decides nothing of it), its keys and the rest of its arguments.
+/// EVALSHA's arguments in the node form: no keys, 'node', n, then per call a lone fixed window's three arguments and
+/// its key, or the driver form's two counts, its probe key ('' when it has none: the script then decides nothing of
+/// it), its keys and the rest of its arguments.
 fn node(sha: Value, calls: Vec<Call>) -> Vec<Value> {
     let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len()).sum();
     let mut command = Vec::with_capacity(4 + size);
@@ -265,6 +403,11 @@ fn node(sha: Value, calls: Vec<Call>) -> Vec<Value> {
     command.push(Value::from("node"));
     command.push(Value::Integer(calls.len() as i64));
     for call in calls {
+        if call.lone.is_some() {
+            command.extend(call.args);
+            command.extend(call.keys);
+            continue;
+        }
         let mut args = call.args.into_iter();
         command.extend(args.by_ref().take(2));
         command.push(call.probe.unwrap_or_else(|| Value::from("")));
@@ -277,7 +420,7 @@ fn node(sha: Value, calls: Vec<Call>) -> Vec<Value> {
 /// Whether a descriptor's answer in a node's batch says it was not decided there, nothing of it written: its slot is
 /// served elsewhere or migrating (see `lua/batch.lua`).
 pub(super) fn unserved(value: &Value) -> bool {
-    matches!(value, Value::Integer(0))
+    matches!(value, Value::Null)
 }
 
 fn bad() -> StoreError {
@@ -446,6 +589,7 @@ mod tests {
         let mut untagged = Call {
             keys: vec![Value::from("plain")],
             args: Vec::new(),
+            lone: None,
             slot: Some(fred::util::redis_keyslot(b"plain")),
             probe: None,
         };
@@ -485,30 +629,42 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
+        // A lone fixed window travels in its compact form: window, cost counted, now; its key is the window's.
         let keys: Vec<String> = ids
             .iter()
-            .map(|id| fixed_window_hit(id).tiers[0].key.as_str().to_string())
+            .map(|id| fixed_window_hit(id).tiers[0].key.window(0).as_str().to_string())
             .collect();
-        let probes: Vec<String> = keys
-            .iter()
-            .map(|k| k[..k.find('}').unwrap_or(0) + 1].to_string())
-            .collect();
-        // A lone fixed window travels in its compact form: 'fw', now, cost, limit, window.
-        let args = ["fw", "7", "1", "10", "60000000"];
-        let node = text(&node(Value::from("sha"), calls()));
+        let args = ["60000000", "1", "7"];
+        let batch = text(&node(Value::from("sha"), calls()));
         let mut expected: Vec<String> = ["sha", "0", "node", "2"].map(String::from).to_vec();
-        for (key, probe) in keys.iter().zip(&probes) {
-            expected.extend(["1".into(), "5".into(), probe.clone(), key.clone()]);
+        for key in &keys {
             expected.extend(args.map(String::from));
+            expected.push(key.clone());
         }
-        assert_eq!(node, expected);
+        assert_eq!(
+            batch, expected,
+            "no probe: its own key's command is refused where the probe's would be"
+        );
         let declared = text(&declared(Value::from("sha"), calls()));
         let mut expected: Vec<String> = vec!["sha".into(), "2".into(), keys[0].clone(), keys[1].clone(), "2".into()];
         for _ in &keys {
-            expected.extend(["1".into(), "5".into()]);
             expected.extend(args.map(String::from));
         }
         assert_eq!(declared, expected);
+        // The driver's form is headed by minus its key count, then a probe in a node's batch.
+        let mut reserve = fixed_window_hit(&ids[0]);
+        reserve.force = true;
+        let mut call = Call::new(Mode::Hit, Some(7), &reserve);
+        assert!(call.probe());
+        let forced = text(&super::node(Value::from("sha"), vec![call]));
+        assert_eq!(
+            forced[4..8],
+            ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
+        );
+    }
+
+    fn probes_of(key: &str) -> String {
+        key[..key.find('}').unwrap_or(0) + 1].to_string()
     }
 
     #[test]
@@ -532,7 +688,7 @@ mod tests {
             assert!(!refused_by_topology(&e(other)), "{other}");
         }
         assert!(is_tryagain(&e("TRYAGAIN Multiple keys")) && !is_tryagain(&e("MOVED 1 h:1")));
-        assert!(unserved(&Value::Integer(0)) && !unserved(&Value::Array(Vec::new())));
+        assert!(unserved(&Value::Null) && !unserved(&Value::Integer(0)) && !unserved(&Value::Array(Vec::new())));
     }
 
     #[test]
@@ -634,7 +790,7 @@ mod tests {
                 .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
         };
         let args: Vec<String> = call.args.iter().map(arg).collect();
-        assert_eq!(args[..9], ["4", "27", "hit", "1", "1001", "", "0", "", "0"]);
+        assert_eq!(args[..9], ["-4", "27", "hit", "1", "1001", "", "0", "", "0"]);
         let costs: Vec<&str> = args[9..].chunks_exact(5).map(|t| t[4].as_str()).collect();
         assert_eq!(
             costs,
