@@ -7,14 +7,18 @@
 --
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors; then per descriptor, either a lone fixed window's three
---           arguments (lone_fixed_window.lua: the window, a positive number, first), or minus its key count, its
---           argument count, and its arguments as decide.lua reads them.
+--           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone fixed windows (below); then per
+--           descriptor, either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number,
+--           first), or minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
---           ARGV[1]: 'node'; ARGV[2]: n; then per descriptor, either a lone fixed window's three arguments and its
---           key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
+--           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone fixed window's
+--           arguments and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
 --           alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as decide.lua
 --           reads them.
+--
+-- The timing: '' when every lone fixed window carries its own time (a third argument), else the time, by sluice's
+-- clock, its keys were built for: they are then decided by the server's clock (TIME, read once per call), and a
+-- window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns one answer per descriptor, in order: lone_fixed_window.lua's integer, decide.lua's array, or a string, the
 -- error that stopped that descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
@@ -32,22 +36,41 @@
 -- is refused exactly where the probe's read would be, before anything is written, so it needs no probe.
 
 local node = ARGV[1] == 'node'
-local n, k, a = tonumber(ARGV[1]), 1, 2
+local n, k, a = tonumber(ARGV[1]), 1, 3
 local served = {}
 if node then
   K = ARGV
-  n, a = tonumber(ARGV[2]), 3
+  n, a = tonumber(ARGV[2]), 4
+end
+local guess = tonumber(ARGV[a - 1])
+local now
+if guess ~= nil then now = clock('') end
+
+-- Each argument that heads a descriptor or counts a cost is read as a number once per call: most are the same few
+-- strings (a handful of windows, a cost of 1), and tonumber costs more than a table lookup.
+local numbers = {}
+local function number(s)
+  local v = numbers[s]
+  if v == nil then
+    v = tonumber(s)
+    numbers[s] = v
+  end
+  return v
 end
 
 local answers = {}
 for i = 1, n do
-  local h = tonumber(ARGV[a])
+  local h = number(ARGV[a])
   local ok, answer
   if h > 0 then
-    -- A lone fixed window: window, cost, time, and in the node form its key.
+    -- A lone fixed window: window, cost, (time), and in the node form its key.
+    local width = 2
+    if guess == nil then width = 3 end
     local key
-    if node then key = ARGV[a + 3] else key = K[k] end
-    ok, answer = pcall(lone_fixed_window, key, h, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
+    if node then key = ARGV[a + width] else key = K[k] end
+    local at = now
+    if guess == nil then at = tonumber(ARGV[a + 2]) end
+    ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), at, guess)
     if not ok then
       if type(answer) == 'table' then answer = answer.err end
       answer = tostring(answer)
@@ -56,7 +79,7 @@ for i = 1, n do
         answer = false
       end
     end
-    if node then a = a + 4 else a, k = a + 3, k + 1 end
+    if node then a = a + width + 1 else a, k = a + width, k + 1 end
   else
     local nk, na = -h, tonumber(ARGV[a + 1])
     a = a + 2

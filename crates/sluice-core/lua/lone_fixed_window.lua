@@ -1,24 +1,22 @@
 -- lone_fixed_window.lua: the most common call, a hit on a descriptor with one fixed-window limit and nothing else to
 -- write, in the fewest Redis commands and arguments: one INCRBY of the window's count (a GET for a cost that is not
--- counted), one PEXPIRE on the window's first count, three arguments, and an integer back. The decision itself
+-- counted), one PEXPIRE on the window's first count, two or three arguments, and an integer back. The decision itself
 -- (whether the hit fits, what is left, when to retry) is made by sluice from that integer, the limit and the time,
 -- exactly as fixed_window.lua's check would make it; the differential test holds the two paths to the same answers.
 --
 -- Its key is the window's key (fixed_window.lua's `window_of`: the counter's key, ':', the window's start), built by
--- sluice; its arguments, from ARGV[a]: the window in microseconds, the cost to count (0 for a hit that is not
--- counted: a cost of 0, or one above the limit, which can never fit; a positive cost is at most the limit), and the
--- time: the decision's time in microseconds when it is given (t >= 0), else minus the start of the window sluice
--- built the key for, by its own clock (t < 0), the decision then being made at the server's clock: if the server's
--- window is another (the two clocks straddle a window's edge), the key is rebuilt for the server's window.
+-- sluice; its arguments (batch.lua reads them): the window in microseconds, the cost to count (0 for a hit that is
+-- not counted: a cost of 0, or one above the limit, which can never fit; a positive cost is at most the limit), the
+-- decision's time `now`, and `guess`: nil when sluice gave the time, else the time by sluice's clock the key was
+-- built for, `now` being the server's; if the server's window is another (the two clocks straddle a window's edge),
+-- the key is rebuilt for the server's window.
 --
 -- Returns the window's count before the hit. Denials are counted as the reference counts them: sluice sends the cost
 -- whether or not it will fit. A count past MAX_COUNT stays there.
 
-local function lone_fixed_window(key, window, cost, t)
-  local now
-  if t >= 0 then now = t else now = clock('') end
+local function lone_fixed_window(key, window, cost, now, guess)
   local start = now - now % window
-  if t < 0 and start ~= -t then key = window_of(key, start) end
+  if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
   if cost == 0 then
     local n = tonumber(redis.call('GET', key))
     if n == nil then n = legacy(string.match(key, '^(.*):%d+$'), start) end

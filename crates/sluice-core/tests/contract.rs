@@ -1680,3 +1680,41 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
     redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
     assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
 }
+
+/// Decided by the server's clock, a lone fixed window's key is built by sluice for its own time; when the server's
+/// time is in another window (the clocks straddle an edge), the script counts in the server's window, not the one
+/// sluice guessed.
+#[tokio::test]
+async fn redis_a_window_guessed_across_an_edge_is_counted_in_the_servers() {
+    let redis = RedisServer::start();
+    let h = one("guess", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let now: u64 = {
+        let t = redis.cli(&["--raw", "TIME"]);
+        let parts: Vec<u64> = t.lines().map(|l| l.trim().parse().unwrap()).collect();
+        parts[0] * 1_000_000 + parts[1]
+    };
+    let guess = now - 5 * MINUTE;
+    let guessed = h.tiers[0].key.window(guess - guess % MINUTE);
+    let script = sluice_core::store::redis::SCRIPT;
+    let minute = MINUTE.to_string();
+    let guess_arg = guess.to_string();
+    // One descriptor, declared: its key, n = 1, the timing (the guess), then the window and the cost counted.
+    let answer = redis.cli(&[
+        "--raw",
+        "EVAL",
+        script,
+        "1",
+        guessed.as_str(),
+        "1",
+        &guess_arg,
+        &minute,
+        "1",
+    ]);
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines[0].trim(), "0", "the count before the hit: {answer}");
+    let server_now: u64 = lines[1].trim().parse().unwrap();
+    assert!(server_now >= now, "the call's time is the server's: {answer}");
+    let server = h.tiers[0].key.window(server_now - server_now % MINUTE);
+    assert_eq!(redis.cli(&["--raw", "GET", server.as_str()]).trim(), "1");
+    assert_eq!(redis.cli(&["--raw", "EXISTS", guessed.as_str()]).trim(), "0");
+}

@@ -104,10 +104,11 @@ impl Call {
             .or(reservation.map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         if let ([tier], "hit", None, []) = (&hit.tiers[..], mode, record, fields) {
-            if let Some((key, args, lone)) = lone_fixed_window(now_us, tier, hit.cost) {
+            if let Some(lone) = lone_fixed_window(now_us, tier, hit.cost) {
+                // Its key and arguments are written when the script call is assembled (see `Lone::parts`).
                 return Call {
-                    keys: vec![Value::from(key.as_str())],
-                    args,
+                    keys: Vec::new(),
+                    args: Vec::new(),
                     lone: Some(lone),
                     slot,
                     probe: None,
@@ -173,6 +174,10 @@ impl Call {
     /// no hash tag or another key does not start with the same prefix and tag (the script's probe would not vouch
     /// for its slot).
     pub(super) fn probe(&mut self) -> bool {
+        if self.lone.is_some() {
+            // Its own key's command is refused where a probe's read would be (see `lua/batch.lua`).
+            return true;
+        }
         let probe = self.keys.first().and_then(Value::as_str).and_then(|key| {
             let key = &*key;
             let open = key.find('{')?;
@@ -189,10 +194,12 @@ impl Call {
     }
 }
 
-/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
+/// What sluice needs to send a lone fixed window, and to decide it from the window's count before the hit as
 /// `lua/fixed_window.lua`'s check decides it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Lone {
+    /// The counter's key; the window's is built from it when the call is assembled.
+    key: CounterKey,
     limit: u64,
     window_us: u64,
     /// The hit's cost, bounded by the limit + 1.
@@ -204,6 +211,22 @@ struct Lone {
 }
 
 impl Lone {
+    /// The window's key and the arguments, in `lua/lone_fixed_window.lua`'s form: the window and the cost counted,
+    /// then the decision's time when it is given. By the server's clock the key is the window's at `guess`, this
+    /// host's time when the call is assembled, which the script checks against the server's.
+    fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
+        let now = self.now_us.unwrap_or(guess);
+        let key = Value::from(self.key.window(now - now % self.window_us).as_str());
+        let mut args = vec![
+            Value::Integer(self.window_us as i64),
+            Value::Integer(self.counted as i64),
+        ];
+        if let Some(now) = self.now_us {
+            args.push(Value::Integer(now as i64));
+        }
+        (key, args)
+    }
+
     /// The decision, in `lua/decide.lua`'s answer for one tier, from the count `n` before the hit at `now_us`.
     fn answer(&self, n: u64, now_us: u64) -> Value {
         let start = now_us - now_us % self.window_us;
@@ -231,44 +254,36 @@ impl Lone {
 }
 
 /// The commonest call, a hit on one fixed window with nothing else to write, in `lua/lone_fixed_window.lua`'s form:
-/// the window's key, and three arguments (the window, the cost counted, the time), where the driver's form takes
-/// twelve. The time is the decision's when it is given; by the server's clock, it is minus the start of the window
-/// whose key sluice built by its own clock, which the script checks against the server's. `None` when the form does
-/// not apply (a window of 0, a clock before the epoch's first window).
-fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<(CounterKey, Vec<Value>, Lone)> {
-    if tier.algorithm != Algorithm::FixedWindow || tier.window_us == 0 {
+/// the window's key, the window, the cost counted and (when it is given) the time, where the driver's form takes
+/// twelve arguments. `None` when the form does not apply: another algorithm, a window of 0, a time past i64.
+fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Lone> {
+    if tier.algorithm != Algorithm::FixedWindow || tier.window_us == 0 || tier.window_us > i64::MAX as u64 {
         return None;
     }
-    let window = tier.window_us;
+    if now_us.is_some_and(|now| now > i64::MAX as u64) {
+        return None;
+    }
     let cost = tier.bounded_cost(cost);
-    let counted = if cost <= tier.limit { cost } else { 0 };
-    let start = window_start(now_us, window);
-    let time = match now_us {
-        Some(now) => i64::try_from(now).ok()?,
-        None => -i64::try_from(start).ok().filter(|&s| s > 0)?,
-    };
-    let args = vec![
-        Value::Integer(window as i64),
-        Value::Integer(counted as i64),
-        Value::Integer(time),
-    ];
-    let lone = Lone {
+    Some(Lone {
+        key: tier.key.clone(),
         limit: tier.limit,
-        window_us: window,
+        window_us: tier.window_us,
         cost,
-        counted,
+        counted: if cost <= tier.limit { cost } else { 0 },
         now_us,
-    };
-    Some((tier.key.window(start), args, lone))
+    })
+}
+
+/// This host's time in microseconds.
+fn host_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The start of the window of `window_us` at `now_us`, or by this host's clock for a call decided by the server's.
 fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
-    let now = now_us.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
-    });
+    let now = now_us.unwrap_or_else(host_now_us);
     now - now % window_us.max(1)
 }
 
@@ -280,24 +295,26 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
 fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut sent: Vec<Call> = Vec::with_capacity(calls.len());
     let mut plan = Vec::with_capacity(calls.len());
-    let mut first: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut first: std::collections::HashMap<CounterKey, usize> = std::collections::HashMap::new();
     for call in calls {
-        let own = call.lone;
-        let key = own.and_then(|_| call.keys.first()).and_then(Value::as_string);
-        match key.as_ref().and_then(|k| first.get(k)).copied() {
-            Some(j) => {
-                let total = sent[j].lone.as_mut().map(|l| {
+        let own = call.lone.clone();
+        let shared = own.as_ref().and_then(|l| first.get(&l.key)).copied();
+        match (shared, own) {
+            (Some(j), Some(own)) => {
+                let ahead = sent[j].lone.as_mut().map_or(0, |l| {
                     let ahead = l.counted;
-                    l.counted += own.map_or(0, |o| o.counted);
-                    (ahead, l.counted)
+                    l.counted += own.counted;
+                    ahead
                 });
-                let (ahead, counted) = total.unwrap_or_default();
-                sent[j].args[1] = Value::Integer(counted as i64);
-                plan.push(Planned { sent: j, ahead, own });
+                plan.push(Planned {
+                    sent: j,
+                    ahead,
+                    own: Some(own),
+                });
             }
-            None => {
-                if let Some(key) = key {
-                    first.insert(key, sent.len());
+            (_, own) => {
+                if let Some(l) = &own {
+                    first.insert(l.key.clone(), sent.len());
                 }
                 plan.push(Planned {
                     sent: sent.len(),
@@ -337,9 +354,14 @@ pub(super) async fn eval(
         .first()
         .and_then(|c| c.slot)
         .map_or(ClusterHash::Random, ClusterHash::Custom);
+    // Decided by the server's clock: the lone fixed windows' keys are built for this host's time, sent along.
+    let guess = calls
+        .iter()
+        .any(|c| c.lone.as_ref().is_some_and(|l| l.now_us.is_none()))
+        .then(host_now_us);
     let command = match form {
-        Form::Declared => declared(sha, calls),
-        Form::Node => node(sha, calls),
+        Form::Declared => declared(sha, calls, guess),
+        Form::Node => node(sha, calls, guess),
     };
     let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
     let answer: Value = if asking {
@@ -375,37 +397,59 @@ pub(super) async fn eval(
         .collect())
 }
 
-/// EVALSHA's arguments in the declared form: every call's keys, then n, then every call's arguments.
-fn declared(sha: Value, mut calls: Vec<Call>) -> Vec<Value> {
-    let keys: usize = calls.iter().map(|c| c.keys.len()).sum();
-    let args: usize = calls.iter().map(|c| c.args.len()).sum();
-    let mut command = Vec::with_capacity(3 + keys + args);
+/// The header argument that says how lone fixed windows are timed: `guess`, this host's time the keys were built
+/// for, when they are decided by the server's clock; '' when each carries its time.
+fn timing(guess: Option<u64>) -> Value {
+    guess.map_or(Value::from(""), |g| Value::Integer(g as i64))
+}
+
+/// EVALSHA's arguments in the declared form: every call's keys, then n, the timing header, then every call's
+/// arguments.
+fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
+    let keys: usize = calls.iter().map(|c| c.keys.len().max(1)).sum();
+    let args: usize = calls.iter().map(|c| c.args.len().max(3)).sum();
+    let mut command = Vec::with_capacity(4 + keys + args);
     command.push(sha);
     command.push(Value::Integer(keys as i64));
+    let mut lone_args = Vec::new();
     for call in &mut calls {
-        command.append(&mut call.keys);
+        match &call.lone {
+            Some(lone) => {
+                let (key, args) = lone.parts(guess.unwrap_or(0));
+                command.push(key);
+                lone_args.push(args);
+            }
+            None => command.append(&mut call.keys),
+        }
     }
     command.push(Value::Integer(calls.len() as i64));
+    command.push(timing(guess));
+    let mut lone_args = lone_args.into_iter();
     for call in calls {
-        command.extend(call.args);
+        match call.lone {
+            Some(_) => command.extend(lone_args.next().unwrap_or_default()),
+            None => command.extend(call.args),
+        }
     }
     command
 }
 
-/// EVALSHA's arguments in the node form: no keys, 'node', n, then per call a lone fixed window's three arguments and
-/// its key, or the driver form's two counts, its probe key ('' when it has none: the script then decides nothing of
-/// it), its keys and the rest of its arguments.
-fn node(sha: Value, calls: Vec<Call>) -> Vec<Value> {
-    let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len()).sum();
-    let mut command = Vec::with_capacity(4 + size);
+/// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a lone fixed window's
+/// arguments and its key, or the driver form's two counts, its probe key ('' when it has none: the script then
+/// decides nothing of it), its keys and the rest of its arguments.
+fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
+    let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len().max(3)).sum();
+    let mut command = Vec::with_capacity(5 + size);
     command.push(sha);
     command.push(Value::Integer(0));
     command.push(Value::from("node"));
     command.push(Value::Integer(calls.len() as i64));
+    command.push(timing(guess));
     for call in calls {
-        if call.lone.is_some() {
-            command.extend(call.args);
-            command.extend(call.keys);
+        if let Some(lone) = &call.lone {
+            let (key, args) = lone.parts(guess.unwrap_or(0));
+            command.extend(args);
+            command.push(key);
             continue;
         }
         let mut args = call.args.into_iter();
@@ -574,7 +618,11 @@ mod tests {
     #[test]
     fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
         let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
-        let hit = fixed_window_hit(&id);
+        // A forced hit goes through the driver's form, which has a probe (a lone fixed window needs none).
+        let mut hit = fixed_window_hit(&id);
+        hit.force = true;
+        let mut lone = Call::new(Mode::Hit, None, &fixed_window_hit(&id));
+        assert!(lone.probe() && lone.probe.is_none());
         let mut call = Call::new(Mode::Hit, None, &hit);
         assert!(call.probe());
         let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
@@ -635,8 +683,8 @@ mod tests {
             .map(|id| fixed_window_hit(id).tiers[0].key.window(0).as_str().to_string())
             .collect();
         let args = ["60000000", "1", "7"];
-        let batch = text(&node(Value::from("sha"), calls()));
-        let mut expected: Vec<String> = ["sha", "0", "node", "2"].map(String::from).to_vec();
+        let batch = text(&node(Value::from("sha"), calls(), None));
+        let mut expected: Vec<String> = ["sha", "0", "node", "2", ""].map(String::from).to_vec();
         for key in &keys {
             expected.extend(args.map(String::from));
             expected.push(key.clone());
@@ -645,8 +693,15 @@ mod tests {
             batch, expected,
             "no probe: its own key's command is refused where the probe's would be"
         );
-        let declared = text(&declared(Value::from("sha"), calls()));
-        let mut expected: Vec<String> = vec!["sha".into(), "2".into(), keys[0].clone(), keys[1].clone(), "2".into()];
+        let declared = text(&declared(Value::from("sha"), calls(), None));
+        let mut expected: Vec<String> = vec![
+            "sha".into(),
+            "2".into(),
+            keys[0].clone(),
+            keys[1].clone(),
+            "2".into(),
+            "".into(),
+        ];
         for _ in &keys {
             expected.extend(args.map(String::from));
         }
@@ -656,9 +711,9 @@ mod tests {
         reserve.force = true;
         let mut call = Call::new(Mode::Hit, Some(7), &reserve);
         assert!(call.probe());
-        let forced = text(&super::node(Value::from("sha"), vec![call]));
+        let forced = text(&super::node(Value::from("sha"), vec![call], None));
         assert_eq!(
-            forced[4..8],
+            forced[5..9],
             ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
         );
     }

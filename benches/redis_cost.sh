@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# What a decision costs Redis, the figure that caps a fleet: Redis's CPU (utime + stime from /proc) per descriptor
+# decided, for every algorithm, against the floor measured in the same run: a minimal script deciding 32 counters per
+# call with INCRBY and a PEXPIRE on the first hit, driven by redis-benchmark pipelined. Also `INFO commandstats`
+# (the script's own time per call, and the commands it ran). Prints a table; BENCHMARKS.md has the figures and the
+# capacity model built on them. Uses the release binaries (built here), one Redis, one sluice with one worker thread.
+# DURATION (10s) is each scenario's length; ROUNDS (1) repeats the whole table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-1}
+# shellcheck source=benches/common.sh
+source benches/common.sh
+
+for tool in redis-server redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install redis-server redis-tools)"; exit 1; }
+done
+cargo build --release --locked -p sluice -p sluice-tools --bin sluice --bin sluice-bench --bin sluice-budget-bench >&2
+sluice=$PWD/target/release/sluice
+sluice_bench=$PWD/target/release/sluice-bench
+budget_bench=$PWD/target/release/sluice-budget-bench
+
+cat >"$work/cost.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: sliding_window
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: sliding_window}
+  - key: sliding_log
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_log}
+  - key: token_bucket
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: token_bucket, burst: 1000000000}
+  - key: leaky_bucket
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: leaky_bucket, burst: 1000000000}
+  - key: concurrency
+    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: concurrency}
+  - key: tiers
+    rate_limits:
+      - {unit: second, requests_per_unit: 1000000000, name: second}
+      - {unit: minute, requests_per_unit: 1000000000, name: minute}
+      - {unit: hour, requests_per_unit: 1000000000, name: hour}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+YAML
+
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+wait_port "$redis_port"
+
+# Redis's CPU so far, in microseconds.
+redis_cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$redis_pid/stat"
+}
+
+# The floor: 32 counters per call, pipelined, over 100 000 keys or one hot key; Redis CPU per counter.
+floor() {
+  local keys=$1 calls=400000 sha args=()
+  sha=$(redis-cli -p "$redis_port" script load \
+    "for i = 1, #KEYS do local n = redis.call('INCRBY', KEYS[i], 1) if n == 1 then redis.call('PEXPIRE', KEYS[i], 3600000) end end return 1")
+  for i in $(seq 32); do
+    if [ "$keys" = hot ]; then args+=("floor:hot"); else args+=("floor:$i:__rand_int__"); fi
+  done
+  redis-cli -p "$redis_port" flushall >/dev/null
+  local before; before=$(redis_cpu_us)
+  redis-benchmark -p "$redis_port" -r 3125 -n "$calls" -c 50 -P 16 -q evalsha "$sha" 32 "${args[@]}" >/dev/null 2>&1
+  local after; after=$(redis_cpu_us)
+  python3 -c "print(f'{($after - $before) / ($calls * 32):.2f}')"
+}
+
+grpc=$(free_port)
+http=$(free_port)
+"$sluice" serve --config "$work/cost.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
+  --worker-threads 1 --redis-url "redis://127.0.0.1:$redis_port" >"$work/sluice.log" 2>&1 &
+pids+=($!)
+wait_port "$grpc"
+
+# One scenario through sluice: Redis CPU per descriptor, and sluice's decisions per second.
+through_sluice() {
+  local key=$1 descriptors=$2 keys=$3
+  redis-cli -p "$redis_port" flushall >/dev/null
+  # Counters that exist already, as in a service that has run for a while (one run of the same load first).
+  "$sluice_bench" --target "http://127.0.0.1:$grpc" --domain bench --descriptor-key "$key" \
+    --descriptors "$descriptors" --keys "$keys" --concurrency 256 --duration 2s --warmup 0s --quiet \
+    --allow-errors --json >/dev/null
+  redis-cli -p "$redis_port" config resetstat >/dev/null
+  local before; before=$(redis_cpu_us)
+  local report
+  report=$("$sluice_bench" --target "http://127.0.0.1:$grpc" --domain bench --descriptor-key "$key" \
+    --descriptors "$descriptors" --keys "$keys" --concurrency 256 --duration "$DURATION" --warmup 0s --quiet \
+    --allow-errors --json)
+  local after; after=$(redis_cpu_us)
+  local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
+  python3 - "$report" "$before" "$after" "$descriptors" "$stats" <<'PY'
+import json, re, sys
+report, before, after, descriptors, stats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+decided = report["requests"] * descriptors
+calls = int(re.search(r"calls=(\d+)", stats).group(1)) if stats else 0
+usec = float(re.search(r"usec=(\d+)", stats).group(1)) if stats else 0.0
+print(f"{(after - before) / max(decided, 1):.2f} {report['throughput_rps']:.0f} {usec / max(decided, 1):.2f} {decided / max(calls, 1):.1f}")
+PY
+}
+
+for round in $(seq "$ROUNDS"); do
+  floor_uniform=$(floor uniform)
+  floor_hot=$(floor hot)
+  echo "=== round $round: the floor, Redis CPU per counter: 100k keys $floor_uniform us, one hot key $floor_hot us"
+  printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s\n' algorithm desc keys "redis_us" "x_floor" "req/s" \
+    "script_us" "desc/call"
+  for key in fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency tiers; do
+    for descriptors in 1 3; do
+      for keys in hot uniform:100000; do
+        [ "$key" = sliding_log ] && [ "$keys" = hot ] && continue
+        read -r per rps script batch < <(through_sluice "$key" "$descriptors" "$keys")
+        if [ "$keys" = hot ]; then f=$floor_hot; else f=$floor_uniform; fi
+        ratio=$(python3 -c "print(f'{$per / $f:.2f}')")
+        printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s\n' "$key" "$descriptors" "$keys" "$per" "$ratio" "$rps" \
+          "$script" "$batch"
+      done
+    done
+  done
+  # Reserve + Settle pairs on 1 000 users: Redis CPU per pair (two script calls).
+  redis-cli -p "$redis_port" flushall >/dev/null
+  before=$(redis_cpu_us)
+  rate=$("$budget_bench" --target "http://127.0.0.1:$grpc" --domain bench --callers 64 --users 1000 \
+    --duration "$DURATION" | awk '/^pairs\/s/ { print $2 }')
+  after=$(redis_cpu_us)
+  seconds=${DURATION%s}
+  python3 -c "pairs = $rate * $seconds; print(f'reserve+settle: {($after - $before) / max(pairs, 1):.2f} us of Redis CPU per pair, {$rate:.0f} pairs/s')"
+done
