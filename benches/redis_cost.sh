@@ -4,11 +4,15 @@
 # call with INCRBY and a PEXPIRE on the first hit, driven by redis-benchmark pipelined. Also `INFO commandstats`
 # (the script's own time per call, and the commands it ran). Prints a table; BENCHMARKS.md has the figures and the
 # capacity model built on them. Uses the release binaries (built here), one Redis, one sluice with one worker thread.
-# DURATION (10s) is each scenario's length; ROUNDS (1) repeats the whole table.
+# DURATION (10s) is each scenario's length; ROUNDS (1) repeats the whole table; ALGORITHMS (all) limits it, e.g.
+# ALGORITHMS=fixed_window. The floor is measured with short keys (as `redis-benchmark` figures usually are) and with
+# keys as long as sluice's (prefix, hash tag, domain, entry, limit and window: about 80 bytes), since a key's length
+# is part of what Redis does per command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-1}
+ALGORITHMS=${ALGORITHMS:-fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency tiers}
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
@@ -55,13 +59,15 @@ redis_cpu_us() {
   awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$redis_pid/stat"
 }
 
-# The floor: 32 counters per call, pipelined, over 100 000 keys or one hot key; Redis CPU per counter.
+# The floor: 32 counters per call, pipelined, over 100 000 keys or one hot key, keys short or as long as sluice's;
+# Redis CPU per counter.
 floor() {
-  local keys=$1 calls=400000 sha args=()
+  local keys=$1 length=${2:-short} calls=400000 sha args=() long='sluice:{0123456789abcdef}5:bench|12:fixed_window|'
   sha=$(redis-cli -p "$redis_port" script load \
     "for i = 1, #KEYS do local n = redis.call('INCRBY', KEYS[i], 1) if n == 1 then redis.call('PEXPIRE', KEYS[i], 3600000) end end return 1")
   for i in $(seq 32); do
     if [ "$keys" = hot ]; then args+=("floor:hot"); else args+=("floor:$i:__rand_int__"); fi
+    if [ "$length" = long ]; then args[-1]="$long${args[-1]}|fixed_window/3600:1764032400000000"; fi
   done
   redis-cli -p "$redis_port" flushall >/dev/null
   local before; before=$(redis_cpu_us)
@@ -106,10 +112,12 @@ PY
 for round in $(seq "$ROUNDS"); do
   floor_uniform=$(floor uniform)
   floor_hot=$(floor hot)
-  echo "=== round $round: the floor, Redis CPU per counter: 100k keys $floor_uniform us, one hot key $floor_hot us"
+  floor_long=$(floor uniform long)
+  echo "=== round $round: the floor, Redis CPU per counter: 100k keys $floor_uniform us (keys as long as sluice's:" \
+    "$floor_long us), one hot key $floor_hot us"
   printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s\n' algorithm desc keys "redis_us" "x_floor" "req/s" \
     "script_us" "desc/call"
-  for key in fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency tiers; do
+  for key in $ALGORITHMS; do
     for descriptors in 1 3; do
       for keys in hot uniform:100000; do
         [ "$key" = sliding_log ] && [ "$keys" = hot ] && continue
@@ -122,6 +130,7 @@ for round in $(seq "$ROUNDS"); do
     done
   done
   # Reserve + Settle pairs on 1 000 users: Redis CPU per pair (two script calls).
+  case " $ALGORITHMS " in *" tiers "*) ;; *) continue ;; esac
   redis-cli -p "$redis_port" flushall >/dev/null
   before=$(redis_cpu_us)
   rate=$("$budget_bench" --target "http://127.0.0.1:$grpc" --domain bench --callers 64 --users 1000 \

@@ -156,17 +156,20 @@ if command -v redis-benchmark >/dev/null; then
     batch.lua)")
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
-  # One descriptor as crates/sluice-core/lua/batch.lua reads it: key count, argument count, then the lone fixed window's
-  # compact arguments (lone_fixed_window.lua), as sluice sends an ordinary hit on one fixed window.
-  fixed=(1 5 fw '' 1 1000000000 3600000000)
-  calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 's:__rand_int__' \
-    1 "${fixed[@]}"
+  # One descriptor as crates/sluice-core/lua/batch.lua reads it: n, the timing header (this host's time, the call then
+  # decided by the server's clock, as sluice sends it), then a lone fixed window's arguments (lone_fixed_window.lua):
+  # the window and the cost; its key is the window's (`<counter>:<window start>`).
+  now_us=$(( $(date +%s) * 1000000 ))
+  start_us=$(( now_us - now_us % 3600000000 ))
+  fixed=(3600000000 1)
+  calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 \
+    "s:__rand_int__:$start_us" 1 "$now_us" "${fixed[@]}"
   calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 evalsha "$decide" 1 \
-    't:__rand_int__' 1 "${fixed[@]}"
+    "t:__rand_int__:$start_us" 1 "$now_us" "${fixed[@]}"
   keys=(); args=()
-  for _ in $(seq 32); do keys+=('b:__rand_int__'); args+=("${fixed[@]}"); done
+  for _ in $(seq 32); do keys+=("b:__rand_int__:$start_us"); args+=("${fixed[@]}"); done
   calibrate "sluice's script, 32 lone fixed windows per call (x32 for descriptors/s), pipelined" -n 40000 -c 50 -P 16 \
-    evalsha "$decide" 32 "${keys[@]}" 32 "${args[@]}"
+    evalsha "$decide" 32 "${keys[@]}" 32 "$now_us" "${args[@]}"
   redis-cli -p "$redis_port" flushall >/dev/null
 fi
 
