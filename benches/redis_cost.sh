@@ -54,10 +54,11 @@ redis_pid=$!
 pids+=("$redis_pid")
 wait_port "$redis_port"
 
-# Redis's CPU so far, in microseconds.
-redis_cpu_us() {
-  awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$redis_pid/stat"
+# A process's CPU so far (utime + stime), in microseconds: Redis's by default.
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$1/stat"
 }
+redis_cpu_us() { cpu_us "$redis_pid"; }
 
 # The floor: 32 counters per call, pipelined, over 100 000 keys or one hot key, keys short or as long as sluice's;
 # Redis CPU per counter.
@@ -80,7 +81,8 @@ grpc=$(free_port)
 http=$(free_port)
 "$sluice" serve --config "$work/cost.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
   --worker-threads 1 --redis-url "redis://127.0.0.1:$redis_port" >"$work/sluice.log" 2>&1 &
-pids+=($!)
+sluice_pid=$!
+pids+=("$sluice_pid")
 wait_port "$grpc"
 
 # One scenario through sluice: Redis CPU per descriptor, and sluice's decisions per second.
@@ -93,19 +95,22 @@ through_sluice() {
     --allow-errors --json >/dev/null
   redis-cli -p "$redis_port" config resetstat >/dev/null
   local before; before=$(redis_cpu_us)
+  local sluice_before; sluice_before=$(cpu_us "$sluice_pid")
   local report
   report=$("$sluice_bench" --target "http://127.0.0.1:$grpc" --domain bench --descriptor-key "$key" \
     --descriptors "$descriptors" --keys "$keys" --concurrency 256 --duration "$DURATION" --warmup 0s --quiet \
     --allow-errors --json)
   local after; after=$(redis_cpu_us)
+  local sluice_after; sluice_after=$(cpu_us "$sluice_pid")
   local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
-  python3 - "$report" "$before" "$after" "$descriptors" "$stats" <<'PY'
+  python3 - "$report" "$before" "$after" "$descriptors" "$stats" "$sluice_before" "$sluice_after" <<'PY'
 import json, re, sys
 report, before, after, descriptors, stats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+sluice_us = (int(sys.argv[7]) - int(sys.argv[6])) / max(report["requests"], 1)
 decided = report["requests"] * descriptors
 calls = int(re.search(r"calls=(\d+)", stats).group(1)) if stats else 0
 usec = float(re.search(r"usec=(\d+)", stats).group(1)) if stats else 0.0
-print(f"{(after - before) / max(decided, 1):.2f} {report['throughput_rps']:.0f} {usec / max(decided, 1):.2f} {decided / max(calls, 1):.1f}")
+print(f"{(after - before) / max(decided, 1):.2f} {report['throughput_rps']:.0f} {usec / max(decided, 1):.2f} {decided / max(calls, 1):.1f} {sluice_us:.2f}")
 PY
 }
 
@@ -115,17 +120,17 @@ for round in $(seq "$ROUNDS"); do
   floor_long=$(floor uniform long)
   echo "=== round $round: the floor, Redis CPU per counter: 100k keys $floor_uniform us (keys as long as sluice's:" \
     "$floor_long us), one hot key $floor_hot us"
-  printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s\n' algorithm desc keys "redis_us" "x_floor" "req/s" \
-    "script_us" "desc/call"
+  printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' algorithm desc keys "redis_us" "x_floor" "req/s" \
+    "script_us" "desc/call" "sluice_us/req"
   for key in $ALGORITHMS; do
     for descriptors in 1 3; do
       for keys in hot uniform:100000; do
         [ "$key" = sliding_log ] && [ "$keys" = hot ] && continue
-        read -r per rps script batch < <(through_sluice "$key" "$descriptors" "$keys")
+        read -r per rps script batch sluice_us < <(through_sluice "$key" "$descriptors" "$keys")
         if [ "$keys" = hot ]; then f=$floor_hot; else f=$floor_uniform; fi
         ratio=$(python3 -c "print(f'{$per / $f:.2f}')")
-        printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s\n' "$key" "$descriptors" "$keys" "$per" "$ratio" "$rps" \
-          "$script" "$batch"
+        printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' "$key" "$descriptors" "$keys" "$per" "$ratio" \
+          "$rps" "$script" "$batch" "$sluice_us"
       done
     done
   done

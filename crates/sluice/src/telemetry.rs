@@ -139,7 +139,11 @@ pub fn init(settings: &TelemetrySettings) -> Result<TelemetryGuard, TelemetryErr
             message: e.to_string(),
         })?,
     };
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a file or a pipe (what Kubernetes collects) gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let fmt = match settings.format {
         LogFormat::Text => fmt.with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().with_filter(filter).boxed(),

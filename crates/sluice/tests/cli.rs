@@ -307,3 +307,59 @@ fn merge_domains_merges_files_of_one_domain() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The log as a pipe receives it: plain text without colour codes by default, one JSON object per line with
+/// `--log-format json`, each carrying the same fields (the start message names its listeners in both).
+#[test]
+fn logs_are_plain_text_or_json_when_not_a_terminal() {
+    let run = |format: &str| -> String {
+        let port = crate::harness::free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--http-addr", "127.0.0.1:0", "--log-format", format])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let out = child.wait_with_output().unwrap();
+        assert!(listening, "sluice did not start with --log-format {format}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let text = run("text");
+    assert!(
+        !text.is_empty() && !text.contains('\u{1b}'),
+        "colour codes in a pipe: {text:?}"
+    );
+    let json = run("json");
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty() && !json.contains('\u{1b}'));
+    for line in &lines {
+        for field in ["timestamp", "level", "fields", "target"] {
+            assert!(line.get(field).is_some(), "{field} missing: {line}");
+        }
+    }
+    // The same events carry the same fields in both forms.
+    let first = &lines[0];
+    let message = first["fields"]["message"].as_str().unwrap_or_default();
+    let text_line = text
+        .lines()
+        .find(|l| l.contains(message))
+        .unwrap_or_else(|| panic!("{message:?} not in {text}"));
+    for (name, value) in first["fields"].as_object().into_iter().flatten() {
+        if name != "message" {
+            let value = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+            assert!(
+                text_line.contains(&format!("{name}={value}")) || text_line.contains(&value),
+                "{name} in {text_line}"
+            );
+        }
+    }
+}
