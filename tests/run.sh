@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check sluice has, on a fresh machine as on a developer's: installs what is missing (redis-server and
 # redis-cli, openssl, promtool and kubectl from Debian, rustfmt and clippy, the Python test dependencies into .venv), then runs the format check,
-# clippy with warnings as errors, the Rust tests and the Python tests (interop from Envoy's official stubs, and a
+# clippy with warnings as errors, the API docs with broken links as errors, the Rust tests and the Python tests (interop from Envoy's official stubs, and a
 # real Envoy in front of sluice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +42,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== benches, smoke mode (each criterion benchmark once, the footprint on a few keys)"

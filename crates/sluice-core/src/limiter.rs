@@ -5,9 +5,9 @@
 //! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call.
 
 //!
-//! Its parts: [`request`] (what a request is, and the checks it passes), [`resolve`] (which rule each descriptor
-//! meets), [`decision`] (what the core answers), [`settings`] (the core's switches and caps), [`guard`] (the
-//! breakers, local cache and timing around every store call), and [`usage`] (RLQS usage charged to bucket quotas).
+//! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
+//! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
+//! breakers, local cache and timing around every store call), and `usage` (RLQS usage charged to bucket quotas).
 
 mod budget;
 mod decision;

@@ -1,7 +1,7 @@
 //! Tools around a running sluice, speaking to it only through its gRPC API (the service crate's generated
 //! protobuf types):
 //!
-//! - [`bench`]: `sluice-bench`, a load generator that drives either API over real gRPC connections and reports
+//! - [`bench`](mod@bench): `sluice-bench`, a load generator that drives either API over real gRPC connections and reports
 //!   throughput, checked answers and latency percentiles.
 //! - [`client`]: `sluice-client`, one call from the shell.
 //! - [`budget_bench`]: `sluice-budget-bench`, Reserve+Settle pairs per second from many concurrent callers.

@@ -314,7 +314,7 @@ fn merge_domains_merges_files_of_one_domain() {
 fn logs_are_plain_text_or_json_when_not_a_terminal() {
     let run = |format: &str| -> String {
         let port = crate::harness::free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--http-addr", "127.0.0.1:0", "--log-format", format])

@@ -126,7 +126,7 @@ pub enum LimitError {
     /// The request itself is malformed; the message names what is wrong.
     #[error("{0}")]
     InvalidArgument(String),
-    /// The request exceeds one of the [`Caps`]; the message names the field and says by how much, and `cap` which
+    /// The request exceeds one of the [`Caps`](super::Caps); the message names the field and says by how much, and `cap` which
     /// setting bounds it (a face names it as its users set it: the service, by its flag).
     #[error("{message} ({})", cap.setting())]
     OverCap { cap: Cap, message: String },

@@ -15,7 +15,7 @@
 //! reservations and their settlement, and the [`Store`] impl); each algorithm's check and commit (and a counting
 //! algorithm's refund) is in `memory/<algorithm>.rs`, named as its script; and `memory/prelude.rs`, as
 //! `lua/prelude.lua`, holds what they share, including the one "update the state or create it" step
-//! ([`Keyspace::upsert`]) that every commit goes through.
+//! (`Keyspace::upsert`) that every commit goes through.
 
 mod concurrency;
 mod fixed_window;

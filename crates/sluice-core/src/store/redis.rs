@@ -4,15 +4,15 @@
 //! commonest call), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
 //! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
-//! into a shared EVALSHA ([`gather`]): under load, Redis parses one command and runs one script for up to
-//! [`MAX_BATCH`](gather::MAX_BATCH) descriptors, and fred frames, writes and reads one command instead of one per
-//! request. In a cluster each primary has such a task of its own, over its own connections ([`cluster`]): the
+//! into a shared EVALSHA (`gather`): under load, Redis parses one command and runs one script for up to
+//! `MAX_BATCH` descriptors, and fred frames, writes and reads one command instead of one per
+//! request. In a cluster each primary has such a task of its own, over its own connections (`cluster`): the
 //! descriptors of concurrent requests that live on one primary share an EVALSHA whatever their slots (each
 //! descriptor's keys share a hash tag, so a descriptor is on one slot), with the keys among the arguments, since
 //! Redis refuses declared keys of several slots; the script runs there with the flag `allow-cross-slot-keys`
 //! ([`CLUSTER_SCRIPT`]). A dead primary fails only its own slots' descriptors, and a descriptor whose slot has moved
 //! or is migrating is refused by the script before anything of it is written and sent again alone to its slot,
-//! following MOVED and ASK ([`route`]).
+//! following MOVED and ASK (`route`).
 //! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
 //! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
 //! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's

@@ -76,7 +76,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "edge", value_parser = parse_non_empty)]
     pub domain: String,
     /// Where descriptor values come from, as decimal numbers: hot (always 0), uniform:N (0 to N-1 equally) or
-    /// zipf:N[:S] (0 most often, with exponent S, default 1).
+    /// `zipf:N[:S]` (0 most often, with exponent S, default 1).
     #[arg(long, default_value = "hot", value_parser = KeySpec::parse)]
     pub keys: KeySpec,
     /// Descriptors per request, each with its own drawn value.
