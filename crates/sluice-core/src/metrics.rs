@@ -15,6 +15,12 @@ use std::sync::Arc;
 use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
 
 /// RPC requests by domain, RPC and result (`ok`, `over_limit`, `invalid_argument`, `unavailable`).
+
+/// The most one hit or one usage report adds to a counter metric: a larger amount (an RLQS report of 2^64 - 1
+/// requests) is counted as this, so that no amount can wrap a counter, which Prometheus would read as a reset and
+/// see go backwards. It would take 2^32 such reports to reach the counter's 2^64.
+pub const MAX_COUNTED: u64 = 1 << 32;
+
 pub const REQUESTS: &str = "sluice_requests_total";
 /// Hits counted against a rule (each hit weighs its cost).
 pub const RULE_HITS: &str = "sluice_rule_hits_total";
@@ -362,6 +368,7 @@ fn domain_stats(recorder: &dyn Sink, domain: &str) -> DomainStats {
 impl RuleStats {
     /// Records one decided hit of `cost` against a rule of `limit` whose count is now `used`.
     pub fn record(&self, cost: u64, limit: u32, used: u64, allowed: bool, shadow: bool, ratio: f64) {
+        let cost = cost.min(MAX_COUNTED);
         self.hits.increment(cost);
         if allowed {
             self.within_limit.increment(cost);

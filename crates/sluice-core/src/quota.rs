@@ -8,7 +8,8 @@
 //! - each Envoy gets a token bucket holding its share of what is left, the share being its part of the bucket's
 //!   recent demand (allowed plus denied, counted in the store too): `floor(remaining * own / all)`, at least 1. With
 //!   nothing left, it gets DENY_ALL until a request fits again, and sluice pushes a new assignment then;
-//! - assignments carry a TTL and are refreshed before it lapses (a third of it, at least two seconds, before); buckets reported with no requests for
+//! - assignments carry a TTL and are refreshed before it lapses (a third of it, and at least two seconds plus one
+//!   tick, before); buckets reported with no requests for
 //!   `abandon_after_seconds` are abandoned; when a report exhausts a quota or a new Envoy joins a bucket, the other
 //!   streams of this instance that watch it are told at once.
 //!
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::limiter::{Charged, DEMAND_WINDOW_US, LimitError, Limiter, QuotaState, Usage};
-use crate::metrics::QuotaStats;
+use crate::metrics::{MAX_COUNTED, QuotaStats};
 use crate::rules::{Algorithm, BucketSettings, InitialAssignment};
 use crate::store::Store;
 
@@ -160,8 +161,8 @@ struct Watch {
     settings: BucketSettings,
     /// The last report with requests in it (or the first report).
     active_us: u64,
-    /// The last assignment sent and when; `None` before the first.
-    sent: Option<(Strategy, u64)>,
+    /// The last assignment sent, when, and the TTL it carried (seconds); `None` before the first.
+    sent: Option<(Strategy, u64, u32)>,
     /// A DENY_ALL holds until then; a new assignment is due.
     retry_at_us: Option<u64>,
     demand: Demand,
@@ -260,10 +261,12 @@ impl<S: Store> Quotas<S> {
                 self.caps.max_buckets_per_stream
             )));
         }
-        let (mut allowed, mut denied) = (0, 0);
+        // Each bucket's amounts counted as at most MAX_COUNTED, and summed without wrapping: a counter never goes
+        // backwards, whatever a client reports.
+        let (mut allowed, mut denied) = (0u64, 0u64);
         for u in &usages {
-            allowed += u.allowed;
-            denied += u.denied;
+            allowed = allowed.saturating_add(u.allowed.min(MAX_COUNTED));
+            denied = denied.saturating_add(u.denied.min(MAX_COUNTED));
         }
         self.stats.allowed.increment(allowed);
         self.stats.denied.increment(denied);
@@ -448,7 +451,7 @@ impl<S: Store> Quotas<S> {
         if strategy != Strategy::DenyAll {
             watch.retry_at_us = None;
         }
-        watch.sent = Some((strategy, now));
+        watch.sent = Some((strategy, now, ttl_s.max(1)));
         match strategy {
             Strategy::AllowAll => &self.stats.allow_all,
             Strategy::DenyAll => &self.stats.deny_all,
@@ -500,23 +503,27 @@ impl<S: Store> Quotas<S> {
 }
 
 impl Watch {
-    /// Whether a new assignment is due: a DENY_ALL whose window allows more, or a TTL within a third of lapsing
-    /// (at least two seconds before).
+    /// Whether a new assignment is due: a DENY_ALL whose window allows more, or the TTL the last one carried
+    /// within a third of lapsing, and never less than two seconds plus one tick: a face that ticks every second
+    /// refreshes at least two seconds before the lapse.
     fn due(&self, now: u64) -> bool {
         if self.retry_at_us.is_some_and(|at| now >= at) {
             return true;
         }
         match self.sent {
             None => true,
-            Some((_, at)) => {
-                let ttl = u64::from(self.settings.assignment_ttl_s) * 1_000_000;
-                // At least two seconds: a face that ticks every second still refreshes a second before the lapse.
-                let margin = (ttl / 3).max(2_000_000).min(ttl);
+            Some((_, at, ttl_s)) => {
+                let ttl = u64::from(ttl_s) * 1_000_000;
+                let margin = ((ttl / 3).max(2_000_000) + TICK_US).min(ttl);
                 now >= at.saturating_add(ttl - margin)
             }
         }
     }
 }
+
+/// How often a face calls [`Quotas::tick`] at most apart: refreshes are due one tick early, so that they still go
+/// out two seconds before a TTL lapses.
+pub const TICK_US: u64 = 1_000_000;
 
 /// The settings of the rule a bucket matched (defaults when none did).
 fn settings_of(charged: &Charged) -> BucketSettings {

@@ -164,14 +164,17 @@ async fn ttl_refresh_and_abandonment(store: impl Store) {
         .report(&mut a, report("q", &[(&idle, 1, 0), (&busy, 1, 0)]))
         .await
         .unwrap();
-    clock.advance(5_000_000);
+    clock.advance(4_000_000);
     assert!(
         quotas.tick(&mut a).await.unwrap().is_empty(),
-        "a 9 s TTL is refreshed 3 s before it lapses"
+        "a 9 s TTL is not refreshed 5 s before it lapses"
     );
+    // Due 4 s before the lapse (a third of it, one tick early), so that a tick every second still refreshes it at
+    // least 2 s before: here the tick 4 s before.
     clock.advance(1_000_000);
     let refreshed = quotas.tick(&mut a).await.unwrap();
     assert_eq!(refreshed.len(), 2, "{refreshed:?}");
+    clock.advance(1_000_000);
     for step in 0..6 {
         clock.advance(4_000_000);
         quotas

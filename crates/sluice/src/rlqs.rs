@@ -28,7 +28,7 @@ use crate::quota::{Action, QuotaError, Quotas, Report, ReportedUsage, Strategy};
 use crate::store::Store;
 
 /// How often each stream looks for due work when nothing else wakes it.
-const TICK: Duration = Duration::from_secs(1);
+const TICK: Duration = Duration::from_micros(sluice_core::quota::TICK_US);
 
 /// The RLQS gRPC service.
 pub struct QuotaService<S> {
