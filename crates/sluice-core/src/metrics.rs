@@ -14,13 +14,12 @@ use std::sync::Arc;
 
 use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
 
-/// RPC requests by domain, RPC and result (`ok`, `over_limit`, `invalid_argument`, `unavailable`).
-
 /// The most one hit or one usage report adds to a counter metric: a larger amount (an RLQS report of 2^64 - 1
 /// requests) is counted as this, so that no amount can wrap a counter, which Prometheus would read as a reset and
 /// see go backwards. It would take 2^32 such reports to reach the counter's 2^64.
 pub const MAX_COUNTED: u64 = 1 << 32;
 
+/// RPC requests by domain, RPC and result (`ok`, `over_limit`, `invalid_argument`, `unavailable`).
 pub const REQUESTS: &str = "sluice_requests_total";
 /// Hits counted against a rule (each hit weighs its cost).
 pub const RULE_HITS: &str = "sluice_rule_hits_total";
