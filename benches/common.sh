@@ -1,5 +1,5 @@
-# What benches/run.sh and benches/peers.sh share: a scratch directory and the processes to stop on exit, free ports,
-# waiting for a listener, and the gRPC-framed request h2load sends. Sourced, not run.
+# What the scripts of benches/ share: a scratch directory and the processes to stop on exit, free ports, waiting for
+# a listener, a Redis of their own, and the gRPC-framed request h2load sends. Sourced, not run.
 
 work=$(mktemp -d)
 pids=()
@@ -30,4 +30,13 @@ descriptor = b"\x0a" + bytes([len(entry)]) + entry
 message = b"\x0a\x05bench" + b"\x12" + bytes([len(descriptor)]) + descriptor
 open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + message)
 PY
+}
+
+# start_redis: one redis-server on a free port of loopback, stopped on exit; sets $redis_port and $redis_pid.
+start_redis() {
+  redis_port=$(free_port)
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  wait_port "$redis_port"
 }

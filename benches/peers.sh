@@ -42,11 +42,7 @@ cat >"$work/limitador.yaml" <<'YAML'
 YAML
 write_body "$work/body.bin"
 
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
-redis_pid=$!
-pids+=("$redis_pid")
-wait_port "$redis_port"
+start_redis
 
 # start NAME STORE: starts one server with its defaults on fresh ports (sluice-tN: sluice with N threads); sets
 # $server_pid and $grpc.

@@ -48,11 +48,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 YAML
 
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
-redis_pid=$!
-pids+=("$redis_pid")
-wait_port "$redis_port"
+start_redis
 
 # A process's CPU so far (utime + stime), in microseconds: Redis's by default.
 cpu_us() {

@@ -34,10 +34,7 @@ quota_buckets:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 YAML
 
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
-pids+=($!)
-wait_port "$redis_port"
+start_redis
 
 cluster_ports=()
 for _ in 1 2 3; do

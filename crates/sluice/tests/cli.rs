@@ -186,24 +186,32 @@ fn bad_flags_and_env_are_named() {
     assert!(err.contains("config '/nonexistent/sluice.yaml': cannot read"), "{err}");
 }
 
+/// `sluice serve` on the example configuration of `deploy/` with `extra` flags and its log to `stderr`; its gRPC port,
+/// and whether it listened within 10 s.
+fn serve_deploy(extra: &[&str], stderr: std::process::Stdio) -> (std::process::Child, u16, bool) {
+    let port = crate::harness::free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--http-addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (child, port, listening)
+}
+
 /// `--worker-threads` sets how many runtime threads serve requests: with 1 the main thread serves alone (the
 /// current-thread scheduler), with n there are n workers. Either way the server answers and drains on SIGTERM.
 #[test]
 fn worker_threads_sets_the_serving_threads() {
     let workers = |n: &str| -> usize {
-        let port = crate::harness::free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
-            .arg(format!("127.0.0.1:{port}"))
-            .args(["--http-addr", "127.0.0.1:0", "--worker-threads", n])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
         // The runtime is built before the listener binds: once the port answers, every worker exists.
-        let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let (mut child, port, listening) = serve_deploy(&["--worker-threads", n], std::process::Stdio::null());
         let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
         let seen = tasks
             .filter_map(Result::ok)
@@ -313,18 +321,7 @@ fn merge_domains_merges_files_of_one_domain() {
 #[test]
 fn logs_are_plain_text_or_json_when_not_a_terminal() {
     let run = |format: &str| -> String {
-        let port = crate::harness::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr"])
-            .arg(format!("127.0.0.1:{port}"))
-            .args(["--http-addr", "127.0.0.1:0", "--log-format", format])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let listening = crate::harness::poll_until(std::time::Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let (child, _, listening) = serve_deploy(&["--log-format", format], std::process::Stdio::piped());
         let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
         let out = child.wait_with_output().unwrap();
         assert!(listening, "sluice did not start with --log-format {format}");
