@@ -14,7 +14,8 @@ pub mod budget_bench;
 pub mod client;
 pub mod quota_bench;
 
-use sluice::{json, proto};
+use sluice::faces::json;
+use sluice::proto;
 
 /// Runs `task` on a one-thread runtime and prints the text it returns, for the load binaries; on an error prints it
 /// and exits 1.

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sluice::breaker::BreakerSettings;
-use sluice::compat::{self, Translation};
-use sluice::headers::{HeaderMode, LegacyNames, ResponseHeaders};
+use sluice::faces::headers::{HeaderMode, LegacyNames, ResponseHeaders};
 use sluice::limiter::{Caps, LimiterSettings};
 use sluice::metrics::Metrics;
+use sluice::operations::telemetry::{self, LogFormat, OtlpProtocol, TelemetrySettings};
+use sluice::operations::tls::ServerTlsFiles;
 use sluice::quota::QuotaCaps;
 use sluice::rules::FailurePolicy;
 use sluice::rules::{Domains, RuleSet};
 use sluice::server::{self, ServeOptions, Settings};
+use sluice::sources::compat::{self, Translation};
 use sluice::store::redis::{RedisSettings, RedisTls};
-use sluice::telemetry::{self, LogFormat, OtlpProtocol, TelemetrySettings};
-use sluice::tls::ServerTlsFiles;
 
 /// glibc's allocator spends a fifth of a decision's CPU time under load (measured with perf); mimalloc far less.
 #[global_allocator]
@@ -89,8 +89,8 @@ struct ServeArgs {
     config: Option<PathBuf>,
     /// Take the rules from this xDS management server (Envoy Gateway) instead of files: http://host:port, or
     /// https://host:port for TLS. An ADS client, state of the world, for RateLimitConfig resources.
-    #[arg(long, env = "SLUICE_XDS_SERVER", value_parser = clap::value_parser!(sluice::xds::ServerUrl))]
-    xds_server: Option<sluice::xds::ServerUrl>,
+    #[arg(long, env = "SLUICE_XDS_SERVER", value_parser = clap::value_parser!(sluice::sources::xds::ServerUrl))]
+    xds_server: Option<sluice::sources::xds::ServerUrl>,
     /// The node id sent to the xDS server (which keys its snapshots on it).
     #[arg(
         long,
@@ -100,11 +100,11 @@ struct ServeArgs {
     )]
     xds_node_id: String,
     /// Node metadata sent to the xDS server: comma-separated key:value or key=value.
-    #[arg(long, env = "SLUICE_XDS_NODE_METADATA", value_parser = clap::value_parser!(sluice::xds::NodeMetadata), conflicts_with = "config")]
-    xds_node_metadata: Option<sluice::xds::NodeMetadata>,
+    #[arg(long, env = "SLUICE_XDS_NODE_METADATA", value_parser = clap::value_parser!(sluice::sources::xds::NodeMetadata), conflicts_with = "config")]
+    xds_node_metadata: Option<sluice::sources::xds::NodeMetadata>,
     /// An extra header (gRPC metadata) on the xDS stream, name:value; repeat it, or separate with commas.
-    #[arg(long, env = "SLUICE_XDS_HEADER", value_delimiter = ',', value_parser = clap::value_parser!(sluice::xds::Header), conflicts_with = "config")]
-    xds_header: Vec<sluice::xds::Header>,
+    #[arg(long, env = "SLUICE_XDS_HEADER", value_delimiter = ',', value_parser = clap::value_parser!(sluice::sources::xds::Header), conflicts_with = "config")]
+    xds_header: Vec<sluice::sources::xds::Header>,
     /// PEM CA certificates to trust for an https:// xDS server, instead of the system's roots.
     #[arg(long, env = "SLUICE_XDS_TLS_CA", conflicts_with = "config")]
     xds_tls_ca: Option<PathBuf>,
@@ -265,17 +265,17 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_METRICS_PATH", default_value = "/metrics", value_parser = parse_path, requires = "metrics_addr")]
     metrics_path: String,
     /// Name of the legacy limit header (--response-headers legacy or both).
-    #[arg(long, env = "SLUICE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = sluice::headers::check_name)]
+    #[arg(long, env = "SLUICE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = sluice::faces::headers::check_name)]
     limit_header: String,
     /// Name of the legacy remaining header.
-    #[arg(long, env = "SLUICE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = sluice::headers::check_name)]
+    #[arg(long, env = "SLUICE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = sluice::faces::headers::check_name)]
     remaining_header: String,
     /// Name of the legacy reset header.
-    #[arg(long, env = "SLUICE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = sluice::headers::check_name)]
+    #[arg(long, env = "SLUICE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = sluice::faces::headers::check_name)]
     reset_header: String,
     /// Read the environment variables of another rate limit service: `envoy-ratelimit` reads envoyproxy/ratelimit's
     /// (README, "Migrating from envoyproxy/ratelimit"). Also on when the binary runs as `ratelimit`.
-    #[arg(long, env = "SLUICE_COMPAT", value_parser = [sluice::compat::MODE])]
+    #[arg(long, env = "SLUICE_COMPAT", value_parser = [sluice::sources::compat::MODE])]
     compat: Option<String>,
 }
 
@@ -367,7 +367,7 @@ fn check(config: &std::path::Path, domains: Domains) -> ExitCode {
 
 fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
     // Set once, before anything loads.
-    let _ = sluice::reload::AFTER_LOAD.set(release_freed_memory);
+    let _ = sluice::sources::reload::AFTER_LOAD.set(release_freed_memory);
     let worker_threads = args.worker_threads;
     let telemetry = TelemetrySettings {
         format: args.log_format,
@@ -394,18 +394,18 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
     }
     let settings = Settings {
         rules: match (args.xds_server, args.config) {
-            (Some(server), _) => server::RuleSource::Xds(Box::new(sluice::xds::XdsSettings {
+            (Some(server), _) => server::RuleSource::Xds(Box::new(sluice::sources::xds::XdsSettings {
                 server,
                 node_id: args.xds_node_id,
                 node_metadata: args.xds_node_metadata.unwrap_or_default(),
                 headers: args.xds_header,
-                tls: sluice::xds::XdsTls {
+                tls: sluice::sources::xds::XdsTls {
                     ca: args.xds_tls_ca,
                     cert: args.xds_tls_cert,
                     key: args.xds_tls_key,
                     san: args.xds_tls_san,
                 },
-                backoff: sluice::xds::Backoff::new(
+                backoff: sluice::sources::xds::Backoff::new(
                     Duration::from_millis(args.xds_backoff_initial_ms),
                     Duration::from_millis(args.xds_backoff_max_ms),
                     args.xds_backoff_random_factor,

@@ -12,23 +12,23 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
-use crate::api::{EnvoyService, SluiceService};
 use crate::clock::SystemClock;
 use crate::config::{self, ConfigError};
-use crate::http::RulesReady;
+use crate::faces::grpc::{EnvoyService, SluiceService};
+use crate::faces::http::RulesReady;
+use crate::faces::rlqs::QuotaService;
 use crate::limiter::{Limiter, LimiterSettings};
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
 use crate::quota::{QuotaCaps, Quotas};
-use crate::reload::{Reloader, WatchError};
-use crate::rlqs::QuotaService;
 use crate::rules::{Domains, RuleSet};
+use crate::sources::reload::{Reloader, WatchError};
+use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
-use crate::xds::{XdsClient, XdsError, XdsSettings};
 
 /// Where the rules come from.
 #[derive(Debug, Clone)]
@@ -69,9 +69,9 @@ pub struct ServeOptions {
     pub admin_token: Option<String>,
     /// TLS (mutual when a client CA is given) on the gRPC listener and the JSON API's; the files are re-read when
     /// they change.
-    pub tls: Option<crate::tls::ServerTlsFiles>,
+    pub tls: Option<crate::operations::tls::ServerTlsFiles>,
     /// Rate limit headers to add to responses, for the most constrained status.
-    pub response_headers: crate::headers::ResponseHeaders,
+    pub response_headers: crate::faces::headers::ResponseHeaders,
     /// Bounds on the Rate Limit Quota Service's streams.
     pub quota_caps: QuotaCaps,
 }
@@ -146,13 +146,13 @@ pub fn auto_threads() -> usize {
 /// Loads the configuration and serves until `shutdown` resolves, reloading the configuration when it changes (or
 /// taking it from the xDS server as it is pushed).
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
-    let metrics = crate::prometheus::metrics(settings.near_limit_ratio);
+    let metrics = crate::faces::prometheus::metrics(settings.near_limit_ratio);
     let rules = match &settings.rules {
         RuleSource::Files(path) => {
             let rules = RuleSet::compile_owned(config::load(path)?, &metrics, settings.domains)?;
             metrics.config_loaded(rules.digest());
             tracing::info!(config = %path.display(), summary = %rules.headline(), "configuration loaded");
-            crate::reload::after_load();
+            crate::sources::reload::after_load();
             rules
         }
         RuleSource::Xds(xds) => {
@@ -320,14 +320,14 @@ async fn serve_gated<S: Store>(
     let json_on = json.is_some();
     let json = match json {
         Some(listener) => Some(
-            crate::http::JsonListener::new(listener, options.tls.as_ref())
+            crate::faces::http::JsonListener::new(listener, options.tls.as_ref())
                 .map_err(|e| ServerError::Serve(e.to_string()))?,
         ),
         None => None,
     };
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .layer(crate::telemetry::GrpcTraceLayer)
+        .layer(crate::operations::telemetry::GrpcTraceLayer)
         .add_service(RateLimitServiceServer::new(EnvoyService::new(
             limiter.clone(),
             options.response_headers.clone(),
@@ -345,24 +345,25 @@ async fn serve_gated<S: Store>(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
-            crate::tls::incoming(grpc, options.tls.as_ref()).map_err(|e| ServerError::Serve(e.to_string()))?,
+            crate::operations::tls::incoming(grpc, options.tls.as_ref())
+                .map_err(|e| ServerError::Serve(e.to_string()))?,
             signal(stopped.clone()),
         );
     let limiter_metrics = limiter.metrics().clone();
     let json_server = json.map(|listener| {
         axum::serve(
             listener,
-            crate::http::json_router(limiter.clone(), options.response_headers.clone(), ready.clone()),
+            crate::faces::http::json_router(limiter.clone(), options.response_headers.clone(), ready.clone()),
         )
         .with_graceful_shutdown(signal(stopped.clone()))
     });
     let metrics_server = metrics.map(|(listener, path)| {
-        axum::serve(listener, crate::http::metrics_router(limiter.clone(), &path))
+        axum::serve(listener, crate::faces::http::metrics_router(limiter.clone(), &path))
             .with_graceful_shutdown(signal(stopped.clone()))
     });
     let reaped = limiter.clone();
     let http_server =
-        axum::serve(http, crate::http::gated_router(limiter, ready)).with_graceful_shutdown(signal(stopped));
+        axum::serve(http, crate::faces::http::gated_router(limiter, ready)).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
     let mut json_task = tokio::spawn(async move {

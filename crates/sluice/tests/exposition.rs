@@ -1,7 +1,7 @@
 //! What the service shows of decisions: the core's metrics as Prometheus text (per rule, without raw request
 //! values unless a rule opts in; shadow-mode hits), and rule metadata as the response's `dynamic_metadata`.
 
-use sluice::headers::ResponseHeaders;
+use sluice::faces::headers::ResponseHeaders;
 use sluice::limiter::{Decision, Descriptor, LimiterSettings, Request};
 use sluice::store::Store;
 
@@ -99,7 +99,7 @@ descriptors:
     };
     let (l, _) = limiter_with(yaml, memory(), settings);
     let d = decide(&l, &req("md", vec![desc(&[("a", "1")])])).await;
-    let response = sluice::api::to_response(d, &ResponseHeaders::OFF);
+    let response = sluice::faces::grpc::to_response(d, &ResponseHeaders::OFF);
     let fields = response.dynamic_metadata.expect("metadata set").fields;
     assert!(fields.contains_key("team") && fields.contains_key("tier") && fields.contains_key("nested"));
 }

@@ -24,7 +24,7 @@ pub fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<ManualCl
 }
 
 pub fn limiter_with<S: Store>(yaml: &str, store: S, settings: LimiterSettings) -> (Arc<Limiter<S>>, Arc<ManualClock>) {
-    limiter_over(yaml, store, settings, sluice::prometheus::metrics(0.8))
+    limiter_over(yaml, store, settings, sluice::faces::prometheus::metrics(0.8))
 }
 
 /// A sluice server deciding by Redis's own clock over `url`, as in production: for failover tests, where time is
@@ -44,7 +44,7 @@ pub async fn live_server_with(url: &str, yaml: &str, timeout: Duration, settings
     })
     .await
     .expect("store connects");
-    let metrics = sluice::prometheus::metrics(0.8);
+    let metrics = sluice::faces::prometheus::metrics(0.8);
     let limiter = Limiter::new(
         rules(yaml, &metrics),
         store,
@@ -73,7 +73,7 @@ impl TestServer {
     /// Starts with TLS on the gRPC listener when `tls` is given.
     pub async fn start_with<S: Store>(
         limiter: Arc<Limiter<S>>,
-        tls: Option<sluice::tls::ServerTlsFiles>,
+        tls: Option<sluice::operations::tls::ServerTlsFiles>,
     ) -> TestServer {
         TestServer::start_serving(
             limiter,

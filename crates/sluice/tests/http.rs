@@ -1,7 +1,7 @@
 //! The HTTP faces over TCP: the reference's `POST /json` on its own listener under gRPC's request caps, `GET
 //! /rlconfig` on the admin listener, and the rate limit response headers on both the JSON and gRPC answers.
 
-use sluice::headers::{HeaderMode, ResponseHeaders};
+use sluice::faces::headers::{HeaderMode, ResponseHeaders};
 use sluice::limiter::{Caps, LimiterSettings};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;

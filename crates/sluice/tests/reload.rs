@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::limiter::{Descriptor, Limiter, Report, Request};
-use sluice::reload::Reloader;
 use sluice::rules::Domains;
+use sluice::sources::reload::Reloader;
 use sluice::store::memory::MemoryStore;
 
 use crate::harness::{free_port, limiter};

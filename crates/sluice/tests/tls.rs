@@ -8,11 +8,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use sluice::limiter::{Code, Descriptor, LimiterSettings, Request};
+use sluice::operations::tls::{ServerTls, ServerTlsFiles};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::store::redis::{RedisSettings, RedisStore, RedisTls};
-use sluice::tls::{ServerTls, ServerTlsFiles};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use crate::harness::{

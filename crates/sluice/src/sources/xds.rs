@@ -508,7 +508,7 @@ impl<S: Store> Client<S> {
                         "configuration applied from xDS"
                     );
                     self.limiter.reload(rules);
-                    crate::reload::after_load();
+                    crate::sources::reload::after_load();
                     metrics.config_reload(Ok(digest));
                 } else {
                     tracing::debug!(version = %response.version_info, "xDS snapshot unchanged");

@@ -18,8 +18,8 @@ use axum::routing::{get, post};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
-use crate::api::{check_request_bytes, over_cap, to_core, to_response};
-use crate::headers::ResponseHeaders;
+use crate::faces::grpc::{check_request_bytes, over_cap, to_core, to_response};
+use crate::faces::headers::ResponseHeaders;
 use crate::limiter::{Code, LimitError, Limiter};
 use crate::store::Store;
 
@@ -79,7 +79,7 @@ pub fn json_router<S: Store>(limiter: Arc<Limiter<S>>, headers: ResponseHeaders,
 
 /// The JSON API's connections, plain or after a TLS handshake, as axum takes them.
 pub struct JsonListener {
-    incoming: crate::tls::Incoming,
+    incoming: crate::operations::tls::Incoming,
     addr: SocketAddr,
 }
 
@@ -87,18 +87,18 @@ impl JsonListener {
     /// Accepts on `listener`, with TLS when `tls` is given (the gRPC listener's files), offering HTTP/1.1.
     pub fn new(
         listener: tokio::net::TcpListener,
-        tls: Option<&crate::tls::ServerTlsFiles>,
-    ) -> Result<JsonListener, crate::tls::TlsError> {
+        tls: Option<&crate::operations::tls::ServerTlsFiles>,
+    ) -> Result<JsonListener, crate::operations::tls::TlsError> {
         let addr = listener
             .local_addr()
-            .map_err(|e| crate::tls::TlsError::Config(format!("json listener: {e}")))?;
-        let incoming = crate::tls::incoming_for(crate::tls::Face::Json, listener, tls)?;
+            .map_err(|e| crate::operations::tls::TlsError::Config(format!("json listener: {e}")))?;
+        let incoming = crate::operations::tls::incoming_for(crate::operations::tls::Face::Json, listener, tls)?;
         Ok(JsonListener { incoming, addr })
     }
 }
 
 impl axum::serve::Listener for JsonListener {
-    type Io = crate::tls::Conn;
+    type Io = crate::operations::tls::Conn;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -197,7 +197,7 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
         Ok(v) => v,
         Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
     };
-    let request = match crate::json::request(&value) {
+    let request = match crate::faces::json::request(&value) {
         Ok(r) => r,
         Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("invalid RateLimitRequest: {e}")),
     };
@@ -208,7 +208,7 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
                 Code::Ok => StatusCode::OK,
                 Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             };
-            let body = crate::json::response(&to_response(decision, headers));
+            let body = crate::faces::json::response(&to_response(decision, headers));
             (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
         Err(LimitError::InvalidArgument(m)) => error(StatusCode::BAD_REQUEST, m),

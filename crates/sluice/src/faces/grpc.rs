@@ -6,7 +6,7 @@ use std::sync::Arc;
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
-use crate::headers::ResponseHeaders;
+use crate::faces::headers::ResponseHeaders;
 use crate::limiter::{self, AppliedLimit, Cap, Code, Decision, LimitError, Limiter, QueuedWork, Report};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -316,7 +316,7 @@ pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_adden
 /// The protobuf response for a decision, with the rate limit headers `headers` asks for.
 pub fn to_response(decision: Decision, headers: &ResponseHeaders) -> rls::RateLimitResponse {
     let dynamic_metadata = dynamic_metadata(&decision);
-    let response_headers_to_add = crate::headers::for_decision(headers, &decision)
+    let response_headers_to_add = crate::faces::headers::for_decision(headers, &decision)
         .into_iter()
         .map(|(key, value)| HeaderValue {
             key: key.to_string(),

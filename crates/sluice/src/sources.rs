@@ -1,0 +1,11 @@
+//! Where the rules come from, each compiled by the core and swapped in whole; a bad source never replaces a good
+//! rule set.
+//!
+//! - [`reload`]: configuration files, watched (symlinks followed) and reloaded on change or SIGHUP.
+//! - [`xds`]: an xDS management server (Envoy Gateway) pushing `RateLimitConfig` snapshots, ACKed or NACKed.
+//! - [`compat`]: envoyproxy/ratelimit's environment variables, turned into `serve` flags (`--compat
+//!   envoy-ratelimit`).
+
+pub mod compat;
+pub mod reload;
+pub mod xds;
