@@ -1,7 +1,8 @@
 -- fixed_window.lua: at most `limit` hits per epoch-aligned window of `window` us.
 --
 -- State: one integer string per window, `<key>:<start>` (`start` the window's first microsecond, as a decimal
--- integer: `window_of` below; sluice sends the key of the window it expects), counted with INCRBY, which expires when its window ends. The commonest call,
+-- integer: `window_of` below; sluice sends the key of the window it expects), counted with INCRBY, which expires a
+-- second after its window ends. The commonest call,
 -- lone_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
 -- is simply another key.
 -- Counters of the previous form, a hash {w = start of the window it counts, n = hits counted in it} at `<key>`
@@ -11,6 +12,11 @@
 -- extended. Denials are counted only when decide.lua says so (a lone fixed window, as in the reference, but never a
 -- cost above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT. A
 -- settlement's refund lowers the count of the current window only, never below 0, and keeps the key's expiry.
+
+-- How long a window's key outlives its window: no later window reads it (each has its own key), and a TTL of a few
+-- milliseconds (a first hit just before the window ends) could lapse before the next hit of the same window when the
+-- decision's time is given to the script rather than read from the server's clock.
+local WINDOW_KEY_GRACE_US = 1000000
 
 -- The key of the window starting at `start`, from `key`, the key of the window sluice expects (its clock's; the
 -- server's may be across an edge, and that window then gets its own key), and the counter's own key (`key` without
@@ -62,7 +68,7 @@ function L.fixed_window()
     if s.exists then
       redis.call('SET', s.wkey, count, 'KEEPTTL')
     else
-      redis.call('SET', s.wkey, count, 'PX', ceil_ms(s.reset0))
+      redis.call('SET', s.wkey, count, 'PX', ceil_ms(s.reset0 + WINDOW_KEY_GRACE_US))
       if s.folds then redis.call('DEL', s.base) end
     end
     return ''
@@ -81,7 +87,7 @@ function L.fixed_window()
       if exists then
         redis.call('SET', wkey, string.format('%d', n - given), 'KEEPTTL')
       else
-        redis.call('SET', wkey, string.format('%d', n - given), 'PX', ceil_ms(start + window - now))
+        redis.call('SET', wkey, string.format('%d', n - given), 'PX', ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
         redis.call('DEL', base)
       end
     end

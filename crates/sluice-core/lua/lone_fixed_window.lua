@@ -31,7 +31,7 @@ local function lone_fixed_window(key, window, cost, now, guess)
       redis.call('DEL', base)
       if old > 0 then n = redis.call('INCRBY', key, old) end
     end
-    redis.call('PEXPIRE', key, ceil_ms(start + window - now))
+    redis.call('PEXPIRE', key, ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
   end
   if n > MAX_COUNT then redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL') end
   return n - cost

@@ -472,8 +472,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed window's
-    /// counter in Redis is a key per window ([`CounterKey::window`]): the keys of the windows around now (the store
-    /// may decide by its own clock, a little off this one) come with it, as does the counter's own key, which the
+    /// counter in Redis is a key per window ([`CounterKey::window`]): the keys of this window and the next (the store
+    /// may decide by its own clock, a little ahead of this one) come with it, as does the counter's own key, which the
     /// memory store and the previous form of the Redis counter use.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.rules.load();
@@ -488,7 +488,9 @@ impl<S: Store> Limiter<S> {
                     let window = tier.limit.window_us();
                     if tier.limit.algorithm == Algorithm::FixedWindow && window > 0 {
                         let start = now_us - now_us % window;
-                        for s in [start.saturating_sub(window), start, start.saturating_add(window)] {
+                        // The next window too: the store's clock may already be in it. Not the previous one, whose key
+                        // outlives it by a second and is never read again.
+                        for s in [start, start.saturating_add(window)] {
                             keys.push(key.window(s));
                         }
                     }
