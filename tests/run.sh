@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs every check sluice has, on a fresh machine as on a developer's: installs what is missing (redis-server and
-# redis-cli, openssl, promtool and kubectl from Debian, rustfmt and clippy, the Python test dependencies into .venv), then runs the format check,
-# clippy with warnings as errors, the API docs with broken links as errors, the Rust tests and the Python tests (interop from Envoy's official stubs, and a
-# real Envoy in front of sluice).
+# Runs every check sluice has, on a fresh machine as on a developer's. Installs what is missing: redis-server and
+# redis-cli, openssl, promtool and kubectl, Node and npm from Debian; rustfmt and clippy; the Python test dependencies
+# into .venv; the Node examples' npm packages. Then runs the format check, clippy with warnings as errors, the API docs
+# with broken links as errors, the Rust tests, and the Python tests (interop from Envoy's official stubs, a real Envoy
+# in front of sluice, and every client example run against a real sluice).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v kubectl >/dev/null || missing+=(kubernetes-client)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root apt-get update -qq
@@ -36,6 +39,12 @@ if [ ! -x .venv/bin/python ] || ! sha256sum --status -c "$stamp" 2>/dev/null; th
   .venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps \
     "$(grep '^opentelemetry-proto' "$requirements")"
   sha256sum "$requirements" >"$stamp"
+fi
+
+# The Node examples' packages (examples/node), installed when missing; no lock file is written into the tree.
+if [ ! -d examples/node/node_modules/@grpc/grpc-js ] || [ ! -d examples/node/node_modules/@grpc/proto-loader ]; then
+  echo "== installing the Node examples' packages"
+  (cd examples/node && npm install --no-audit --no-fund --no-package-lock --silent)
 fi
 
 echo "== cargo fmt --check"

@@ -282,7 +282,7 @@ def sluice_stubs(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamesp
 
     request_type = sluice_pb2.DESCRIPTOR.services_by_name["RateLimiter"].methods_by_name["ShouldRateLimit"].input_type
     assert request_type is rls_pb2.RateLimitRequest.DESCRIPTOR
-    return types.SimpleNamespace(pb2=sluice_pb2, grpc=sluice_pb2_grpc)
+    return types.SimpleNamespace(pb2=sluice_pb2, grpc=sluice_pb2_grpc, dir=out)
 
 
 @contextlib.contextmanager
