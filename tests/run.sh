@@ -26,6 +26,8 @@ fi
 
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+# mdBook builds the docs; cached in ~/.cargo/bin once installed (a few minutes the first time).
+command -v mdbook >/dev/null || cargo install mdbook --locked --no-default-features --quiet
 
 # The Python dependencies are reinstalled only when requirements.txt changes.
 requirements=tests/python/requirements.txt
@@ -53,6 +55,9 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo doc (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked --quiet
+echo "== docs: mdbook build, then every link and anchor checked"
+mdbook build docs >/dev/null
+python3 docs/check_links.py docs/book
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== benches, smoke mode (each criterion benchmark once, the footprint on a few keys)"

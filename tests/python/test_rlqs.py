@@ -29,7 +29,7 @@ from conftest import free_port, redis_server, running_sluice, wait_until
 from test_envoy import Upstream, running_envoy, serving, with_ports
 
 QUOTA = 20
-# The README's bound for E Envoys: the requests admitted before sluice's first answer reaches each (one per Envoy
+# The documented bound (docs/src/rlqs.md) for E Envoys: the requests admitted before sluice's first answer reaches each (one per Envoy
 # here, the client waiting for each answer), plus one token per Envoy from rounding shares up.
 ENVOYS = 2
 OVERSHOOT = 2 * ENVOYS

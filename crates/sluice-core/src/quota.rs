@@ -13,7 +13,7 @@
 //!   `abandon_after_seconds` are abandoned; when a report exhausts a quota or a new Envoy joins a bucket, the other
 //!   streams of this instance that watch it are told at once.
 //!
-//! The overshoot this allows is bounded and stated in the README ("Envoy rate limit quota (RLQS)").
+//! The overshoot this allows is bounded and stated in the docs (`docs/src/rlqs.md`).
 //!
 //! A face drives one [`QuotaStream`] per stream: [`Quotas::report`] for each message, [`Quotas::tick`] about once a
 //! second and whenever [`QuotaStream::wake`] fires, and drops it when the stream ends.

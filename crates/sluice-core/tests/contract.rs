@@ -1,5 +1,5 @@
 //! The store contract: every algorithm's behaviour, run against the in-memory store and against a real Redis, so the
-//! two can never drift apart, and once more against Redis as the README's least-privilege ACL user, so that the
+//! two can never drift apart, and once more against Redis as the documented least-privilege ACL user, so that the
 //! documented ACL allows every command the store sends. Time is passed explicitly.
 
 use sluice_core::rules::Algorithm;

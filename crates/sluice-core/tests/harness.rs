@@ -26,7 +26,7 @@ macro_rules! both_stores {
     };
 }
 
-/// [`both_stores!`], and once more over a fresh `redis-server` reached as the README's least-privilege ACL user, so
+/// [`both_stores!`], and once more over a fresh `redis-server` reached as the documented least-privilege ACL user, so
 /// that the documented ACL cannot miss a command the store or its scripts use.
 macro_rules! every_store {
     ($($name:ident),* $(,)?) => {

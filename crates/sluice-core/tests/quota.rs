@@ -62,7 +62,7 @@ fn tokens(actions: &[Action]) -> u32 {
     }
 }
 
-/// A limiter with the key prefix the README's ACL user is given in tests.
+/// A limiter with the key prefix the documented ACL user is given in tests.
 fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<sluice_core::clock::ManualClock>) {
     let settings = LimiterSettings {
         key_prefix: "test:".into(),

@@ -21,18 +21,18 @@ pub use tls::{Pem, TestCa, redis_tls_server, write_file};
 /// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
 pub const T0: u64 = 1_704_067_210_000_000;
 
-/// The password the tests give the README's ACL user.
+/// The password the tests give the documented ACL user.
 pub const ACL_PASSWORD: &str = "s3cret-pw";
 
-/// The rules of the README's least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
-/// parsed from the README's `ACL SETUSER sluice ...` line with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
-/// README says to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
+/// The rules of the documented least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
+/// parsed from the `ACL SETUSER sluice ...` line of the docs' storage page (`docs/src/storage.md`) with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
+/// docs say to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
 pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!("../../../docs/src/storage.md");
     let line = readme
         .lines()
         .find_map(|l| l.trim().strip_prefix("ACL SETUSER sluice "))
-        .expect("the README has an `ACL SETUSER sluice ...` line");
+        .expect("docs/src/storage.md has an `ACL SETUSER sluice ...` line");
     std::iter::once("sluice")
         .chain(line.split_whitespace())
         .map(|rule| match rule {

@@ -49,7 +49,7 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Creates the README's ACL user (see [`readme_acl_user`]) for the tests' key prefix, `test:`, and returns a URL
+    /// Creates the documented ACL user (see [`readme_acl_user`]) for the tests' key prefix, `test:`, and returns a URL
     /// that connects as it.
     pub fn acl_user_url(&self) -> String {
         let mut args = vec!["ACL", "SETUSER"];

@@ -274,7 +274,7 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = sluice::faces::headers::check_name)]
     reset_header: String,
     /// Read the environment variables of another rate limit service: `envoy-ratelimit` reads envoyproxy/ratelimit's
-    /// (README, "Migrating from envoyproxy/ratelimit"). Also on when the binary runs as `ratelimit`.
+    /// (docs/src/migration.md). Also on when the binary runs as `ratelimit`.
     #[arg(long, env = "SLUICE_COMPAT", value_parser = [sluice::sources::compat::MODE])]
     compat: Option<String>,
 }

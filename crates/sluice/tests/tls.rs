@@ -100,7 +100,7 @@ async fn redis_over_tls_trusts_the_given_ca() {
     );
 }
 
-/// The README's least-privilege ACL user (password [`ACL_PASSWORD`]), and the default user off, as
+/// The documented least-privilege ACL user (password [`ACL_PASSWORD`]), and the default user off, as
 /// `redis-server` arguments.
 fn acl_user_args() -> Vec<String> {
     let mut args = vec!["--user".to_string()];

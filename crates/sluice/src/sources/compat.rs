@@ -10,7 +10,7 @@
 //! Every variable the reference has is accounted for: it is honoured (mapped onto a flag), refused (its value asks
 //! for something sluice cannot do and ignoring it would change what the deployment does, e.g. a memcache backend
 //! or a unix-socket gRPC listener), or ignored with a reason logged at start (statsd, the per-second Redis). The
-//! README's "Migrating from envoyproxy/ratelimit" table is the same list.
+//! docs' migration page (`docs/src/migration.md`) lists the same variables in a table.
 
 use std::time::Duration;
 
