@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use sluice::breaker::BreakerSettings;
 use sluice::limiter::{Caps, Code, Descriptor, LimitError, LimiterSettings, Request};
 use sluice::rules::FailurePolicy;
-use sluice::store::StoreError;
+use sluice::store::{Store, StoreError};
 
 use crate::harness::{RedisServer, ReplyGate, limiter_with, memory, redis_store, redis_store_with};
 
@@ -224,6 +224,15 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 ";
     let (l, clock) = limiter_with(yaml, redis_store(&redis.url()).await, LimiterSettings::default());
+    // The cache answers only once the store hears the other instances' notices (its subscription is up).
+    let subscribed = std::time::Instant::now();
+    while !l.store().hearing() {
+        assert!(
+            subscribed.elapsed() < std::time::Duration::from_secs(10),
+            "never subscribed to notices"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let mut flood = request("flood", "x");
     flood.descriptors[0].entries[0].0 = "ip".into();
     for _ in 0..3 {
