@@ -449,13 +449,12 @@ impl<S: Store> Limiter<S> {
         let is_stream = |t: &Tier| keep_streams && t.limit.algorithm == Algorithm::Queue;
         let keys = self.keys(request, |t| !is_stream(t), true);
         let streams = self.keys(request, is_stream, false);
-        let freed = keys.iter().chain(&streams).map(|k| k.as_str().to_string()).collect();
-        // Freed before the store call as well as after: a denial decided across the reset is never stored.
-        self.guard
-            .cache()
-            .remove(&keys.iter().chain(&streams).map(CounterKey::as_str).collect::<Vec<_>>());
         let deleted = self.guard.store().reset(&keys).await;
-        self.guard.freed(freed).await;
+        // Freed once the counters are gone (or may be, when the call failed): a denial decided before is dropped,
+        // and one decided across the reset is never stored (freeing moves the cache's generation on).
+        self.guard
+            .freed(keys.iter().chain(&streams).map(|k| String::from(k.clone())).collect())
+            .await;
         let deleted = deleted?;
         let streams = if streams.is_empty() {
             crate::store::StreamReset::default()

@@ -407,6 +407,12 @@ pub struct CounterKey {
     tag: u64,
 }
 
+impl From<CounterKey> for String {
+    fn from(key: CounterKey) -> String {
+        key.key
+    }
+}
+
 impl CounterKey {
     /// Starts the identity of a descriptor in `domain`, with the configured prefix.
     pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {

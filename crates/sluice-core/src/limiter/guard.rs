@@ -25,8 +25,9 @@ pub struct Guard<S> {
     store: S,
     breakers: Breakers,
     cache: Arc<LocalCache>,
-    /// Whether the task that applies the store's notices to the cache runs (started on first use, inside a runtime).
-    listening: OnceLock<bool>,
+    /// Set once the task that applies the store's notices to the cache runs: started on the first use inside a
+    /// runtime (a use outside one leaves the cache unused, and tries again next time).
+    listening: OnceLock<()>,
     /// Notices applied to the cache so far.
     heard: Arc<AtomicU64>,
     /// Store call latency, registered once: hits and peeks.
@@ -79,15 +80,16 @@ impl<S: Store> Guard<S> {
         if self.cache.is_disabled() {
             return false;
         }
-        let listening = *self.listening.get_or_init(|| {
+        if self.listening.get().is_none() {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return false;
             };
-            let (cache, heard) = (Arc::downgrade(&self.cache), self.heard.clone());
-            runtime.spawn(apply_notices(cache, heard, self.store.notices()));
-            true
-        });
-        listening && self.store.hearing()
+            self.listening.get_or_init(|| {
+                let (cache, heard) = (Arc::downgrade(&self.cache), self.heard.clone());
+                runtime.spawn(apply_notices(cache, heard, self.store.notices()));
+            });
+        }
+        self.store.hearing()
     }
 
     /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker

@@ -194,12 +194,18 @@ impl Call {
     }
 }
 
-/// What sluice needs to send a lone fixed window, and to decide it from the window's count before the hit as
-/// `lua/fixed_window.lua`'s check decides it.
+/// A lone fixed window's call: its counter's key, from which the window's is built when the call is assembled, and
+/// what sluice decides it by.
 #[derive(Debug, Clone)]
 struct Lone {
-    /// The counter's key; the window's is built from it when the call is assembled.
     key: CounterKey,
+    tier: LoneTier,
+}
+
+/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
+/// `lua/fixed_window.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+struct LoneTier {
     limit: u64,
     window_us: u64,
     /// The hit's cost, bounded by the limit + 1.
@@ -215,18 +221,18 @@ impl Lone {
     /// then the decision's time when it is given. By the server's clock the key is the window's at `guess`, this
     /// host's time when the call is assembled, which the script checks against the server's.
     fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
-        let now = self.now_us.unwrap_or(guess);
-        let key = Value::from(self.key.window(now - now % self.window_us).as_str());
-        let mut args = vec![
-            Value::Integer(self.window_us as i64),
-            Value::Integer(self.counted as i64),
-        ];
-        if let Some(now) = self.now_us {
+        let t = &self.tier;
+        let now = t.now_us.unwrap_or(guess);
+        let key = Value::from(String::from(self.key.window(now - now % t.window_us)));
+        let mut args = vec![Value::Integer(t.window_us as i64), Value::Integer(t.counted as i64)];
+        if let Some(now) = t.now_us {
             args.push(Value::Integer(now as i64));
         }
         (key, args)
     }
+}
 
+impl LoneTier {
     /// The decision, in `lua/decide.lua`'s answer for one tier, from the count `n` before the hit at `now_us`.
     fn answer(&self, n: u64, now_us: u64) -> Value {
         let start = now_us - now_us % self.window_us;
@@ -266,11 +272,13 @@ fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<
     let cost = tier.bounded_cost(cost);
     Some(Lone {
         key: tier.key.clone(),
-        limit: tier.limit,
-        window_us: tier.window_us,
-        cost,
-        counted: if cost <= tier.limit { cost } else { 0 },
-        now_us,
+        tier: LoneTier {
+            limit: tier.limit,
+            window_us: tier.window_us,
+            cost,
+            counted: if cost <= tier.limit { cost } else { 0 },
+            now_us,
+        },
     })
 }
 
@@ -293,29 +301,41 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
 /// counts serial hits would see. Returns the calls to send and, per call given, the index of the call sent for it
 /// and what its count is ahead of that call's.
 fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
+    // Which earlier call each lone fixed window shares its counter with, found by borrowing the keys (no map at all
+    // when fewer than two calls could share).
+    let lone = calls.iter().filter(|c| c.lone.is_some()).count();
+    let mut shares: Vec<Option<usize>> = vec![None; calls.len()];
+    if lone > 1 {
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(lone);
+        for (i, call) in calls.iter().enumerate() {
+            if let Some(l) = &call.lone {
+                let j = *first.entry(l.key.as_str()).or_insert(i);
+                shares[i] = (j != i).then_some(j);
+            }
+        }
+    }
     let mut sent: Vec<Call> = Vec::with_capacity(calls.len());
+    let mut sent_at: Vec<usize> = Vec::with_capacity(calls.len());
     let mut plan = Vec::with_capacity(calls.len());
-    let mut first: std::collections::HashMap<CounterKey, usize> = std::collections::HashMap::new();
-    for call in calls {
-        let own = call.lone.clone();
-        let shared = own.as_ref().and_then(|l| first.get(&l.key)).copied();
-        match (shared, own) {
-            (Some(j), Some(own)) => {
+    for (call, share) in calls.into_iter().zip(shares) {
+        let own = call.lone.as_ref().map(|l| l.tier);
+        match (share, own) {
+            (Some(first), Some(own)) => {
+                let j = sent_at[first];
                 let ahead = sent[j].lone.as_mut().map_or(0, |l| {
-                    let ahead = l.counted;
-                    l.counted += own.counted;
+                    let ahead = l.tier.counted;
+                    l.tier.counted += own.counted;
                     ahead
                 });
+                sent_at.push(j);
                 plan.push(Planned {
                     sent: j,
                     ahead,
                     own: Some(own),
                 });
             }
-            (_, own) => {
-                if let Some(l) = &own {
-                    first.insert(l.key.clone(), sent.len());
-                }
+            _ => {
+                sent_at.push(sent.len());
                 plan.push(Planned {
                     sent: sent.len(),
                     ahead: 0,
@@ -334,7 +354,7 @@ struct Planned {
     sent: usize,
     /// For a lone fixed window: the counted costs of the hits ahead of it in the shared call.
     ahead: u64,
-    own: Option<Lone>,
+    own: Option<LoneTier>,
 }
 
 /// One EVALSHA deciding `calls` (`lua/batch.lua`) in `form`, routed in a cluster to the slot of the first call's
@@ -357,7 +377,7 @@ pub(super) async fn eval(
     // Decided by the server's clock: the lone fixed windows' keys are built for this host's time, sent along.
     let guess = calls
         .iter()
-        .any(|c| c.lone.as_ref().is_some_and(|l| l.now_us.is_none()))
+        .any(|c| c.lone.as_ref().is_some_and(|l| l.tier.now_us.is_none()))
         .then(host_now_us);
     let command = match form {
         Form::Declared => declared(sha, calls, guess),
