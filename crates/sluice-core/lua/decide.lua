@@ -5,7 +5,8 @@
 -- and ARGV[i] for ARGV[a + i - 1].
 -- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
 -- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
--- KEYS[last]  the reservation record, in the modes 'reserve', 'reserve_report' and 'settle'
+-- KEYS[last]  the reservation record, in the modes 'reserve', 'reserve_report' and 'settle'; the grant ledger in the
+--             mode 'grant'
 -- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records), 'report' applies a
 --             forced hit: every tier counts its cost whether it fits or not (a usage that already happened; sent
 --             only when every tier is fixed_window, sliding_window, token_bucket or leaky_bucket, see `Hit::forced`);
@@ -14,7 +15,8 @@
 --             tier's, see settle below); 'reap' is a 'settle' that finds only an expired record (kept
 --             RESERVATION_GRACE_MS past its expiry) and settles it at its estimates, changing no tier; these are sent
 --             only when every tier counts (see `Hit::reserves`), and 'settle' and 'reap' with no hit records and no
---             queue fields
+--             queue fields; 'grant' reads each tier as a peek of cost 0 does and grants from what they have left
+--             (ledger.lua's grant), with no hit records and no queue fields
 -- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
 -- ARGV[3]     the hit's cost, bounded by the largest tier's capacity + 1: the cost of every tier whose cost is ''
 -- ARGV[4]     lease id for concurrency tiers
@@ -24,7 +26,8 @@
 --             tokens, credits: each limit may count its own), or '' for ARGV[3]. sluice sends every tier's cost
 --             bounded by that tier's capacity + 1 (burst for buckets, the limit otherwise; `TierSpec::bounded_cost`),
 --             and '' where that equals ARGV[3]. A cost of 0 (a tier's or the hit's) checks without consuming.
--- then, in the modes 'reserve' and 'reserve_report', the reservation record's TTL in us
+-- then, in the modes 'reserve' and 'reserve_report', the reservation record's TTL in us; in the mode 'grant', the
+--             holder, what it holds, what it wants and its entry's TTL in us
 --
 -- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
 --           then in peek mode the recorded values, newest first }.
@@ -32,6 +35,7 @@
 -- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit
 -- (but what is left after it for a forced hit, which every tier counts); used is the count after a committed or
 -- hypothetical hit, the count now for a peek. For a forced hit, admitted, ok and retry are an ordinary hit's.
+-- In grant mode: ledger.lua's grant's answer.
 -- In settle mode: { 0 } when there is no such reservation, else { 1, then per tier: estimate, actual, charged,
 -- refunded, then admitted and per tier the six values of a peek of cost 1 after settling }.
 --
@@ -134,7 +138,7 @@ local function decide(k, nk, a)
   local first = 8 + nfields
   local tiers = nk
   if record_size > 0 then tiers = tiers - 1 end
-  if reserving or mode == 'settle' then tiers = tiers - 1 end
+  if reserving or mode == 'settle' or mode == 'grant' then tiers = tiers - 1 end
 
   -- Each tier's cost: its own, or the hit's. The hit is written at all only if one of them is positive.
   local impls, states, params, costs = {}, {}, {}, {}
@@ -148,6 +152,17 @@ local function decide(k, nk, a)
     if costs[i] > 0 then positive = true end
   end
   if mode == 'settle' then return settle(k, tiers, impls, params, costs, K[k + nk - 1], now, reaping) end
+  if mode == 'grant' then
+    local left
+    for i = 1, tiers do
+      local p = params[i]
+      local rem = impls[i].check(K[k + i - 1], now, 0, p[1], p[2], p[3], false).rem0
+      if left == nil or rem < left then left = rem end
+    end
+    local g = first + 5 * tiers
+    return grant(K[k + nk - 1], now, left or 0, arg(g), tonumber(arg(g + 1)), tonumber(arg(g + 2)),
+      tonumber(arg(g + 3)))
+  end
   local forced = mode == 'report' and positive
 
   local admitted = true

@@ -32,7 +32,7 @@ use request::validate;
 pub use request::{Descriptor, Override, Request};
 use resolve::{Target, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
-pub use usage::{Charged, DEMAND_WINDOW_US, QuotaState, TierState, Usage};
+pub use usage::{Charged, Claim, QuotaState, TierState, Usage};
 
 use crate::breaker::Breakers;
 use crate::cache::LocalCache;
@@ -611,7 +611,7 @@ fn tier_key(id: &crate::store::Identity, tier: &Tier) -> CounterKey {
 
 /// A lease id unique across processes and time: 128 bits from the process's random hasher keys, a counter and the
 /// clock. Not a secret: releasing needs the descriptors too.
-fn new_lease() -> String {
+pub(crate) fn new_lease() -> String {
     use std::hash::{BuildHasher, RandomState};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     thread_local!(static STATE: RandomState = RandomState::new());

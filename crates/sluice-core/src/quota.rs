@@ -5,13 +5,24 @@
 //!
 //! - every report is charged to the bucket's quota, an ordinary counter in the store ([`Limiter::charge_usage`]), so
 //!   all Envoys and all sluice instances on one store share it;
-//! - each Envoy gets a token bucket holding its share of what is left, the share being its part of the bucket's
-//!   recent demand (allowed plus denied, counted in the store too): `floor(remaining * own / all)`, at least 1. With
-//!   nothing left, it gets DENY_ALL until a request fits again, and sluice pushes a new assignment then;
+//! - each Envoy holds a grant: tokens handed to it and not yet reported used, recorded in the bucket's ledger in the
+//!   same store ([`Limiter::grant_quota`], [`crate::store::Store::grant`]). A grant comes from what no Envoy holds,
+//!   up to the Envoy's max-min fair share, by demand, of what is left (its demand: its requests, allowed or denied,
+//!   over the last [`DEMAND_WINDOW_US`], doubled; at least 1); an Envoy above its share gives back what the others
+//!   lack. So the tokens all Envoys hold never add up to more than what is left;
+//! - a grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]). Envoy 1.40 starts
+//!   a token bucket whose settings changed at the fill fraction of the one it replaces, and keeps one whose settings
+//!   did not: a grant that must start full (the Envoy spent what it held, or its bucket is unknown) is sent after a
+//!   DENY_ALL in the same message, which leaves no bucket to take a fraction of; one that resizes `h` tokens still
+//!   held to `g` is sent with its size scaled by `g / h`, so that the fraction Envoy carries over makes it `g` at
+//!   most, whatever it spent meanwhile. With nothing for it, an Envoy gets DENY_ALL until a request fits again or
+//!   another Envoy gives tokens back;
+//! - when an Envoy joins a bucket or its demand changes (by half or double), when it gives tokens back, and when a
+//!   report finds it short of its share, every stream of the bucket on every instance is told ([`Notice::Quota`],
+//!   through the store) and sizes its grant again at once;
 //! - assignments carry a TTL and are refreshed before it lapses (a third of it, and at least two seconds plus one
-//!   tick, before); buckets reported with no requests for
-//!   `abandon_after_seconds` are abandoned; when a report exhausts a quota or a new Envoy joins a bucket, the other
-//!   streams of this instance that watch it are told at once.
+//!   tick, before); buckets reported with no requests for `abandon_after_seconds` are abandoned, and their grants
+//!   given back.
 //!
 //! The overshoot this allows is bounded and stated in the docs (`docs/src/rlqs.md`).
 //!
@@ -19,26 +30,36 @@
 //! second and whenever [`QuotaStream::wake`] fires, and drops it when the stream ends.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::limiter::{Charged, DEMAND_WINDOW_US, LimitError, Limiter, QuotaState, Usage};
+use crate::limiter::{Charged, Claim, LimitError, Limiter, QuotaState, Usage};
 use crate::metrics::{MAX_COUNTED, QuotaStats};
-use crate::rules::{Algorithm, BucketSettings, InitialAssignment};
-use crate::store::Store;
+use crate::rules::{BucketSettings, InitialAssignment};
+use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice, Store};
+
+/// The window over which each stream's demand for a bucket is counted, in microseconds: two of Envoy's 5 s report
+/// periods.
+pub const DEMAND_WINDOW_US: u64 = 10_000_000;
+
+/// The fill interval of the token buckets sluice sends, in seconds (about 31 years): one token per interval, so an
+/// Envoy's bucket holds what it was granted and nothing more.
+pub const NO_REFILL_S: u32 = 1_000_000_000;
+
+/// How often a face calls [`Quotas::tick`] at most apart: refreshes are due one tick early, so that they still go
+/// out two seconds before a TTL lapses.
+pub const TICK_US: u64 = 1_000_000;
 
 /// A bucket id: its entries sorted by key.
 pub type BucketId = Vec<(String, String)>;
-
-/// A bucket of a domain, as the streams of one instance watch it.
-type Watched = (Arc<str>, BucketId);
 
 /// How an Envoy decides a bucket's requests until its next assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     AllowAll,
     DenyAll,
-    /// Starts full; refills `tokens_per_fill` every `fill_interval_s` seconds (continuously, in Envoy).
+    /// Starts full (or, replacing another, at its fill fraction, in Envoy 1.40); refills `tokens_per_fill` every
+    /// `fill_interval_s` seconds (continuously, in Envoy).
     TokenBucket {
         max_tokens: u32,
         tokens_per_fill: u32,
@@ -64,6 +85,9 @@ pub enum Action {
         strategy: Strategy,
         /// Whole seconds, at least 1 (Envoy's timer granularity; 0 would expire at once).
         ttl_s: u32,
+        /// The token bucket must start full: the face sends a DENY_ALL for the bucket first, in the same message, so
+        /// that Envoy has no bucket left to carry a fill fraction over from.
+        fresh: bool,
     },
     Abandon {
         bucket: BucketId,
@@ -116,28 +140,38 @@ impl Default for QuotaCaps {
     }
 }
 
-/// The Rate Limit Quota Service over a limiter: every stream's state, and who watches which bucket.
+/// The Rate Limit Quota Service over a limiter: every stream's state, and who watches which bucket's ledger.
 pub struct Quotas<S> {
     limiter: Arc<Limiter<S>>,
     caps: QuotaCaps,
     streams: AtomicUsize,
-    /// For each bucket of a domain, the inboxes of the streams of this instance that report it.
-    watchers: Mutex<HashMap<Watched, Vec<Weak<Inbox>>>>,
+    /// For each ledger (a bucket's quota), the inboxes of the streams of this instance that report it.
+    watchers: Mutex<HashMap<String, Vec<Weak<Inbox>>>>,
     /// Buckets watched, summed over streams (the length of every list of `watchers`).
     watched: AtomicUsize,
     stats: QuotaStats,
+    /// Whether the task that hands the store's notices to the streams runs.
+    listening: AtomicBool,
 }
 
-/// Where other streams leave the buckets a stream should look at again.
+/// Where other streams leave the ledgers a stream should look at again.
 #[derive(Debug, Default)]
 pub struct Inbox {
-    dirty: Mutex<HashSet<BucketId>>,
+    dirty: Mutex<Dirty>,
     wake: tokio::sync::Notify,
 }
 
-/// One stream's state: its domain and the buckets it reports.
+#[derive(Debug, Default)]
+struct Dirty {
+    ledgers: HashSet<String>,
+    /// Notices may have been missed: every bucket.
+    all: bool,
+}
+
+/// One stream's state: its domain, the buckets it reports and its name in the ledgers.
 pub struct QuotaStream {
     domain: Option<Arc<str>>,
+    holder: String,
     buckets: HashMap<BucketId, Watch>,
     inbox: Arc<Inbox>,
     /// Gives the stream's place back, and its watches, when the stream is dropped.
@@ -159,6 +193,8 @@ impl Drop for QuotaStream {
 #[derive(Debug, Clone)]
 struct Watch {
     settings: BucketSettings,
+    /// The bucket's ledger, once a limited rule matched it.
+    ledger: Option<String>,
     /// The last report with requests in it (or the first report).
     active_us: u64,
     /// The last assignment sent, when, and the TTL it carried (seconds); `None` before the first.
@@ -166,6 +202,16 @@ struct Watch {
     /// A DENY_ALL holds until then; a new assignment is due.
     retry_at_us: Option<u64>,
     demand: Demand,
+    /// The most the Envoy holds of its grants: what it was granted less what it reported used.
+    held: u64,
+    /// The size of the token bucket the Envoy has from sluice; `None` when it has none, or its state is unknown.
+    installed: Option<u32>,
+    /// When a bucket that starts full was last sent.
+    fresh_at: u64,
+    /// When the previous report arrived.
+    reported_at: u64,
+    /// The want the bucket's other streams were last told of.
+    announced_want: u64,
 }
 
 impl QuotaStream {
@@ -178,6 +224,19 @@ impl QuotaStream {
     pub fn buckets(&self) -> usize {
         self.buckets.len()
     }
+
+    /// The stream's name in the buckets' ledgers.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+}
+
+/// One bucket to size a grant for, after its report (or a read) was charged.
+struct Due {
+    bucket: BucketId,
+    charged: Charged,
+    /// From a report: its allowed and denied requests.
+    report: Option<(u64, u64)>,
 }
 
 impl<S: Store> Quotas<S> {
@@ -190,6 +249,7 @@ impl<S: Store> Quotas<S> {
             watchers: Mutex::new(HashMap::new()),
             watched: AtomicUsize::new(0),
             stats,
+            listening: AtomicBool::new(false),
         })
     }
 
@@ -202,26 +262,53 @@ impl<S: Store> Quotas<S> {
                 "the server already has {open} RLQS streams open, its cap (--rlqs-max-streams)"
             )));
         }
+        self.listen();
         self.stats.streams.increment(1.0);
         let inbox = Arc::new(Inbox::default());
         let quotas = Arc::downgrade(self);
         Ok(QuotaStream {
             domain: None,
+            holder: crate::limiter::new_lease(),
             buckets: HashMap::new(),
             inbox,
             release: Some(Box::new(move |stream: &QuotaStream| {
                 if let Some(quotas) = quotas.upgrade() {
                     quotas.streams.fetch_sub(1, Ordering::AcqRel);
                     quotas.stats.streams.decrement(1.0);
-                    if let Some(domain) = &stream.domain {
-                        for bucket in stream.buckets.keys() {
-                            quotas.unwatch(domain, bucket, &stream.inbox);
-                        }
+                    for ledger in stream.buckets.values().filter_map(|w| w.ledger.as_ref()) {
+                        quotas.unwatch(ledger, &stream.inbox);
                     }
                     quotas.stats.buckets.set(quotas.watched.load(Ordering::Relaxed) as f64);
                 }
             })),
         })
+    }
+
+    /// Starts, once and inside a runtime, the task that hands the store's notices to the streams that watch the
+    /// ledgers they name.
+    fn listen(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() || self.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut notices = self.limiter.store().notices();
+        let quotas = Arc::downgrade(self);
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let notice = notices.recv().await;
+                let Some(quotas) = quotas.upgrade() else { return };
+                match notice {
+                    Ok(Notice::Quota(ledgers)) => {
+                        for ledger in &ledgers {
+                            quotas.notify(ledger, None);
+                        }
+                    }
+                    Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => quotas.notify_all(),
+                    Ok(Notice::Freed(_)) => {}
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
     }
 
     /// Charges one message's usage and answers with an assignment for each bucket it names.
@@ -273,21 +360,24 @@ impl<S: Store> Quotas<S> {
         let charged = self.charge(&domain, &usages).await?;
 
         let mut actions = Vec::with_capacity(usages.len());
+        let mut due = Vec::with_capacity(usages.len());
         for (usage, charged) in usages.into_iter().zip(charged) {
             let Some(charged) = charged else { continue };
             let requests = usage.allowed.saturating_add(usage.denied);
             let first = !stream.buckets.contains_key(&usage.bucket);
-            if first {
-                self.watch(&domain, &usage.bucket, &stream.inbox);
-                self.notify(&domain, &usage.bucket, &stream.inbox);
-            }
             let settings = settings_of(&charged);
             let watch = stream.buckets.entry(usage.bucket.clone()).or_insert_with(|| Watch {
                 settings,
+                ledger: None,
                 active_us: now,
                 sent: None,
                 retry_at_us: None,
                 demand: Demand::default(),
+                held: 0,
+                installed: None,
+                fresh_at: 0,
+                reported_at: 0,
+                announced_want: 0,
             });
             watch.settings = settings;
             watch.demand.add(now, requests);
@@ -299,23 +389,28 @@ impl<S: Store> Quotas<S> {
                 InitialAssignment::DenyAll if first => Some(Strategy::DenyAll),
                 _ => None,
             };
-            let newly_exhausted = exhausted(&charged) && watch.retry_at_us.is_none();
-            let action = match initial {
-                Some(strategy) => self.assign(watch, usage.bucket.clone(), strategy, settings.assignment_ttl_s, now),
-                None => self.sized(watch, usage.bucket.clone(), &charged, now),
-            };
-            if newly_exhausted {
-                self.stats.exhausted.increment(1);
-                self.notify(&domain, &usage.bucket, &stream.inbox);
+            match initial {
+                Some(strategy) => {
+                    watch.consume(now, usage.allowed, usage.denied);
+                    let action = self.assign(watch, usage.bucket, strategy, settings.assignment_ttl_s, false);
+                    self.record(watch, &action, now);
+                    actions.push(action);
+                }
+                None => due.push(Due {
+                    bucket: usage.bucket,
+                    charged,
+                    report: Some((usage.allowed, usage.denied)),
+                }),
             }
-            actions.push(action);
         }
+        actions.extend(self.size(stream, &domain, due, now, true).await);
         self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
         Ok(actions)
     }
 
-    /// A stream's periodic work: abandons buckets idle for too long, and sends new assignments where one is due (a
-    /// TTL about to lapse, a DENY_ALL whose window allows more again, or news from another stream).
+    /// A stream's periodic work: abandons buckets idle for too long (giving their grants back), and sizes again the
+    /// buckets where that is due (a TTL about to lapse, a DENY_ALL whose window allows more again, or news from
+    /// another stream), sending what changed.
     pub async fn tick(&self, stream: &mut QuotaStream) -> Result<Vec<Action>, QuotaError> {
         let Some(domain) = stream.domain.clone() else {
             return Ok(Vec::new());
@@ -329,16 +424,35 @@ impl<S: Store> Quotas<S> {
             .filter(|(_, w)| now.saturating_sub(w.active_us) >= u64::from(w.settings.abandon_after_s) * 1_000_000)
             .map(|(b, _)| b.clone())
             .collect();
+        let mut leaving = Vec::new();
         for bucket in idle {
-            stream.buckets.remove(&bucket);
-            self.unwatch(&domain, &bucket, &stream.inbox);
+            if let Some(watch) = stream.buckets.remove(&bucket) {
+                if let Some(ledger) = &watch.ledger {
+                    self.unwatch(ledger, &stream.inbox);
+                    leaving.push(bucket.clone());
+                }
+            }
             self.stats.abandoned.increment(1);
             actions.push(Action::Abandon { bucket });
+        }
+        if !leaving.is_empty() {
+            // The Envoy forgets the bucket and its tokens: they go back to the quota.
+            let claims: Vec<Claim<'_>> = leaving
+                .iter()
+                .map(|bucket| Claim {
+                    bucket,
+                    holder: &stream.holder,
+                    held: 0,
+                    want: 0,
+                    ttl_us: 0,
+                })
+                .collect();
+            let _ = self.limiter.grant_quota(&domain, &claims).await;
         }
         let due: Vec<Usage> = stream
             .buckets
             .iter()
-            .filter(|(bucket, w)| dirty.contains(*bucket) || w.due(now))
+            .filter(|(_, w)| dirty.all || w.ledger.as_ref().is_some_and(|l| dirty.ledgers.contains(l)) || w.due(now))
             .map(|(bucket, _)| Usage {
                 bucket: bucket.clone(),
                 ..Usage::default()
@@ -346,18 +460,172 @@ impl<S: Store> Quotas<S> {
             .collect();
         if !due.is_empty() {
             let charged = self.charge(&domain, &due).await?;
-            for (usage, charged) in due.into_iter().zip(charged) {
-                let (Some(charged), Some(watch)) = (charged, stream.buckets.get_mut(&usage.bucket)) else {
-                    continue;
-                };
-                watch.settings = settings_of(&charged);
-                actions.push(self.sized(watch, usage.bucket, &charged, now));
-            }
+            let due = due
+                .into_iter()
+                .zip(charged)
+                .filter_map(|(usage, charged)| {
+                    Some(Due {
+                        bucket: usage.bucket,
+                        charged: charged?,
+                        report: None,
+                    })
+                })
+                .collect();
+            actions.extend(self.size(stream, &domain, due, now, false).await);
         }
         if !actions.is_empty() {
             self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
         }
         Ok(actions)
+    }
+
+    /// Sizes each due bucket's grant and turns it into assignments: after a report, one for every bucket; on a tick,
+    /// only those that changed or are due.
+    async fn size(&self, stream: &mut QuotaStream, domain: &Arc<str>, due: Vec<Due>, now: u64, reported: bool) -> Vec<Action> {
+        let mut actions = Vec::with_capacity(due.len());
+        let mut claimed: Vec<(BucketId, QuotaState, u64)> = Vec::new();
+        for Due { bucket, charged, report } in due {
+            let Some(watch) = stream.buckets.get_mut(&bucket) else { continue };
+            watch.settings = settings_of(&charged);
+            if let Some((allowed, denied)) = report {
+                watch.consume(now, allowed, denied);
+            } else {
+                watch.lapse(now);
+            }
+            let ttl = watch.settings.assignment_ttl_s;
+            match charged {
+                Charged::Limited(state) if !state.shadow => {
+                    let ledger = state.ledger.as_str().to_string();
+                    if watch.ledger.as_deref() != Some(ledger.as_str()) {
+                        if let Some(old) = watch.ledger.take() {
+                            self.unwatch(&old, &stream.inbox);
+                        }
+                        self.watch(&ledger, &stream.inbox);
+                        watch.ledger = Some(ledger);
+                    }
+                    let want = watch.demand.estimate(now).saturating_mul(2).clamp(1, MAX_LEDGER_AMOUNT);
+                    claimed.push((bucket, state, want));
+                }
+                // No limit, or one that only counts: everything passes.
+                _ => {
+                    let unchanged = watch.sent.is_some_and(|(s, _, _)| s == Strategy::AllowAll);
+                    if reported || !unchanged || watch.due(now) {
+                        let action = self.assign(watch, bucket, Strategy::AllowAll, ttl, false);
+                        self.record(watch, &action, now);
+                        actions.push(action);
+                    }
+                }
+            }
+        }
+        if claimed.is_empty() {
+            return actions;
+        }
+        let claims: Vec<Claim<'_>> = claimed
+            .iter()
+            .map(|(bucket, state, want)| {
+                let watch = &stream.buckets[bucket];
+                Claim {
+                    bucket,
+                    holder: &stream.holder,
+                    held: watch.held.min(MAX_LEDGER_AMOUNT),
+                    want: *want,
+                    ttl_us: (u64::from(state.settings.assignment_ttl_s) + 1) * 1_000_000,
+                }
+            })
+            .collect();
+        let granted = self.limiter.grant_quota(domain, &claims).await;
+        let mut announce = Vec::new();
+        for ((bucket, state, want), granted) in claimed.into_iter().zip(granted) {
+            let granted = match granted {
+                Ok(Some(granted)) => granted,
+                Ok(None) => continue,
+                Err(e) => {
+                    // Its Envoy keeps its assignment until the TTL lapses, then follows its expired-assignment
+                    // behaviour.
+                    tracing::warn!(error = %e, "an RLQS grant could not be sized");
+                    continue;
+                }
+            };
+            let Some(watch) = stream.buckets.get_mut(&bucket) else { continue };
+            let (kind, installed, due) = (watch.sent.map(|s| s.0), watch.installed, watch.due(now));
+            if granted.left == 0 && watch.retry_at_us.is_none() && watch.sent.is_some() {
+                self.stats.exhausted.increment(1);
+            }
+            let tell = watch.announced_want == 0
+                || want >= watch.announced_want.saturating_mul(2)
+                || want.saturating_mul(2) <= watch.announced_want
+                || granted.held < watch.held
+                || (reported && granted.held < granted.share);
+            let action = self.deliver(watch, bucket, &state, granted, now);
+            if tell {
+                watch.announced_want = want;
+                announce.extend(watch.ledger.clone());
+            }
+            // On a tick, only what changed, or a refresh that is due.
+            let Action::Assign { strategy, .. } = &action else { continue };
+            if reported || due || kind != Some(*strategy) || installed != watch.installed {
+                self.record(watch, &action, now);
+                actions.push(action);
+            }
+        }
+        if !announce.is_empty() {
+            for ledger in &announce {
+                self.notify(ledger, Some(&stream.inbox));
+            }
+            self.limiter.store().announce(Notice::Quota(announce)).await;
+        }
+        actions
+    }
+
+    /// The assignment that hands the Envoy `granted.held` tokens, given what it holds and the bucket it has.
+    fn deliver(&self, watch: &mut Watch, bucket: BucketId, state: &QuotaState, granted: Granted, now: u64) -> Action {
+        let ttl = watch.settings.assignment_ttl_s;
+        let g = granted.held;
+        if g == 0 {
+            watch.held = 0;
+            watch.installed = None;
+            // With nothing left, DENY_ALL until a request fits again (sluice sends a new assignment then), within
+            // the TTL; with tokens held by others, until they give some back (they tell), or the TTL.
+            let retry = (granted.left == 0).then(|| retry_after(state));
+            watch.retry_at_us = retry.map(|r| now.saturating_add(r));
+            let ttl = match retry {
+                Some(r) => u32::try_from(r.div_ceil(1_000_000)).unwrap_or(u32::MAX).clamp(1, ttl),
+                None => ttl,
+            };
+            return self.assign(watch, bucket, Strategy::DenyAll, ttl, false);
+        }
+        let g = g.min(u64::from(u32::MAX));
+        let h = watch.held;
+        let (size, fresh) = match watch.installed {
+            Some(m) if h > 0 && g == h => (m, false),
+            Some(m) if h > 0 => {
+                let m = u64::from(m);
+                // Envoy starts the new bucket at `scaled * remaining / m`, and what remains is at most `h`.
+                let scaled = (u128::from(g) * u128::from(m) / u128::from(h)) as u64;
+                if (1..=u64::from(u32::MAX)).contains(&scaled) {
+                    watch.held = (u128::from(scaled) * u128::from(h)).div_ceil(u128::from(m)) as u64;
+                    (scaled as u32, false)
+                } else {
+                    // Too large to scale: a full bucket of what it lacks; what it held may still be spent.
+                    watch.held = g;
+                    ((g - h.min(g)).max(1) as u32, true)
+                }
+            }
+            _ => {
+                watch.held = g;
+                (g as u32, true)
+            }
+        };
+        watch.installed = Some(size);
+        if fresh {
+            watch.fresh_at = now;
+        }
+        let strategy = Strategy::TokenBucket {
+            max_tokens: size,
+            tokens_per_fill: 1,
+            fill_interval_s: NO_REFILL_S,
+        };
+        self.assign(watch, bucket, strategy, ttl, fresh)
     }
 
     /// Checks a message and returns the stream's domain (set by its first message).
@@ -427,82 +695,101 @@ impl<S: Store> Quotas<S> {
         }
     }
 
-    /// The assignment a bucket's state calls for, sized to this stream's share.
-    fn sized(&self, watch: &mut Watch, bucket: BucketId, charged: &Charged, now: u64) -> Action {
-        let ttl = watch.settings.assignment_ttl_s;
-        match charged {
-            Charged::NoRule | Charged::Unlimited => self.assign(watch, bucket, Strategy::AllowAll, ttl, now),
-            Charged::Limited(state) if state.shadow => self.assign(watch, bucket, Strategy::AllowAll, ttl, now),
-            Charged::Limited(state) => {
-                let own = watch.demand.estimate(now);
-                let (strategy, retry_after_us) = size(state, own);
-                watch.retry_at_us = retry_after_us.map(|r| now.saturating_add(r));
-                // A DENY_ALL lasts until a request fits again (sluice pushes a new assignment then), within the TTL.
-                let ttl = match retry_after_us {
-                    Some(r) => u32::try_from(r.div_ceil(1_000_000)).unwrap_or(u32::MAX).clamp(1, ttl),
-                    None => ttl,
-                };
-                self.assign(watch, bucket, strategy, ttl, now)
-            }
-        }
-    }
-
-    fn assign(&self, watch: &mut Watch, bucket: BucketId, strategy: Strategy, ttl_s: u32, now: u64) -> Action {
+    /// An assignment of `strategy` for `bucket`; see [`Action::Assign`].
+    fn assign(&self, watch: &mut Watch, bucket: BucketId, strategy: Strategy, ttl_s: u32, fresh: bool) -> Action {
         if strategy != Strategy::DenyAll {
             watch.retry_at_us = None;
         }
-        watch.sent = Some((strategy, now, ttl_s.max(1)));
+        if strategy == Strategy::AllowAll || strategy == Strategy::DenyAll {
+            watch.held = 0;
+            watch.installed = None;
+        }
+        Action::Assign {
+            bucket,
+            strategy,
+            ttl_s: ttl_s.max(1),
+            fresh,
+        }
+    }
+
+    /// Notes an assignment as sent: its TTL runs from now.
+    fn record(&self, watch: &mut Watch, action: &Action, now: u64) {
+        let Action::Assign { strategy, ttl_s, .. } = action else { return };
+        watch.sent = Some((*strategy, now, *ttl_s));
         match strategy {
             Strategy::AllowAll => &self.stats.allow_all,
             Strategy::DenyAll => &self.stats.deny_all,
             Strategy::TokenBucket { .. } => &self.stats.token_bucket,
         }
         .increment(1);
-        Action::Assign {
-            bucket,
-            strategy,
-            ttl_s: ttl_s.max(1),
-        }
     }
 
-    fn watch(&self, domain: &Arc<str>, bucket: &BucketId, inbox: &Arc<Inbox>) {
+    fn watch(&self, ledger: &str, inbox: &Arc<Inbox>) {
         lock(&self.watchers)
-            .entry((domain.clone(), bucket.clone()))
+            .entry(ledger.to_string())
             .or_default()
             .push(Arc::downgrade(inbox));
         self.watched.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Ends one stream's watch of a bucket (each stream removes only its own, so the count stays exact).
-    fn unwatch(&self, domain: &Arc<str>, bucket: &BucketId, inbox: &Arc<Inbox>) {
+    /// Ends one stream's watch of a ledger (each stream removes only its own, so the count stays exact).
+    fn unwatch(&self, ledger: &str, inbox: &Arc<Inbox>) {
         let mut watchers = lock(&self.watchers);
-        let key = (domain.clone(), bucket.clone());
-        if let Some(list) = watchers.get_mut(&key) {
+        if let Some(list) = watchers.get_mut(ledger) {
             let before = list.len();
             list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inbox)));
             self.watched.fetch_sub(before - list.len(), Ordering::Relaxed);
             if list.is_empty() {
-                watchers.remove(&key);
+                watchers.remove(ledger);
             }
         }
     }
 
-    /// Asks every other stream that watches the bucket to look at it again.
-    fn notify(&self, domain: &Arc<str>, bucket: &BucketId, except: &Arc<Inbox>) {
+    /// Asks every stream of this instance that watches the ledger, but `except`, to size its grant again.
+    fn notify(&self, ledger: &str, except: Option<&Arc<Inbox>>) {
         let watchers = lock(&self.watchers);
-        let Some(list) = watchers.get(&(domain.clone(), bucket.clone())) else {
+        let Some(list) = watchers.get(ledger) else {
             return;
         };
         for other in list.iter().filter_map(Weak::upgrade) {
-            if !Arc::ptr_eq(&other, except) {
-                lock(&other.dirty).insert(bucket.clone());
+            if except.is_none_or(|e| !Arc::ptr_eq(&other, e)) {
+                lock(&other.dirty).ledgers.insert(ledger.to_string());
                 other.wake.notify_one();
             }
+        }
+    }
+
+    /// Asks every stream of this instance to size all its grants again (notices may have been missed).
+    fn notify_all(&self) {
+        let watchers = lock(&self.watchers);
+        for inbox in watchers.values().flatten().filter_map(Weak::upgrade) {
+            lock(&inbox.dirty).all = true;
+            inbox.wake.notify_one();
         }
     }
 }
 
 impl Watch {
+    /// A report's requests: what the Envoy allowed came out of what it held; a denial, with no full bucket sent
+    /// since the previous report, says it holds nothing (its bucket does not refill, and a resized one starts at the
+    /// old one's fraction).
+    fn consume(&mut self, now: u64, allowed: u64, denied: u64) {
+        self.lapse(now);
+        self.held = self.held.saturating_sub(allowed);
+        if denied > 0 && self.fresh_at < self.reported_at {
+            self.held = 0;
+        }
+        self.reported_at = now;
+    }
+
+    /// An assignment whose TTL has lapsed is gone from the Envoy, and its bucket with it.
+    fn lapse(&mut self, now: u64) {
+        if self.sent.is_some_and(|(_, at, ttl)| now >= at.saturating_add(u64::from(ttl) * 1_000_000)) {
+            self.held = 0;
+            self.installed = None;
+        }
+    }
+
     /// Whether a new assignment is due: a DENY_ALL whose window allows more, or the TTL the last one carried
     /// within a third of lapsing, and never less than two seconds plus one tick: a face that ticks every second
     /// refreshes at least two seconds before the lapse.
@@ -512,18 +799,17 @@ impl Watch {
         }
         match self.sent {
             None => true,
-            Some((_, at, ttl_s)) => {
-                let ttl = u64::from(ttl_s) * 1_000_000;
-                let margin = ((ttl / 3).max(2_000_000) + TICK_US).min(ttl);
-                now >= at.saturating_add(ttl - margin)
-            }
+            Some((_, at, ttl_s)) => due_at(at, ttl_s, now),
         }
     }
 }
 
-/// How often a face calls [`Quotas::tick`] at most apart: refreshes are due one tick early, so that they still go
-/// out two seconds before a TTL lapses.
-pub const TICK_US: u64 = 1_000_000;
+/// Whether an assignment sent at `at` with a TTL of `ttl_s` is due for a refresh at `now`.
+fn due_at(at: u64, ttl_s: u32, now: u64) -> bool {
+    let ttl = u64::from(ttl_s) * 1_000_000;
+    let margin = ((ttl / 3).max(2_000_000) + TICK_US).min(ttl);
+    now >= at.saturating_add(ttl - margin)
+}
 
 /// The settings of the rule a bucket matched (defaults when none did).
 fn settings_of(charged: &Charged) -> BucketSettings {
@@ -533,56 +819,20 @@ fn settings_of(charged: &Charged) -> BucketSettings {
     }
 }
 
-fn exhausted(charged: &Charged) -> bool {
-    matches!(charged, Charged::Limited(s) if s.tiers.iter().any(|t| t.remaining == 0))
-}
-
-/// The strategy for one Envoy whose recent demand is `own`, out of the bucket's `state.demand`; and, for a
-/// DENY_ALL, when a request fits again (microseconds from now).
-///
-/// The share is `own / all` of the demand (an idle Envoy counts as 1), at most 1. The token bucket holds
-/// `floor(share * remaining)` tokens, at least 1, of the most constrained limit. It refills at the share of the
-/// limit's rate for sliding windows and token buckets, and by 1 token per window for fixed windows (which free
-/// nothing until they end, when sluice sends new assignments).
-pub fn size(state: &QuotaState, own: u64) -> (Strategy, Option<u64>) {
-    let share = (own.max(1) as f64 / state.demand.max(1) as f64).min(1.0);
-    let remaining = state.tiers.iter().map(|t| t.remaining).min().unwrap_or(0);
-    if remaining == 0 {
-        let retry = state
-            .tiers
-            .iter()
-            .filter(|t| t.remaining == 0)
-            .map(|t| t.retry_after_us)
-            .max()
-            .unwrap_or(1_000_000);
-        return (Strategy::DenyAll, Some(retry.max(1)));
-    }
-    let max_tokens = ((remaining as f64 * share).floor() as u64).clamp(1, u64::from(u32::MAX)) as u32;
-    let (tokens_per_fill, fill_interval_s) = state
+/// When a request fits the quota again, from now: the latest of its exhausted limits'.
+fn retry_after(state: &QuotaState) -> u64 {
+    state
         .tiers
         .iter()
-        .map(|t| {
-            let window_s = u32::try_from(t.window_us / 1_000_000).unwrap_or(u32::MAX).max(1);
-            let fill = match t.algorithm {
-                Algorithm::FixedWindow => 1,
-                _ => ((t.limit as f64 * share).floor() as u64).clamp(1, u64::from(u32::MAX)) as u32,
-            };
-            (fill, window_s)
-        })
-        .min_by(|a, b| (f64::from(a.0) / f64::from(a.1)).total_cmp(&(f64::from(b.0) / f64::from(b.1))))
-        .unwrap_or((1, 1));
-    (
-        Strategy::TokenBucket {
-            max_tokens,
-            tokens_per_fill,
-            fill_interval_s,
-        },
-        None,
-    )
+        .filter(|t| t.remaining == 0)
+        .map(|t| t.retry_after_us)
+        .max()
+        .unwrap_or(1_000_000)
+        .max(1)
 }
 
-/// One stream's requests for a bucket over the last [`DEMAND_WINDOW_US`], estimated as the store estimates all
-/// streams' (a sliding window over two epoch-aligned windows), so that the two compare.
+/// One stream's requests for a bucket over the last [`DEMAND_WINDOW_US`], estimated as a sliding window over two
+/// epoch-aligned windows.
 #[derive(Debug, Clone, Copy, Default)]
 struct Demand {
     start: u64,

@@ -337,10 +337,14 @@ async fn serve_gated<S: Store>(
             options.response_headers.clone(),
             admin_token,
         )))
-        .add_service(RateLimitQuotaServiceServer::new(QuotaService::new(
-            Quotas::new(limiter.clone(), options.quota_caps),
-            stopped.clone(),
-        )))
+        .add_service(
+            // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
+            RateLimitQuotaServiceServer::new(QuotaService::new(
+                Quotas::new(limiter.clone(), options.quota_caps),
+                stopped.clone(),
+            ))
+            .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
+        )
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

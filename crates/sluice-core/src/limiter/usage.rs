@@ -1,17 +1,15 @@
-//! Usage that already happened, charged to RLQS buckets: [`Limiter::charge_usage`].
+//! Usage that already happened, charged to RLQS buckets ([`Limiter::charge_usage`]), and the grants of each bucket's
+//! quota to the Envoys that share it ([`Limiter::grant_quota`]).
 //!
 //! An Envoy of the Rate Limit Quota Service decides requests itself from its assignment and reports how many it
 //! allowed and denied. Each bucket's quota is an ordinary counter (a rule of the domain's `quota_buckets`), so every
 //! Envoy and every sluice instance on one store charges the same count. The allowed requests are counted whatever
-//! the limit says (they were served: a forced hit), and the demand, allowed plus denied, goes to a second counter
-//! from which each Envoy's share is sized (see [`crate::quota`]).
+//! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
+//! bucket's ledger in the same store ([`Store::grant`]), so that every instance shares out the same quota.
 
 use super::{LimitError, Limiter};
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
-use crate::store::{CounterKey, Hit, Identity, Store, StoreError, TierSpec};
-
-/// The window over which a bucket's demand is counted, in microseconds: two of Envoy's 5 s report periods.
-pub const DEMAND_WINDOW_US: u64 = 10_000_000;
+use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Store, StoreError, TierSpec};
 
 /// One bucket's report: its id (entries sorted by key, no two keys equal) and the requests since the last one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,9 +35,8 @@ pub struct QuotaState {
     pub shadow: bool,
     /// One per limit of the rule, after the charge.
     pub tiers: Vec<TierState>,
-    /// The requests, allowed or denied, that every Envoy reported for the bucket over the last
-    /// [`DEMAND_WINDOW_US`] (a sliding-window estimate).
-    pub demand: u64,
+    /// The bucket's grant ledger, shared by every Envoy that reports it (and the name its notices carry).
+    pub ledger: CounterKey,
 }
 
 /// One limit of a bucket after a charge.
@@ -82,31 +79,11 @@ impl<S: Store> Limiter<S> {
             let tiers = rule
                 .tiers
                 .iter()
-                .map(|t| TierSpec {
-                    key: id.tier(t.limit.algorithm, t.limit.window_us()),
-                    algorithm: t.limit.algorithm,
-                    limit: u64::from(t.limit.requests),
-                    window_us: t.limit.window_us(),
-                    burst: u64::from(t.limit.burst),
-                    cost: None,
-                })
+                .map(|t| quota_tier(id, t))
                 .collect();
             hits.push(Hit {
                 tiers,
                 cost: usage.allowed,
-                force: true,
-                ..Hit::default()
-            });
-            hits.push(Hit {
-                tiers: vec![TierSpec {
-                    key: id.demand(),
-                    algorithm: Algorithm::SlidingWindow,
-                    limit: u64::from(u32::MAX),
-                    window_us: DEMAND_WINDOW_US,
-                    burst: u64::from(u32::MAX),
-                    cost: None,
-                }],
-                cost: usage.allowed.saturating_add(usage.denied),
                 force: true,
                 ..Hit::default()
             });
@@ -121,7 +98,7 @@ impl<S: Store> Limiter<S> {
         let ratio = self.metrics.near_limit_ratio();
         let mut out = Vec::with_capacity(usages.len());
         for (usage, found) in usages.iter().zip(&matched) {
-            let Some((rule, _)) = found else {
+            let Some((rule, id)) = found else {
                 out.push(Ok(Charged::NoRule));
                 continue;
             };
@@ -130,15 +107,14 @@ impl<S: Store> Limiter<S> {
                 out.push(Ok(Charged::Unlimited));
                 continue;
             }
-            let (quota, demand) = (answers.next(), answers.next());
-            let (Some(quota), Some(demand)) = (quota, demand) else {
-                out.push(Err(StoreError::Other("store returned too few outcomes".into())));
-                continue;
-            };
-            let (quota, demand) = match (quota, demand) {
-                (Ok(q), Ok(d)) => (q, d),
-                (Err(e), _) | (_, Err(e)) => {
+            let quota = match answers.next() {
+                Some(Ok(quota)) => quota,
+                Some(Err(e)) => {
                     out.push(Err(e));
+                    continue;
+                }
+                None => {
+                    out.push(Err(StoreError::Other("store returned too few outcomes".into())));
                     continue;
                 }
             };
@@ -179,7 +155,7 @@ impl<S: Store> Limiter<S> {
                 settings,
                 shadow: rule.shadow_mode,
                 tiers,
-                demand: demand.tiers.first().map_or(0, |t| t.used),
+                ledger: id.grants(),
             })));
         }
         self.retry_times(now_us, &hits, &mut out).await;
@@ -188,7 +164,7 @@ impl<S: Store> Limiter<S> {
 
     /// For each bucket with nothing left, when one more request would fit (one more read, only for those).
     async fn retry_times(&self, now_us: u64, hits: &[Hit], out: &mut [Result<Charged, StoreError>]) {
-        let mut quota_hits = hits.iter().step_by(2);
+        let mut quota_hits = hits.iter();
         let mut exhausted = Vec::new();
         for (i, charged) in out.iter().enumerate() {
             if let Ok(Charged::Limited(state)) = charged {
@@ -232,8 +208,82 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// Grants each claim its part of its bucket's quota ([`Store::grant`]): one store call for every claim. A claim
+    /// whose bucket no limited rule matches (or an unlimited or shadow one) gets `None` and touches nothing.
+    pub async fn grant_quota(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
+        let now_us = self.clock.now_us();
+        let rules = self.rules.load();
+        let domain = rules.domain(domain);
+        let mut grants = Vec::new();
+        let placed: Vec<bool> = claims
+            .iter()
+            .map(|claim| {
+                let Some(domain) = domain else { return false };
+                let Some(found) = domain.find_bucket(claim.bucket) else {
+                    return false;
+                };
+                if found.rule.tiers.is_empty() || found.rule.shadow_mode {
+                    return false;
+                }
+                let usage = Usage {
+                    bucket: claim.bucket.to_vec(),
+                    ..Usage::default()
+                };
+                let id = self.bucket_identity(domain, &usage, &found.shared);
+                grants.push(Grant {
+                    tiers: found.rule.tiers.iter().map(|t| quota_tier(&id, t)).collect(),
+                    ledger: id.grants(),
+                    holder: claim.holder.to_string(),
+                    held: claim.held,
+                    want: claim.want,
+                    ttl_us: claim.ttl_us,
+                });
+                true
+            })
+            .collect();
+        let mut granted = if grants.is_empty() {
+            Vec::new()
+        } else {
+            self.guard.store().grant(now_us, &grants).await
+        }
+        .into_iter();
+        placed
+            .into_iter()
+            .map(|placed| match placed {
+                false => Ok(None),
+                true => granted
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::Other("store returned too few grants".into())))
+                    .map(Some),
+            })
+            .collect()
+    }
+
     fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
         let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name);
         super::identity_of(key, &usage.bucket, shared)
+    }
+}
+
+/// One Envoy stream's claim on a bucket's quota ([`Limiter::grant_quota`]): see [`Grant`].
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The bucket id, entries sorted by key.
+    pub bucket: &'a [(String, String)],
+    pub holder: &'a str,
+    pub held: u64,
+    pub want: u64,
+    pub ttl_us: u64,
+}
+
+/// A quota rule's limit as the store counts it.
+fn quota_tier(id: &Identity, t: &crate::rules::Tier) -> TierSpec {
+    TierSpec {
+        key: id.tier(t.limit.algorithm, t.limit.window_us()),
+        algorithm: t.limit.algorithm,
+        limit: u64::from(t.limit.requests),
+        window_us: t.limit.window_us(),
+        burst: u64::from(t.limit.burst),
+        cost: None,
     }
 }

@@ -31,11 +31,13 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Hit, Notice, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store, StoreError,
-    StreamReset, TierOutcome, TierSettled, TierSpec,
+    Answers, CounterKey, Grant, Granted, Hit, Notice, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store,
+    StoreError, StreamReset, TierOutcome, TierSettled, TierSpec, fair_shares, granted_amount,
 };
 use crate::rules::Algorithm;
-use prelude::{Check, Expiry, Keyspace, Leases, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us};
+use prelude::{
+    Check, Expiry, Keyspace, Leases, Ledger, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us,
+};
 
 const SHARDS: usize = 64;
 /// States evicted per shard access at most: about the cost of one more lookup, and far more than one access adds.
@@ -255,6 +257,54 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// One grant under its bucket's shard lock, as `grant` in `lua/ledger.lua` does: what is left is read and the
+    /// ledger updated in one step.
+    fn grant_one(&self, now: u64, grant: &Grant) -> Granted {
+        let mut shard = self.shard(grant.ledger.tag(), now);
+        let left = grant
+            .tiers
+            .iter()
+            .map(|t| shard.check(t, now, 0, false).rem0)
+            .min()
+            .unwrap_or(0);
+        let key = grant.ledger.as_str();
+        let mut entries = match shard.live(key, now) {
+            Some(State::Ledger(Ledger(entries))) => entries.clone(),
+            _ => Default::default(),
+        };
+        entries.retain(|holder, e| e.2 > now && *holder != grant.holder);
+        let (held, want) = (grant.held, grant.want);
+        let mut granted = Granted {
+            left,
+            holders: entries.len() as u64,
+            total_held: entries.values().map(|e| e.0).sum(),
+            ..Granted::default()
+        };
+        if want > 0 {
+            let mut wants: Vec<(&str, u64)> = entries.iter().map(|(h, e)| (h.as_str(), e.1)).collect();
+            wants.push((&grant.holder, want));
+            let shares = fair_shares(left, &wants);
+            let others: Vec<(u64, u64)> = entries.values().zip(&shares).map(|(e, &s)| (e.0, s)).collect();
+            let share = shares[shares.len() - 1];
+            let amount = granted_amount(left, held, share, &others);
+            granted = Granted {
+                held: amount,
+                share,
+                holders: granted.holders + 1,
+                total_held: granted.total_held + amount,
+                ..granted
+            };
+            entries.insert(grant.holder.clone(), (amount, want, now + grant.ttl_us));
+        }
+        let until = entries.values().map(|e| e.2).max().unwrap_or(now);
+        shard.upsert(key, now, Expiry::Always(until), |Ledger(ledger): &mut Ledger| {
+            *ledger = entries;
+        });
+        granted
+    }
+}
+
 /// A poisoned shard only means another thread panicked mid-update of plain data; the data is still usable.
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -409,6 +459,10 @@ impl Store for MemoryStore {
 
     async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
         settlements.iter().map(|s| Ok(self.settle_one(now_us, s))).collect()
+    }
+
+    async fn grant(&self, now_us: u64, grants: &[Grant]) -> Vec<Result<Granted, StoreError>> {
+        grants.iter().map(|g| Ok(self.grant_one(now_us, g))).collect()
     }
 
     async fn announce(&self, notice: Notice) {

@@ -1,7 +1,7 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
 //! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua` (a fast path for the
-//! commonest call), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
+//! commonest call), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
 //! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA (`gather`): under load, Redis parses one command and runs one script for up to
@@ -47,7 +47,7 @@ use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::{Answers, CounterKey, Hit, Notice, Settled, Settlement, Store, StoreError, StreamReset};
+use super::{Answers, CounterKey, Grant, Granted, Hit, Notice, Settled, Settlement, Store, StoreError, StreamReset};
 
 mod call;
 mod cluster;
@@ -56,7 +56,7 @@ mod notices;
 mod route;
 mod settings;
 
-use call::{Call, Form, Mode, is_noscript, parse, parse_settled};
+use call::{Call, Form, Mode, is_noscript, parse, parse_granted, parse_settled};
 use cluster::{Cluster, Node};
 use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
@@ -77,6 +77,7 @@ macro_rules! decision_script {
             include_str!("../../lua/concurrency.lua"),
             include_str!("../../lua/queue.lua"),
             include_str!("../../lua/lone_fixed_window.lua"),
+            include_str!("../../lua/ledger.lua"),
             include_str!("../../lua/decide.lua"),
             include_str!("../../lua/batch.lua"),
         )
@@ -451,6 +452,15 @@ impl Store for RedisStore {
             answers[i] = answer;
         }
         answers
+    }
+
+    async fn grant(&self, now_us: u64, grants: &[Grant]) -> Vec<Result<Granted, StoreError>> {
+        if grants.is_empty() {
+            return Vec::new();
+        }
+        let now = self.now(now_us);
+        self.run_calls(grants, |g| Call::grant(now, g), |value, _| parse_granted(value))
+            .await
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {

@@ -3,7 +3,7 @@
 //! The task turns each usage report into the core's [`Report`] and its answer into one response, ticks about once a
 //! second (and at once when another stream's report concerns one of its buckets) so that assignments are refreshed,
 //! re-sent when a quota frees up, and idle buckets abandoned. A bad message ends the stream with INVALID_ARGUMENT
-//! naming the field; a full server or stream with RESOURCE_EXHAUSTED. On shutdown every stream ends with
+//! naming the field (or the cap, for a message over `--max-request-bytes`); a full server or stream with RESOURCE_EXHAUSTED. On shutdown every stream ends with
 //! UNAVAILABLE: Envoys keep their assignments until the TTL lapses, then follow their expired-assignment behaviour,
 //! and open a new stream to whichever instance answers.
 
@@ -82,6 +82,12 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
                         );
                         quotas.report(&mut stream, report(message)).instrument(span).await
                     }
+                    // A message over --max-request-bytes, which the server refused to decode.
+                    Event::Message(Err(e)) if e.code() == tonic::Code::OutOfRange => {
+                        let message = format!("a usage report is over the cap (--max-request-bytes): {}", e.message());
+                        let _ = tx.send(Err(Status::invalid_argument(message))).await;
+                        break;
+                    }
                     // The client closed its side, or the connection is gone.
                     Event::Message(Ok(None) | Err(_)) => break,
                     Event::Tick => quotas.tick(&mut stream).await,
@@ -135,47 +141,57 @@ fn report(message: RateLimitQuotaUsageReports) -> Report {
 }
 
 fn response(actions: Vec<Action>) -> RateLimitQuotaResponse {
-    let bucket_action = actions
-        .into_iter()
-        .map(|action| match action {
+    let mut bucket_action = Vec::with_capacity(actions.len());
+    for action in actions {
+        match action {
             Action::Assign {
                 bucket,
                 strategy,
                 ttl_s,
-            } => BucketAction {
-                bucket_id: Some(bucket_id(bucket)),
-                bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
-                    QuotaAssignmentAction {
-                        assignment_time_to_live: Some(seconds(ttl_s)),
-                        rate_limit_strategy: Some(RateLimitStrategy {
-                            strategy: Some(match strategy {
-                                Strategy::AllowAll => rate_limit_strategy::Strategy::BlanketRule(
-                                    rate_limit_strategy::BlanketRule::AllowAll.into(),
-                                ),
-                                Strategy::DenyAll => rate_limit_strategy::Strategy::BlanketRule(
-                                    rate_limit_strategy::BlanketRule::DenyAll.into(),
-                                ),
-                                Strategy::TokenBucket {
-                                    max_tokens,
-                                    tokens_per_fill,
-                                    fill_interval_s,
-                                } => rate_limit_strategy::Strategy::TokenBucket(TokenBucket {
-                                    max_tokens,
-                                    tokens_per_fill: Some(tokens_per_fill),
-                                    fill_interval: Some(seconds(fill_interval_s)),
-                                }),
-                            }),
-                        }),
-                    },
-                )),
-            },
-            Action::Abandon { bucket } => BucketAction {
+                fresh,
+            } => {
+                if fresh {
+                    // Envoy applies a message's actions in order and installs its buckets once, after the last: the
+                    // DENY_ALL leaves no token bucket whose fill fraction the new one would start at, and no request
+                    // ever sees it.
+                    bucket_action.push(assignment(bucket.clone(), Strategy::DenyAll, ttl_s));
+                }
+                bucket_action.push(assignment(bucket, strategy, ttl_s));
+            }
+            Action::Abandon { bucket } => bucket_action.push(BucketAction {
                 bucket_id: Some(bucket_id(bucket)),
                 bucket_action: Some(bucket_action::BucketAction::AbandonAction(AbandonAction {})),
-            },
-        })
-        .collect();
+            }),
+        }
+    }
     RateLimitQuotaResponse { bucket_action }
+}
+
+fn assignment(bucket: Vec<(String, String)>, strategy: Strategy, ttl_s: u32) -> BucketAction {
+    let strategy = match strategy {
+        Strategy::AllowAll => {
+            rate_limit_strategy::Strategy::BlanketRule(rate_limit_strategy::BlanketRule::AllowAll.into())
+        }
+        Strategy::DenyAll => rate_limit_strategy::Strategy::BlanketRule(rate_limit_strategy::BlanketRule::DenyAll.into()),
+        Strategy::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval_s,
+        } => rate_limit_strategy::Strategy::TokenBucket(TokenBucket {
+            max_tokens,
+            tokens_per_fill: Some(tokens_per_fill),
+            fill_interval: Some(seconds(fill_interval_s)),
+        }),
+    };
+    BucketAction {
+        bucket_id: Some(bucket_id(bucket)),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(seconds(ttl_s)),
+            rate_limit_strategy: Some(RateLimitStrategy {
+                strategy: Some(strategy),
+            }),
+        })),
+    }
 }
 
 fn bucket_id(entries: Vec<(String, String)>) -> BucketId {

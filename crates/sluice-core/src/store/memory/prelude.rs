@@ -35,6 +35,7 @@ pub(super) enum State {
     Queue(Queue),
     Records(Records),
     Reservation(Reservation),
+    Ledger(Ledger),
 }
 
 /// A fixed window's count: the hash {w, n} of `lua/fixed_window.lua`.
@@ -85,6 +86,10 @@ pub(super) struct Reservation {
     pub(super) expires_at: u64,
 }
 
+/// An RLQS bucket's grant ledger: per holder, (held, want, until), the hash of `lua/ledger.lua`.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Ledger(pub(super) std::collections::BTreeMap<String, (u64, u64, u64)>);
+
 /// One shape of [`State`]: what [`Keyspace::upsert`] finds in, or makes into, a key's state.
 pub(super) trait Shape: Default + Into<State> {
     /// The state as this shape, if it has it.
@@ -110,7 +115,7 @@ macro_rules! shapes {
     )*};
 }
 
-shapes!(Fixed, Sliding, Log, Tat, Leases, Queue, Records, Reservation);
+shapes!(Fixed, Sliding, Log, Tat, Leases, Queue, Records, Reservation, Ledger);
 
 /// When a committed state expires: the script's PEXPIRE.
 #[derive(Debug, Clone, Copy)]

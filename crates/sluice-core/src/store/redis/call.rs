@@ -9,7 +9,8 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::rules::Algorithm;
 use crate::store::{
-    CounterKey, Hit, Outcome, RecordSpec, Settled, Settlement, StoreError, TierOutcome, TierSettled, TierSpec,
+    CounterKey, Grant, Granted, Hit, MAX_LEDGER_AMOUNT, Outcome, RecordSpec, Settled, Settlement, StoreError,
+    TierOutcome, TierSettled, TierSpec,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -55,7 +56,8 @@ impl Call {
             (Mode::Hit, true) => "reserve",
             (Mode::Peek, _) => "peek",
         };
-        let reservation = reservation.map(|r| (&r.key, Some(r.bounded_ttl_us())));
+        // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
+        let reservation = reservation.map(|r| (&r.key, vec![Value::Integer(r.bounded_ttl_us() as i64)]));
         Call::build(mode, now_us, hit, record, reservation)
     }
 
@@ -66,17 +68,35 @@ impl Call {
             now_us,
             &settlement.hit,
             None,
-            Some((&settlement.reservation, None)),
+            Some((&settlement.reservation, Vec::new())),
         )
     }
 
-    /// The call in `mode`; `reservation`: the record's key, and its TTL when the mode writes it.
+    /// One grant's keys and arguments: decide.lua's mode 'grant', its tiers read at cost 0, with the ledger as the
+    /// last key and the holder's entry after the tiers.
+    pub(super) fn grant(now_us: Option<u64>, grant: &Grant) -> Call {
+        let hit = Hit {
+            tiers: grant.tiers.clone(),
+            ..Hit::default()
+        };
+        let amount = |n: u64| Value::Integer(n.min(MAX_LEDGER_AMOUNT) as i64);
+        let tail = vec![
+            Value::from(grant.holder.as_str()),
+            amount(grant.held),
+            amount(grant.want),
+            amount(grant.ttl_us),
+        ];
+        Call::build("grant", now_us, &hit, None, Some((&grant.ledger, tail)))
+    }
+
+    /// The call in `mode`; `extra`: the key after the tiers' (a reservation's record, a grant's ledger), and the
+    /// arguments after theirs (the record's TTL when the mode writes it, a grant's entry).
     fn build(
         mode: &'static str,
         now_us: Option<u64>,
         hit: &Hit,
         record: Option<&RecordSpec>,
-        reservation: Option<(&CounterKey, Option<u64>)>,
+        extra: Option<(&CounterKey, Vec<Value>)>,
     ) -> Call {
         // A settlement carries no queue fields: its tiers all count.
         let fields: &[(String, String)] = if mode == "settle" || mode == "reap" {
@@ -93,7 +113,7 @@ impl Call {
         if let Some(r) = record {
             keys.push(Value::from(r.key.as_str()));
         }
-        if let Some((key, _)) = &reservation {
+        if let Some((key, _)) = &extra {
             keys.push(Value::from(key.as_str()));
         }
         let slot = hit
@@ -101,7 +121,7 @@ impl Call {
             .first()
             .map(|t| &t.key)
             .or(record.map(|r| &r.key))
-            .or(reservation.map(|r| r.0))
+            .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         if let ([tier], "hit", None, []) = (&hit.tiers[..], mode, record, fields) {
             if let Some(lone) = lone_fixed_window(now_us, tier, hit.cost) {
@@ -115,8 +135,8 @@ impl Call {
                 };
             }
         }
-        let ttl = reservation.and_then(|r| r.1);
-        let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + usize::from(ttl.is_some());
+        let tail = extra.map(|r| r.1).unwrap_or_default();
+        let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + tail.len();
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
         // Minus the key count: what tells this form from a lone fixed window's, headed by its (positive) window.
         args.push(Value::Integer(-(keys.len() as i64)));
@@ -155,10 +175,7 @@ impl Call {
                 c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
             }
         }
-        if let Some(ttl) = ttl {
-            // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
-            args.push(Value::Integer(ttl as i64));
-        }
+        args.extend(tail);
         Call {
             keys,
             args,
@@ -532,6 +549,19 @@ pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, Store
         }
         _ => Err(bad()),
     }
+}
+
+/// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
+pub(super) fn parse_granted(value: Value) -> Result<Granted, StoreError> {
+    let items = items(value)?;
+    let count = |i: usize| items.get(i).and_then(Value::as_i64).map(|n| n.max(0) as u64).ok_or_else(bad);
+    Ok(Granted {
+        held: count(0)?,
+        share: count(1)?,
+        left: count(2)?,
+        holders: count(3)?,
+        total_held: count(4)?,
+    })
 }
 
 fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {

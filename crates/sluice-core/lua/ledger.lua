@@ -1,0 +1,73 @@
+-- ledger.lua: the grant ledger of an RLQS bucket's quota (decide.lua's mode 'grant'; `Store::grant`).
+--
+-- The ledger is a hash, one field per holder (an Envoy's stream): 'held,want,until', what the holder was granted and
+-- has not reported used, how many tokens it wants, and when the entry lapses (microseconds, by the decision's
+-- clock). Every instance on one Redis reads and writes the same ledger, in the same atomic call that reads what the
+-- quota has left, so the amounts held never add up to more than what is left.
+
+-- Max-min fair shares of `capacity` among holders wanting wants[i] (names[i] breaks ties), in that order: served from
+-- the least wanting up, each gets what it wants or an equal part, rounded down, of what the ones before left,
+-- whichever is less. The twin of `store::fair_shares`.
+local function fair_shares(capacity, names, wants)
+  local order = {}
+  for i = 1, #wants do order[i] = i end
+  table.sort(order, function(x, y)
+    if wants[x] ~= wants[y] then return wants[x] < wants[y] end
+    return names[x] < names[y]
+  end)
+  local shares, left, n = {}, capacity, #wants
+  for served, i in ipairs(order) do
+    local equal = math.floor(left / (n - served + 1))
+    local share = math.min(wants[i], equal)
+    shares[i] = share
+    left = left - share
+  end
+  return shares
+end
+
+-- The holder `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left.
+-- Returns { what it may hold now, its fair share, left, live holders, what they all hold }: the rule of
+-- `store::granted_amount`. The entry lasts `ttl` microseconds; the key as long as its latest entry.
+local function grant(lkey, now, left, holder, held, want, ttl)
+  local flat = redis.call('HGETALL', lkey)
+  local names, wants, helds, stale = {}, {}, {}, {}
+  local others, latest = 0, now + ttl
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    local h, w, u = string.match(flat[i + 1], '^(%d+),(%d+),(%d+)$')
+    h, w, u = tonumber(h), tonumber(w), tonumber(u)
+    if name == holder then
+      -- replaced below
+    elseif h == nil or u <= now then
+      stale[#stale + 1] = name
+    else
+      names[#names + 1], wants[#wants + 1], helds[#helds + 1] = name, w, h
+      others = others + h
+      if u > latest then latest = u end
+    end
+  end
+  for _, name in ipairs(stale) do redis.call('HDEL', lkey, name) end
+  if want == 0 then
+    redis.call('HDEL', lkey, holder)
+    return { 0, 0, left, #names, others }
+  end
+  local n = #names + 1
+  names[n], wants[n], helds[n] = holder, want, held
+  local shares = fair_shares(left, names, wants)
+  local share = shares[n]
+  local room = max0(left - others)
+  local free = max0(room - held)
+  local amount = held
+  if held < share then
+    amount = held + math.min(share - held, free)
+  elseif held > share then
+    -- Give back only what the others lack of their shares and cannot take from what is free.
+    local lacking = 0
+    for i = 1, n - 1 do lacking = lacking + max0(shares[i] - helds[i]) end
+    amount = math.max(share, held - math.min(max0(lacking - free), held))
+  end
+  amount = math.min(amount, room)
+  redis.call('HSET', lkey, holder, string.format('%d,%d,%d', amount, want, now + ttl))
+  redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
+  return { amount, share, left, n, others + amount }
+end
