@@ -27,19 +27,19 @@ end
 
 -- The holder `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left.
 -- Returns { what it may hold now, its fair share, left, live holders, what they all hold }: the rule of
--- `store::granted_amount`. The entry lasts `ttl` microseconds; the key as long as its latest entry.
+-- `store::granted_amount`; its entry becomes the larger of what it may hold and what it holds (at most its entry). The entry lasts `ttl` microseconds; the key as long as its latest entry.
 local function grant(lkey, now, left, holder, held, want, ttl)
   local flat = redis.call('HGETALL', lkey)
   local names, wants, helds, stale = {}, {}, {}, {}
-  local others, latest = 0, now + ttl
+  local others, latest, previous = 0, now + ttl, 0
   for i = 1, #flat, 2 do
     local name = flat[i]
     local h, w, u = string.match(flat[i + 1], '^(%d+),(%d+),(%d+)$')
     h, w, u = tonumber(h), tonumber(w), tonumber(u)
-    if name == holder then
-      -- replaced below
-    elseif h == nil or u <= now then
+    if h == nil or u <= now then
       stale[#stale + 1] = name
+    elseif name == holder then
+      previous = h
     else
       names[#names + 1], wants[#wants + 1], helds[#helds + 1] = name, w, h
       others = others + h
@@ -67,7 +67,9 @@ local function grant(lkey, now, left, holder, held, want, ttl)
     amount = math.max(share, held - math.min(max0(lacking - free), held))
   end
   amount = math.min(amount, room)
-  redis.call('HSET', lkey, holder, string.format('%d,%d,%d', amount, want, now + ttl))
+  -- Tokens handed out are not taken back before the holder reports them unspent.
+  local entry = math.max(amount, math.min(held, previous))
+  redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
   redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
-  return { amount, share, left, n, others + amount }
+  return { amount, share, left, n, others + entry }
 end

@@ -38,6 +38,10 @@ use crate::metrics::{MAX_COUNTED, QuotaStats};
 use crate::rules::{BucketSettings, InitialAssignment};
 use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice, Store};
 
+mod holding;
+
+use holding::{Change, Holding};
+
 /// The window over which each stream's demand for a bucket is counted, in microseconds: two of Envoy's 5 s report
 /// periods.
 pub const DEMAND_WINDOW_US: u64 = 10_000_000;
@@ -202,14 +206,10 @@ struct Watch {
     /// A DENY_ALL holds until then; a new assignment is due.
     retry_at_us: Option<u64>,
     demand: Demand,
-    /// The most the Envoy holds of its grants: what it was granted less what it reported used.
-    held: u64,
-    /// The size of the token bucket the Envoy has from sluice; `None` when it has none, or its state is unknown.
-    installed: Option<u32>,
-    /// When a bucket that starts full was last sent.
-    fresh_at: u64,
-    /// When the previous report arrived.
-    reported_at: u64,
+    /// What the Envoy holds, as far as sluice can know it.
+    holding: Holding,
+    /// The bucket's ledger entry for this stream, as last written.
+    entry: u64,
     /// The want the bucket's other streams were last told of.
     announced_want: u64,
 }
@@ -373,10 +373,8 @@ impl<S: Store> Quotas<S> {
                 sent: None,
                 retry_at_us: None,
                 demand: Demand::default(),
-                held: 0,
-                installed: None,
-                fresh_at: 0,
-                reported_at: 0,
+                holding: Holding::default(),
+                entry: 0,
                 announced_want: 0,
             });
             watch.settings = settings;
@@ -481,11 +479,25 @@ impl<S: Store> Quotas<S> {
 
     /// Sizes each due bucket's grant and turns it into assignments: after a report, one for every bucket; on a tick,
     /// only those that changed or are due.
-    async fn size(&self, stream: &mut QuotaStream, domain: &Arc<str>, due: Vec<Due>, now: u64, reported: bool) -> Vec<Action> {
+    async fn size(
+        &self,
+        stream: &mut QuotaStream,
+        domain: &Arc<str>,
+        due: Vec<Due>,
+        now: u64,
+        reported: bool,
+    ) -> Vec<Action> {
         let mut actions = Vec::with_capacity(due.len());
         let mut claimed: Vec<(BucketId, QuotaState, u64)> = Vec::new();
-        for Due { bucket, charged, report } in due {
-            let Some(watch) = stream.buckets.get_mut(&bucket) else { continue };
+        for Due {
+            bucket,
+            charged,
+            report,
+        } in due
+        {
+            let Some(watch) = stream.buckets.get_mut(&bucket) else {
+                continue;
+            };
             watch.settings = settings_of(&charged);
             if let Some((allowed, denied)) = report {
                 watch.consume(now, allowed, denied);
@@ -527,7 +539,7 @@ impl<S: Store> Quotas<S> {
                 Claim {
                     bucket,
                     holder: &stream.holder,
-                    held: watch.held.min(MAX_LEDGER_AMOUNT),
+                    held: watch.holding.exposure().min(MAX_LEDGER_AMOUNT),
                     want: *want,
                     ttl_us: (u64::from(state.settings.assignment_ttl_s) + 1) * 1_000_000,
                 }
@@ -546,24 +558,33 @@ impl<S: Store> Quotas<S> {
                     continue;
                 }
             };
-            let Some(watch) = stream.buckets.get_mut(&bucket) else { continue };
-            let (kind, installed, due) = (watch.sent.map(|s| s.0), watch.installed, watch.due(now));
-            if granted.left == 0 && watch.retry_at_us.is_none() && watch.sent.is_some() {
+            let Some(watch) = stream.buckets.get_mut(&bucket) else {
+                continue;
+            };
+            let (kind, size, due) = (watch.sent.map(|s| s.0), watch.holding.size(), watch.due(now));
+            let entry = granted.held.max(watch.holding.exposure());
+            // The first to find the quota spent tells the others, who hold tokens that are no longer there.
+            let exhausted = granted.left == 0 && watch.retry_at_us.is_none() && watch.sent.is_some();
+            if exhausted {
                 self.stats.exhausted.increment(1);
             }
-            let tell = watch.announced_want == 0
+            let tell = exhausted
+                || watch.announced_want == 0
                 || want >= watch.announced_want.saturating_mul(2)
                 || want.saturating_mul(2) <= watch.announced_want
-                || granted.held < watch.held
+                || entry < watch.entry
                 || (reported && granted.held < granted.share);
+            watch.entry = entry;
             let action = self.deliver(watch, bucket, &state, granted, now);
             if tell {
                 watch.announced_want = want;
                 announce.extend(watch.ledger.clone());
             }
             // On a tick, only what changed, or a refresh that is due.
-            let Action::Assign { strategy, .. } = &action else { continue };
-            if reported || due || kind != Some(*strategy) || installed != watch.installed {
+            let Action::Assign { strategy, .. } = &action else {
+                continue;
+            };
+            if reported || due || kind != Some(*strategy) || size != watch.holding.size() {
                 self.record(watch, &action, now);
                 actions.push(action);
             }
@@ -577,49 +598,24 @@ impl<S: Store> Quotas<S> {
         actions
     }
 
-    /// The assignment that hands the Envoy `granted.held` tokens, given what it holds and the bucket it has.
+    /// The assignment that brings the Envoy to `granted.held` tokens, given what it holds ([`Holding::resize`]).
     fn deliver(&self, watch: &mut Watch, bucket: BucketId, state: &QuotaState, granted: Granted, now: u64) -> Action {
         let ttl = watch.settings.assignment_ttl_s;
-        let g = granted.held;
-        if g == 0 {
-            watch.held = 0;
-            watch.installed = None;
-            // With nothing left, DENY_ALL until a request fits again (sluice sends a new assignment then), within
-            // the TTL; with tokens held by others, until they give some back (they tell), or the TTL.
-            let retry = (granted.left == 0).then(|| retry_after(state));
-            watch.retry_at_us = retry.map(|r| now.saturating_add(r));
-            let ttl = match retry {
-                Some(r) => u32::try_from(r.div_ceil(1_000_000)).unwrap_or(u32::MAX).clamp(1, ttl),
-                None => ttl,
-            };
-            return self.assign(watch, bucket, Strategy::DenyAll, ttl, false);
-        }
-        let g = g.min(u64::from(u32::MAX));
-        let h = watch.held;
-        let (size, fresh) = match watch.installed {
-            Some(m) if h > 0 && g == h => (m, false),
-            Some(m) if h > 0 => {
-                let m = u64::from(m);
-                // Envoy starts the new bucket at `scaled * remaining / m`, and what remains is at most `h`.
-                let scaled = (u128::from(g) * u128::from(m) / u128::from(h)) as u64;
-                if (1..=u64::from(u32::MAX)).contains(&scaled) {
-                    watch.held = (u128::from(scaled) * u128::from(h)).div_ceil(u128::from(m)) as u64;
-                    (scaled as u32, false)
-                } else {
-                    // Too large to scale: a full bucket of what it lacks; what it held may still be spent.
-                    watch.held = g;
-                    ((g - h.min(g)).max(1) as u32, true)
-                }
-            }
-            _ => {
-                watch.held = g;
-                (g as u32, true)
+        let (size, fresh) = match (watch.holding.resize(granted.held), watch.holding.size()) {
+            (Change::Resize(size), _) | (Change::Keep, Some(size)) => (size, false),
+            (Change::Fresh(size), _) => (size, true),
+            (Change::Deny, _) | (Change::Keep, None) => {
+                // With nothing left, DENY_ALL until a request fits again (sluice sends a new assignment then),
+                // within the TTL; with tokens held by others, until they give some back (they tell), or the TTL.
+                let retry = (granted.left == 0).then(|| retry_after(state));
+                watch.retry_at_us = retry.map(|r| now.saturating_add(r));
+                let ttl = match retry {
+                    Some(r) => u32::try_from(r.div_ceil(1_000_000)).unwrap_or(u32::MAX).clamp(1, ttl),
+                    None => ttl,
+                };
+                return self.assign(watch, bucket, Strategy::DenyAll, ttl, false);
             }
         };
-        watch.installed = Some(size);
-        if fresh {
-            watch.fresh_at = now;
-        }
         let strategy = Strategy::TokenBucket {
             max_tokens: size,
             tokens_per_fill: 1,
@@ -700,9 +696,11 @@ impl<S: Store> Quotas<S> {
         if strategy != Strategy::DenyAll {
             watch.retry_at_us = None;
         }
-        if strategy == Strategy::AllowAll || strategy == Strategy::DenyAll {
-            watch.held = 0;
-            watch.installed = None;
+        match strategy {
+            // Not counted in a ledger: whatever the Envoy admits is charged when it reports.
+            Strategy::AllowAll => watch.holding.clear(),
+            Strategy::DenyAll => watch.holding.drop_bucket(),
+            Strategy::TokenBucket { .. } => {}
         }
         Action::Assign {
             bucket,
@@ -714,7 +712,9 @@ impl<S: Store> Quotas<S> {
 
     /// Notes an assignment as sent: its TTL runs from now.
     fn record(&self, watch: &mut Watch, action: &Action, now: u64) {
-        let Action::Assign { strategy, ttl_s, .. } = action else { return };
+        let Action::Assign { strategy, ttl_s, .. } = action else {
+            return;
+        };
         watch.sent = Some((*strategy, now, *ttl_s));
         match strategy {
             Strategy::AllowAll => &self.stats.allow_all,
@@ -770,23 +770,19 @@ impl<S: Store> Quotas<S> {
 }
 
 impl Watch {
-    /// A report's requests: what the Envoy allowed came out of what it held; a denial, with no full bucket sent
-    /// since the previous report, says it holds nothing (its bucket does not refill, and a resized one starts at the
-    /// old one's fraction).
+    /// A report: what the Envoy admitted came out of what it held, and a denial says it had less than a token.
     fn consume(&mut self, now: u64, allowed: u64, denied: u64) {
         self.lapse(now);
-        self.held = self.held.saturating_sub(allowed);
-        if denied > 0 && self.fresh_at < self.reported_at {
-            self.held = 0;
-        }
-        self.reported_at = now;
+        self.holding.report(allowed, denied);
     }
 
-    /// An assignment whose TTL has lapsed is gone from the Envoy, and its bucket with it.
+    /// An assignment whose TTL has lapsed is gone from the Envoy, and its token bucket with it.
     fn lapse(&mut self, now: u64) {
-        if self.sent.is_some_and(|(_, at, ttl)| now >= at.saturating_add(u64::from(ttl) * 1_000_000)) {
-            self.held = 0;
-            self.installed = None;
+        if self
+            .sent
+            .is_some_and(|(_, at, ttl)| now >= at.saturating_add(u64::from(ttl) * 1_000_000))
+        {
+            self.holding.drop_bucket();
         }
     }
 

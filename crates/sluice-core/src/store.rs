@@ -274,7 +274,7 @@ pub const MAX_LEDGER_AMOUNT: u64 = 1 << 52;
 /// What [`Store::grant`] decided for a holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Granted {
-    /// What the holder may hold from now on (its entry now): see [`Store::grant`].
+    /// What the holder may hold from now on: see [`Store::grant`]. Its entry is the larger of this and what it held.
     pub held: u64,
     /// Its max-min fair share of what is left.
     pub share: u64,
@@ -455,8 +455,10 @@ pub trait Store: Send + Sync + 'static {
     /// - above it: less, by what the others lack of their shares beyond what is free, never below its share;
     /// - never more than `left` less what the others hold ([`granted_amount`]).
     ///
-    /// So, if every holder's amount only ever comes from a grant and goes down by what it reports used, what all
-    /// holders hold together never exceeds what is left, rounding included. The entry then lasts `ttl_us`.
+    /// Its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are not taken
+    /// back before the holder says it has not spent them. So, if every holder's amount only ever grows by a grant and goes down by what it reports
+    /// used (or was never handed out), what all holders hold together never exceeds what is left, rounding included.
+    /// The entry then lasts `ttl_us`.
     fn grant(&self, now_us: u64, grants: &[Grant]) -> impl Future<Output = Vec<Result<Granted, StoreError>>> + Send;
 
     /// Whether the store answers (for `/readyz`).

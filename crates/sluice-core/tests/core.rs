@@ -13,6 +13,8 @@ mod differential;
 mod embedded;
 mod exactness;
 mod instances;
+mod ledger;
 mod quota;
 mod reference;
 mod semantics;
+mod shares;

@@ -76,11 +76,7 @@ impl<S: Store> Limiter<S> {
             if rule.tiers.is_empty() {
                 continue;
             }
-            let tiers = rule
-                .tiers
-                .iter()
-                .map(|t| quota_tier(id, t))
-                .collect();
+            let tiers = rule.tiers.iter().map(|t| quota_tier(id, t)).collect();
             hits.push(Hit {
                 tiers,
                 cost: usage.allowed,

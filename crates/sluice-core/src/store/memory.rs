@@ -273,7 +273,8 @@ impl MemoryStore {
             Some(State::Ledger(Ledger(entries))) => entries.clone(),
             _ => Default::default(),
         };
-        entries.retain(|holder, e| e.2 > now && *holder != grant.holder);
+        entries.retain(|_, e| e.2 > now);
+        let previous = entries.remove(&grant.holder).map_or(0, |e| e.0);
         let (held, want) = (grant.held, grant.want);
         let mut granted = Granted {
             left,
@@ -288,14 +289,16 @@ impl MemoryStore {
             let others: Vec<(u64, u64)> = entries.values().zip(&shares).map(|(e, &s)| (e.0, s)).collect();
             let share = shares[shares.len() - 1];
             let amount = granted_amount(left, held, share, &others);
+            // Tokens handed out are not taken back before the holder reports them unspent.
+            let entry = amount.max(held.min(previous));
             granted = Granted {
                 held: amount,
                 share,
                 holders: granted.holders + 1,
-                total_held: granted.total_held + amount,
+                total_held: granted.total_held + entry,
                 ..granted
             };
-            entries.insert(grant.holder.clone(), (amount, want, now + grant.ttl_us));
+            entries.insert(grant.holder.clone(), (entry, want, now + grant.ttl_us));
         }
         let until = entries.values().map(|e| e.2).max().unwrap_or(now);
         shard.upsert(key, now, Expiry::Always(until), |Ledger(ledger): &mut Ledger| {

@@ -172,7 +172,9 @@ fn assignment(bucket: Vec<(String, String)>, strategy: Strategy, ttl_s: u32) -> 
         Strategy::AllowAll => {
             rate_limit_strategy::Strategy::BlanketRule(rate_limit_strategy::BlanketRule::AllowAll.into())
         }
-        Strategy::DenyAll => rate_limit_strategy::Strategy::BlanketRule(rate_limit_strategy::BlanketRule::DenyAll.into()),
+        Strategy::DenyAll => {
+            rate_limit_strategy::Strategy::BlanketRule(rate_limit_strategy::BlanketRule::DenyAll.into())
+        }
         Strategy::TokenBucket {
             max_tokens,
             tokens_per_fill,
@@ -185,12 +187,14 @@ fn assignment(bucket: Vec<(String, String)>, strategy: Strategy, ttl_s: u32) -> 
     };
     BucketAction {
         bucket_id: Some(bucket_id(bucket)),
-        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
-            assignment_time_to_live: Some(seconds(ttl_s)),
-            rate_limit_strategy: Some(RateLimitStrategy {
-                strategy: Some(strategy),
-            }),
-        })),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            QuotaAssignmentAction {
+                assignment_time_to_live: Some(seconds(ttl_s)),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
     }
 }
 

@@ -554,7 +554,13 @@ pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, Store
 /// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
 pub(super) fn parse_granted(value: Value) -> Result<Granted, StoreError> {
     let items = items(value)?;
-    let count = |i: usize| items.get(i).and_then(Value::as_i64).map(|n| n.max(0) as u64).ok_or_else(bad);
+    let count = |i: usize| {
+        items
+            .get(i)
+            .and_then(Value::as_i64)
+            .map(|n| n.max(0) as u64)
+            .ok_or_else(bad)
+    };
     Ok(Granted {
         held: count(0)?,
         share: count(1)?,
