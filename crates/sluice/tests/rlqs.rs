@@ -66,13 +66,22 @@ impl Stream {
     }
 }
 
+/// Each action's strategy, in order.
+fn strategies(response: &RateLimitQuotaResponse) -> Vec<Strategy> {
+    response
+        .bucket_action
+        .iter()
+        .map(|action| match &action.bucket_action {
+            Some(BucketAction::QuotaAssignmentAction(a)) => a.rate_limit_strategy.unwrap().strategy.unwrap(),
+            other => panic!("an assignment expected: {other:?}"),
+        })
+        .collect()
+}
+
 fn strategy(response: &RateLimitQuotaResponse) -> Strategy {
-    let [action] = &response.bucket_action[..] else {
-        panic!("one action expected: {response:?}");
-    };
-    match &action.bucket_action {
-        Some(BucketAction::QuotaAssignmentAction(a)) => a.rate_limit_strategy.unwrap().strategy.unwrap(),
-        other => panic!("an assignment expected: {other:?}"),
+    match &strategies(response)[..] {
+        [one] => *one,
+        _ => panic!("one action expected: {response:?}"),
     }
 }
 
@@ -82,8 +91,10 @@ async fn reports_are_answered_and_counted_in_metrics() {
     let server = TestServer::start(l).await;
     let mut stream = Stream::open(&server).await.unwrap();
     stream.report("q", "ann", 4, 0).await;
-    match strategy(&stream.next().await.unwrap().unwrap()) {
-        Strategy::TokenBucket(bucket) => assert_eq!(bucket.max_tokens, 6),
+    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then twice the
+    // demand, 8, of which 6 are left.
+    match &strategies(&stream.next().await.unwrap().unwrap())[..] {
+        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 6),
         other => panic!("{other:?}"),
     }
     stream.report("", "ann", 7, 2).await;
@@ -185,4 +196,26 @@ async fn shutdown_ends_open_streams_with_unavailable() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// `--max-request-bytes` bounds RLQS messages too: one over it ends the stream with INVALID_ARGUMENT naming the flag.
+#[tokio::test]
+async fn a_report_over_the_request_cap_is_refused_by_name() {
+    let settings = sluice::limiter::LimiterSettings {
+        caps: sluice::limiter::Caps {
+            max_request_bytes: 512,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (l, _) = crate::harness::limiter_with(RULES, memory(), settings);
+    let server = TestServer::start(l).await;
+    let mut stream = Stream::open(&server).await.unwrap();
+    stream.report("q", "ann", 1, 0).await;
+    assert!(stream.next().await.unwrap().is_some(), "a small report is answered");
+    stream.report("q", &"x".repeat(600), 1, 0).await;
+    let status = stream.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("--max-request-bytes"), "{status:?}");
+    server.shutdown().await;
 }
