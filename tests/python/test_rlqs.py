@@ -1,11 +1,16 @@
-"""Envoy's Rate Limit Quota Service (RLQS) against a real sluice process.
+"""Envoy's Rate Limit Quota Service (RLQS) against real sluice processes.
 
-Two parts:
+Three parts:
 - the protocol, from a client built on Envoy's official stubs (PyPI xds-protos, never this repository's copies):
   answers per bucket, TTL refresh pushed by the server, abandonment, INVALID_ARGUMENT naming the field;
-- end to end with two real Envoy 1.40 processes (deploy/envoy-rlqs.yaml, ports replaced) in front of one upstream,
-  both asking one sluice over RLQS with one bucket per x-user header: together they stay within the quota plus the
-  documented overshoot, then both answer 429, another user is unaffected, and a sluice restart is survived.
+- the promises, from clients that apply assignments the way Envoy 1.40 does (`createTokenBucketFromAction` in its
+  `global_client_impl.cc`: actions in order, a token bucket with unchanged settings kept, one with new settings started
+  at the old one's fill fraction, one after a DENY_ALL or nothing started full) and spend the tokens they hold: the
+  tokens held plus the requests admitted never exceed the quota at any push, idle streams do not hold it, a newcomer
+  on another instance over one Redis is served within one report interval;
+- end to end with two real Envoy 1.40 processes (deploy/envoy-rlqs.yaml, ports replaced, `no_assignment_behavior:
+  DENY_ALL`) in front of one upstream, on one sluice and on two sluices over one Redis: together they admit at most the
+  quota plus one per Envoy, each about half under equal load; and a sluice restart is survived.
 
 sluice's clock is the real one here (the core's tests drive time); the waits below are for pushes the server makes
 on its own, each bounded.
@@ -29,18 +34,14 @@ from conftest import free_port, redis_server, running_sluice, wait_until
 from test_envoy import Upstream, running_envoy, serving, with_ports
 
 QUOTA = 20
-# The documented bound (docs/src/rlqs.md) for E Envoys: the requests admitted before sluice's first answer reaches each (one per Envoy
-# here, the client waiting for each answer), plus one token per Envoy from rounding shares up.
-ENVOYS = 2
-OVERSHOOT = 2 * ENVOYS
 
 CONFIG = f"""\
 domain: rlqs-e2e
 quota_buckets:
   - bucket: {{name: per_user, user: }}
     rate_limit: {{unit: day, requests_per_unit: {QUOTA}}}
-    assignment_ttl_seconds: 3
-    abandon_after_seconds: 3
+    assignment_ttl_seconds: 6
+    abandon_after_seconds: 6
 """
 
 
@@ -115,24 +116,35 @@ def sluice(sluice_bin: Path, tmp_path: Path):
         yield server
 
 
+def assigned(action):
+    """The strategy an action assigns: ("allow_all" | "deny_all" | "token_bucket", max_tokens or None)."""
+    strategy = action.quota_assignment_action.rate_limit_strategy
+    if strategy.WhichOneof("strategy") == "token_bucket":
+        return "token_bucket", strategy.token_bucket.max_tokens
+    return ("allow_all", "deny_all")[strategy.blanket_rule], None
+
+
 def test_each_bucket_is_answered_and_refreshed_before_its_ttl(sluice):
     alice = {"name": "per_user", "user": "alice"}
+    key = tuple(sorted(alice.items()))
     with quota_stream(sluice.grpc_target) as stream:
         stream.send("rlqs-e2e", [(alice, 5, 0), ({"unknown": "bucket"}, 1, 0)])
-        answer = actions(stream.receive())
-        assigned = answer[tuple(sorted(alice.items()))].quota_assignment_action
-        assert assigned.assignment_time_to_live.seconds == 3
-        bucket = assigned.rate_limit_strategy.token_bucket
-        assert bucket.max_tokens == QUOTA - 5, assigned
-        assert bucket.tokens_per_fill.value >= 1 and bucket.fill_interval.seconds >= 1
-        # A bucket no rule matches is let through.
-        unknown = answer[(("unknown", "bucket"),)].quota_assignment_action.rate_limit_strategy
-        assert unknown.WhichOneof("strategy") == "blanket_rule" and unknown.blanket_rule == 0  # ALLOW_ALL
-        # With nothing sent, sluice refreshes the assignments at least 2 s before their 3 s TTL lapses.
         started = time.monotonic()
-        refreshed = actions(stream.receive(timeout=5))
-        assert time.monotonic() - started < 1.5
-        assert tuple(sorted(alice.items())) in refreshed
+        response = stream.receive()
+        # A bucket that starts full: a DENY_ALL, then the token bucket, in one message (Envoy applies them in order).
+        mine = [a for a in response.bucket_action if tuple(sorted(a.bucket_id.bucket.items())) == key]
+        assert [assigned(a) for a in mine] == [("deny_all", None), ("token_bucket", 10)], response
+        bucket = mine[-1].quota_assignment_action
+        assert bucket.assignment_time_to_live.seconds == 6
+        # It does not refill: Envoy holds what it was granted, twice its demand of 5.
+        assert bucket.rate_limit_strategy.token_bucket.fill_interval.seconds >= 10**9
+        # A bucket no rule matches is let through.
+        assert assigned(actions(response)[(("unknown", "bucket"),)]) == ("allow_all", None)
+        # With nothing sent, sluice refreshes the assignment at least 2 s before its 6 s TTL lapses.
+        refreshed = actions(stream.receive(timeout=6))
+        assert key in refreshed and assigned(refreshed[key]) == ("token_bucket", 10)
+        elapsed = time.monotonic() - started
+        assert elapsed <= 6 - 2, f"refreshed {elapsed:.1f}s after the previous assignment"
 
 
 def test_spent_quota_is_deny_all_and_idle_buckets_are_abandoned(sluice):
@@ -141,8 +153,8 @@ def test_spent_quota_is_deny_all_and_idle_buckets_are_abandoned(sluice):
         stream.send("rlqs-e2e", [(bob, QUOTA + 3, 7)])
         strategy = actions(stream.receive())[tuple(sorted(bob.items()))].quota_assignment_action.rate_limit_strategy
         assert strategy.WhichOneof("strategy") == "blanket_rule" and strategy.blanket_rule == 1  # DENY_ALL
-        # No request reported for abandon_after_seconds (3 s): sluice abandons the bucket.
-        deadline = time.monotonic() + 8
+        # No request reported for abandon_after_seconds (6 s): sluice abandons the bucket.
+        deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
             action = actions(stream.receive(timeout=5))[tuple(sorted(bob.items()))]
             if action.WhichOneof("bucket_action") == "abandon_action":
@@ -174,20 +186,192 @@ def test_bad_messages_end_the_stream_with_invalid_argument(sluice, domain, usage
         assert error.details().startswith(field), error.details()
 
 
+# ---- the promises, from clients that act as Envoy 1.40 does ----
+
+KEY = (("name", "api"),)
+BIG = 300
+FLEET_CONFIG = f"""\
+domain: rlqs-fleet
+quota_buckets:
+  - bucket: {{name: api}}
+    rate_limit: {{unit: day, requests_per_unit: {BIG}}}
+    assignment_ttl_seconds: 30
+"""
+
+
+class ModelEnvoy:
+    """An RLQS client that applies assignments as Envoy 1.40 does, with `no_assignment_behavior: DENY_ALL`, and
+    spends the tokens it holds on its own traffic."""
+
+    def __init__(self, target: str):
+        self.stream = QuotaStream(target)
+        self.held = None  # None, "allow_all", "deny_all" or [size, tokens]
+        self.allowed = self.denied = self.admitted = 0
+
+    def apply(self, response) -> None:
+        assert isinstance(response, rlqs_pb2.RateLimitQuotaResponse), response
+        for action in response.bucket_action:
+            assert tuple(sorted(action.bucket_id.bucket.items())) == KEY, action
+            if action.WhichOneof("bucket_action") == "abandon_action":
+                self.held = None
+                continue
+            kind, size = assigned(action)
+            if kind != "token_bucket":
+                self.held = kind
+            elif isinstance(self.held, list) and self.held[0] == size:
+                pass  # same settings: Envoy keeps the bucket and its tokens
+            elif isinstance(self.held, list):
+                old, tokens = self.held
+                self.held = [size, size * tokens / old]  # new settings: the old bucket's fill fraction
+            else:
+                self.held = [size, float(size)]  # after a DENY_ALL or nothing: full
+
+    def pending(self) -> list:
+        out = []
+        while True:
+            try:
+                out.append(self.stream._in.get_nowait())
+            except queue.Empty:
+                return out
+
+    def serve(self, requests: int) -> None:
+        for _ in range(requests):
+            if self.held == "allow_all" or (isinstance(self.held, list) and self.held[1] >= 1):
+                if isinstance(self.held, list):
+                    self.held[1] -= 1
+                self.allowed += 1
+                self.admitted += 1
+            else:
+                self.denied += 1
+
+    def report(self) -> None:
+        self.stream.send("rlqs-fleet", [(dict(KEY), self.allowed, self.denied)])
+        self.allowed = self.denied = 0
+
+    def tokens(self) -> int:
+        return int(self.held[1]) if isinstance(self.held, list) else 0
+
+
+class Fleet:
+    """Model Envoys whose pushes are applied one at a time, checking after each that the tokens they hold plus the
+    requests they admitted stay within the quota."""
+
+    def __init__(self):
+        self.envoys: list[ModelEnvoy] = []
+        self.pushes = 0
+
+    def join(self, target: str) -> ModelEnvoy:
+        envoy = ModelEnvoy(target)
+        self.envoys.append(envoy)
+        return envoy
+
+    def used(self) -> int:
+        return sum(e.tokens() + e.admitted for e in self.envoys)
+
+    def pump(self) -> None:
+        for envoy in self.envoys:
+            for response in envoy.pending():
+                envoy.apply(response)
+                self.pushes += 1
+                held = [(e.tokens(), e.admitted) for e in self.envoys]
+                assert self.used() <= BIG, f"held and admitted {held} exceed {BIG}"
+
+    def close(self) -> None:
+        for envoy in self.envoys:
+            envoy.stream.close()
+
+
+def test_idle_streams_hold_a_token_each_not_the_quota(sluice_bin: Path, tmp_path: Path):
+    config = tmp_path / "fleet.yaml"
+    config.write_text(FLEET_CONFIG)
+    with running_sluice(sluice_bin, config, tmp_path) as server:
+        fleet = Fleet()
+        try:
+            idle = [fleet.join(server.grpc_target) for _ in range(2)]
+            for envoy in idle:
+                envoy.report()
+                envoy.apply(envoy.stream.receive())
+            assert [e.tokens() for e in idle] == [1, 1], "an idle Envoy wants one token"
+            busy = fleet.join(server.grpc_target)
+            busy.serve(100)
+            busy.report()
+            busy.apply(busy.stream.receive())
+            assert busy.tokens() == 200, "twice its demand of 100, from what the idle ones do not hold"
+        finally:
+            fleet.close()
+
+
+REPORT_S = 1.0  # the model Envoys report every second (Envoy's default is 5 s)
+
+
+def test_model_envoys_on_two_instances_share_one_quota(sluice_bin: Path, tmp_path: Path):
+    """Two sluice instances over one Redis; two Envoys on the first spend most of the quota, then a third joins on the
+    second instance. At every push, held plus admitted stays within the quota; the newcomer holds tokens within one
+    report interval of its first report; in the end the quota is used."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(FLEET_CONFIG)
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(2):
+            workdir = tmp_path / f"sluice-{i}"
+            workdir.mkdir()
+            servers.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, ("--redis-url", redis_url))))
+        fleet = Fleet()
+        stack.callback(fleet.close)
+        a, b = fleet.join(servers[0].grpc_target), fleet.join(servers[0].grpc_target)
+        rates = {id(a): 40, id(b): 20}
+        newcomer, joined_at, served_at = None, None, None
+        started = time.monotonic()
+        last_report = {}
+        while time.monotonic() - started < 20:
+            now = time.monotonic() - started
+            if newcomer is None and now >= 2.5:
+                newcomer = fleet.join(servers[1].grpc_target)
+                rates[id(newcomer)] = 20
+            for envoy in fleet.envoys:
+                envoy.serve(max(1, rates[id(envoy)] // 10))
+                if now - last_report.get(id(envoy), -REPORT_S) >= REPORT_S:
+                    envoy.report()
+                    last_report[id(envoy)] = now
+                    if envoy is newcomer and joined_at is None:
+                        joined_at = now
+            time.sleep(0.1)
+            fleet.pump()
+            if newcomer is not None and served_at is None and newcomer.tokens() + newcomer.admitted > 0:
+                served_at = time.monotonic() - started
+            if all(e.held == "deny_all" for e in fleet.envoys) and fleet.used() >= BIG:
+                break
+        admitted = [e.admitted for e in fleet.envoys]
+        assert sum(admitted) <= BIG, admitted
+        assert sum(admitted) >= BIG * 9 // 10, f"the quota is used: {admitted}"
+        assert served_at is not None, "the newcomer was never served"
+        assert served_at - joined_at <= REPORT_S + 0.5, f"the newcomer waited {served_at - joined_at:.1f}s"
+        assert admitted[2] > 0 and fleet.pushes > 6, (admitted, fleet.pushes)
+
+
 # ---- end to end with two Envoys ----
 
+E2E_QUOTA = 200
 
-def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int) -> dict:
-    """deploy/envoy-rlqs.yaml with its ports and domain replaced."""
+
+def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int, deny_first=False) -> dict:
+    """deploy/envoy-rlqs.yaml with its ports and domain replaced (and DENY_ALL before the first assignment)."""
     config = with_ports("envoy-rlqs.yaml", listener_port, admin_port, {"app": upstream_port, "sluice": sluice_port})
     (listener,) = config["static_resources"]["listeners"]
     (hcm,) = listener["filter_chains"][0]["filters"]
-    hcm["typed_config"]["http_filters"][0]["typed_config"]["domain"] = "rlqs-e2e"
+    quota_filter = hcm["typed_config"]["http_filters"][0]["typed_config"]
+    quota_filter["domain"] = "rlqs-e2e"
+    if deny_first:
+        (matcher,) = quota_filter["bucket_matchers"]["matcher_list"]["matchers"]
+        settings = matcher["on_match"]["action"]["typed_config"]
+        settings["no_assignment_behavior"]["fallback_rate_limit"] = {"blanket_rule": "DENY_ALL"}
     return config
 
 
-def rlqs_envoy(workdir: Path, upstream: Upstream, sluice_port: int):
-    return running_envoy(workdir, upstream, sluice_port, rlqs_envoy_config)
+def rlqs_envoy(workdir: Path, upstream: Upstream, sluice_port: int, deny_first=False):
+    return running_envoy(
+        workdir, upstream, sluice_port, lambda *ports: rlqs_envoy_config(*ports, deny_first=deny_first)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -196,39 +380,65 @@ def upstream() -> Iterator[Upstream]:
         yield server
 
 
-def assignments(server) -> int:
-    """RLQS assignments sluice has sent, from its /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(int(float(line.split()[-1])) for line in text.splitlines() if line.startswith("sluice_rlqs_assignments_total{"))
-
-
-def test_two_envoys_share_one_quota(sluice_bin: Path, upstream: Upstream, tmp_path: Path):
+@pytest.mark.parametrize("instances", [1, 2])
+def test_two_envoys_admit_the_quota_about_half_each(sluice_bin: Path, upstream: Upstream, tmp_path: Path, instances):
+    """Two Envoys with `no_assignment_behavior: DENY_ALL` under equal load, on one sluice (in memory) or each on its
+    own sluice over one Redis: together at most the quota plus one per Envoy, each 40 % to 60 % of it."""
     config = tmp_path / "rlqs.yaml"
-    config.write_text(CONFIG.replace("assignment_ttl_seconds: 3\n    abandon_after_seconds: 3", "assignment_ttl_seconds: 4"))
+    config.write_text(CONFIG.replace(f"requests_per_unit: {QUOTA}", f"requests_per_unit: {E2E_QUOTA}"))
+    with contextlib.ExitStack() as stack:
+        args = ("--redis-url", stack.enter_context(redis_server(tmp_path))) if instances == 2 else ()
+        ports = []
+        for i in range(instances):
+            workdir = tmp_path / f"sluice-{i}"
+            workdir.mkdir()
+            ports.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, args)).grpc_port)
+        envoys = [
+            stack.enter_context(rlqs_envoy(tmp_path, upstream, ports[i % instances], deny_first=True)) for i in range(2)
+        ]
+        admitted = [0, 0]
+        stop = threading.Event()
+
+        def drive(i: int) -> None:
+            # About 25 requests a second each, until the quota has been denied for a whole report interval.
+            denied_since = None
+            while not stop.is_set():
+                if envoys[i].get("/q", {"x-user": "dave"})[0] == 200:
+                    admitted[i] += 1
+                    denied_since = None
+                elif denied_since is None:
+                    denied_since = time.monotonic()
+                elif time.monotonic() - denied_since > 7 and sum(admitted) >= E2E_QUOTA * 9 // 10:
+                    return
+                time.sleep(0.04)
+
+        threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=45)
+        stop.set()
+        assert sum(admitted) <= E2E_QUOTA + 2, admitted
+        assert sum(admitted) >= E2E_QUOTA * 9 // 10, f"the quota is used: {admitted}"
+        for part in admitted:
+            assert 0.4 * E2E_QUOTA <= part <= 0.6 * E2E_QUOTA, admitted
+
+
+def test_envoys_survive_a_sluice_restart(sluice_bin: Path, upstream: Upstream, tmp_path: Path):
+    config = tmp_path / "rlqs.yaml"
+    config.write_text(CONFIG.replace("assignment_ttl_seconds: 6\n    abandon_after_seconds: 6", "assignment_ttl_seconds: 4"))
     grpc_port = free_port()
     with redis_server(tmp_path) as redis_url:
         args = ("--redis-url", redis_url)
         sluice = contextlib.ExitStack()
-        server = sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
+        sluice.enter_context(running_sluice(sluice_bin, config, tmp_path, args, grpc_port=grpc_port))
         with rlqs_envoy(tmp_path, upstream, grpc_port) as a, rlqs_envoy(tmp_path, upstream, grpc_port) as b:
-            alice, bob = {"x-user": "alice"}, {"x-user": "bob"}
-            # Each Envoy's first request for alice passes before any assignment (no_assignment_behavior) and is
-            # reported at once; sluice answers with a share, and when b joins, pushes a smaller one to a.
-            assert a.get("/q", alice)[0] == 200
-            wait_until(lambda: assignments(server) >= 1, 10, "sluice's first assignment")
-            assert b.get("/q", alice)[0] == 200
-            wait_until(lambda: assignments(server) >= 3, 10, "b's assignment and a's new share")
-            statuses = []
-            for i in range(3 * QUOTA):
-                statuses.append((a if i % 2 == 0 else b).get("/q", alice)[0])
-            admitted = 2 + statuses.count(200)
-            assert QUOTA // 2 <= admitted <= QUOTA + OVERSHOOT, statuses
-            # Both Envoys now deny alice, and keep doing so once sluice has their reports (every 5 s).
-            assert a.get("/q", alice)[0] == 429 and b.get("/q", alice)[0] == 429
-            # Another user has a quota of its own.
-            assert a.get("/q", bob)[0] == 200 and b.get("/q", bob)[0] == 200
-
+            alice = {"x-user": "alice"}
+            # Spend alice's quota through both Envoys, until both deny her (reports every 5 s).
+            wait_until(
+                lambda: a.get("/q", alice)[0] == 429 and b.get("/q", alice)[0] == 429, 30, "alice's quota spent", 0.1
+            )
+            assert a.get("/q", {"x-user": "bob"})[0] == 200 and b.get("/q", {"x-user": "bob"})[0] == 200
             # sluice restarts: the Envoys hold their assignments until the 4 s TTL lapses, then fall back to their
             # expired_assignment_behavior (allow), then reconnect and learn that alice's quota is still spent.
             sluice.close()
@@ -241,8 +451,6 @@ def test_two_envoys_share_one_quota(sluice_bin: Path, upstream: Upstream, tmp_pa
             )
             assert a.get("/q", {"x-user": "carol"})[0] == 200
         sluice.close()
-        served = upstream.served("/q")
-        assert served >= admitted
 
 
 def counters(server) -> dict[str, float]:
