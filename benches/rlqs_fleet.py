@@ -1,0 +1,95 @@
+"""Twenty Envoys on three sluice instances over one Redis, sharing one RLQS quota while their demand changes
+(BENCHMARKS.md, "RLQS: twenty Envoys on three instances"). The Envoys are the test suite's model clients (Envoy's
+official stubs, applying assignments as Envoy 1.40 does, `no_assignment_behavior: DENY_ALL`), reporting every 5 s as
+Envoy does by default. Records the overshoot (admitted past the limit), the most held plus admitted at any push, the
+quota left unused when the run ends with demand still unmet, how long each newcomer waited for its first token, and
+the longest any Envoy with demand went without a token while a tenth of the limit was neither admitted nor held.
+
+    .venv/bin/python benches/rlqs_fleet.py [LIMIT] [SECONDS] [SLUICE_BINARY]    # defaults: 3000 60 target/release/sluice
+"""
+
+import contextlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+
+from conftest import redis_server, running_sluice  # noqa: E402
+from test_rlqs import FLEET_CONFIG, Fleet, BIG  # noqa: E402
+
+REPORT_S = 5.0
+STEP_S = 0.1
+
+
+def rate(i: int, t: float) -> int:
+    """Envoy i's requests a second at time t: varied, and shifting a third of the way through."""
+    base = 2 + (i * 7) % 13
+    return base * 3 if (t > RUN_S / 3) == (i % 2 == 0) else base
+
+
+def main(limit: int, binary: Path) -> None:
+    random.seed(7)
+    work = Path(tempfile.mkdtemp())
+    config = work / "fleet.yaml"
+    config.write_text(FLEET_CONFIG.replace(f"requests_per_unit: {BIG}", f"requests_per_unit: {limit}"))
+    with redis_server(work) as redis_url, contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(3):
+            workdir = work / f"sluice-{i}"
+            workdir.mkdir()
+            servers.append(stack.enter_context(running_sluice(binary, config, workdir, ("--redis-url", redis_url))))
+        fleet = Fleet(limit, strict=False)
+        stack.callback(fleet.close)
+        joins = {i: 0.0 if i < 15 else RUN_S / 6 for i in range(20)}
+        offsets = {i: random.uniform(0, REPORT_S) for i in range(20)}
+        envoys, first_report, first_token, last_report = {}, {}, {}, {}
+        starving_since, longest_starved = {}, {}
+        started = time.monotonic()
+        while (now := time.monotonic() - started) < RUN_S:
+            for i, at in joins.items():
+                if i not in envoys and now >= at:
+                    envoys[i] = fleet.join(servers[i % 3].grpc_target)
+            for i, envoy in envoys.items():
+                wanted = rate(i, now) * STEP_S
+                envoy.serve(int(wanted) + (random.random() < wanted - int(wanted)))
+                due = i not in last_report or now - last_report[i] >= REPORT_S
+                if i in last_report and now - joins[i] < offsets[i]:
+                    due = False
+                if due and (envoy.allowed or envoy.denied or i in last_report):
+                    envoy.report()
+                    last_report[i] = now
+                    first_report.setdefault(i, now)
+            time.sleep(STEP_S)
+            fleet.pump()
+            unused = limit - fleet.used()
+            for i, envoy in envoys.items():
+                if i in first_report and i not in first_token and envoy.tokens() + envoy.admitted > 0:
+                    first_token[i] = time.monotonic() - started
+                if envoy.tokens() == 0 and unused >= limit / 10:
+                    starving_since.setdefault(i, now)
+                    longest_starved[i] = max(longest_starved.get(i, 0.0), now - starving_since[i])
+                else:
+                    starving_since.pop(i, None)
+        admitted = sum(e.admitted for e in fleet.envoys)
+        waits = [first_token[i] - first_report[i] for i in range(15, 20) if i in first_token]
+        print(f"limit {limit}, {RUN_S:.0f} s, 20 Envoys on 3 instances, reports every {REPORT_S:.0f} s")
+        print(f"admitted {admitted} (overshoot {max(0, admitted - limit)}), most held plus admitted {fleet.peak}")
+        print(f"unused at the end: {limit - admitted} ({100 * (limit - admitted) / limit:.1f} %)")
+        print(f"pushes applied: {fleet.pushes}")
+        if waits:
+            print(f"newcomers' wait for a first token: median {statistics.median(waits):.2f} s, most {max(waits):.2f} s")
+        print(f"longest without a token while a tenth was unused: {max(longest_starved.values(), default=0):.1f} s")
+        if "-v" in sys.argv:
+            print({i: (round(s, 1), rate(i, 0), rate(i, RUN_S)) for i, s in sorted(longest_starved.items())})
+
+
+if __name__ == "__main__":
+    LIMIT = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    RUN_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+    BINARY = Path(sys.argv[3]) if len(sys.argv) > 3 else REPO / "target" / "release" / "sluice"
+    main(LIMIT, BINARY)
