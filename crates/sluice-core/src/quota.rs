@@ -10,13 +10,12 @@
 //!   up to the Envoy's max-min fair share, by demand, of what is left (its demand: its requests, allowed or denied,
 //!   over the last [`DEMAND_WINDOW_US`], doubled; at least 1); an Envoy above its share gives back what the others
 //!   lack. So the tokens all Envoys hold never add up to more than what is left;
-//! - a grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]). Envoy 1.40 starts
-//!   a token bucket whose settings changed at the fill fraction of the one it replaces, and keeps one whose settings
-//!   did not: a grant that must start full (the Envoy spent what it held, or its bucket is unknown) is sent after a
-//!   DENY_ALL in the same message, which leaves no bucket to take a fraction of; one that resizes `h` tokens still
-//!   held to `g` is sent with its size scaled by `g / h`, so that the fraction Envoy carries over makes it `g` at
-//!   most, whatever it spent meanwhile. With nothing for it, an Envoy gets DENY_ALL until a request fits again or
-//!   another Envoy gives tokens back;
+//! - a grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]), sized from what
+//!   sluice knows the Envoy holds (`quota/holding.rs`: Envoy 1.40 keeps a bucket whose settings did not change,
+//!   starts one whose settings changed at the old one's fill fraction, and one after a DENY_ALL full). Tokens handed
+//!   out are not taken back: an Envoy above its share has its bucket shrunk, and its ledger entry goes down when its
+//!   next report says what it did not spend. With nothing for it, an Envoy gets DENY_ALL until a request fits again
+//!   or another Envoy gives tokens back;
 //! - when an Envoy joins a bucket or its demand changes (by half or double), when it gives tokens back, and when a
 //!   report finds it short of its share, every stream of the bucket on every instance is told ([`Notice::Quota`],
 //!   through the store) and sizes its grant again at once;

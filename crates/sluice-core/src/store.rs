@@ -483,7 +483,7 @@ pub trait Store: Send + Sync + 'static {
 /// The name of one counter in a store.
 ///
 /// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, `<prefix>{<tag>}<identity>|records` for
-/// hit records, `<prefix>{<tag>}<identity>|demand` for the demand of an RLQS bucket, and
+/// hit records, `<prefix>{<tag>}<identity>|grants` for the grant ledger of an RLQS bucket, and
 /// `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as the caller gives it, last
 /// in the key, after a name no algorithm has). In Redis a fixed window keeps each window's count under its own key,
 /// the counter's key then `:<start>`, the window's first microsecond in decimal ([`CounterKey::window`]). `<identity>` is `<domain>`
@@ -607,14 +607,6 @@ impl Identity {
         let mut key = format!("{}|{}/{}/", self.base, algorithm.name(), window_us / 1_000_000);
         piece(&mut key, label);
         CounterKey { key, tag: self.tag }
-    }
-
-    /// The key of an RLQS bucket's demand counter: the requests its Envoys reported, allowed or denied.
-    pub fn demand(&self) -> CounterKey {
-        CounterKey {
-            key: format!("{}|demand", self.base),
-            tag: self.tag,
-        }
     }
 
     /// The grant ledger of an RLQS bucket's quota ([`Grant`]): `<base>|grants`.
