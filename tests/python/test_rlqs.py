@@ -133,16 +133,16 @@ def test_each_bucket_is_answered_and_refreshed_before_its_ttl(sluice):
         response = stream.receive()
         # A bucket that starts full: a DENY_ALL, then the token bucket, in one message (Envoy applies them in order).
         mine = [a for a in response.bucket_action if tuple(sorted(a.bucket_id.bucket.items())) == key]
-        assert [assigned(a) for a in mine] == [("deny_all", None), ("token_bucket", 10)], response
+        assert [assigned(a) for a in mine] == [("deny_all", None), ("token_bucket", 5)], response
         bucket = mine[-1].quota_assignment_action
         assert bucket.assignment_time_to_live.seconds == 6
-        # It does not refill: Envoy holds what it was granted, twice its demand of 5.
+        # It does not refill: Envoy holds what it was granted, its demand of 5.
         assert bucket.rate_limit_strategy.token_bucket.fill_interval.seconds >= 10**9
         # A bucket no rule matches is let through.
         assert assigned(actions(response)[(("unknown", "bucket"),)]) == ("allow_all", None)
         # With nothing sent, sluice refreshes the assignment at least 2 s before its 6 s TTL lapses.
         refreshed = actions(stream.receive(timeout=6))
-        assert key in refreshed and assigned(refreshed[key]) == ("token_bucket", 10)
+        assert key in refreshed and assigned(refreshed[key]) == ("token_bucket", 5)
         elapsed = time.monotonic() - started
         assert elapsed <= 6 - 2, f"refreshed {elapsed:.1f}s after the previous assignment"
 
@@ -298,7 +298,7 @@ def test_idle_streams_hold_a_token_each_not_the_quota(sluice_bin: Path, tmp_path
             busy.serve(100)
             busy.report()
             busy.apply(busy.stream.receive())
-            assert busy.tokens() == 200, "twice its demand of 100, from what the idle ones do not hold"
+            assert busy.tokens() == 100, "its demand of 100, from what the idle ones do not hold"
         finally:
             fleet.close()
 
@@ -420,6 +420,7 @@ def test_two_envoys_admit_the_quota_about_half_each(sluice_bin: Path, upstream: 
         for t in threads:
             t.join(timeout=45)
         stop.set()
+        print(f"admitted {admitted}")
         assert sum(admitted) <= E2E_QUOTA + 2, admitted
         assert sum(admitted) >= E2E_QUOTA * 9 // 10, f"the quota is used: {admitted}"
         for part in admitted:

@@ -51,24 +51,28 @@ local function grant(lkey, now, left, holder, held, want, ttl)
     redis.call('HDEL', lkey, holder)
     return { 0, 0, left, #names, others }
   end
+  -- A holder holds at most what its entry says it was granted.
+  held = math.min(held, previous)
   local n = #names + 1
   names[n], wants[n], helds[n] = holder, want, held
   local shares = fair_shares(left, names, wants)
   local share = shares[n]
-  local room = max0(left - others)
-  local free = max0(room - held)
-  local amount = held
-  if held < share then
+  local free = max0(max0(left - others) - held)
+  local amount = 0
+  if left <= 0 then
+    amount = 0
+  elseif held < share then
     amount = held + math.min(share - held, free)
-  elseif held > share then
-    -- Give back only what the others lack of their shares and cannot take from what is free.
+  else
+    -- Give back what the others lack of their shares and cannot take from what is free, and what the holders hold
+    -- past what is left (usage admitted outside any grant), never going below the share.
     local lacking = 0
     for i = 1, n - 1 do lacking = lacking + max0(shares[i] - helds[i]) end
-    amount = math.max(share, held - math.min(max0(lacking - free), held))
+    local back = max0(lacking - free) + max0(others + held - left)
+    amount = math.max(share, held - math.min(back, held))
   end
-  amount = math.min(amount, room)
   -- Tokens handed out are not taken back before the holder reports them unspent.
-  local entry = math.max(amount, math.min(held, previous))
+  local entry = math.max(amount, held)
   redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
   redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
   return { amount, share, left, n, others + entry }

@@ -8,7 +8,7 @@
 //! - each Envoy holds a grant: tokens handed to it and not yet reported used, recorded in the bucket's ledger in the
 //!   same store ([`Limiter::grant_quota`], [`crate::store::Store::grant`]). A grant comes from what no Envoy holds,
 //!   up to the Envoy's max-min fair share, by demand, of what is left (its demand: its requests, allowed or denied,
-//!   over the last [`DEMAND_WINDOW_US`], doubled; at least 1); an Envoy above its share gives back what the others
+//!   over the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the others
 //!   lack. So the tokens all Envoys hold never add up to more than what is left;
 //! - a grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]), sized from what
 //!   sluice knows the Envoy holds (`quota/holding.rs`: Envoy 1.40 keeps a bucket whose settings did not change,
@@ -514,7 +514,7 @@ impl<S: Store> Quotas<S> {
                         self.watch(&ledger, &stream.inbox);
                         watch.ledger = Some(ledger);
                     }
-                    let want = watch.demand.estimate(now).saturating_mul(2).clamp(1, MAX_LEDGER_AMOUNT);
+                    let want = watch.demand.estimate(now).clamp(1, MAX_LEDGER_AMOUNT);
                     claimed.push((bucket, state, want));
                 }
                 // No limit, or one that only counts: everything passes.

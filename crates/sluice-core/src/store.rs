@@ -309,19 +309,21 @@ pub fn fair_shares(capacity: u64, wants: &[(&str, u64)]) -> Vec<u64> {
 /// quota with `left` left: the rule of [`Store::grant`], shared by both stores (`lua/ledger.lua`'s `grant` is its
 /// twin).
 pub fn granted_amount(left: u64, held: u64, share: u64, others: &[(u64, u64)]) -> u64 {
+    if left == 0 {
+        return 0;
+    }
     let others_held: u64 = others.iter().map(|o| o.0).sum();
-    let room = left.saturating_sub(others_held);
-    let free = room.saturating_sub(held);
-    let amount = if held < share {
+    let free = left.saturating_sub(others_held).saturating_sub(held);
+    if held < share {
         held + (share - held).min(free)
-    } else if held > share {
-        // Give back only what the others lack of their shares and cannot take from what is free.
-        let lacking: u64 = others.iter().map(|&(h, s)| s.saturating_sub(h)).sum();
-        share.max(held - lacking.saturating_sub(free).min(held))
     } else {
-        held
-    };
-    amount.min(room)
+        // Give back what the others lack of their shares and cannot take from what is free, and what the holders hold
+        // past what is left (usage admitted outside any grant), never going below the share.
+        let lacking: u64 = others.iter().map(|&(h, s)| s.saturating_sub(h)).sum();
+        let over = (others_held + held).saturating_sub(left);
+        let back = lacking.saturating_sub(free).saturating_add(over);
+        share.max(held - back.min(held))
+    }
 }
 
 /// Keep the last `size` values of the entry that hit, in the list `key`.
@@ -452,8 +454,9 @@ pub trait Store: Send + Sync + 'static {
     /// entry becomes `held` and `want` (a want of 0 removes it, and it gets 0); then, with `left` the least any
     /// limit has left and each live holder's max-min fair share of it by want ([`fair_shares`]), it gets:
     /// - below its share: more, up to its share, from what no holder holds (`left` less every holder's amount);
-    /// - above it: less, by what the others lack of their shares beyond what is free, never below its share;
-    /// - never more than `left` less what the others hold ([`granted_amount`]).
+    /// - above it: less, by what the others lack of their shares beyond what is free, never below its share
+    ///   ([`granted_amount`]);
+    /// - nothing once nothing is left.
     ///
     /// Its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are not taken
     /// back before the holder says it has not spent them. So, if every holder's amount only ever grows by a grant and goes down by what it reports

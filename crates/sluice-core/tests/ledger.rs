@@ -194,7 +194,10 @@ fn granted_amounts_grow_from_what_is_free_and_shrink_by_what_others_lack() {
         55,
         "the other lacks 5, and none are free"
     );
-    // Never more than what the others leave, even when the holder's own count says more.
-    assert_eq!(granted_amount(50, 60, 60, &[(20, 0)]), 30);
+    // What it holds was counted when it was granted: less room now (usage reported by others, their entries not yet
+    // lowered) does not take it away; growth needs what is free.
+    assert_eq!(granted_amount(50, 60, 60, &[(20, 0)]), 60);
+    assert_eq!(granted_amount(50, 20, 60, &[(40, 0)]), 20);
+    // Nothing left: nothing.
     assert_eq!(granted_amount(0, 5, 5, &[]), 0);
 }

@@ -91,10 +91,9 @@ async fn reports_are_answered_and_counted_in_metrics() {
     let server = TestServer::start(l).await;
     let mut stream = Stream::open(&server).await.unwrap();
     stream.report("q", "ann", 4, 0).await;
-    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then twice the
-    // demand, 8, of which 6 are left.
+    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then its demand, 4.
     match &strategies(&stream.next().await.unwrap().unwrap())[..] {
-        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 6),
+        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 4),
         other => panic!("{other:?}"),
     }
     stream.report("", "ann", 7, 2).await;

@@ -10,7 +10,10 @@
 //!   the bucket's ledger must carry, so that the entries of all Envoys never add up to more than the quota has left;
 //! - `remaining`: what its token bucket holds at most;
 //! - `weight`: how much each token spent since the last report still lowers `remaining` at least: tokens spent before
-//!   a resize to `k` times the size lower it by `k`, and those spent before a bucket that starts full not at all;
+//!   a resize to `k` times the size lower it by `k`;
+//! - `spare`: how many of the tokens spent since the last report may have come from buckets the Envoy no longer has
+//!   (replaced by one that starts full, or by a DENY_ALL): those do not lower `remaining` at all (a bucket that held
+//!   `r` at most gives `r / weight` tokens at most);
 //! - `after_denial`: what the bucket holds at most if the Envoy denied a request (it had less than a token then) at
 //!   any moment since the last report: the changes sent since, applied to one token. A report with denials takes the
 //!   bounds down to it, which undoes what the other bounds overcount when a change and spending interleave.
@@ -42,6 +45,7 @@ pub(crate) struct Holding {
     exposure: f64,
     remaining: f64,
     weight: f64,
+    spare: f64,
     /// `None`: nothing changed since the last report.
     after_denial: Option<f64>,
     /// The size of the token bucket the Envoy has from sluice, if any.
@@ -63,21 +67,23 @@ impl Holding {
     /// bounds leave, and nothing is unreported any more.
     pub(crate) fn report(&mut self, allowed: u64, denied: u64) {
         let spent = allowed as f64;
-        let mut remaining = (self.remaining - spent * self.weight).min(self.exposure - spent);
+        let counted = (spent - self.spare).max(0.0);
+        let mut remaining = (self.remaining - counted * self.weight).min(self.exposure - spent);
         if denied > 0 {
             remaining = remaining.min(self.after_denial.unwrap_or(0.0));
         }
         self.remaining = remaining.max(0.0);
         self.exposure = self.remaining;
         self.weight = 1.0;
+        self.spare = 0.0;
         self.after_denial = None;
     }
 
     /// The Envoy's assignment lapsed, or it was sent a DENY_ALL or an ALLOW_ALL: it has no token bucket; what it
     /// admitted and has not reported stays exposed until it reports.
     pub(crate) fn drop_bucket(&mut self) {
+        self.discard();
         self.remaining = 0.0;
-        self.weight = 0.0;
         self.size = None;
         self.after_denial = Some(1.0);
     }
@@ -109,8 +115,8 @@ impl Holding {
             if fresh < 1.0 {
                 return Change::Keep;
             }
+            self.discard();
             self.remaining = fresh;
-            self.weight = 0.0;
             self.after_denial = Some(fresh.max(1.0));
             self.exposure += fresh;
             self.size = Some(fresh as u32);
@@ -130,6 +136,15 @@ impl Holding {
         } else {
             Change::Keep
         }
+    }
+
+    /// The Envoy's bucket is replaced: what it spent of it no longer lowers what it holds, and what it spends from now
+    /// on lowers it in full. It spent at most what the bucket held, each token lowering it by `weight` at least.
+    fn discard(&mut self) {
+        if self.remaining > 0.0 {
+            self.spare += self.remaining / self.weight;
+        }
+        self.weight = 1.0;
     }
 
     /// Resizes the bucket from `from` to `to`, which scales what it holds alike. Growing adds what the bucket may gain
@@ -285,21 +300,39 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        for _ in 0..200 {
+        for _ in 0..500 {
             let (mut h, mut e) = (Holding::default(), Envoy::default());
+            let mut history = Vec::new();
             for _ in 0..60 {
                 match next(4) {
-                    0 => e.spend(next(40)),
-                    1 => e.report(&mut h),
-                    2 => e.apply(h.resize(next(200))),
+                    0 => {
+                        let n = next(40);
+                        e.spend(n);
+                        history.push(format!("spend {n}"));
+                    }
+                    1 => {
+                        e.report(&mut h);
+                        history.push("report".into());
+                    }
+                    2 => {
+                        let g = next(200);
+                        let change = h.resize(g);
+                        e.apply(change);
+                        history.push(format!("grant {g}: {change:?}"));
+                    }
                     _ => {
                         if next(8) == 0 {
                             h.drop_bucket();
                             e.apply(Change::Deny);
+                            history.push("lapse".into());
                         }
                     }
                 }
-                e.check(&h);
+                let exposed = e.tokens.floor() as u64 + e.unreported;
+                assert!(
+                    exposed <= h.exposure(),
+                    "the Envoy has {exposed}, sluice counts {h:?} after {history:?}"
+                );
             }
         }
     }

@@ -275,7 +275,8 @@ impl MemoryStore {
         };
         entries.retain(|_, e| e.2 > now);
         let previous = entries.remove(&grant.holder).map_or(0, |e| e.0);
-        let (held, want) = (grant.held, grant.want);
+        // A holder holds at most what its entry says it was granted.
+        let (held, want) = (grant.held.min(previous), grant.want);
         let mut granted = Granted {
             left,
             holders: entries.len() as u64,
@@ -290,7 +291,7 @@ impl MemoryStore {
             let share = shares[shares.len() - 1];
             let amount = granted_amount(left, held, share, &others);
             // Tokens handed out are not taken back before the holder reports them unspent.
-            let entry = amount.max(held.min(previous));
+            let entry = amount.max(held);
             granted = Granted {
                 held: amount,
                 share,
