@@ -574,7 +574,7 @@ impl<S: Store> Quotas<S> {
                 || entry < watch.entry
                 || (reported && granted.held < granted.share);
             watch.entry = entry;
-            let action = self.deliver(watch, bucket, &state, granted, now);
+            let action = self.deliver(watch, bucket, &state, granted, now, reported);
             if tell {
                 watch.announced_want = want;
                 announce.extend(watch.ledger.clone());
@@ -598,9 +598,17 @@ impl<S: Store> Quotas<S> {
     }
 
     /// The assignment that brings the Envoy to `granted.held` tokens, given what it holds ([`Holding::resize`]).
-    fn deliver(&self, watch: &mut Watch, bucket: BucketId, state: &QuotaState, granted: Granted, now: u64) -> Action {
+    fn deliver(
+        &self,
+        watch: &mut Watch,
+        bucket: BucketId,
+        state: &QuotaState,
+        granted: Granted,
+        now: u64,
+        reported: bool,
+    ) -> Action {
         let ttl = watch.settings.assignment_ttl_s;
-        let (size, fresh) = match (watch.holding.resize(granted.held), watch.holding.size()) {
+        let (size, fresh) = match (watch.holding.resize(granted.held, reported), watch.holding.size()) {
             (Change::Resize(size), _) | (Change::Keep, Some(size)) => (size, false),
             (Change::Fresh(size), _) => (size, true),
             (Change::Deny, _) | (Change::Keep, None) => {

@@ -94,8 +94,9 @@ impl Holding {
     }
 
     /// Sizes the Envoy's bucket for a grant of `granted` tokens (its ledger entry is then the larger of the grant and
-    /// its exposure): the change to send.
-    pub(crate) fn resize(&mut self, granted: u64) -> Change {
+    /// its exposure): the change to send. `reported`: in the answer to a report, when what the bucket holds is known
+    /// (only the requests in flight meanwhile are not).
+    pub(crate) fn resize(&mut self, granted: u64, reported: bool) -> Change {
         let target = granted as f64;
         let now = self.exposure();
         if granted == 0 {
@@ -103,8 +104,12 @@ impl Holding {
             Change::Deny
         } else if granted > now {
             let more = target - self.exposure;
-            // Scaled while the Envoy may hold a token (a new bucket would drop it), else a new bucket.
-            if let Some(size) = self.size.filter(|_| self.remaining >= 1.0) {
+            // Scaled while the Envoy holds a token (a new bucket would drop it, and leave unknown which of the two
+            // its next report's requests came from), else a new bucket of what is added. Between reports what it
+            // holds is not known: scaled only while it may hold at least what is added, as scaling a bucket it has
+            // spent would add nothing.
+            let least = if reported { 1.0 } else { more.max(1.0) };
+            if let Some(size) = self.size.filter(|_| self.remaining >= least) {
                 // Rounded down to a whole size: the Envoy gains `more` at most.
                 let scaled = (f64::from(size) * (self.remaining + more) / self.remaining).floor();
                 if scaled > f64::from(size) && scaled <= f64::from(u32::MAX) {
@@ -219,14 +224,14 @@ mod tests {
     #[test]
     fn a_first_grant_starts_full_and_a_report_takes_what_was_spent() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(10));
+        e.apply(h.resize(10, false));
         assert_eq!((e.size, h.exposure()), (Some(10), 10));
         e.spend(4);
         e.report(&mut h);
         assert_eq!(h.exposure(), 6);
-        assert_eq!(h.resize(6), Change::Keep);
+        assert_eq!(h.resize(6, false), Change::Keep);
         // Growing a bucket that may hold more than is added scales it: 6 → 10 tokens, a size of 10 * 10 / 6.
-        let grow = h.resize(10);
+        let grow = h.resize(10, false);
         assert_eq!(grow, Change::Resize(16));
         e.apply(grow);
         e.check(&h);
@@ -236,7 +241,7 @@ mod tests {
         e.report(&mut h);
         assert_eq!(h.exposure(), 0, "{h:?}");
         assert_eq!(
-            h.resize(30),
+            h.resize(30, false),
             Change::Fresh(29),
             "its last fraction of a token still counts"
         );
@@ -245,10 +250,10 @@ mod tests {
     #[test]
     fn a_shrink_keeps_the_exposure_until_the_next_report() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(100));
+        e.apply(h.resize(100, false));
         e.spend(30);
         // Told to hold 40: its bucket shrinks, but the 30 it may have admitted stay exposed.
-        let shrink = h.resize(40);
+        let shrink = h.resize(40, false);
         assert_eq!(shrink, Change::Resize(40));
         e.apply(shrink);
         e.check(&h);
@@ -261,13 +266,13 @@ mod tests {
     #[test]
     fn growing_a_spent_bucket_starts_a_new_one_of_what_is_added() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(5));
+        e.apply(h.resize(5, false));
         e.spend(5);
         e.report(&mut h);
         e.spend(1);
         // Spent and denied: a new bucket.
         e.report(&mut h);
-        let grow = h.resize(7);
+        let grow = h.resize(7, false);
         assert_eq!(grow, Change::Fresh(7));
         e.apply(grow);
         e.check(&h);
@@ -280,9 +285,9 @@ mod tests {
     #[test]
     fn nothing_granted_is_a_deny_all() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(8));
+        e.apply(h.resize(8, false));
         e.spend(2);
-        assert_eq!(h.resize(0), Change::Deny);
+        assert_eq!(h.resize(0, false), Change::Deny);
         e.apply(Change::Deny);
         e.check(&h);
         e.report(&mut h);
@@ -315,8 +320,8 @@ mod tests {
                         history.push("report".into());
                     }
                     2 => {
-                        let g = next(200);
-                        let change = h.resize(g);
+                        let (g, reported) = (next(200), next(2) == 0);
+                        let change = h.resize(g, reported);
                         e.apply(change);
                         history.push(format!("grant {g}: {change:?}"));
                     }
