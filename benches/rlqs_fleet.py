@@ -5,7 +5,10 @@ Envoy does by default. Records the overshoot (admitted past the limit), the most
 quota left unused when the run ends with demand still unmet, how long each newcomer waited for its first token, and
 the longest any Envoy with demand went without a token while a tenth of the limit was neither admitted nor held.
 
-    .venv/bin/python benches/rlqs_fleet.py [LIMIT] [SECONDS] [SLUICE_BINARY]    # defaults: 3000 60 target/release/sluice
+    .venv/bin/python benches/rlqs_fleet.py [LIMIT] [SECONDS] [SLUICE_BINARY] [-v]
+
+Defaults: 3000 60 target/release/sluice; -v also prints, per Envoy, its longest wait and its rates before and after
+the shift.
 """
 
 import contextlib
