@@ -351,6 +351,36 @@ def test_model_envoys_on_two_instances_share_one_quota(sluice_bin: Path, tmp_pat
         assert admitted[2] > 0 and fleet.pushes > 6, (admitted, fleet.pushes)
 
 
+def test_a_push_reaches_the_streams_of_another_instance_within_100ms(sluice_bin: Path, tmp_path: Path):
+    """A stream on one instance holds most of the quota; another Envoy reports demand on another instance over the
+    same Redis: the first stream is told to give tokens back within 100 ms, through Redis."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(FLEET_CONFIG)
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(2):
+            workdir = tmp_path / f"sluice-{i}"
+            workdir.mkdir()
+            servers.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, ("--redis-url", redis_url))))
+        fleet = Fleet()
+        stack.callback(fleet.close)
+        holder, newcomer = fleet.join(servers[0].grpc_target), fleet.join(servers[1].grpc_target)
+        holder.serve(250)
+        holder.report()
+        holder.apply(holder.stream.receive())
+        assert holder.tokens() == 250, holder.held
+        newcomer.serve(200)
+        sent = time.monotonic()
+        newcomer.report()
+        newcomer.apply(newcomer.stream.receive())
+        pushed = holder.stream.receive(timeout=2)
+        elapsed = time.monotonic() - sent
+        holder.apply(pushed)
+        assert holder.held[0] < 250, f"the holder's bucket shrinks toward its share: {holder.held}"
+        print(f"pushed after {elapsed * 1000:.1f} ms")
+        assert elapsed < 0.1, f"pushed {elapsed * 1000:.0f} ms after the other instance's report"
+
+
 # ---- end to end with two Envoys ----
 
 E2E_QUOTA = 200
