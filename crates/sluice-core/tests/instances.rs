@@ -1,5 +1,6 @@
 //! Several sluice instances sharing one Redis stay exact: many concurrent clients across three limiters (each with
-//! its own connections) against one limit get exactly the limit admitted.
+//! its own connections) against one limit get exactly the limit admitted; an instance whose Redis user may not use
+//! the notices channel never counts on hearing the others.
 
 use std::sync::Arc;
 
@@ -85,4 +86,40 @@ async fn a_reservation_settled_elsewhere_is_never_reaped() {
     clock_a.advance(3_000_000);
     assert_eq!(a.reap_expired().await.unwrap(), 20);
     let _ = unsettled;
+}
+
+/// Redis refuses a SUBSCRIBE to a channel the user may not use with an error the subscriber does not report: the
+/// instance tries the channel when it starts, and, refused, never claims to hear the others, while one whose user
+/// may does.
+#[tokio::test]
+async fn a_user_refused_the_notices_channel_never_claims_to_hear() {
+    use sluice_core::store::Store;
+    let redis = RedisServer::start();
+    let allowed = redis_store(&redis.acl_user_url()).await;
+    let mut rules = vec!["ACL".to_string(), "SETUSER".into(), "deaf".into()];
+    rules.extend(
+        crate::harness::readme_acl_user("test:")
+            .into_iter()
+            .skip(1)
+            .filter(|r| r != "&sluice:notices"),
+    );
+    let args: Vec<&str> = rules.iter().map(String::as_str).collect();
+    assert_eq!(redis.cli(&args).trim(), "OK");
+    let url = redis
+        .url()
+        .replace("redis://", &format!("redis://deaf:{}@", crate::harness::ACL_PASSWORD));
+    let deaf = redis_store(&url).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !allowed.hearing() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the allowed user never subscribed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The refused user's subscriber connected and "subscribed" as early: it still does not claim to hear.
+    for _ in 0..20 {
+        assert!(!deaf.hearing(), "a user refused the channel claims to hear the notices");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, LuaInterface};
+use fred::interfaces::{ClientLike, LuaInterface, PubsubInterface};
 use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
@@ -186,6 +186,14 @@ impl RedisStore {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
             Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
+        }
+        // Try the notices channel: a user refused it must not be trusted to hear (its SUBSCRIBE fails unseen).
+        let hello: Result<Result<Value, FredError>, _> =
+            tokio::time::timeout(patience, pool.next().publish(NOTICE_CHANNEL, notices::HELLO)).await;
+        if let Ok(Err(e)) = hello {
+            if notices::refused(&e) {
+                notices.refuse();
+            }
         }
         let batches = Batches::start(pool.clone(), sha.clone(), timeout, Form::Declared, waiting.clone());
         Ok(RedisStore {
@@ -472,11 +480,12 @@ impl Store for RedisStore {
     }
 
     async fn announce(&self, notice: Notice) {
-        use fred::interfaces::PubsubInterface;
         let message = notices::encode(&notice);
         let sent: Result<Value, FredError> = self.pool.next().publish(NOTICE_CHANNEL, message).await;
-        if let Err(e) = sent {
-            tracing::warn!(error = %self.classify(e), "a notice to the other instances could not be sent");
+        match sent {
+            Err(e) if notices::refused(&e) => self.notices.refuse(),
+            Err(e) => tracing::warn!(error = %self.classify(e), "a notice to the other instances could not be sent"),
+            Ok(_) => {}
         }
     }
 

@@ -5,7 +5,12 @@
 //! What is published while an instance's subscription is down is never heard by it, so the instance does not trust
 //! what the notices protect meanwhile: [`Notices::hearing`] is false from the moment the connection fails until it is
 //! subscribed again, and then the listeners are told [`Notice::Missed`] (everything may have changed). A message is a
-//! JSON array: `["freed", key…]`, `["quota", name…]`; one that does not parse is logged and ignored.
+//! JSON array: `["freed", key…]`, `["quota", name…]`, or `["hello"]`, which an instance publishes when it starts and
+//! nobody acts on; one that does not parse is logged and ignored.
+//!
+//! Redis answers a SUBSCRIBE to a channel the user may not use with an error that the subscriber does not report, so
+//! the instance tries the channel with that hello: refused (NOPERM), the instance never trusts the notices, and says
+//! why. A PUBLISH refused later does the same.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +34,8 @@ pub const CHANNEL: &str = "sluice:notices";
 pub(super) struct Notices {
     tx: broadcast::Sender<Notice>,
     hearing: Arc<AtomicBool>,
+    /// The user may not use the channel.
+    refused: Arc<AtomicBool>,
     subscriber: SubscriberClient,
 }
 
@@ -41,6 +48,7 @@ impl Notices {
         let notices = Notices {
             tx: broadcast::Sender::new(NOTICE_BACKLOG),
             hearing: Arc::new(AtomicBool::new(false)),
+            refused: Arc::new(AtomicBool::new(false)),
             subscriber,
         };
         let mut messages = notices.subscriber.message_rx();
@@ -49,9 +57,10 @@ impl Notices {
             loop {
                 match messages.recv().await {
                     Ok(message) if &*message.channel == CHANNEL => match decode(&message.value) {
-                        Some(notice) => {
+                        Some(Some(notice)) => {
                             let _ = tx.send(notice);
                         }
+                        Some(None) => {}
                         None => tracing::warn!(channel = CHANNEL, "a notice that does not parse was ignored"),
                     },
                     Ok(_) => {}
@@ -90,12 +99,31 @@ impl Notices {
     }
 
     pub(super) fn hearing(&self) -> bool {
-        self.hearing.load(Ordering::Acquire)
+        self.hearing.load(Ordering::Acquire) && !self.refused.load(Ordering::Acquire)
+    }
+
+    /// The user may not use the channel: the notices are never trusted again (until a restart with another user).
+    pub(super) fn refuse(&self) {
+        if !self.refused.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                channel = CHANNEL,
+                "the Redis user may not use the notices channel (its ACL needs &{CHANNEL}): this instance neither \
+                 tells the others nor hears them, and keeps nothing that notices would keep true"
+            );
+        }
     }
 
     pub(super) fn listen(&self) -> broadcast::Receiver<Notice> {
         self.tx.subscribe()
     }
+}
+
+/// The message an instance publishes when it starts, to try the channel.
+pub(super) const HELLO: &str = "[\"hello\"]";
+
+/// Whether a failed command was refused for want of permission.
+pub(super) fn refused(error: &fred::error::Error) -> bool {
+    error.details().contains("NOPERM")
 }
 
 /// The message that carries `notice`.
@@ -111,7 +139,8 @@ pub(super) fn encode(notice: &Notice) -> String {
     serde_json::to_string(&all).unwrap_or_default()
 }
 
-fn decode(value: &Value) -> Option<Notice> {
+/// The notice a message carries (`Some(None)`: a hello), or `None` when it does not parse.
+fn decode(value: &Value) -> Option<Option<Notice>> {
     let text = value.as_str()?;
     let mut parts: Vec<String> = serde_json::from_str(&text).ok()?;
     if parts.is_empty() {
@@ -119,9 +148,10 @@ fn decode(value: &Value) -> Option<Notice> {
     }
     let kind = parts.remove(0);
     match kind.as_str() {
-        "freed" => Some(Notice::Freed(parts)),
-        "quota" => Some(Notice::Quota(parts)),
-        "missed" => Some(Notice::Missed),
+        "freed" => Some(Some(Notice::Freed(parts))),
+        "quota" => Some(Some(Notice::Quota(parts))),
+        "missed" => Some(Some(Notice::Missed)),
+        "hello" => Some(None),
         _ => None,
     }
 }
@@ -137,8 +167,9 @@ mod tests {
             Notice::Quota(vec!["q".into()]),
             Notice::Missed,
         ] {
-            assert_eq!(decode(&Value::from(encode(&notice))), Some(notice));
+            assert_eq!(decode(&Value::from(encode(&notice))), Some(Some(notice)));
         }
+        assert_eq!(decode(&Value::from(HELLO)), Some(None));
         assert_eq!(decode(&Value::from("not json")), None);
         assert_eq!(decode(&Value::from("[\"other\"]")), None);
     }
