@@ -7,21 +7,23 @@
 --
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone fixed windows (below); then per
---           descriptor, either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number,
---           first), or minus its key count, its argument count, and its arguments as decide.lua reads them.
+--           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
+--           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
+--           lone bucket's (0, then lone_bucket.lua's), or minus its key count, its argument count, and its arguments
+--           as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
---           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone fixed window's
---           arguments and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
+--           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
+--           and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
 --           alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as decide.lua
 --           reads them.
 --
--- The timing: '' when every lone fixed window carries its own time (a third argument), else the time, by sluice's
--- clock, its keys were built for: they are then decided by the server's clock (TIME, read once per call), and a
--- window the server sees otherwise (the two clocks across an edge) gets its own key.
+-- The timing: '' when every lone call carries its own time (its last argument), else the time, by sluice's clock, the
+-- lone fixed windows' keys were built for: lone calls are then decided by the server's clock (TIME, read once per
+-- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns one answer per descriptor, in order: lone_fixed_window.lua's integer, decide.lua's array, or a string, the
--- error that stopped that descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
+-- Returns one answer per descriptor, in order: lone_fixed_window.lua's or lone_bucket.lua's integer, decide.lua's
+-- array, or a string, the error that stopped that descriptor (a wrong-type key, an unknown algorithm); the others are
+-- decided all the same.
 -- In the node form also false (nil to the caller): the descriptor was not decided because its slot is not served
 -- here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then one more value:
 -- the server's time in microseconds if the call read it (some descriptor was decided by the server's clock), else 0.
@@ -32,8 +34,9 @@
 -- served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot
 -- is therefore refused before anything is written, never part-way (a migrating slot serves only the keys it still
 -- holds, so a key created or emptied by the decision could be refused after another was written). Each probe key is
--- read once per call. A lone fixed window is the exception: its first command is on its one key (the window's), and
--- is refused exactly where the probe's read would be, before anything is written, so it needs no probe.
+-- read once per call. Lone calls are the exception: the first command of each is on its one key (a fixed window's
+-- is the window's), and is refused exactly where the probe's read would be, before anything is written, so they need
+-- no probe.
 
 local node = ARGV[1] == 'node'
 local n, k, a = tonumber(ARGV[1]), 1, 3
@@ -62,7 +65,24 @@ local answers = {}
 for i = 1, n do
   local h = number(ARGV[a])
   local ok, answer
-  if h > 0 then
+  if h == 0 then
+    -- A lone bucket: 0, interval, burst, cost, (time), and in the node form its key.
+    local width = 4
+    if guess == nil then width = 5 end
+    local key
+    if node then key = ARGV[a + width] else key = K[k] end
+    local at = now
+    if guess == nil then at = tonumber(ARGV[a + 4]) end
+    ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at)
+    if not ok then
+      if type(answer) == 'table' then answer = answer.err end
+      answer = tostring(answer)
+      if node and (string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)) then
+        answer = false
+      end
+    end
+    if node then a = a + width + 1 else a, k = a + width, k + 1 end
+  elseif h > 0 then
     -- A lone fixed window: window, cost, (time), and in the node form its key.
     local width = 2
     if guess == nil then width = 3 end

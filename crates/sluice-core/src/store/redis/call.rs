@@ -7,6 +7,7 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use super::lone::{Lone, LoneTier};
 use crate::rules::Algorithm;
 use crate::store::{
     CounterKey, Grant, Granted, Hit, MAX_LEDGER_AMOUNT, Outcome, RecordSpec, Settled, Settlement, StoreError,
@@ -35,7 +36,7 @@ pub(super) enum Form {
 pub(super) struct Call {
     keys: Vec<Value>,
     args: Vec<Value>,
-    /// A lone fixed window's call (`lua/lone_fixed_window.lua`): what sluice needs to decide from the count it gets.
+    /// A lone call's compact form (`store/redis/lone.rs`): what sluice needs to decide from the integer it gets.
     lone: Option<Lone>,
     /// The cluster slot of its keys, which share one hash tag.
     pub(super) slot: Option<u16>,
@@ -124,7 +125,7 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         if let ([tier], "hit", None, []) = (&hit.tiers[..], mode, record, fields) {
-            if let Some(lone) = lone_fixed_window(now_us, tier, hit.cost) {
+            if let Some(lone) = Lone::of(now_us, tier, hit.cost) {
                 // Its key and arguments are written when the script call is assembled (see `Lone::parts`).
                 return Call {
                     keys: Vec::new(),
@@ -211,94 +212,6 @@ impl Call {
     }
 }
 
-/// A lone fixed window's call: its counter's key, from which the window's is built when the call is assembled, and
-/// what sluice decides it by.
-#[derive(Debug, Clone)]
-struct Lone {
-    key: CounterKey,
-    tier: LoneTier,
-}
-
-/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
-/// `lua/fixed_window.lua`'s check decides it.
-#[derive(Debug, Clone, Copy)]
-struct LoneTier {
-    limit: u64,
-    window_us: u64,
-    /// The hit's cost, bounded by the limit + 1.
-    cost: u64,
-    /// The cost counted: `cost`, or 0 for a cost that is not (0 itself, or one above the limit, which never fits).
-    counted: u64,
-    /// The decision's time, or `None` for the server's (which the call's answer carries).
-    now_us: Option<u64>,
-}
-
-impl Lone {
-    /// The window's key and the arguments, in `lua/lone_fixed_window.lua`'s form: the window and the cost counted,
-    /// then the decision's time when it is given. By the server's clock the key is the window's at `guess`, this
-    /// host's time when the call is assembled, which the script checks against the server's.
-    fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
-        let t = &self.tier;
-        let now = t.now_us.unwrap_or(guess);
-        let key = Value::from(String::from(self.key.window(now - now % t.window_us)));
-        let mut args = vec![Value::Integer(t.window_us as i64), Value::Integer(t.counted as i64)];
-        if let Some(now) = t.now_us {
-            args.push(Value::Integer(now as i64));
-        }
-        (key, args)
-    }
-}
-
-impl LoneTier {
-    /// The decision, in `lua/decide.lua`'s answer for one tier, from the count `n` before the hit at `now_us`.
-    fn answer(&self, n: u64, now_us: u64) -> Value {
-        let start = now_us - now_us % self.window_us;
-        let reset = start + self.window_us - now_us;
-        let ok = n.saturating_add(self.cost) <= self.limit;
-        let retry = if self.cost > self.limit {
-            -1
-        } else if ok {
-            0
-        } else {
-            reset as i64
-        };
-        let remaining = if ok { self.limit - n - self.cost } else { 0 };
-        let used = n.saturating_add(self.cost).min(i64::MAX as u64);
-        Value::Array(vec![
-            Value::Integer(i64::from(ok)),
-            Value::Integer(i64::from(ok)),
-            Value::Integer(used as i64),
-            Value::Integer(remaining as i64),
-            Value::Integer(reset as i64),
-            Value::Integer(retry),
-            Value::from(""),
-        ])
-    }
-}
-
-/// The commonest call, a hit on one fixed window with nothing else to write, in `lua/lone_fixed_window.lua`'s form:
-/// the window's key, the window, the cost counted and (when it is given) the time, where the driver's form takes
-/// twelve arguments. `None` when the form does not apply: another algorithm, a window of 0, a time past i64.
-fn lone_fixed_window(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Lone> {
-    if tier.algorithm != Algorithm::FixedWindow || tier.window_us == 0 || tier.window_us > i64::MAX as u64 {
-        return None;
-    }
-    if now_us.is_some_and(|now| now > i64::MAX as u64) {
-        return None;
-    }
-    let cost = tier.bounded_cost(cost);
-    Some(Lone {
-        key: tier.key.clone(),
-        tier: LoneTier {
-            limit: tier.limit,
-            window_us: tier.window_us,
-            cost,
-            counted: if cost <= tier.limit { cost } else { 0 },
-            now_us,
-        },
-    })
-}
-
 /// This host's time in microseconds.
 fn host_now_us() -> u64 {
     std::time::SystemTime::now()
@@ -320,12 +233,21 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
 fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     // Which earlier call each lone fixed window shares its counter with, found by borrowing the keys (no map at all
     // when fewer than two calls could share).
-    let lone = calls.iter().filter(|c| c.lone.is_some()).count();
+    let window = |c: &Call| {
+        matches!(
+            c.lone,
+            Some(Lone {
+                tier: LoneTier::Window(_),
+                ..
+            })
+        )
+    };
+    let lone = calls.iter().filter(|c| window(c)).count();
     let mut shares: Vec<Option<usize>> = vec![None; calls.len()];
     if lone > 1 {
         let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(lone);
         for (i, call) in calls.iter().enumerate() {
-            if let Some(l) = &call.lone {
+            if let (true, Some(l)) = (window(call), &call.lone) {
                 let j = *first.entry(l.key.as_str()).or_insert(i);
                 shares[i] = (j != i).then_some(j);
             }
@@ -337,18 +259,24 @@ fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     for (call, share) in calls.into_iter().zip(shares) {
         let own = call.lone.as_ref().map(|l| l.tier);
         match (share, own) {
-            (Some(first), Some(own)) => {
+            (Some(first), Some(LoneTier::Window(own))) => {
                 let j = sent_at[first];
-                let ahead = sent[j].lone.as_mut().map_or(0, |l| {
-                    let ahead = l.tier.counted;
-                    l.tier.counted += own.counted;
-                    ahead
-                });
+                let ahead = match sent[j].lone.as_mut() {
+                    Some(Lone {
+                        tier: LoneTier::Window(w),
+                        ..
+                    }) => {
+                        let ahead = w.counted;
+                        w.counted += own.counted;
+                        ahead
+                    }
+                    _ => 0,
+                };
                 sent_at.push(j);
                 plan.push(Planned {
                     sent: j,
                     ahead,
-                    own: Some(own),
+                    own: Some(LoneTier::Window(own)),
                 });
             }
             _ => {
@@ -371,6 +299,7 @@ struct Planned {
     sent: usize,
     /// For a lone fixed window: the counted costs of the hits ahead of it in the shared call.
     ahead: u64,
+    /// For a lone call: what it is decided by.
     own: Option<LoneTier>,
 }
 
@@ -394,7 +323,7 @@ pub(super) async fn eval(
     // Decided by the server's clock: the lone fixed windows' keys are built for this host's time, sent along.
     let guess = calls
         .iter()
-        .any(|c| c.lone.as_ref().is_some_and(|l| l.tier.now_us.is_none()))
+        .any(|c| c.lone.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
         .then(host_now_us);
     let command = match form {
         Form::Declared => declared(sha, calls, guess),
@@ -426,7 +355,7 @@ pub(super) async fn eval(
         .into_iter()
         .map(|p| match (p.own, &values[p.sent]) {
             (Some(lone), Value::Integer(n)) => {
-                lone.answer((*n).max(0) as u64 + p.ahead, lone.now_us.unwrap_or(server_now))
+                lone.answer((*n).max(0) as u64 + p.ahead, lone.now_us().unwrap_or(server_now))
             }
             (Some(_), other) => other.clone(),
             (None, _) => std::mem::replace(&mut values[p.sent], Value::Null),

@@ -1,0 +1,187 @@
+//! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, either a
+//! fixed window (`lua/lone_fixed_window.lua`) or a token or leaky bucket (`lua/lone_bucket.lua`). Each travels as its
+//! key and two to four numbers instead of the driver's twelve arguments, and comes back as one integer (the window's
+//! count before the hit, the bucket's arrival time before it) from which sluice makes the decision, exactly as the
+//! driver's check would (the differential test holds the two paths to the same answers).
+
+use fred::types::Value;
+
+use crate::rules::Algorithm;
+use crate::store::{CounterKey, TierSpec};
+
+/// A lone call: its counter's key (a fixed window's key is built from it when the call is assembled) and what sluice
+/// decides it by.
+#[derive(Debug, Clone)]
+pub(super) struct Lone {
+    pub(super) key: CounterKey,
+    pub(super) tier: LoneTier,
+}
+
+/// What sluice decides a lone call by.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LoneTier {
+    Window(WindowTier),
+    Bucket(BucketTier),
+}
+
+/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
+/// `lua/fixed_window.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WindowTier {
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    /// The cost counted: `cost`, or 0 for a cost that is not (0 itself, or one above the limit, which never fits).
+    pub(super) counted: u64,
+    /// The decision's time, or `None` for the server's (which the call's answer carries).
+    now_us: Option<u64>,
+}
+
+/// What sluice needs to decide a lone token or leaky bucket from the arrival time before the hit, as
+/// `lua/token_bucket.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BucketTier {
+    /// The emission interval, `ceil(window / limit)`, at least 1.
+    interval: u64,
+    burst: u64,
+    /// The hit's cost, bounded by the burst + 1.
+    cost: u64,
+    now_us: Option<u64>,
+}
+
+impl Lone {
+    /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
+    /// does not apply: another algorithm, a window of 0, a time past i64.
+    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Lone> {
+        if tier.window_us == 0 || tier.window_us > i64::MAX as u64 || now_us.is_some_and(|now| now > i64::MAX as u64) {
+            return None;
+        }
+        let cost = tier.bounded_cost(cost);
+        let tier_of = match tier.algorithm {
+            Algorithm::FixedWindow => LoneTier::Window(WindowTier {
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                counted: if cost <= tier.limit { cost } else { 0 },
+                now_us,
+            }),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => LoneTier::Bucket(BucketTier {
+                interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
+                burst: tier.burst,
+                cost,
+                now_us,
+            }),
+            _ => return None,
+        };
+        Some(Lone {
+            key: tier.key.clone(),
+            tier: tier_of,
+        })
+    }
+
+    /// The key and the arguments, in the script's form. A fixed window: its window's key, then the window and the
+    /// cost counted; by the server's clock the key is the window's at `guess`, this host's time when the call is
+    /// assembled, which the script checks against the server's. A bucket: its key, then 0 (which tells it from a
+    /// window), the interval, the burst and the cost. Then the decision's time, when it is given.
+    pub(super) fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
+        let int = |n: u64| Value::Integer(n as i64);
+        match &self.tier {
+            LoneTier::Window(t) => {
+                let now = t.now_us.unwrap_or(guess);
+                let key = Value::from(String::from(self.key.window(now - now % t.window_us)));
+                let mut args = vec![int(t.window_us), int(t.counted)];
+                args.extend(t.now_us.map(int));
+                (key, args)
+            }
+            LoneTier::Bucket(t) => {
+                let mut args = vec![int(0), int(t.interval), int(t.burst), int(t.cost)];
+                args.extend(t.now_us.map(int));
+                (Value::from(self.key.as_str()), args)
+            }
+        }
+    }
+}
+
+impl LoneTier {
+    /// The decision's time, or `None` for the server's.
+    pub(super) fn now_us(&self) -> Option<u64> {
+        match self {
+            LoneTier::Window(t) => t.now_us,
+            LoneTier::Bucket(t) => t.now_us,
+        }
+    }
+
+    /// The decision, in `lua/decide.lua`'s answer for one tier, from the script's integer at `now_us`.
+    pub(super) fn answer(&self, n: u64, now_us: u64) -> Value {
+        match self {
+            LoneTier::Window(t) => t.answer(n, now_us),
+            LoneTier::Bucket(t) => t.answer(n, now_us),
+        }
+    }
+}
+
+/// `decide.lua`'s answer for one tier: admitted, then the tier's ok, used, remaining, reset, retry and entry id.
+fn decided(ok: bool, used: u64, remaining: u64, reset: u64, retry: i64) -> Value {
+    let int = |n: u64| Value::Integer(n.min(i64::MAX as u64) as i64);
+    Value::Array(vec![
+        Value::Integer(i64::from(ok)),
+        Value::Integer(i64::from(ok)),
+        int(used),
+        int(remaining),
+        int(reset),
+        Value::Integer(retry),
+        Value::from(""),
+    ])
+}
+
+impl WindowTier {
+    /// The decision from the count `n` before the hit.
+    fn answer(&self, n: u64, now_us: u64) -> Value {
+        let start = now_us - now_us % self.window_us;
+        let reset = start + self.window_us - now_us;
+        let ok = n.saturating_add(self.cost) <= self.limit;
+        let retry = if self.cost > self.limit {
+            -1
+        } else if ok {
+            0
+        } else {
+            reset as i64
+        };
+        let remaining = if ok { self.limit - n - self.cost } else { 0 };
+        decided(ok, n.saturating_add(self.cost), remaining, reset, retry)
+    }
+}
+
+impl BucketTier {
+    /// The decision from the arrival time `tat` the hit found (at least its time): GCRA, in the same integer
+    /// arithmetic as the script's check and the memory store's. A hit that fits and costs something was written.
+    fn answer(&self, tat: u64, now_us: u64) -> Value {
+        let (interval, now) = (self.interval, now_us);
+        let tat = tat.max(now);
+        let tolerance = self.burst.saturating_mul(interval);
+        let over = self.cost > self.burst;
+        let reach = if over {
+            tat
+        } else {
+            tat.saturating_add(self.cost.saturating_mul(interval))
+        };
+        let ok = !over && reach - now <= tolerance;
+        let full = now.saturating_add(tolerance);
+        let rem0 = full.saturating_sub(tat) / interval;
+        let rem1 = if over { 0 } else { full.saturating_sub(reach) / interval };
+        let retry = if over {
+            -1
+        } else if ok {
+            0
+        } else {
+            ((reach - now).saturating_sub(tolerance)).min(i64::MAX as u64) as i64
+        };
+        let (remaining, reset) = match (ok, self.cost > 0) {
+            (true, true) => (rem1, reach - now),
+            (true, false) => (rem0, tat - now),
+            (false, _) => (0, tat - now),
+        };
+        decided(ok, self.burst - rem1.min(self.burst), remaining, reset, retry)
+    }
+}
