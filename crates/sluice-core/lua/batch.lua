@@ -73,7 +73,7 @@ for i = 1, n do
     if node then key = ARGV[a + width] else key = K[k] end
     local at = now
     if guess == nil then at = tonumber(ARGV[a + 4]) end
-    ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at)
+    ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i)
     if not ok then
       if type(answer) == 'table' then answer = answer.err end
       answer = tostring(answer)
@@ -116,6 +116,8 @@ for i = 1, n do
     end
     answer = false
     if here then
+      -- The driver's form may read a bucket a lone call of this batch moved: write those first.
+      if next(bucket_tats) ~= nil then flush_buckets(answers) end
       ok, answer = pcall(decide, k, nk, a)
       if not ok then
         if type(answer) == 'table' then answer = answer.err end
@@ -127,5 +129,6 @@ for i = 1, n do
   end
   answers[i] = answer
 end
+flush_buckets(answers)
 answers[n + 1] = server_now or 0
 return answers

@@ -1,22 +1,55 @@
 -- lone_bucket.lua: a hit on a descriptor with one token or leaky bucket and nothing else to write, in the fewest
--- Redis commands and arguments: one GET of the arrival time, one SET of the new one when the hit fits and costs
--- something, four or five arguments, and an integer back. The decision itself (what is left, when to retry) is made
--- by sluice from that integer, exactly as token_bucket.lua's check would make it; the differential test holds the two
--- paths to the same answers.
+-- Redis commands and arguments: four or five arguments and an integer back. The decision itself (what is left, when
+-- to retry) is made by sluice from that integer, exactly as token_bucket.lua's check would make it; the differential
+-- test holds the two paths to the same answers.
 --
 -- Its key is the bucket's; its arguments (batch.lua reads them): the emission interval (ceil(window / limit), at
 -- least 1), the burst, the cost (bounded by the burst + 1) and the decision's time `now`.
 --
 -- Returns the arrival time the hit found: the stored one, or `now` when it is earlier or there is none.
+--
+-- A bucket is read once per call and written once, at the end (or before a descriptor of the driver's form, which
+-- may read it): hits on one bucket in a call (a hot tenant) are decided one after the other on the arrival time the
+-- previous one left, exactly as serial hits, for one GET and one SET in all.
 
-local function lone_bucket(key, interval, burst, cost, now)
-  local tat = tonumber(redis.call('GET', key)) or now
+-- Per bucket read in this call: its stored arrival time as the hits so far leave it (-1: none).
+local bucket_tats = {}
+-- Per bucket to write: the time of the last hit that moved it, and the descriptors (their places in the call) whose
+-- hits did.
+local bucket_writes, bucket_movers = {}, {}
+
+local function lone_bucket(key, interval, burst, cost, now, i)
+  local stored = bucket_tats[key]
+  if stored == nil then stored = tonumber(redis.call('GET', key)) or -1 end
+  local tat = stored
   if tat < now then tat = now end
   if cost > 0 and cost <= burst then
     local reach = tat + cost * interval
     if reach - now <= burst * interval then
-      redis.call('SET', key, string.format('%d', reach), 'PX', ceil_ms(reach - now))
+      stored = reach
+      bucket_writes[key] = now
+      local movers = bucket_movers[key]
+      if movers == nil then
+        bucket_movers[key] = { i }
+      else
+        movers[#movers + 1] = i
+      end
     end
   end
+  bucket_tats[key] = stored
   return tat
+end
+
+-- Writes the buckets this call moved, each with the expiry of its last write, and forgets what was read. A write
+-- that fails turns the answers of the hits it carried into its error: they were not counted.
+local function flush_buckets(answers)
+  for key, at in pairs(bucket_writes) do
+    local tat = bucket_tats[key]
+    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX', ceil_ms(tat - at))
+    if not ok then
+      if type(err) == 'table' then err = err.err end
+      for _, i in ipairs(bucket_movers[key]) do answers[i] = tostring(err) end
+    end
+  end
+  bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
 end
