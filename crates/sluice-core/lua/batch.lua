@@ -9,8 +9,8 @@
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
 --           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
---           lone bucket's (0, then lone_bucket.lua's), or minus its key count, its argument count, and its arguments
---           as decide.lua reads them.
+--           lone bucket's (0, then lone_bucket.lua's), a lone sliding window's ('s', then lone_sliding_window.lua's),
+--           or minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
 --           and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
@@ -21,9 +21,9 @@
 -- lone fixed windows' keys were built for: lone calls are then decided by the server's clock (TIME, read once per
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns one answer per descriptor, in order: lone_fixed_window.lua's or lone_bucket.lua's integer, decide.lua's
--- array, or a string, the error that stopped that descriptor (a wrong-type key, an unknown algorithm); the others are
--- decided all the same.
+-- Returns one answer per descriptor, in order: lone_fixed_window.lua's or lone_bucket.lua's integer,
+-- lone_sliding_window.lua's pair, decide.lua's array, or a string, the error that stopped that descriptor (a
+-- wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller): the descriptor was not decided because its slot is not served
 -- here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then one more value:
 -- the server's time in microseconds if the call read it (some descriptor was decided by the server's clock), else 0.
@@ -63,9 +63,28 @@ end
 
 local answers = {}
 for i = 1, n do
-  local h = number(ARGV[a])
+  local head = ARGV[a]
+  local h = 0
+  if head ~= 's' then h = number(head) end
   local ok, answer
-  if h == 0 then
+  if head == 's' then
+    -- A lone sliding window: 's', window, limit, cost, (time), and in the node form its key.
+    local width = 4
+    if guess == nil then width = 5 end
+    local key
+    if node then key = ARGV[a + width] else key = K[k] end
+    local at = now
+    if guess == nil then at = tonumber(ARGV[a + 4]) end
+    ok, answer = pcall(lone_sliding_window, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at)
+    if not ok then
+      if type(answer) == 'table' then answer = answer.err end
+      answer = tostring(answer)
+      if node and (string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)) then
+        answer = false
+      end
+    end
+    if node then a = a + width + 1 else a, k = a + width, k + 1 end
+  elseif h == 0 then
     -- A lone bucket: 0, interval, burst, cost, (time), and in the node form its key.
     local width = 4
     if guess == nil then width = 5 end

@@ -1,6 +1,7 @@
 -- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
--- algorithm files, lone_fixed_window.lua, lone_bucket.lua, ledger.lua, decide.lua and batch.lua (in that order), so
--- that any mix of algorithms on one descriptor, and a batch of descriptors, is decided in one atomic call.
+-- algorithm files, lone_fixed_window.lua, lone_bucket.lua, lone_sliding_window.lua, ledger.lua, decide.lua and
+-- batch.lua (in that order), so that any mix of algorithms on one descriptor, and a batch of descriptors, is decided
+-- in one atomic call.
 --
 -- Every algorithm file adds a loader to L that returns a table with two functions over one key:
 --   check(key, now, cost, limit, window, burst, force) -> state, read-only, with the fields

@@ -309,6 +309,27 @@ impl MemoryStore {
     }
 }
 
+/// A lone sliding window's decision for the Redis store's compact form (`store/redis/lone.rs`), from the counts `c`
+/// of the current window and `p` of the previous one that a hit of `cost` found at `now`, by this store's arithmetic
+/// (the twin of the script's): whether it fits, then the count after it, what is left, the time until the counts
+/// are empty and until a hit of `cost` fits (`None`: never), as `lua/decide.lua` answers an ordinary hit.
+pub(super) fn sliding_window_decision(
+    limit: u64,
+    window: u64,
+    now: u64,
+    cost: u64,
+    c: u64,
+    p: u64,
+) -> (bool, u64, u64, u64, Option<u64>) {
+    let s = sliding_window::check_counts(limit, window, now, cost, c, p);
+    let (remaining, reset) = match (s.ok, cost > 0) {
+        (true, true) => (s.rem1, s.reset1),
+        (true, false) => (s.rem0, s.reset0),
+        (false, _) => (0, s.reset0),
+    };
+    (s.ok, s.used, remaining, reset, s.retry)
+}
+
 /// A poisoned shard only means another thread panicked mid-update of plain data; the data is still usable.
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -17,6 +17,12 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
         Some(State::Sliding(Sliding { w, c: sc, .. })) if *w + window == start => (c, p) = (0, *sc),
         _ => {}
     }
+    check_counts(limit, window, now, cost, c, p)
+}
+
+/// [`check`] on the counts `c` of the current window and `p` of the previous one at `now`.
+pub(super) fn check_counts(limit: u64, window: u64, now: u64, cost: u64, c: u64, p: u64) -> Check {
+    let start = now - now % window;
     let elapsed = now - start;
     let est = sw_estimate(p, c, elapsed, window);
     let used = est.saturating_add(cost);

@@ -354,10 +354,9 @@ pub(super) async fn eval(
     Ok(plan
         .into_iter()
         .map(|p| match (p.own, &values[p.sent]) {
-            (Some(lone), Value::Integer(n)) => {
-                lone.answer((*n).max(0) as u64 + p.ahead, lone.now_us().unwrap_or(server_now))
-            }
-            (Some(_), other) => other.clone(),
+            (Some(lone), value) => lone
+                .answer(value, p.ahead, lone.now_us().unwrap_or(server_now))
+                .unwrap_or_else(|| value.clone()),
             (None, _) => std::mem::replace(&mut values[p.sent], Value::Null),
         })
         .collect())

@@ -1,8 +1,9 @@
-//! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, either a
-//! fixed window (`lua/lone_fixed_window.lua`) or a token or leaky bucket (`lua/lone_bucket.lua`). Each travels as its
-//! key and two to four numbers instead of the driver's twelve arguments, and comes back as one integer (the window's
-//! count before the hit, the bucket's arrival time before it) from which sluice makes the decision, exactly as the
-//! driver's check would (the differential test holds the two paths to the same answers).
+//! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
+//! window (`lua/lone_fixed_window.lua`), a token or leaky bucket (`lua/lone_bucket.lua`) or a sliding window
+//! (`lua/lone_sliding_window.lua`). Each travels as its key and two to four numbers instead of the driver's twelve
+//! arguments, and comes back as one or two integers (the window's count before the hit, the bucket's arrival time
+//! before it, the sliding window's two counts) from which sluice makes the decision, exactly as the driver's check
+//! would (the differential test holds the two paths to the same answers).
 
 use fred::types::Value;
 
@@ -22,6 +23,18 @@ pub(super) struct Lone {
 pub(super) enum LoneTier {
     Window(WindowTier),
     Bucket(BucketTier),
+    Sliding(SlidingTier),
+}
+
+/// What sluice needs to decide a lone sliding window from the counts the hit found, as `lua/sliding_window.lua`'s
+/// check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SlidingTier {
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    now_us: Option<u64>,
 }
 
 /// What sluice needs to decide a lone fixed window from the window's count before the hit, as
@@ -66,6 +79,12 @@ impl Lone {
                 counted: if cost <= tier.limit { cost } else { 0 },
                 now_us,
             }),
+            Algorithm::SlidingWindow => LoneTier::Sliding(SlidingTier {
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                now_us,
+            }),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => LoneTier::Bucket(BucketTier {
                 interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
                 burst: tier.burst,
@@ -83,7 +102,8 @@ impl Lone {
     /// The key and the arguments, in the script's form. A fixed window: its window's key, then the window and the
     /// cost counted; by the server's clock the key is the window's at `guess`, this host's time when the call is
     /// assembled, which the script checks against the server's. A bucket: its key, then 0 (which tells it from a
-    /// window), the interval, the burst and the cost. Then the decision's time, when it is given.
+    /// window), the interval, the burst and the cost. A sliding window: its key, then 's', the window, the limit and
+    /// the cost. Then the decision's time, when it is given.
     pub(super) fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -99,6 +119,11 @@ impl Lone {
                 args.extend(t.now_us.map(int));
                 (Value::from(self.key.as_str()), args)
             }
+            LoneTier::Sliding(t) => {
+                let mut args = vec![Value::from("s"), int(t.window_us), int(t.limit), int(t.cost)];
+                args.extend(t.now_us.map(int));
+                (Value::from(self.key.as_str()), args)
+            }
         }
     }
 }
@@ -109,14 +134,23 @@ impl LoneTier {
         match self {
             LoneTier::Window(t) => t.now_us,
             LoneTier::Bucket(t) => t.now_us,
+            LoneTier::Sliding(t) => t.now_us,
         }
     }
 
-    /// The decision, in `lua/decide.lua`'s answer for one tier, from the script's integer at `now_us`.
-    pub(super) fn answer(&self, n: u64, now_us: u64) -> Value {
-        match self {
-            LoneTier::Window(t) => t.answer(n, now_us),
-            LoneTier::Bucket(t) => t.answer(n, now_us),
+    /// The decision, in `lua/decide.lua`'s answer for one tier, from the script's answer at `now_us` (a fixed
+    /// window's count plus `ahead`, the counted costs of the hits ahead of it in a shared count); `None` when the
+    /// answer is not of the call's shape (an error, which the caller passes on).
+    pub(super) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Value> {
+        let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
+        match (self, value) {
+            (LoneTier::Window(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64 + ahead, now_us)),
+            (LoneTier::Bucket(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64, now_us)),
+            (LoneTier::Sliding(t), Value::Array(counts)) => match &counts[..] {
+                [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
+                _ => None,
+            },
+            _ => None,
         }
     }
 }
@@ -183,5 +217,16 @@ impl BucketTier {
             (false, _) => (0, tat - now),
         };
         decided(ok, self.burst - rem1.min(self.burst), remaining, reset, retry)
+    }
+}
+
+impl SlidingTier {
+    /// The decision from the counts of the current window `c` and the previous one `p` the hit found, by the memory
+    /// store's arithmetic (the twin of the script's). A hit that fits and costs something was counted.
+    fn answer(&self, c: u64, p: u64, now_us: u64) -> Value {
+        let (ok, used, remaining, reset, retry) =
+            crate::store::memory::sliding_window_decision(self.limit, self.window_us, now_us, self.cost, c, p);
+        let retry = retry.map_or(-1, |r| r.min(i64::MAX as u64) as i64);
+        decided(ok, used, remaining, reset, retry)
     }
 }
