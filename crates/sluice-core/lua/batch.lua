@@ -62,6 +62,27 @@ local function number(s)
 end
 
 local answers = {}
+
+-- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
+-- and forgets what was read (lone_bucket.lua, lone_sliding_window.lua).
+local function flush_lone()
+  for key, at in pairs(bucket_writes) do
+    local tat = bucket_tats[key]
+    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX', ceil_ms(tat - at))
+    if not ok then lone_failed(answers, bucket_movers[key], err) end
+  end
+  for key, w in pairs(sliding_writes) do
+    local s, now, window = sliding_states[key], w[1], w[2]
+    local ok, err = pcall(function()
+      redis.call('HSET', key, 'w', s[1], 'c', string.format('%d', s[2]), 'p', string.format('%d', s[3]))
+      redis.call('PEXPIRE', key, ceil_ms(s[1] + 2 * window - now))
+    end)
+    if not ok then lone_failed(answers, sliding_movers[key], err) end
+  end
+  bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
+  sliding_states, sliding_writes, sliding_movers = {}, {}, {}
+end
+
 for i = 1, n do
   local head = ARGV[a]
   local h = 0
@@ -75,7 +96,7 @@ for i = 1, n do
     if node then key = ARGV[a + width] else key = K[k] end
     local at = now
     if guess == nil then at = tonumber(ARGV[a + 4]) end
-    ok, answer = pcall(lone_sliding_window, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at)
+    ok, answer = pcall(lone_sliding_window, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i)
     if not ok then
       if type(answer) == 'table' then answer = answer.err end
       answer = tostring(answer)
@@ -136,7 +157,7 @@ for i = 1, n do
     answer = false
     if here then
       -- The driver's form may read a bucket a lone call of this batch moved: write those first.
-      if next(bucket_tats) ~= nil then flush_buckets(answers) end
+      if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_lone() end
       ok, answer = pcall(decide, k, nk, a)
       if not ok then
         if type(answer) == 'table' then answer = answer.err end
@@ -148,6 +169,6 @@ for i = 1, n do
   end
   answers[i] = answer
 end
-flush_buckets(answers)
+flush_lone()
 answers[n + 1] = server_now or 0
 return answers

@@ -9,8 +9,9 @@
 -- Returns the arrival time the hit found: the stored one, or `now` when it is earlier or there is none.
 --
 -- A bucket is read once per call and written once, at the end (or before a descriptor of the driver's form, which
--- may read it): hits on one bucket in a call (a hot tenant) are decided one after the other on the arrival time the
--- previous one left, exactly as serial hits, for one GET and one SET in all.
+-- may read it; batch.lua's flush_lone): hits on one bucket in a call (a hot tenant) are decided one after the other
+-- on the arrival time the previous one left, exactly as serial hits, for one GET and one SET in all. A write that
+-- fails turns the answers of the hits it carried into its error: they were not counted.
 
 -- Per bucket read in this call: its stored arrival time as the hits so far leave it (-1: none).
 local bucket_tats = {}
@@ -40,16 +41,8 @@ local function lone_bucket(key, interval, burst, cost, now, i)
   return tat
 end
 
--- Writes the buckets this call moved, each with the expiry of its last write, and forgets what was read. A write
--- that fails turns the answers of the hits it carried into its error: they were not counted.
-local function flush_buckets(answers)
-  for key, at in pairs(bucket_writes) do
-    local tat = bucket_tats[key]
-    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX', ceil_ms(tat - at))
-    if not ok then
-      if type(err) == 'table' then err = err.err end
-      for _, i in ipairs(bucket_movers[key]) do answers[i] = tostring(err) end
-    end
-  end
-  bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
+-- Turns the answers of the hits a failed write carried into its error: they were not counted.
+local function lone_failed(answers, movers, err)
+  if type(err) == 'table' then err = err.err end
+  for _, i in ipairs(movers) do answers[i] = tostring(err) end
 end

@@ -1,18 +1,29 @@
 -- lone_sliding_window.lua: a hit on a descriptor with one sliding window and nothing else to write, in the fewest
--- Redis commands and arguments: the HMGET of the window's counts, the HSET and PEXPIRE that count the hit when it fits
--- and costs something, four or five arguments, and two integers back. The decision itself (what is left, when to
--- retry) is made by sluice from those counts, exactly as sliding_window.lua's check would make it; the differential
--- test holds the two paths to the same answers.
+-- Redis commands and arguments: four or five arguments and two integers back. The decision itself (what is left,
+-- when to retry) is made by sluice from those counts, exactly as sliding_window.lua's check would make it; the
+-- differential test holds the two paths to the same answers.
 --
 -- Its key is the counter's (the same hash {w, c, p} as sliding_window.lua's); its arguments (batch.lua reads them):
 -- the window, the limit, the cost (bounded by the limit + 1) and the decision's time `now`.
 --
 -- Returns { c, p }: the counts of the current window and of the previous one the hit found.
+--
+-- As a lone bucket is, a counter is read once per call and written once (see lone_bucket.lua's flush_lone).
 
-local function lone_sliding_window(key, window, limit, cost, now)
+-- Per counter read in this call: { w, c, p } as stored, then as the hits so far leave it.
+local sliding_states = {}
+-- Per counter to write: the time of the last hit that counted in it, and the descriptors whose hits did.
+local sliding_writes, sliding_movers = {}, {}
+
+local function lone_sliding_window(key, window, limit, cost, now, i)
   local start = now - now % window
-  local f = redis.call('HMGET', key, 'w', 'c', 'p')
-  local w, c, p = tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  local s = sliding_states[key]
+  if s == nil then
+    local f = redis.call('HMGET', key, 'w', 'c', 'p')
+    s = { tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0 }
+    sliding_states[key] = s
+  end
+  local w, c, p = s[1], s[2], s[3]
   if w == start then
     -- same window
   elseif w == start - window then
@@ -23,9 +34,14 @@ local function lone_sliding_window(key, window, limit, cost, now)
   if cost > 0 and cost <= limit then
     local est = math.floor(p * (window - (now - start)) / window) + c
     if est + cost <= limit then
-      redis.call('HSET', key, 'w', start, 'c', string.format('%d', math.min(c + cost, MAX_SLIDING_COUNT)), 'p',
-        string.format('%d', p))
-      redis.call('PEXPIRE', key, ceil_ms(start + 2 * window - now))
+      s[1], s[2], s[3] = start, math.min(c + cost, MAX_SLIDING_COUNT), p
+      sliding_writes[key] = { now, window }
+      local movers = sliding_movers[key]
+      if movers == nil then
+        sliding_movers[key] = { i }
+      else
+        movers[#movers + 1] = i
+      end
     end
   end
   return { c, p }

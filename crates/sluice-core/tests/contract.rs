@@ -1631,31 +1631,38 @@ async fn hits_on_one_counter_in_one_call_are_answered_as_serial_hits(store: impl
     );
 }
 
-/// Hits on one token bucket in one call are answered exactly as the same hits one after the other: on Redis the
-/// bucket is read once and written once, at the end, or before a descriptor of the driver's form, which here reads
-/// it in the middle. Costs of 0 and above the burst among them.
+/// Hits on one token bucket, or one sliding window, in one call are answered exactly as the same hits one after the
+/// other: on Redis the counter is read once and written once, at the end, or before a descriptor of the driver's
+/// form, which here reads it in the middle. Costs of 0 and above the limit among them.
 async fn hits_on_one_bucket_in_one_call_are_answered_as_serial_hits(store: impl Store) {
-    let lone = |cost| {
-        let mut h = one("hot-bucket", Algorithm::TokenBucket, 6, MINUTE, cost);
-        h.fields.clear();
-        h.lease.clear();
-        h
-    };
-    let mut hits: Vec<Hit> = [1, 2, 0, 3, 7, 1].into_iter().map(lone).collect();
-    hits.insert(3, one("hot-bucket", Algorithm::TokenBucket, 6, MINUTE, 1));
-    hits.push(lone(1));
-    let together = crate::harness::decided(store.hit(T0, &hits).await);
-    let serial = memory();
-    for (h, got) in hits.iter().zip(&together) {
-        assert_eq!(got, &apply(&serial, T0, h).await, "{h:?}");
+    for (name, algorithm) in [
+        ("hot-bucket", Algorithm::TokenBucket),
+        ("hot-sliding", Algorithm::SlidingWindow),
+    ] {
+        let lone = |cost| {
+            let mut h = one(name, algorithm, 6, MINUTE, cost);
+            h.fields.clear();
+            h.lease.clear();
+            h
+        };
+        let mut hits: Vec<Hit> = [1, 2, 0, 3, 7, 1].into_iter().map(lone).collect();
+        hits.insert(3, one(name, algorithm, 6, MINUTE, 1));
+        hits.push(lone(1));
+        let together = crate::harness::decided(store.hit(T0, &hits).await);
+        let serial = memory();
+        for (h, got) in hits.iter().zip(&together) {
+            assert_eq!(got, &apply(&serial, T0, h).await, "{h:?}");
+        }
+        let admitted: Vec<bool> = together.iter().map(|o| o.admitted).collect();
+        assert_eq!(admitted, [true, true, true, true, false, false, true, true], "{name}");
+        for at in [T0, T0 + MINUTE] {
+            assert_eq!(
+                peek(&store, at, &lone(0)).await,
+                peek(&serial, at, &lone(0)).await,
+                "{name}"
+            );
+        }
     }
-    let admitted: Vec<bool> = together.iter().map(|o| o.admitted).collect();
-    assert_eq!(admitted, [true, true, true, true, false, false, true, true]);
-    assert_eq!(peek(&store, T0, &lone(0)).await, peek(&serial, T0, &lone(0)).await);
-    assert_eq!(
-        peek(&store, T0 + MINUTE, &lone(0)).await,
-        peek(&serial, T0 + MINUTE, &lone(0)).await
-    );
 }
 
 /// A counter of the previous form in Redis (a hash {w, n} at the counter's own key) is found and folded into the
