@@ -73,10 +73,9 @@ local function flush_lone()
   end
   for key, w in pairs(sliding_writes) do
     local s, now, window = sliding_states[key], w[1], w[2]
-    local ok, err = pcall(function()
-      redis.call('HSET', key, 'w', s[1], 'c', string.format('%d', s[2]), 'p', string.format('%d', s[3]))
-      redis.call('PEXPIRE', key, ceil_ms(s[1] + 2 * window - now))
-    end)
+    local ok, err = pcall(redis.call, 'HSET', key, 'w', s[1], 'c', string.format('%d', s[2]), 'p',
+      string.format('%d', s[3]))
+    if ok then ok, err = pcall(redis.call, 'PEXPIRE', key, ceil_ms(s[1] + 2 * window - now)) end
     if not ok then lone_failed(answers, sliding_movers[key], err) end
   end
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
