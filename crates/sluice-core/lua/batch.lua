@@ -9,8 +9,9 @@
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
 --           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
---           lone bucket's (0, then lone_bucket.lua's), a lone sliding window's ('s', then lone_sliding_window.lua's),
---           or minus its key count, its argument count, and its arguments as decide.lua reads them.
+--           lone bucket's ('b' or 'B', then lone_bucket.lua's), a lone sliding window's ('s' or 'S', then
+--           lone_sliding_window.lua's), or minus its key count, its argument count, and its arguments as decide.lua
+--           reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
 --           and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
@@ -82,44 +83,40 @@ local function flush_lone()
   sliding_states, sliding_writes, sliding_movers = {}, {}, {}
 end
 
+-- What a lone call that failed answers: its error, or, refused as not served here, false (not decided, nothing
+-- written; sent again to its slot).
+local function lone_error(err)
+  if type(err) == 'table' then err = err.err end
+  err = tostring(err)
+  if node and (string.find(err, 'non local key', 1, true) or string.find(err, 'cluster is down', 1, true)) then
+    return false
+  end
+  return err
+end
+
+-- The lone forms that head their arguments with a letter: a bucket ('b') or a sliding window ('s'), in capitals when
+-- another lone call of this batch hits the same counter (read once and written once for all of them).
+local lettered = {
+  b = { lone_bucket, false }, B = { lone_bucket, true },
+  s = { lone_sliding_window, false }, S = { lone_sliding_window, true },
+}
+
 for i = 1, n do
   local head = ARGV[a]
+  local form = lettered[head]
   local h = 0
-  if head ~= 's' then h = number(head) end
+  if form == nil then h = number(head) end
   local ok, answer
-  if head == 's' then
-    -- A lone sliding window: 's', window, limit, cost, (time), and in the node form its key.
+  if form ~= nil then
+    -- A lone bucket or sliding window: its letter, three numbers, (time), and in the node form its key.
     local width = 4
     if guess == nil then width = 5 end
     local key
     if node then key = ARGV[a + width] else key = K[k] end
     local at = now
     if guess == nil then at = tonumber(ARGV[a + 4]) end
-    ok, answer = pcall(lone_sliding_window, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i)
-    if not ok then
-      if type(answer) == 'table' then answer = answer.err end
-      answer = tostring(answer)
-      if node and (string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)) then
-        answer = false
-      end
-    end
-    if node then a = a + width + 1 else a, k = a + width, k + 1 end
-  elseif h == 0 then
-    -- A lone bucket: 0, interval, burst, cost, (time), and in the node form its key.
-    local width = 4
-    if guess == nil then width = 5 end
-    local key
-    if node then key = ARGV[a + width] else key = K[k] end
-    local at = now
-    if guess == nil then at = tonumber(ARGV[a + 4]) end
-    ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i)
-    if not ok then
-      if type(answer) == 'table' then answer = answer.err end
-      answer = tostring(answer)
-      if node and (string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)) then
-        answer = false
-      end
-    end
+    ok, answer = pcall(form[1], key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i, form[2])
+    if not ok then answer = lone_error(answer) end
     if node then a = a + width + 1 else a, k = a + width, k + 1 end
   elseif h > 0 then
     -- A lone fixed window: window, cost, (time), and in the node form its key.
@@ -130,14 +127,7 @@ for i = 1, n do
     local at = now
     if guess == nil then at = tonumber(ARGV[a + 2]) end
     ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), at, guess)
-    if not ok then
-      if type(answer) == 'table' then answer = answer.err end
-      answer = tostring(answer)
-      -- Refused as not served here: not decided, nothing written; sent again to its slot.
-      if node and (string.find(answer, 'non local key', 1, true) or string.find(answer, 'cluster is down', 1, true)) then
-        answer = false
-      end
-    end
+    if not ok then answer = lone_error(answer) end
     if node then a = a + width + 1 else a, k = a + width, k + 1 end
   else
     local nk, na = -h, tonumber(ARGV[a + 1])

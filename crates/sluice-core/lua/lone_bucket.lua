@@ -8,10 +8,11 @@
 --
 -- Returns the arrival time the hit found: the stored one, or `now` when it is earlier or there is none.
 --
--- A bucket is read once per call and written once, at the end (or before a descriptor of the driver's form, which
--- may read it; batch.lua's flush_lone): hits on one bucket in a call (a hot tenant) are decided one after the other
--- on the arrival time the previous one left, exactly as serial hits, for one GET and one SET in all. A write that
--- fails turns the answers of the hits it carried into its error: they were not counted.
+-- A bucket that several lone calls of one script call hit (`shared`: a hot tenant) is read once and written once, at
+-- the end (or before a descriptor of the driver's form, which may read it; batch.lua's flush_lone): the hits are
+-- decided one after the other on the arrival time the previous one left, exactly as serial hits, for one GET and one
+-- SET in all. A write that fails turns the answers of the hits it carried into its error: they were not counted. A
+-- bucket hit once is read and written at once, with nothing to remember.
 
 -- Per bucket read in this call: its stored arrival time as the hits so far leave it (-1: none).
 local bucket_tats = {}
@@ -19,8 +20,9 @@ local bucket_tats = {}
 -- hits did.
 local bucket_writes, bucket_movers = {}, {}
 
-local function lone_bucket(key, interval, burst, cost, now, i)
-  local stored = bucket_tats[key]
+local function lone_bucket(key, interval, burst, cost, now, i, shared)
+  local stored
+  if shared then stored = bucket_tats[key] end
   if stored == nil then stored = tonumber(redis.call('GET', key)) or -1 end
   local tat = stored
   if tat < now then tat = now end
@@ -28,16 +30,20 @@ local function lone_bucket(key, interval, burst, cost, now, i)
     local reach = tat + cost * interval
     if reach - now <= burst * interval then
       stored = reach
-      bucket_writes[key] = now
-      local movers = bucket_movers[key]
-      if movers == nil then
-        bucket_movers[key] = { i }
+      if not shared then
+        redis.call('SET', key, string.format('%d', reach), 'PX', ceil_ms(reach - now))
       else
-        movers[#movers + 1] = i
+        bucket_writes[key] = now
+        local movers = bucket_movers[key]
+        if movers == nil then
+          bucket_movers[key] = { i }
+        else
+          movers[#movers + 1] = i
+        end
       end
     end
   end
-  bucket_tats[key] = stored
+  if shared then bucket_tats[key] = stored end
   return tat
 end
 

@@ -8,20 +8,22 @@
 --
 -- Returns { c, p }: the counts of the current window and of the previous one the hit found.
 --
--- As a lone bucket is, a counter is read once per call and written once (see lone_bucket.lua's flush_lone).
+-- As a lone bucket, a counter that several lone calls of one script call hit is read once and written once
+-- (lone_bucket.lua).
 
 -- Per counter read in this call: { w, c, p } as stored, then as the hits so far leave it.
 local sliding_states = {}
 -- Per counter to write: the time of the last hit that counted in it, and the descriptors whose hits did.
 local sliding_writes, sliding_movers = {}, {}
 
-local function lone_sliding_window(key, window, limit, cost, now, i)
+local function lone_sliding_window(key, window, limit, cost, now, i, shared)
   local start = now - now % window
-  local s = sliding_states[key]
+  local s
+  if shared then s = sliding_states[key] end
   if s == nil then
     local f = redis.call('HMGET', key, 'w', 'c', 'p')
     s = { tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0 }
-    sliding_states[key] = s
+    if shared then sliding_states[key] = s end
   end
   local w, c, p = s[1], s[2], s[3]
   if w == start then
@@ -34,13 +36,19 @@ local function lone_sliding_window(key, window, limit, cost, now, i)
   if cost > 0 and cost <= limit then
     local est = math.floor(p * (window - (now - start)) / window) + c
     if est + cost <= limit then
-      s[1], s[2], s[3] = start, math.min(c + cost, MAX_SLIDING_COUNT), p
-      sliding_writes[key] = { now, window }
-      local movers = sliding_movers[key]
-      if movers == nil then
-        sliding_movers[key] = { i }
+      local counted = math.min(c + cost, MAX_SLIDING_COUNT)
+      if not shared then
+        redis.call('HSET', key, 'w', start, 'c', string.format('%d', counted), 'p', string.format('%d', p))
+        redis.call('PEXPIRE', key, ceil_ms(start + 2 * window - now))
       else
-        movers[#movers + 1] = i
+        s[1], s[2], s[3] = start, counted, p
+        sliding_writes[key] = { now, window }
+        local movers = sliding_movers[key]
+        if movers == nil then
+          sliding_movers[key] = { i }
+        else
+          movers[#movers + 1] = i
+        end
       end
     end
   end

@@ -230,7 +230,8 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
 /// before it is the shared count before plus the counted costs of the hits ahead of it in the call: exactly the
 /// counts serial hits would see. Returns the calls to send and, per call given, the index of the call sent for it
 /// and what its count is ahead of that call's.
-fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
+fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
+    mark_shared(&mut calls);
     // Which earlier call each lone fixed window shares its counter with, found by borrowing the keys (no map at all
     // when fewer than two calls could share).
     let window = |c: &Call| {
@@ -291,6 +292,31 @@ fn coalesce(calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
         }
     }
     (sent, plan)
+}
+
+/// Marks the lone buckets and sliding windows whose counter another lone call of the batch hits ([`Lone::share`]).
+fn mark_shared(calls: &mut [Call]) {
+    fn key(c: &Call) -> Option<&str> {
+        match &c.lone {
+            Some(l) if !matches!(l.tier, LoneTier::Window(_)) => Some(l.key.as_str()),
+            _ => None,
+        }
+    }
+    if calls.iter().filter_map(key).nth(1).is_none() {
+        return;
+    }
+    let shared: Vec<bool> = {
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for k in calls.iter().filter_map(key) {
+            *seen.entry(k).or_insert(0) += 1;
+        }
+        calls.iter().map(|c| key(c).is_some_and(|k| seen[k] > 1)).collect()
+    };
+    for (call, shared) in calls.iter_mut().zip(shared) {
+        if let (true, Some(l)) = (shared, call.lone.as_mut()) {
+            l.share();
+        }
+    }
 }
 
 /// Where a call's answer comes from once calls on one counter are shared ([`coalesce`]).

@@ -35,6 +35,8 @@ pub(super) struct SlidingTier {
     /// The hit's cost, bounded by the limit + 1.
     cost: u64,
     now_us: Option<u64>,
+    /// Another lone call of the same script call hits the same counter (see [`Lone::share`]).
+    shared: bool,
 }
 
 /// What sluice needs to decide a lone fixed window from the window's count before the hit, as
@@ -61,6 +63,8 @@ pub(super) struct BucketTier {
     /// The hit's cost, bounded by the burst + 1.
     cost: u64,
     now_us: Option<u64>,
+    /// Another lone call of the same script call hits the same bucket (see [`Lone::share`]).
+    shared: bool,
 }
 
 impl Lone {
@@ -84,12 +88,14 @@ impl Lone {
                 window_us: tier.window_us,
                 cost,
                 now_us,
+                shared: false,
             }),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => LoneTier::Bucket(BucketTier {
                 interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
                 burst: tier.burst,
                 cost,
                 now_us,
+                shared: false,
             }),
             _ => return None,
         };
@@ -99,11 +105,22 @@ impl Lone {
         })
     }
 
+    /// Marks a bucket or sliding window that another lone call of the same script call hits too: the script then
+    /// reads it once and writes it once for all of them (`lua/lone_bucket.lua`), and a counter hit once is written
+    /// at once, with nothing to remember.
+    pub(super) fn share(&mut self) {
+        match &mut self.tier {
+            LoneTier::Bucket(t) => t.shared = true,
+            LoneTier::Sliding(t) => t.shared = true,
+            LoneTier::Window(_) => {}
+        }
+    }
+
     /// The key and the arguments, in the script's form. A fixed window: its window's key, then the window and the
     /// cost counted; by the server's clock the key is the window's at `guess`, this host's time when the call is
-    /// assembled, which the script checks against the server's. A bucket: its key, then 0 (which tells it from a
-    /// window), the interval, the burst and the cost. A sliding window: its key, then 's', the window, the limit and
-    /// the cost. Then the decision's time, when it is given.
+    /// assembled, which the script checks against the server's. A bucket: its key, then 'b' ('B' when shared), the
+    /// interval, the burst and the cost. A sliding window: its key, then 's' ('S' when shared), the window, the limit
+    /// and the cost. Then the decision's time, when it is given.
     pub(super) fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -115,12 +132,14 @@ impl Lone {
                 (key, args)
             }
             LoneTier::Bucket(t) => {
-                let mut args = vec![int(0), int(t.interval), int(t.burst), int(t.cost)];
+                let head = if t.shared { "B" } else { "b" };
+                let mut args = vec![Value::from(head), int(t.interval), int(t.burst), int(t.cost)];
                 args.extend(t.now_us.map(int));
                 (Value::from(self.key.as_str()), args)
             }
             LoneTier::Sliding(t) => {
-                let mut args = vec![Value::from("s"), int(t.window_us), int(t.limit), int(t.cost)];
+                let head = if t.shared { "S" } else { "s" };
+                let mut args = vec![Value::from(head), int(t.window_us), int(t.limit), int(t.cost)];
                 args.extend(t.now_us.map(int));
                 (Value::from(self.key.as_str()), args)
             }
