@@ -579,11 +579,12 @@ impl<S: Store> Quotas<S> {
                 watch.announced_want = want;
                 announce.extend(watch.ledger.clone());
             }
-            // On a tick, only what changed, or a refresh that is due.
-            let Action::Assign { strategy, .. } = &action else {
+            // On a tick, only what changed (a bucket that starts full always does, even at the same size), or a
+            // refresh that is due.
+            let Action::Assign { strategy, fresh, .. } = &action else {
                 continue;
             };
-            if reported || due || kind != Some(*strategy) || size != watch.holding.size() {
+            if reported || due || *fresh || kind != Some(*strategy) || size != watch.holding.size() {
                 self.record(watch, &action, now);
                 actions.push(action);
             }
