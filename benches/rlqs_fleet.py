@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 
-from conftest import redis_server, running_sluice  # noqa: E402
-from test_rlqs import FLEET_CONFIG, Fleet, BIG  # noqa: E402
+from conftest import redis_server  # noqa: E402
+from test_rlqs import BIG, FLEET_CONFIG, Fleet, instances  # noqa: E402
 
 REPORT_S = 5.0
 STEP_S = 0.1
@@ -41,11 +41,7 @@ def main(limit: int, binary: Path) -> None:
     config = work / "fleet.yaml"
     config.write_text(FLEET_CONFIG.replace(f"requests_per_unit: {BIG}", f"requests_per_unit: {limit}"))
     with redis_server(work) as redis_url, contextlib.ExitStack() as stack:
-        servers = []
-        for i in range(3):
-            workdir = work / f"sluice-{i}"
-            workdir.mkdir()
-            servers.append(stack.enter_context(running_sluice(binary, config, workdir, ("--redis-url", redis_url))))
+        servers = instances(stack, binary, config, work, 3, redis_url)
         fleet = Fleet(limit, strict=False)
         stack.callback(fleet.close)
         joins = {i: 0.0 if i < 15 else RUN_S / 6 for i in range(20)}

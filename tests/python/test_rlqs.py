@@ -199,6 +199,18 @@ quota_buckets:
 """
 
 
+def instances(stack: contextlib.ExitStack, binary: Path, config: Path, workdir: Path, count: int, redis_url=None):
+    """`count` sluice processes on `config`, each in a directory of its own, over one Redis when `redis_url` is given;
+    stopped (and their shutdown checked) when `stack` closes."""
+    args = ("--redis-url", redis_url) if redis_url else ()
+    servers = []
+    for i in range(count):
+        directory = workdir / f"sluice-{i}"
+        directory.mkdir()
+        servers.append(stack.enter_context(running_sluice(binary, config, directory, args)))
+    return servers
+
+
 class ModelEnvoy:
     """An RLQS client that applies assignments as Envoy 1.40 does, with `no_assignment_behavior: DENY_ALL`, and
     spends the tokens it holds on its own traffic."""
@@ -313,11 +325,7 @@ def test_model_envoys_on_two_instances_share_one_quota(sluice_bin: Path, tmp_pat
     config = tmp_path / "fleet.yaml"
     config.write_text(FLEET_CONFIG)
     with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
-        servers = []
-        for i in range(2):
-            workdir = tmp_path / f"sluice-{i}"
-            workdir.mkdir()
-            servers.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, ("--redis-url", redis_url))))
+        servers = instances(stack, sluice_bin, config, tmp_path, 2, redis_url)
         fleet = Fleet()
         stack.callback(fleet.close)
         a, b = fleet.join(servers[0].grpc_target), fleet.join(servers[0].grpc_target)
@@ -357,11 +365,7 @@ def test_a_push_reaches_the_streams_of_another_instance_within_100ms(sluice_bin:
     config = tmp_path / "fleet.yaml"
     config.write_text(FLEET_CONFIG)
     with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
-        servers = []
-        for i in range(2):
-            workdir = tmp_path / f"sluice-{i}"
-            workdir.mkdir()
-            servers.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, ("--redis-url", redis_url))))
+        servers = instances(stack, sluice_bin, config, tmp_path, 2, redis_url)
         fleet = Fleet()
         stack.callback(fleet.close)
         holder, newcomer = fleet.join(servers[0].grpc_target), fleet.join(servers[1].grpc_target)
@@ -412,22 +416,16 @@ def upstream() -> Iterator[Upstream]:
         yield server
 
 
-@pytest.mark.parametrize("instances", [1, 2])
-def test_two_envoys_admit_the_quota_about_half_each(sluice_bin: Path, upstream: Upstream, tmp_path: Path, instances):
+@pytest.mark.parametrize("count", [1, 2])
+def test_two_envoys_admit_the_quota_about_half_each(sluice_bin: Path, upstream: Upstream, tmp_path: Path, count):
     """Two Envoys with `no_assignment_behavior: DENY_ALL` under equal load, on one sluice (in memory) or each on its
     own sluice over one Redis: together at most the quota plus one per Envoy, each 40 % to 60 % of it."""
     config = tmp_path / "rlqs.yaml"
     config.write_text(CONFIG.replace(f"requests_per_unit: {QUOTA}", f"requests_per_unit: {E2E_QUOTA}"))
     with contextlib.ExitStack() as stack:
-        args = ("--redis-url", stack.enter_context(redis_server(tmp_path))) if instances == 2 else ()
-        ports = []
-        for i in range(instances):
-            workdir = tmp_path / f"sluice-{i}"
-            workdir.mkdir()
-            ports.append(stack.enter_context(running_sluice(sluice_bin, config, workdir, args)).grpc_port)
-        envoys = [
-            stack.enter_context(rlqs_envoy(tmp_path, upstream, ports[i % instances], deny_first=True)) for i in range(2)
-        ]
+        redis_url = stack.enter_context(redis_server(tmp_path)) if count == 2 else None
+        ports = [s.grpc_port for s in instances(stack, sluice_bin, config, tmp_path, count, redis_url)]
+        envoys = [stack.enter_context(rlqs_envoy(tmp_path, upstream, ports[i % count], deny_first=True)) for i in range(2)]
         admitted = [0, 0]
         stop = threading.Event()
 

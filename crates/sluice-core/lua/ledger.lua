@@ -26,7 +26,7 @@ local function fair_shares(capacity, names, wants)
 end
 
 -- The holder `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left.
--- Returns { what it may hold now, its fair share, left, live holders, what they all hold }: the rule of
+-- Returns { what it may hold now, its fair share, left, live holders, what they all hold, its entry }: the rule of
 -- `store::granted_amount`; its entry becomes the larger of what it may hold and what it holds (at most its entry). The entry lasts `ttl` microseconds; the key as long as its latest entry.
 local function grant(lkey, now, left, holder, held, want, ttl)
   local flat = redis.call('HGETALL', lkey)
@@ -49,7 +49,7 @@ local function grant(lkey, now, left, holder, held, want, ttl)
   for _, name in ipairs(stale) do redis.call('HDEL', lkey, name) end
   if want == 0 then
     redis.call('HDEL', lkey, holder)
-    return { 0, 0, left, #names, others }
+    return { 0, 0, left, #names, others, 0 }
   end
   -- A holder holds at most what its entry says it was granted.
   held = math.min(held, previous)
@@ -75,5 +75,5 @@ local function grant(lkey, now, left, holder, held, want, ttl)
   local entry = math.max(amount, held)
   redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
   redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
-  return { amount, share, left, n, others + entry }
+  return { amount, share, left, n, others + entry, entry }
 end

@@ -20,6 +20,17 @@ local bucket_tats = {}
 -- hits did.
 local bucket_writes, bucket_movers = {}, {}
 
+-- Notes that the hit of descriptor `i` moved the shared counter `key`: its answer stands only if the write at the end
+-- succeeds.
+local function lone_moved(movers, key, i)
+  local list = movers[key]
+  if list == nil then
+    movers[key] = { i }
+  else
+    list[#list + 1] = i
+  end
+end
+
 local function lone_bucket(key, interval, burst, cost, now, i, shared)
   local stored
   if shared then stored = bucket_tats[key] end
@@ -34,12 +45,7 @@ local function lone_bucket(key, interval, burst, cost, now, i, shared)
         redis.call('SET', key, string.format('%d', reach), 'PX', ceil_ms(reach - now))
       else
         bucket_writes[key] = now
-        local movers = bucket_movers[key]
-        if movers == nil then
-          bucket_movers[key] = { i }
-        else
-          movers[#movers + 1] = i
-        end
+        lone_moved(bucket_movers, key, i)
       end
     end
   end

@@ -25,17 +25,9 @@ local function lone_sliding_window(key, window, limit, cost, now, i, shared)
     s = { tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0 }
     if shared then sliding_states[key] = s end
   end
-  local w, c, p = s[1], s[2], s[3]
-  if w == start then
-    -- same window
-  elseif w == start - window then
-    p, c = c, 0
-  else
-    p, c = 0, 0
-  end
+  local c, p = sw_counts(s[1], s[2], s[3], start, window)
   if cost > 0 and cost <= limit then
-    local est = math.floor(p * (window - (now - start)) / window) + c
-    if est + cost <= limit then
+    if sw_estimate(p, c, now - start, window) + cost <= limit then
       local counted = math.min(c + cost, MAX_SLIDING_COUNT)
       if not shared then
         redis.call('HSET', key, 'w', start, 'c', string.format('%d', counted), 'p', string.format('%d', p))
@@ -43,12 +35,7 @@ local function lone_sliding_window(key, window, limit, cost, now, i, shared)
       else
         s[1], s[2], s[3] = start, counted, p
         sliding_writes[key] = { now, window }
-        local movers = sliding_movers[key]
-        if movers == nil then
-          sliding_movers[key] = { i }
-        else
-          movers[#movers + 1] = i
-        end
+        lone_moved(sliding_movers, key, i)
       end
     end
   end

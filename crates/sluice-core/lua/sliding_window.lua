@@ -9,12 +9,20 @@
 -- a cost of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in
 -- (the current or the previous one), never below 0, and keeps the key's expiry.
 
+local function sw_estimate(p, c, elapsed, window)
+  return math.floor(p * (window - elapsed) / window) + c
+end
+
+-- The counts of the current window (starting at `start`) and of the previous one, from a hash {w, c, p}: its own if
+-- it is of this window, its current count as the previous one if it is of the window before, else nothing.
+local function sw_counts(w, c, p, start, window)
+  if w == start then return c, p end
+  if w == start - window then return 0, c end
+  return 0, 0
+end
+
 function L.sliding_window()
   local M = {}
-
-  local function sw_estimate(p, c, elapsed, window)
-    return math.floor(p * (window - elapsed) / window) + c
-  end
 
   -- The first offset e in [lo, hi) of a window where the estimate with (p, c) is at most `need`, or nil. The estimate
   -- never grows with e, so a binary search finds it exactly.
@@ -30,14 +38,7 @@ function L.sliding_window()
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
     local f = redis.call('HMGET', key, 'w', 'c', 'p')
-    local w, c, p = tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0
-    if w == start then
-      -- same window
-    elseif w == start - window then
-      p, c = c, 0
-    else
-      p, c = 0, 0
-    end
+    local c, p = sw_counts(tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0, start, window)
     local elapsed = now - start
     local est = sw_estimate(p, c, elapsed, window)
     local s = { start = start, c = c, p = p, used0 = est, used = est + cost }

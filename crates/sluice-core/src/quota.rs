@@ -561,7 +561,6 @@ impl<S: Store> Quotas<S> {
                 continue;
             };
             let (kind, size, due) = (watch.sent.map(|s| s.0), watch.holding.size(), watch.due(now));
-            let entry = granted.held.max(watch.holding.exposure());
             // The first to find the quota spent tells the others, who hold tokens that are no longer there.
             let exhausted = granted.left == 0 && watch.retry_at_us.is_none() && watch.sent.is_some();
             if exhausted {
@@ -571,9 +570,9 @@ impl<S: Store> Quotas<S> {
                 || watch.announced_want == 0
                 || want >= watch.announced_want.saturating_mul(2)
                 || want.saturating_mul(2) <= watch.announced_want
-                || entry < watch.entry
+                || granted.entry < watch.entry
                 || (reported && granted.held < granted.share);
-            watch.entry = entry;
+            watch.entry = granted.entry;
             let action = self.deliver(watch, bucket, &state, granted, now, reported);
             if tell {
                 watch.announced_want = want;

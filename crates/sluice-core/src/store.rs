@@ -280,6 +280,8 @@ pub struct Granted {
     pub share: u64,
     /// What the quota has left (the least of its limits).
     pub left: u64,
+    /// The holder's entry now: the larger of `held` and what it holds (at most its entry before).
+    pub entry: u64,
     /// The live holders, this one included (0 holders besides when it left).
     pub holders: u64,
     /// What every live holder holds, this one's new amount included: never more than `left` when a grant began

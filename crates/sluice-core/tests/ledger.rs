@@ -76,7 +76,7 @@ async fn grants_never_add_up_to_more_than_is_left(store: impl Store) {
     // a holds 60 against a share of 45: b lacks 5 and c 10, so a is to give back 15; but its 60 stay its entry
     // until it says it did not spend them.
     let a = grant(&store, t, 100, "a", 60, 60).await;
-    assert_eq!((a.held, a.share, a.total_held), (45, 45, 100));
+    assert_eq!((a.held, a.share, a.entry, a.total_held), (45, 45, 60, 100));
     assert_eq!(grant(&store, t, 100, "c", 0, 10).await.held, 0);
     let a = grant(&store, t, 100, "a", 45, 60).await;
     assert_eq!((a.held, a.share, a.total_held), (45, 45, 85));
@@ -155,8 +155,8 @@ async fn amounts_at_the_ledger_cap_do_not_wrap(store: impl Store) {
     assert_eq!((a.held, a.share), (limit, limit));
     let b = grant(&store, T0, limit, "b", max, max).await;
     assert_eq!(
-        (b.held, b.total_held),
-        (0, limit),
+        (b.held, b.entry, b.total_held),
+        (0, 0, limit),
         "b's own count says {max}, but it was granted nothing"
     );
     let a = grant(&store, T0, limit, "a", limit, max).await;

@@ -295,6 +295,7 @@ impl MemoryStore {
             granted = Granted {
                 held: amount,
                 share,
+                entry,
                 holders: granted.holders + 1,
                 total_held: granted.total_held + entry,
                 ..granted

@@ -521,6 +521,7 @@ pub(super) fn parse_granted(value: Value) -> Result<Granted, StoreError> {
         left: count(2)?,
         holders: count(3)?,
         total_held: count(4)?,
+        entry: count(5)?,
     })
 }
 
