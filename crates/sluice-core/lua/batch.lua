@@ -94,6 +94,26 @@ local function lone_error(err)
   return err
 end
 
+-- A lone call's arguments: `numbers` of them (its head included), then its time when each carries its own, then in
+-- the node form its key.
+local function lone_width(numbers)
+  if guess == nil then return numbers + 1 end
+  return numbers
+end
+
+-- The key and the time of the lone call at `a` that takes `numbers` arguments.
+local function lone_key_and_time(numbers)
+  local key, at = K[k], now
+  if node then key = ARGV[a + lone_width(numbers)] end
+  if guess == nil then at = tonumber(ARGV[a + numbers]) end
+  return key, at
+end
+
+-- Moves past the lone call at `a`.
+local function lone_done(numbers)
+  if node then a = a + lone_width(numbers) + 1 else a, k = a + lone_width(numbers), k + 1 end
+end
+
 -- The lone forms that head their arguments with a letter: a bucket ('b') or a sliding window ('s'), in capitals when
 -- another lone call of this batch hits the same counter (read once and written once for all of them).
 local lettered = {
@@ -109,26 +129,16 @@ for i = 1, n do
   local ok, answer
   if form ~= nil then
     -- A lone bucket or sliding window: its letter, three numbers, (time), and in the node form its key.
-    local width = 4
-    if guess == nil then width = 5 end
-    local key
-    if node then key = ARGV[a + width] else key = K[k] end
-    local at = now
-    if guess == nil then at = tonumber(ARGV[a + 4]) end
+    local key, at = lone_key_and_time(4)
     ok, answer = pcall(form[1], key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i, form[2])
     if not ok then answer = lone_error(answer) end
-    if node then a = a + width + 1 else a, k = a + width, k + 1 end
+    lone_done(4)
   elseif h > 0 then
     -- A lone fixed window: window, cost, (time), and in the node form its key.
-    local width = 2
-    if guess == nil then width = 3 end
-    local key
-    if node then key = ARGV[a + width] else key = K[k] end
-    local at = now
-    if guess == nil then at = tonumber(ARGV[a + 2]) end
+    local key, at = lone_key_and_time(2)
     ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), at, guess)
     if not ok then answer = lone_error(answer) end
-    if node then a = a + width + 1 else a, k = a + width, k + 1 end
+    lone_done(2)
   else
     local nk, na = -h, tonumber(ARGV[a + 1])
     a = a + 2
