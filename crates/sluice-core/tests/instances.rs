@@ -89,10 +89,10 @@ async fn a_reservation_settled_elsewhere_is_never_reaped() {
 }
 
 /// Redis refuses a SUBSCRIBE to a channel the user may not use with an error the subscriber does not report: the
-/// instance tries the channel when it starts, and, refused, never claims to hear the others, while one whose user
-/// may does.
+/// instance tries the channel when it starts, and, refused, does not claim to hear the others, while one whose user
+/// may does. Once the user's ACL allows the channel, the instance hears again without a restart.
 #[tokio::test]
-async fn a_user_refused_the_notices_channel_never_claims_to_hear() {
+async fn a_user_refused_the_notices_channel_hears_once_allowed() {
     use sluice_core::store::Store;
     let redis = RedisServer::start();
     let allowed = redis_store(&redis.acl_user_url()).await;
@@ -120,6 +120,15 @@ async fn a_user_refused_the_notices_channel_never_claims_to_hear() {
     // The refused user's subscriber connected and "subscribed" as early: it still does not claim to hear.
     for _ in 0..20 {
         assert!(!deaf.hearing(), "a user refused the channel claims to hear the notices");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "deaf", "&sluice:notices"]).trim(), "OK");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !deaf.hearing() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the mended user never heard again"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

@@ -159,6 +159,7 @@ impl RedisStore {
         let sha = Value::from(Script::from_lua(script).sha1().clone());
         let waiting = Arc::new(AtomicUsize::new(0));
         let notices = Notices::start(config.clone(), timeout)?;
+        notices.mend(pool.clone());
         // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
         // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
         let patience = timeout.max(Duration::from_millis(500));

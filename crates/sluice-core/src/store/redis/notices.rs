@@ -9,8 +9,9 @@
 //! nobody acts on; one that does not parse is logged and ignored.
 //!
 //! Redis answers a SUBSCRIBE to a channel the user may not use with an error that the subscriber does not report, so
-//! the instance tries the channel with that hello: refused (NOPERM), the instance never trusts the notices, and says
-//! why. A PUBLISH refused later does the same.
+//! the instance tries the channel with that hello: refused (NOPERM), the instance does not trust the notices, and
+//! says why. A PUBLISH refused later does the same. While refused it tries again every second, and once a hello goes
+//! through (the user's ACL was mended) it subscribes again and trusts the notices from then on, no restart needed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,7 +103,7 @@ impl Notices {
         self.hearing.load(Ordering::Acquire) && !self.refused.load(Ordering::Acquire)
     }
 
-    /// The user may not use the channel: the notices are never trusted again (until a restart with another user).
+    /// The user may not use the channel: the notices are not trusted until a hello goes through ([`Notices::mend`]).
     pub(super) fn refuse(&self) {
         if !self.refused.swap(true, Ordering::AcqRel) {
             tracing::error!(
@@ -115,6 +116,32 @@ impl Notices {
 
     pub(super) fn listen(&self) -> broadcast::Receiver<Notice> {
         self.tx.subscribe()
+    }
+}
+
+impl Notices {
+    /// While the channel is refused, tries it every second with a hello through `pool`; once one goes through,
+    /// subscribes again, says that notices may have been missed, and trusts them again.
+    pub(super) fn mend(&self, pool: fred::clients::Pool) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                every.tick().await;
+                if !this.refused.load(Ordering::Acquire) {
+                    continue;
+                }
+                let hello: Result<Value, fred::error::Error> = pool.next().publish(CHANNEL, HELLO).await;
+                if hello.is_ok() && this.subscriber.subscribe(CHANNEL).await.is_ok() {
+                    let _ = this.tx.send(Notice::Missed);
+                    this.refused.store(false, Ordering::Release);
+                    tracing::info!(
+                        channel = CHANNEL,
+                        "the notices channel is allowed again: notices are trusted"
+                    );
+                }
+            }
+        });
     }
 }
 
