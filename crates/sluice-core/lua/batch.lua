@@ -62,25 +62,17 @@ local function number(s)
   return v
 end
 
-local answers = {}
-
 -- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
 -- and forgets what was read (lone_bucket.lua, lone_sliding_window.lua).
 local function flush_lone()
   for key, at in pairs(bucket_writes) do
     local tat = bucket_tats[key]
     local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX', ceil_ms(tat - at))
-    if not ok then lone_failed(answers, bucket_movers[key], err) end
-  end
-  for key, w in pairs(sliding_writes) do
-    local s, now, window = sliding_states[key], w[1], w[2]
-    local ok, err = pcall(redis.call, 'HSET', key, 'w', s[1], 'c', string.format('%d', s[2]), 'p',
-      string.format('%d', s[3]))
-    if ok then ok, err = pcall(redis.call, 'PEXPIRE', key, ceil_ms(s[1] + 2 * window - now)) end
-    if not ok then lone_failed(answers, sliding_movers[key], err) end
+    if not ok then lone_failed(bucket_movers[key], err) end
   end
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
-  sliding_states, sliding_writes, sliding_movers = {}, {}, {}
+  for key in pairs(sliding_writes) do sliding_write(key) end
+  sliding_states = {}
 end
 
 -- What a lone call that failed answers: its error, or, refused as not served here, false (not decided, nothing

@@ -53,8 +53,11 @@ local function lone_bucket(key, interval, burst, cost, now, i, shared)
   return tat
 end
 
+-- The call's answers, one per descriptor in order (batch.lua fills them).
+local answers = {}
+
 -- Turns the answers of the hits a failed write carried into its error: they were not counted.
-local function lone_failed(answers, movers, err)
+local function lone_failed(movers, err)
   if type(err) == 'table' then err = err.err end
   for _, i in ipairs(movers) do answers[i] = tostring(err) end
 end

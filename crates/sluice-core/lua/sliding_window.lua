@@ -4,7 +4,13 @@
 -- the current window's start. It assumes the previous window's hits were spread evenly; the error bound is in the
 -- README.
 --
--- State: a hash {w = current window start, c, p}. It expires two windows after w, when it no longer matters.
+-- State: one integer string per window, `<key>:<start>` as a fixed window keeps it (`start` the window's first
+-- microsecond, as a decimal integer), read with the previous window's in one MGET and counted with INCRBY (SET with
+-- its expiry on the window's first count). A window's key is read as the previous one all through the next window,
+-- so it expires a second after that.
+-- Counters of the previous form, a hash {w = current window start, c, p} at `<key>` itself, are still read: when the
+-- current window has no key yet, the hash's counts for the two windows (the ones it has) stand in for the keys that
+-- are missing, and the counter's first write folds them into the windows' keys and deletes the hash (`sw_fold`).
 -- Invariants: a denied hit writes nothing, unless it is forced (then c may pass the limit, up to MAX_SLIDING_COUNT);
 -- a cost of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in
 -- (the current or the previous one), never below 0, and keeps the key's expiry.
@@ -13,12 +19,65 @@ local function sw_estimate(p, c, elapsed, window)
   return math.floor(p * (window - elapsed) / window) + c
 end
 
--- The counts of the current window (starting at `start`) and of the previous one, from a hash {w, c, p}: its own if
--- it is of this window, its current count as the previous one if it is of the window before, else nothing.
+-- The counts of the current window (starting at `start`) and of the previous one, from a hash {w, c, p} of the
+-- previous form: its own if it is of this window, its current count as the previous one if it is of the window
+-- before, else nothing.
 local function sw_counts(w, c, p, start, window)
   if w == start then return c, p end
   if w == start - window then return 0, c end
   return 0, 0
+end
+
+-- The counter `base` for the window starting at `start`: the two windows' keys (cur, prev) and counts (c, p),
+-- whether each key is missing (fresh, pfresh), and whether a hash of the previous form stands in (old).
+local function sw_read(base, start, window)
+  local cur = string.format('%s:%d', base, start)
+  local prev = string.format('%s:%d', base, start - window)
+  local v = redis.call('MGET', cur, prev)
+  local c, p = tonumber(v[1]), tonumber(v[2])
+  local s = { base = base, start = start, cur = cur, prev = prev, c = c or 0, p = p or 0, fresh = c == nil,
+    pfresh = p == nil, old = false }
+  if c == nil then
+    local f = redis.call('HMGET', base, 'w', 'c', 'p')
+    local w = tonumber(f[1])
+    if w ~= nil then
+      local oc, op = sw_counts(w, tonumber(f[2]) or 0, tonumber(f[3]) or 0, start, window)
+      s.c, s.old = oc, true
+      if p == nil then s.p = op end
+    end
+  end
+  return s
+end
+
+-- Writes the counts of a hash of the previous form into the windows' keys it stands in for, and deletes it.
+local function sw_fold(s, now, window)
+  if not s.old then return end
+  if s.fresh and s.c > 0 then
+    redis.call('SET', s.cur, string.format('%d', s.c), 'PX', ceil_ms(s.start + 2 * window - now + WINDOW_KEY_GRACE_US))
+    s.fresh = false
+  end
+  if s.pfresh and s.p > 0 then
+    redis.call('SET', s.prev, string.format('%d', s.p), 'PX', ceil_ms(s.start + window - now + WINDOW_KEY_GRACE_US))
+    s.pfresh = false
+  end
+  redis.call('DEL', s.base)
+  s.old = false
+end
+
+-- Counts `cost` in the current window of the counter `s` read (at most up to MAX_SLIDING_COUNT).
+local function sw_add(s, cost, now, window)
+  sw_fold(s, now, window)
+  local c = s.c + cost
+  if c > MAX_SLIDING_COUNT then c = MAX_SLIDING_COUNT end
+  if s.fresh then
+    redis.call('SET', s.cur, string.format('%d', c), 'PX', ceil_ms(s.start + 2 * window - now + WINDOW_KEY_GRACE_US))
+    s.fresh = false
+  elseif c == s.c + cost then
+    redis.call('INCRBY', s.cur, cost)
+  else
+    redis.call('SET', s.cur, string.format('%d', c), 'KEEPTTL')
+  end
+  s.c = c
 end
 
 function L.sliding_window()
@@ -37,11 +96,11 @@ function L.sliding_window()
 
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
-    local f = redis.call('HMGET', key, 'w', 'c', 'p')
-    local c, p = sw_counts(tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0, start, window)
+    local read = sw_read(key, start, window)
+    local c, p = read.c, read.p
     local elapsed = now - start
     local est = sw_estimate(p, c, elapsed, window)
-    local s = { start = start, c = c, p = p, used0 = est, used = est + cost }
+    local s = { read = read, used0 = est, used = est + cost }
     s.ok = est + cost <= limit
     s.rem0 = max0(limit - est)
     s.rem1 = max0(limit - est - cost)
@@ -69,36 +128,25 @@ function L.sliding_window()
   end
 
   function M.commit(key, s, now, cost, limit, window)
-    if cost == 0 then return '' end
-    local c = math.min(s.c + cost, MAX_SLIDING_COUNT)
-    redis.call('HSET', key, 'w', s.start, 'c', string.format('%d', c), 'p', string.format('%d', s.p))
-    redis.call('PEXPIRE', key, ceil_ms(s.start + 2 * window - now))
+    if cost > 0 then sw_add(s.read, cost, now, window) end
     return ''
   end
 
-  -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's if it was
-  -- counted in the current window, the previous window's if in that one (which the hash holds as c while it has not
-  -- rolled over, as p after). The key keeps its expiry.
+  -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's or the
+  -- previous one's. The key keeps its expiry.
   function M.refund(key, now, at, amount, limit, window)
     local start = now - now % window
     local from = at - at % window
-    local f = redis.call('HMGET', key, 'w', 'c', 'p')
-    local w = tonumber(f[1])
-    local field, i
-    if w == nil then
-      return nil
-    elseif from == start and w == start then
-      field, i = 'c', 2
-    elseif from == start - window and w == start then
-      field, i = 'p', 3
-    elseif from == start - window and w == from then
-      field, i = 'c', 2
-    else
-      return nil
-    end
-    local n = tonumber(f[i]) or 0
+    if from ~= start and from ~= start - window then return nil end
+    local s = sw_read(key, start, window)
+    local n, target = s.c, s.cur
+    if from ~= start then n, target = s.p, s.prev end
+    if n == 0 then return nil end
     local given = math.min(n, amount)
-    return given, function() redis.call('HSET', key, field, string.format('%d', n - given)) end
+    return given, function()
+      sw_fold(s, now, window)
+      redis.call('SET', target, string.format('%d', n - given), 'KEEPTTL')
+    end
   end
   return M
 end

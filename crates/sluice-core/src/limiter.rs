@@ -470,10 +470,10 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed window's
-    /// counter in Redis is a key per window ([`CounterKey::window`]): the keys of this window and the next (the store
-    /// may decide by its own clock, a little ahead of this one) come with it, as does the counter's own key, which the
-    /// memory store and the previous form of the Redis counter use.
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed or sliding
+    /// window's counter in Redis is a key per window ([`CounterKey::window`]): the keys of this window and the next
+    /// (the store may decide by its own clock, a little ahead of this one), and a sliding window's previous one, come
+    /// with it, as does the counter's own key, which the memory store and the previous form of the Redis counter use.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);
@@ -485,13 +485,18 @@ impl<S: Store> Limiter<S> {
                 for tier in tiers.iter().filter(|t| select(t)) {
                     let key = tier_key(&id, tier);
                     let window = tier.limit.window_us();
-                    if tier.limit.algorithm == Algorithm::FixedWindow && window > 0 {
+                    if window > 0 {
                         let start = now_us - now_us % window;
-                        // The next window too: the store's clock may already be in it. Not the previous one, whose key
-                        // outlives it by a second and is never read again.
-                        for s in [start, start.saturating_add(window)] {
-                            keys.push(key.window(s));
-                        }
+                        // The next window too: the store's clock may already be in it. A sliding window reads the
+                        // previous one's count as well; a fixed window never reads it again.
+                        let windows: &[u64] = match tier.limit.algorithm {
+                            Algorithm::FixedWindow => &[start, start.saturating_add(window)],
+                            Algorithm::SlidingWindow => {
+                                &[start.saturating_sub(window), start, start.saturating_add(window)]
+                            }
+                            _ => &[],
+                        };
+                        keys.extend(windows.iter().map(|&s| key.window(s)));
                     }
                     keys.push(key);
                 }

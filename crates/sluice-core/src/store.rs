@@ -530,8 +530,8 @@ impl CounterKey {
         self.tag
     }
 
-    /// The key of one window of a fixed-window counter in Redis: this key, `:`, and the window's first microsecond
-    /// (`lua/fixed_window.lua`'s `window_key`).
+    /// The key of one window of a fixed or sliding window's counter in Redis: this key, `:`, and the window's first
+    /// microsecond (`lua/fixed_window.lua`'s `window_of`, `lua/sliding_window.lua`'s `sw_read`).
     pub fn window(&self, start_us: u64) -> CounterKey {
         let mut key = String::with_capacity(self.key.len() + 18);
         key.push_str(&self.key);

@@ -1434,27 +1434,13 @@ async fn a_forced_hit_of_cost_zero_creates_no_state() {
 async fn redis_forced_counts_stop_at_their_bounds() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
-    let start = (T0 - T0 % MINUTE).to_string();
-    for (algorithm, field, bound) in [
-        (Algorithm::FixedWindow, "n", 1u64 << 52),
-        (Algorithm::SlidingWindow, "c", 1 << 51),
-    ] {
+    for (algorithm, bound) in [(Algorithm::FixedWindow, 1u64 << 52), (Algorithm::SlidingWindow, 1 << 51)] {
         let h = forced(one("force-bound", algorithm, 3, MINUTE, 5));
         let seeded = (bound - 1).to_string();
-        // A fixed window's count is a string per window; a sliding window's a hash.
+        // Both keep a string per window.
         let window = h.tiers[0].key.window(T0 - T0 % MINUTE);
-        let (key, read): (&str, Vec<&str>) = match algorithm {
-            Algorithm::FixedWindow => {
-                redis.cli(&["SET", window.as_str(), &seeded, "PX", "60000"]);
-                (window.as_str(), vec!["--raw", "GET", window.as_str()])
-            }
-            _ => {
-                let key = h.tiers[0].key.as_str();
-                redis.cli(&["HSET", key, "w", &start, field, &seeded]);
-                redis.cli(&["PEXPIRE", key, "60000"]);
-                (key, vec!["--raw", "HGET", key, field])
-            }
-        };
+        redis.cli(&["SET", window.as_str(), &seeded, "PX", "60000"]);
+        let (key, read) = (window.as_str(), vec!["--raw", "GET", window.as_str()]);
         let o = apply(&store, T0, &h).await;
         assert_eq!(o.tiers[0].used, bound - 1 + 4, "{algorithm:?}: the cost counts as 4");
         assert_eq!(redis.cli(&read).trim(), bound.to_string(), "{algorithm:?} {key}");
@@ -1717,6 +1703,59 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
     let base = h.tiers[0].key.as_str().to_string();
     redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
     assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
+}
+
+/// A sliding window of the previous form in Redis (a hash {w, c, p} at the counter's own key) counts as the same hits
+/// would in the memory store until the counter's first write, which folds it into the two windows' keys: an upgrade
+/// admits no burst. A hash of the window before counts as the previous window.
+#[tokio::test]
+async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let start = T0 - T0 % MINUTE;
+    // The hash's window, its counts, and the hits that leave the memory store with the same counts.
+    let cases: [(&str, bool, u64, u64, u64); 4] = [
+        ("sw-legacy-lone", true, start, 2, 6),
+        ("sw-legacy-driver", false, start, 2, 6),
+        ("sw-legacy-rolled-lone", true, start - MINUTE, 5, 0),
+        ("sw-legacy-rolled-driver", false, start - MINUTE, 5, 0),
+    ];
+    for (name, lone, w, c, p) in cases {
+        let mut h = one(name, Algorithm::SlidingWindow, 10, MINUTE, 1);
+        if lone {
+            h.fields.clear();
+            h.lease.clear();
+        }
+        let base = h.tiers[0].key.as_str().to_string();
+        redis.cli(&["HSET", &base, "w", &w.to_string(), "c", &c.to_string(), "p", &p.to_string()]);
+        redis.cli(&["PEXPIRE", &base, "120000"]);
+        // The memory store, brought to the same counts by hits: `p` in the window before `w`, `c` in `w`.
+        let serial = memory();
+        let mut seed = h.clone();
+        seed.cost = p;
+        if p > 0 {
+            apply(&serial, w - MINUTE, &seed).await;
+        }
+        seed.cost = c;
+        apply(&serial, w, &seed).await;
+        let mut read = h.clone();
+        read.cost = 0;
+        assert_eq!(peek(&store, T0, &read).await, peek(&serial, T0, &read).await, "{name}: found before any write");
+        for _ in 0..12 {
+            assert_eq!(apply(&store, T0, &h).await, apply(&serial, T0, &h).await, "{name}: no burst");
+        }
+        assert_eq!(redis.cli(&["--raw", "EXISTS", &base]).trim(), "0", "{name}: folded and deleted");
+        let current = h.tiers[0].key.window(start);
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", current.as_str()]).trim().parse().unwrap();
+        // Read as the previous window all through the next one, and a second more.
+        assert!(ttl > 110_000 && ttl <= 111_000, "{name}: {ttl}");
+        let previous = h.tiers[0].key.window(start - MINUTE);
+        let before = if w == start { p } else { c };
+        let kept = redis.cli(&["--raw", "GET", previous.as_str()]);
+        assert_eq!(kept.trim(), before.to_string(), "{name}: the previous window's count");
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", previous.as_str()]).trim().parse().unwrap();
+        assert!(ttl > 50_000 && ttl <= 51_000, "{name}: {ttl}");
+    }
 }
 
 /// Decided by the server's clock, a lone fixed window's key is built by sluice for its own time; when the server's
