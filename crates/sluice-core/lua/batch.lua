@@ -10,8 +10,8 @@
 --           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
 --           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
 --           lone bucket's ('b' or 'B', then lone_bucket.lua's), a lone sliding window's ('s' or 'S', then
---           lone_sliding_window.lua's), or minus its key count, its argument count, and its arguments as decide.lua
---           reads them.
+--           lone_sliding_window.lua's), several fixed windows' ('w', then lone_fixed_window.lua's lone_windows'), or
+--           minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
 --           and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
@@ -23,7 +23,7 @@
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns one answer per descriptor, in order: lone_fixed_window.lua's or lone_bucket.lua's integer,
--- lone_sliding_window.lua's pair, decide.lua's array, or a string, the error that stopped that descriptor (a
+-- lone_sliding_window.lua's pair, lone_windows' counts, decide.lua's array, or a string, the error that stopped that descriptor (a
 -- wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller): the descriptor was not decided because its slot is not served
 -- here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then one more value:
@@ -50,18 +50,6 @@ local guess = tonumber(ARGV[a - 1])
 local now
 if guess ~= nil then now = clock('') end
 
--- Each argument that heads a descriptor or counts a cost is read as a number once per call: most are the same few
--- strings (a handful of windows, a cost of 1), and tonumber costs more than a table lookup.
-local numbers = {}
-local function number(s)
-  local v = numbers[s]
-  if v == nil then
-    v = tonumber(s)
-    numbers[s] = v
-  end
-  return v
-end
-
 -- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
 -- and forgets what was read (lone_bucket.lua, lone_sliding_window.lua).
 local function flush_lone()
@@ -86,24 +74,33 @@ local function lone_error(err)
   return err
 end
 
--- A lone call's arguments: `numbers` of them (its head included), then its time when each carries its own, then in
--- the node form its key.
-local function lone_width(numbers)
-  if guess == nil then return numbers + 1 end
-  return numbers
+-- A lone call's arguments: `count` of them (its head included), then its time when each carries its own, then in
+-- the node form its keys.
+local function lone_width(count)
+  if guess == nil then return count + 1 end
+  return count
 end
 
--- The key and the time of the lone call at `a` that takes `numbers` arguments.
-local function lone_key_and_time(numbers)
+-- The key and the time of the lone call at `a` that takes `count` arguments.
+local function lone_key_and_time(count)
   local key, at = K[k], now
-  if node then key = ARGV[a + lone_width(numbers)] end
-  if guess == nil then at = tonumber(ARGV[a + numbers]) end
+  if node then key = ARGV[a + lone_width(count)] end
+  if guess == nil then at = tonumber(ARGV[a + count]) end
   return key, at
 end
 
--- Moves past the lone call at `a`.
-local function lone_done(numbers)
-  if node then a = a + lone_width(numbers) + 1 else a, k = a + lone_width(numbers), k + 1 end
+-- The `t` keys of the lone call at `a` that takes `count` arguments.
+local function lone_keys(count, t)
+  local keys, from, src = {}, k, K
+  if node then from, src = a + lone_width(count), ARGV end
+  for j = 1, t do keys[j] = src[from + j - 1] end
+  return keys
+end
+
+-- Moves past the lone call at `a`, of `count` arguments and `t` keys (1 unless given).
+local function lone_done(count, t)
+  t = t or 1
+  if node then a = a + lone_width(count) + t else a, k = a + lone_width(count), k + t end
 end
 
 -- The lone forms that head their arguments with a letter: a bucket ('b') or a sliding window ('s'), in capitals when
@@ -117,7 +114,7 @@ for i = 1, n do
   local head = ARGV[a]
   local form = lettered[head]
   local h = 0
-  if form == nil then h = number(head) end
+  if form == nil and head ~= 'w' then h = number(head) end
   local ok, answer
   if form ~= nil then
     -- A lone bucket or sliding window: its letter, three numbers, (time), and in the node form its key.
@@ -125,6 +122,13 @@ for i = 1, n do
     ok, answer = pcall(form[1], key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i, form[2])
     if not ok then answer = lone_error(answer) end
     lone_done(4)
+  elseif head == 'w' then
+    -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
+    local t = number(ARGV[a + 1])
+    local _, at = lone_key_and_time(2 + 3 * t)
+    ok, answer = pcall(lone_windows, lone_keys(2 + 3 * t, t), a + 1, at, guess)
+    if not ok then answer = lone_error(answer) end
+    lone_done(2 + 3 * t, t)
   elseif h > 0 then
     -- A lone fixed window: window, cost, (time), and in the node form its key.
     local key, at = lone_key_and_time(2)

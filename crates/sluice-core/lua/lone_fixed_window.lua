@@ -36,3 +36,51 @@ local function lone_fixed_window(key, window, cost, now, guess)
   if n > MAX_COUNT then redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL') end
   return n - cost
 end
+
+-- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
+-- nothing, as decide.lua decides them: one MGET of the windows' counts and, when the hit fits every window, one INCRBY
+-- each (a SET with its expiry for a window's first count), and the counts back. Its keys are the windows' keys (as a
+-- lone fixed window's); its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit
+-- and the cost (bounded by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
+--
+-- Returns the windows' counts before the hit; sluice decides from them: the hit fits when every window's count plus
+-- its cost is at most its limit, and was counted when it fits and some cost is positive. Denials count nothing.
+local function lone_windows(keys, a, now, guess)
+  local t = number(ARGV[a])
+  local wkeys, starts, windows, costs = {}, {}, {}, {}
+  for j = 1, t do
+    local window = number(ARGV[a + 3 * j - 2])
+    local start = now - now % window
+    local key = keys[j]
+    if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
+    wkeys[j], starts[j], windows[j], costs[j] = key, start, window, number(ARGV[a + 3 * j])
+  end
+  local v = redis.call('MGET', unpack(wkeys))
+  local counts, fits, positive, fresh = {}, true, false, {}
+  for j = 1, t do
+    local n = tonumber(v[j])
+    if n == nil then
+      local base = string.match(wkeys[j], '^(.*):%d+$')
+      local old, found = legacy(base, starts[j])
+      n, fresh[j] = old, { base, found }
+    end
+    counts[j] = n
+    if n + costs[j] > number(ARGV[a + 3 * j - 1]) then fits = false end
+    if costs[j] > 0 then positive = true end
+  end
+  if fits and positive then
+    for j = 1, t do
+      local cost, f = costs[j], fresh[j]
+      if cost > 0 then
+        if f == nil then
+          redis.call('INCRBY', wkeys[j], cost)
+        else
+          redis.call('SET', wkeys[j], string.format('%d', counts[j] + cost), 'PX',
+            ceil_ms(starts[j] + windows[j] - now + WINDOW_KEY_GRACE_US))
+          if f[2] then redis.call('DEL', f[1]) end
+        end
+      end
+    end
+  end
+  return counts
+end

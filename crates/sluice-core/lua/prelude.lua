@@ -74,6 +74,18 @@ local function max0(x)
   return x
 end
 
+-- Each argument that heads a descriptor or counts a cost is read as a number once per call: most are the same few
+-- strings (a handful of windows, a cost of 1), and tonumber costs more than a table lookup.
+local numbers = {}
+local function number(s)
+  local v = numbers[s]
+  if v == nil then
+    v = tonumber(s)
+    numbers[s] = v
+  end
+  return v
+end
+
 -- The time of a call: `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
 -- that every descriptor of a batch is decided at the same instant.
 local server_now

@@ -1434,7 +1434,10 @@ async fn a_forced_hit_of_cost_zero_creates_no_state() {
 async fn redis_forced_counts_stop_at_their_bounds() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
-    for (algorithm, bound) in [(Algorithm::FixedWindow, 1u64 << 52), (Algorithm::SlidingWindow, 1 << 51)] {
+    for (algorithm, bound) in [
+        (Algorithm::FixedWindow, 1u64 << 52),
+        (Algorithm::SlidingWindow, 1 << 51),
+    ] {
         let h = forced(one("force-bound", algorithm, 3, MINUTE, 5));
         let seeded = (bound - 1).to_string();
         // Both keep a string per window.
@@ -1698,6 +1701,28 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
             "{name}: expires a second after its window: {ttl}"
         );
     }
+    // Several windows on one descriptor: each window's hash is folded in at its first write; a denial counts nothing.
+    let h = hit(
+        vec![
+            tier("legacy-windows", Algorithm::FixedWindow, 6, MINUTE, 6),
+            tier("legacy-windows", Algorithm::FixedWindow, 100, 60 * MINUTE, 100),
+        ],
+        1,
+    );
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
+    let o = apply(&store, T0, &h).await;
+    assert_eq!((o.admitted, o.tiers[0].used, o.tiers[1].used), (true, 6, 1));
+    assert!(!apply(&store, T0, &h).await.admitted, "no burst");
+    assert_eq!(redis.cli(&["--raw", "EXISTS", &base]).trim(), "0", "folded and deleted");
+    let window = h.tiers[0].key.window(start);
+    assert_eq!(redis.cli(&["--raw", "GET", window.as_str()]).trim(), "6");
+    let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
+    assert_eq!(
+        redis.cli(&["--raw", "GET", hour.as_str()]).trim(),
+        "1",
+        "the denial counted nothing"
+    );
     // A hash of a window that has passed counts nothing.
     let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
     let base = h.tiers[0].key.as_str().to_string();
@@ -1727,7 +1752,16 @@ async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
             h.lease.clear();
         }
         let base = h.tiers[0].key.as_str().to_string();
-        redis.cli(&["HSET", &base, "w", &w.to_string(), "c", &c.to_string(), "p", &p.to_string()]);
+        redis.cli(&[
+            "HSET",
+            &base,
+            "w",
+            &w.to_string(),
+            "c",
+            &c.to_string(),
+            "p",
+            &p.to_string(),
+        ]);
         redis.cli(&["PEXPIRE", &base, "120000"]);
         // The memory store, brought to the same counts by hits: `p` in the window before `w`, `c` in `w`.
         let serial = memory();
@@ -1740,11 +1774,23 @@ async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
         apply(&serial, w, &seed).await;
         let mut read = h.clone();
         read.cost = 0;
-        assert_eq!(peek(&store, T0, &read).await, peek(&serial, T0, &read).await, "{name}: found before any write");
+        assert_eq!(
+            peek(&store, T0, &read).await,
+            peek(&serial, T0, &read).await,
+            "{name}: found before any write"
+        );
         for _ in 0..12 {
-            assert_eq!(apply(&store, T0, &h).await, apply(&serial, T0, &h).await, "{name}: no burst");
+            assert_eq!(
+                apply(&store, T0, &h).await,
+                apply(&serial, T0, &h).await,
+                "{name}: no burst"
+            );
         }
-        assert_eq!(redis.cli(&["--raw", "EXISTS", &base]).trim(), "0", "{name}: folded and deleted");
+        assert_eq!(
+            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            "0",
+            "{name}: folded and deleted"
+        );
         let current = h.tiers[0].key.window(start);
         let ttl: i64 = redis.cli(&["--raw", "PTTL", current.as_str()]).trim().parse().unwrap();
         // Read as the previous window all through the next one, and a second more.

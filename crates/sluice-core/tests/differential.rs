@@ -174,17 +174,21 @@ fn tier_shape(algorithms: &[Algorithm]) -> impl Strategy<Value = TierShape> {
         .prop_filter("the configuration refuses it", TierShape::is_valid)
 }
 
-/// One to three tiers of `algorithms`, or (a quarter of the cases) a lone fixed window, the call the script's fast
-/// path takes.
+/// One to three tiers of `algorithms`, or (a fifth of the cases each) a lone fixed window or two or three fixed
+/// windows, the calls the script's compact forms take.
 fn tier_shapes(algorithms: &[Algorithm]) -> impl Strategy<Value = Vec<TierShape>> {
-    let lone_fixed_window = tier_shape(algorithms).prop_map(|s| {
-        vec![TierShape {
+    let fixed = || {
+        tier_shape(algorithms).prop_map(|s| TierShape {
             algorithm: Algorithm::FixedWindow,
             burst: s.limit,
             ..s
-        }]
-    });
-    prop_oneof![3 => prop::collection::vec(tier_shape(algorithms), 1..=3), 1 => lone_fixed_window]
+        })
+    };
+    prop_oneof![
+        3 => prop::collection::vec(tier_shape(algorithms), 1..=3),
+        1 => prop::collection::vec(fixed(), 1),
+        1 => prop::collection::vec(fixed(), 2..=3),
+    ]
 }
 
 /// The algorithms a reservation holds.

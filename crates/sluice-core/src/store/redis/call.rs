@@ -124,8 +124,12 @@ impl Call {
             .or(record.map(|r| &r.key))
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        if let ([tier], "hit", None, []) = (&hit.tiers[..], mode, record, fields) {
-            if let Some(lone) = Lone::of(now_us, tier, hit.cost) {
+        if let ("hit", None, []) = (mode, record, fields) {
+            let lone = match &hit.tiers[..] {
+                [tier] => Lone::of(now_us, tier, hit.cost),
+                tiers => Lone::windows(now_us, tiers, hit.cost),
+            };
+            if let Some(lone) = lone {
                 // Its key and arguments are written when the script call is assembled (see `Lone::parts`).
                 return Call {
                     keys: Vec::new(),
@@ -258,7 +262,7 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut sent_at: Vec<usize> = Vec::with_capacity(calls.len());
     let mut plan = Vec::with_capacity(calls.len());
     for (call, share) in calls.into_iter().zip(shares) {
-        let own = call.lone.as_ref().map(|l| l.tier);
+        let own = call.lone.as_ref().map(|l| l.tier.clone());
         match (share, own) {
             (Some(first), Some(LoneTier::Window(own))) => {
                 let j = sent_at[first];
@@ -280,7 +284,7 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
                     own: Some(LoneTier::Window(own)),
                 });
             }
-            _ => {
+            (_, own) => {
                 sent_at.push(sent.len());
                 plan.push(Planned {
                     sent: sent.len(),
@@ -297,10 +301,7 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
 /// Marks the lone buckets and sliding windows whose counter another lone call of the batch hits ([`Lone::share`]).
 fn mark_shared(calls: &mut [Call]) {
     fn key(c: &Call) -> Option<&str> {
-        match &c.lone {
-            Some(l) if !matches!(l.tier, LoneTier::Window(_)) => Some(l.key.as_str()),
-            _ => None,
-        }
+        c.lone.as_ref().filter(|l| l.shareable()).map(|l| l.key.as_str())
     }
     if calls.iter().filter_map(key).nth(1).is_none() {
         return;
@@ -397,28 +398,25 @@ fn timing(guess: Option<u64>) -> Value {
 /// EVALSHA's arguments in the declared form: every call's keys, then n, the timing header, then every call's
 /// arguments.
 fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
-    let keys: usize = calls.iter().map(|c| c.keys.len().max(1)).sum();
+    let keys: usize = calls
+        .iter()
+        .map(|c| c.lone.as_ref().map_or(c.keys.len(), Lone::key_count))
+        .sum();
     let args: usize = calls.iter().map(|c| c.args.len().max(3)).sum();
     let mut command = Vec::with_capacity(4 + keys + args);
     command.push(sha);
     command.push(Value::Integer(keys as i64));
-    let mut lone_args = Vec::new();
     for call in &mut calls {
         match &call.lone {
-            Some(lone) => {
-                let (key, args) = lone.parts(guess.unwrap_or(0));
-                command.push(key);
-                lone_args.push(args);
-            }
+            Some(lone) => lone.push_keys(guess.unwrap_or(0), &mut command),
             None => command.append(&mut call.keys),
         }
     }
     command.push(Value::Integer(calls.len() as i64));
     command.push(timing(guess));
-    let mut lone_args = lone_args.into_iter();
     for call in calls {
-        match call.lone {
-            Some(_) => command.extend(lone_args.next().unwrap_or_default()),
+        match &call.lone {
+            Some(lone) => lone.push_args(&mut command),
             None => command.extend(call.args),
         }
     }
@@ -438,9 +436,8 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
     command.push(timing(guess));
     for call in calls {
         if let Some(lone) = &call.lone {
-            let (key, args) = lone.parts(guess.unwrap_or(0));
-            command.extend(args);
-            command.push(key);
+            lone.push_args(&mut command);
+            lone.push_keys(guess.unwrap_or(0), &mut command);
             continue;
         }
         let mut args = call.args.into_iter();

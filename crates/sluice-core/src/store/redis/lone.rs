@@ -1,17 +1,18 @@
 //! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
 //! window (`lua/lone_fixed_window.lua`), a token or leaky bucket (`lua/lone_bucket.lua`) or a sliding window
-//! (`lua/lone_sliding_window.lua`). Each travels as its key and two to four numbers instead of the driver's twelve
-//! arguments, and comes back as one or two integers (the window's count before the hit, the bucket's arrival time
-//! before it, the sliding window's two counts) from which sluice makes the decision, exactly as the driver's check
-//! would (the differential test holds the two paths to the same answers).
+//! (`lua/lone_sliding_window.lua`), or with several fixed windows (a second, a minute and an hour: `lone_windows` in
+//! `lua/lone_fixed_window.lua`). Each travels as its keys and two to four numbers per limit instead of the driver's
+//! twelve arguments and five per limit, and comes back as integers (a window's count before the hit, the bucket's
+//! arrival time before it, the sliding window's two counts) from which sluice makes the decision, exactly as the
+//! driver's check would (the differential test holds the two paths to the same answers).
 
 use fred::types::Value;
 
 use crate::rules::Algorithm;
 use crate::store::{CounterKey, TierSpec};
 
-/// A lone call: its counter's key (a fixed window's key is built from it when the call is assembled) and what sluice
-/// decides it by.
+/// A lone call: its counter's key (a fixed window's key is built from it when the call is assembled; for several
+/// windows, the first's) and what sluice decides it by.
 #[derive(Debug, Clone)]
 pub(super) struct Lone {
     pub(super) key: CounterKey,
@@ -19,11 +20,13 @@ pub(super) struct Lone {
 }
 
 /// What sluice decides a lone call by.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) enum LoneTier {
     Window(WindowTier),
     Bucket(BucketTier),
     Sliding(SlidingTier),
+    /// Several fixed windows, each with its counter's key, decided together.
+    Windows(Vec<(CounterKey, WindowTier)>),
 }
 
 /// What sluice needs to decide a lone sliding window from the counts the hit found, as `lua/sliding_window.lua`'s
@@ -71,18 +74,12 @@ impl Lone {
     /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
     /// does not apply: another algorithm, a window of 0, a time past i64.
     pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Lone> {
-        if tier.window_us == 0 || tier.window_us > i64::MAX as u64 || now_us.is_some_and(|now| now > i64::MAX as u64) {
+        if !compact(now_us, tier) {
             return None;
         }
         let cost = tier.bounded_cost(cost);
         let tier_of = match tier.algorithm {
-            Algorithm::FixedWindow => LoneTier::Window(WindowTier {
-                limit: tier.limit,
-                window_us: tier.window_us,
-                cost,
-                counted: if cost <= tier.limit { cost } else { 0 },
-                now_us,
-            }),
+            Algorithm::FixedWindow => LoneTier::Window(WindowTier::of(now_us, tier, cost)),
             Algorithm::SlidingWindow => LoneTier::Sliding(SlidingTier {
                 limit: tier.limit,
                 window_us: tier.window_us,
@@ -105,6 +102,23 @@ impl Lone {
         })
     }
 
+    /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
+    /// apply: another algorithm among them, a window of 0, a time past i64, fewer than two tiers.
+    pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Lone> {
+        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && compact(now_us, t);
+        if tiers.len() < 2 || !tiers.iter().all(fits) {
+            return None;
+        }
+        let windows = tiers
+            .iter()
+            .map(|t| (t.key.clone(), WindowTier::of(now_us, t, t.bounded_cost(cost))))
+            .collect();
+        Some(Lone {
+            key: tiers[0].key.clone(),
+            tier: LoneTier::Windows(windows),
+        })
+    }
+
     /// Marks a bucket or sliding window that another lone call of the same script call hits too: the script then
     /// reads it once and writes it once for all of them (`lua/lone_bucket.lua`), and a counter hit once is written
     /// at once, with nothing to remember.
@@ -112,39 +126,73 @@ impl Lone {
         match &mut self.tier {
             LoneTier::Bucket(t) => t.shared = true,
             LoneTier::Sliding(t) => t.shared = true,
-            LoneTier::Window(_) => {}
+            LoneTier::Window(_) | LoneTier::Windows(_) => {}
         }
     }
 
-    /// The key and the arguments, in the script's form. A fixed window: its window's key, then the window and the
-    /// cost counted; by the server's clock the key is the window's at `guess`, this host's time when the call is
-    /// assembled, which the script checks against the server's. A bucket: its key, then 'b' ('B' when shared), the
-    /// interval, the burst and the cost. A sliding window: its key, then 's' ('S' when shared), the window, the limit
-    /// and the cost. Then the decision's time, when it is given.
-    pub(super) fn parts(&self, guess: u64) -> (Value, Vec<Value>) {
-        let int = |n: u64| Value::Integer(n as i64);
+    /// Whether the script may read and write its counter once for several lone calls of one script call (a bucket,
+    /// a sliding window: [`Lone::share`]).
+    pub(super) fn shareable(&self) -> bool {
+        matches!(self.tier, LoneTier::Bucket(_) | LoneTier::Sliding(_))
+    }
+
+    /// How many keys [`Lone::push_keys`] pushes.
+    pub(super) fn key_count(&self) -> usize {
         match &self.tier {
-            LoneTier::Window(t) => {
-                let now = t.now_us.unwrap_or(guess);
-                let key = Value::from(String::from(self.key.window(now - now % t.window_us)));
-                let mut args = vec![int(t.window_us), int(t.counted)];
-                args.extend(t.now_us.map(int));
-                (key, args)
-            }
-            LoneTier::Bucket(t) => {
-                let head = if t.shared { "B" } else { "b" };
-                let mut args = vec![Value::from(head), int(t.interval), int(t.burst), int(t.cost)];
-                args.extend(t.now_us.map(int));
-                (Value::from(self.key.as_str()), args)
-            }
-            LoneTier::Sliding(t) => {
-                let head = if t.shared { "S" } else { "s" };
-                let mut args = vec![Value::from(head), int(t.window_us), int(t.limit), int(t.cost)];
-                args.extend(t.now_us.map(int));
-                (Value::from(self.key.as_str()), args)
-            }
+            LoneTier::Windows(tiers) => tiers.len(),
+            _ => 1,
         }
     }
+
+    /// The keys, in the script's form: a fixed window's is its window's key, by the server's clock the window's at
+    /// `guess`, this host's time when the call is assembled, which the script checks against the server's; several
+    /// windows' are theirs; the others' their counter's.
+    pub(super) fn push_keys(&self, guess: u64, out: &mut Vec<Value>) {
+        let window = |key: &CounterKey, t: &WindowTier| {
+            let now = t.now_us.unwrap_or(guess);
+            Value::from(String::from(key.window(now - now % t.window_us)))
+        };
+        match &self.tier {
+            LoneTier::Window(t) => out.push(window(&self.key, t)),
+            LoneTier::Windows(tiers) => out.extend(tiers.iter().map(|(key, t)| window(key, t))),
+            LoneTier::Bucket(_) | LoneTier::Sliding(_) => out.push(Value::from(self.key.as_str())),
+        }
+    }
+
+    /// The arguments, in the script's form. A fixed window: the window and the cost counted. A bucket: 'b' ('B'
+    /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
+    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. Then the
+    /// decision's time, when it is given.
+    pub(super) fn push_args(&self, out: &mut Vec<Value>) {
+        let int = |n: u64| Value::Integer(n as i64);
+        match &self.tier {
+            LoneTier::Window(t) => out.extend([int(t.window_us), int(t.counted)]),
+            LoneTier::Bucket(t) => out.extend([
+                Value::from(if t.shared { "B" } else { "b" }),
+                int(t.interval),
+                int(t.burst),
+                int(t.cost),
+            ]),
+            LoneTier::Sliding(t) => out.extend([
+                Value::from(if t.shared { "S" } else { "s" }),
+                int(t.window_us),
+                int(t.limit),
+                int(t.cost),
+            ]),
+            LoneTier::Windows(tiers) => {
+                out.extend([Value::from("w"), int(tiers.len() as u64)]);
+                for (_, t) in tiers {
+                    out.extend([int(t.window_us), int(t.limit), int(t.cost)]);
+                }
+            }
+        }
+        out.extend(self.tier.now_us().map(int));
+    }
+}
+
+/// Whether a tier's numbers fit a compact form: a window, and a time and window within i64.
+fn compact(now_us: Option<u64>, tier: &TierSpec) -> bool {
+    tier.window_us > 0 && tier.window_us <= i64::MAX as u64 && now_us.is_none_or(|now| now <= i64::MAX as u64)
 }
 
 impl LoneTier {
@@ -154,6 +202,7 @@ impl LoneTier {
             LoneTier::Window(t) => t.now_us,
             LoneTier::Bucket(t) => t.now_us,
             LoneTier::Sliding(t) => t.now_us,
+            LoneTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
         }
     }
 
@@ -169,28 +218,70 @@ impl LoneTier {
                 [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
                 _ => None,
             },
+            (LoneTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
+                let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
+                Some(windows_answer(tiers, &counts, now_us))
+            }
             _ => None,
         }
     }
 }
 
-/// `decide.lua`'s answer for one tier: admitted, then the tier's ok, used, remaining, reset, retry and entry id.
-fn decided(ok: bool, used: u64, remaining: u64, reset: u64, retry: i64) -> Value {
+/// One tier's part of `decide.lua`'s answer: ok, used, remaining, reset, retry and entry id.
+fn tier_values(ok: bool, used: u64, remaining: u64, reset: u64, retry: i64) -> [Value; 6] {
     let int = |n: u64| Value::Integer(n.min(i64::MAX as u64) as i64);
-    Value::Array(vec![
-        Value::Integer(i64::from(ok)),
+    [
         Value::Integer(i64::from(ok)),
         int(used),
         int(remaining),
         int(reset),
         Value::Integer(retry),
         Value::from(""),
-    ])
+    ]
+}
+
+/// `decide.lua`'s answer for one tier: admitted, then the tier's values ([`tier_values`]).
+fn decided(ok: bool, used: u64, remaining: u64, reset: u64, retry: i64) -> Value {
+    let mut answer = vec![Value::Integer(i64::from(ok))];
+    answer.extend(tier_values(ok, used, remaining, reset, retry));
+    Value::Array(answer)
+}
+
+/// `decide.lua`'s answer for several fixed windows from their counts before the hit: admitted when every window
+/// takes its cost, and then counted in each (`lua/lone_fixed_window.lua`'s lone_windows).
+fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u64) -> Value {
+    let fits = |(t, n): (&WindowTier, u64)| n.saturating_add(t.cost) <= t.limit;
+    let pairs = || tiers.iter().map(|(_, t)| t).zip(counts.iter().copied());
+    let admitted = pairs().all(fits);
+    let counted = admitted && tiers.iter().any(|(_, t)| t.cost > 0);
+    let mut answer = Vec::with_capacity(1 + 6 * tiers.len());
+    answer.push(Value::Integer(i64::from(admitted)));
+    for (t, n) in pairs() {
+        let (ok, reset, retry) = t.check(n, now_us);
+        // What is left after a counted hit, now otherwise, and 0 where the hit does not fit.
+        let remaining = match (ok, counted && t.cost > 0) {
+            (false, _) => 0,
+            (true, true) => t.limit - n - t.cost,
+            (true, false) => t.limit.saturating_sub(n),
+        };
+        answer.extend(tier_values(ok, n.saturating_add(t.cost), remaining, reset, retry));
+    }
+    Value::Array(answer)
 }
 
 impl WindowTier {
-    /// The decision from the count `n` before the hit.
-    fn answer(&self, n: u64, now_us: u64) -> Value {
+    fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> WindowTier {
+        WindowTier {
+            limit: tier.limit,
+            window_us: tier.window_us,
+            cost,
+            counted: if cost <= tier.limit { cost } else { 0 },
+            now_us,
+        }
+    }
+
+    /// Whether the hit fits the count `n` before it, the time until the window resets, and the retry time.
+    fn check(&self, n: u64, now_us: u64) -> (bool, u64, i64) {
         let start = now_us - now_us % self.window_us;
         let reset = start + self.window_us - now_us;
         let ok = n.saturating_add(self.cost) <= self.limit;
@@ -201,6 +292,12 @@ impl WindowTier {
         } else {
             reset as i64
         };
+        (ok, reset, retry)
+    }
+
+    /// The decision from the count `n` before the hit.
+    fn answer(&self, n: u64, now_us: u64) -> Value {
+        let (ok, reset, retry) = self.check(n, now_us);
         let remaining = if ok { self.limit - n - self.cost } else { 0 };
         decided(ok, n.saturating_add(self.cost), remaining, reset, retry)
     }
