@@ -14,7 +14,7 @@
 --           minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
---           and its key, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
+--           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
 --           alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as decide.lua
 --           reads them.
 --
@@ -22,12 +22,14 @@
 -- lone fixed windows' keys were built for: lone calls are then decided by the server's clock (TIME, read once per
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns one answer per descriptor, in order: lone_fixed_window.lua's or lone_bucket.lua's integer,
--- lone_sliding_window.lua's pair, lone_windows' counts, decide.lua's array, or a string, the error that stopped that descriptor (a
--- wrong-type key, an unknown algorithm); the others are decided all the same.
--- In the node form also false (nil to the caller): the descriptor was not decided because its slot is not served
--- here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then one more value:
--- the server's time in microseconds if the call read it (some descriptor was decided by the server's clock), else 0.
+-- Returns the answers in order: per descriptor, lone_fixed_window.lua's or lone_bucket.lua's integer, the two counts of
+-- lone_sliding_window.lua, the t counts of lone_windows, or decide.lua's array, each in as many places; or a string
+-- in its first place (and 0 in its others), the error that stopped that descriptor (a wrong-type key, an unknown
+-- algorithm); the others are decided all the same.
+-- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
+-- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
+-- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's
+-- clock), else 0.
 --
 -- Invariants: in the node form a descriptor is decided only once a read of its probe key succeeded. That read
 -- succeeds only where the slot is served by this node and is not migrating (a key absent from a migrating slot is
@@ -35,9 +37,8 @@
 -- served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot
 -- is therefore refused before anything is written, never part-way (a migrating slot serves only the keys it still
 -- holds, so a key created or emptied by the decision could be refused after another was written). Each probe key is
--- read once per call. Lone calls are the exception: the first command of each is on its one key (a fixed window's
--- is the window's), and is refused exactly where the probe's read would be, before anything is written, so they need
--- no probe.
+-- read once per call. Lone calls are the exception: each reads its keys (one slot's) before it writes any, and a read
+-- is refused exactly where the probe's read would be, before anything is written, so they need no probe.
 
 local node = ARGV[1] == 'node'
 local n, k, a = tonumber(ARGV[1]), 1, 3
@@ -55,7 +56,8 @@ if guess ~= nil then now = clock('') end
 local function flush_lone()
   for key, at in pairs(bucket_writes) do
     local tat = bucket_tats[key]
-    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX', ceil_ms(tat - at))
+    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX',
+      string.format('%d', ceil_ms(tat - at)))
     if not ok then lone_failed(bucket_movers[key], err) end
   end
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
@@ -103,67 +105,88 @@ local function lone_done(count, t)
   if node then a = a + lone_width(count) + t else a, k = a + lone_width(count), k + t end
 end
 
--- The lone forms that head their arguments with a letter: a bucket ('b') or a sliding window ('s'), in capitals when
--- another lone call of this batch hits the same counter (read once and written once for all of them).
-local lettered = {
-  b = { lone_bucket, false }, B = { lone_bucket, true },
-  s = { lone_sliding_window, false }, S = { lone_sliding_window, true },
-}
+-- The lone forms that head their arguments with a letter ('b' a bucket, 's' a sliding window), and whether another
+-- lone call of this batch hits the same counter (in capitals: read once and written once for all of them).
+local buckets = { b = false, B = true }
+local slidings = { s = false, S = true }
 
-for i = 1, n do
+-- Where the next answer goes: a descriptor's answer takes one place, or as many as its compact form returns.
+local o = 1
+
+-- A lone call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
+local function lone_failure(err, width)
+  answers[o] = lone_error(err)
+  for j = 1, width - 1 do answers[o + j] = 0 end
+end
+
+for _ = 1, n do
   local head = ARGV[a]
-  local form = lettered[head]
-  local h = 0
-  if form == nil and head ~= 'w' then h = number(head) end
-  local ok, answer
-  if form ~= nil then
-    -- A lone bucket or sliding window: its letter, three numbers, (time), and in the node form its key.
+  local shared = buckets[head]
+  if shared ~= nil then
+    -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
     local key, at = lone_key_and_time(4)
-    ok, answer = pcall(form[1], key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, i, form[2])
-    if not ok then answer = lone_error(answer) end
+    local ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
+      shared)
+    if ok then answers[o] = answer else lone_failure(answer, 1) end
     lone_done(4)
+    o = o + 1
+  elseif slidings[head] ~= nil then
+    -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
+    local keys = lone_keys(4, 2)
+    local _, at = lone_key_and_time(4)
+    local ok, c, p = pcall(lone_sliding_window, keys[1], keys[2], number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
+    if ok then answers[o], answers[o + 1] = c, p else lone_failure(c, 2) end
+    lone_done(4, 2)
+    o = o + 2
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])
     local _, at = lone_key_and_time(2 + 3 * t)
-    ok, answer = pcall(lone_windows, lone_keys(2 + 3 * t, t), a + 1, at, guess)
-    if not ok then answer = lone_error(answer) end
+    local ok, err = pcall(lone_windows, lone_keys(2 + 3 * t, t), a + 1, at, guess, o)
+    if not ok then lone_failure(err, t) end
     lone_done(2 + 3 * t, t)
-  elseif h > 0 then
-    -- A lone fixed window: window, cost, (time), and in the node form its key.
-    local key, at = lone_key_and_time(2)
-    ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), at, guess)
-    if not ok then answer = lone_error(answer) end
-    lone_done(2)
+    o = o + t
   else
-    local nk, na = -h, tonumber(ARGV[a + 1])
-    a = a + 2
-    local here = true
-    if node then
-      local probe = ARGV[a]
-      k = a + 1
-      a = a + 1 + nk
-      here = served[probe]
-      if here == nil then
-        here = probe ~= '' and (pcall(redis.call, 'GET', probe))
-        served[probe] = here
+    local h = number(head)
+    if h > 0 then
+      -- A lone fixed window: window, cost, (time), and in the node form its key.
+      local key, at = lone_key_and_time(2)
+      local ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
+      if ok then answers[o] = answer else lone_failure(answer, 1) end
+      lone_done(2)
+    else
+      local nk, na = -h, tonumber(ARGV[a + 1])
+      a = a + 2
+      local here = true
+      if node then
+        local probe = ARGV[a]
+        k = a + 1
+        a = a + 1 + nk
+        here = served[probe]
+        if here == nil then
+          here = probe ~= '' and (pcall(redis.call, 'GET', probe))
+          served[probe] = here
+        end
       end
-    end
-    answer = false
-    if here then
-      -- The driver's form may read a bucket a lone call of this batch moved: write those first.
-      if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_lone() end
-      ok, answer = pcall(decide, k, nk, a)
-      if not ok then
-        if type(answer) == 'table' then answer = answer.err end
-        answer = tostring(answer)
+      local answer = false
+      if here then
+        -- The driver's form may read a bucket a lone call of this batch moved: write those first.
+        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_lone() end
+        local ok
+        ok, answer = pcall(decide, k, nk, a)
+        if not ok then
+          if type(answer) == 'table' then answer = answer.err end
+          answer = tostring(answer)
+        end
       end
+      answers[o] = answer
+      if not node then k = k + nk end
+      a = a + na
     end
-    if not node then k = k + nk end
-    a = a + na
+    o = o + 1
   end
-  answers[i] = answer
 end
 flush_lone()
-answers[n + 1] = server_now or 0
+answers[o] = server_now or 0
 return answers

@@ -20,18 +20,18 @@ local bucket_tats = {}
 -- hits did.
 local bucket_writes, bucket_movers = {}, {}
 
--- Notes that the hit of descriptor `i` moved the shared counter `key`: its answer stands only if the write at the end
--- succeeds.
-local function lone_moved(movers, key, i)
+-- Notes that the hit whose answer is at `pos` moved the shared counter `key`: its answer stands only if the write at
+-- the end succeeds.
+local function lone_moved(movers, key, pos)
   local list = movers[key]
   if list == nil then
-    movers[key] = { i }
+    movers[key] = { pos }
   else
-    list[#list + 1] = i
+    list[#list + 1] = pos
   end
 end
 
-local function lone_bucket(key, interval, burst, cost, now, i, shared)
+local function lone_bucket(key, interval, burst, cost, now, pos, shared)
   local stored
   if shared then stored = bucket_tats[key] end
   if stored == nil then stored = tonumber(redis.call('GET', key)) or -1 end
@@ -42,10 +42,10 @@ local function lone_bucket(key, interval, burst, cost, now, i, shared)
     if reach - now <= burst * interval then
       stored = reach
       if not shared then
-        redis.call('SET', key, string.format('%d', reach), 'PX', ceil_ms(reach - now))
+        redis.call('SET', key, string.format('%d', reach), 'PX', string.format('%d', ceil_ms(reach - now)))
       else
         bucket_writes[key] = now
-        lone_moved(bucket_movers, key, i)
+        lone_moved(bucket_movers, key, pos)
       end
     end
   end
@@ -53,11 +53,8 @@ local function lone_bucket(key, interval, burst, cost, now, i, shared)
   return tat
 end
 
--- The call's answers, one per descriptor in order (batch.lua fills them).
-local answers = {}
-
--- Turns the answers of the hits a failed write carried into its error: they were not counted.
+-- Turns the answers of the hits a failed write carried into its error (in their first place): they were not counted.
 local function lone_failed(movers, err)
   if type(err) == 'table' then err = err.err end
-  for _, i in ipairs(movers) do answers[i] = tostring(err) end
+  for _, pos in ipairs(movers) do answers[pos] = tostring(err) end
 end

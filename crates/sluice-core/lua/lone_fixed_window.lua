@@ -7,14 +7,15 @@
 -- Its key is the window's key (fixed_window.lua's `window_of`: the counter's key, ':', the window's start), built by
 -- sluice; its arguments (batch.lua reads them): the window in microseconds, the cost to count (0 for a hit that is
 -- not counted: a cost of 0, or one above the limit, which can never fit; a positive cost is at most the limit), the
--- decision's time `now`, and `guess`: nil when sluice gave the time, else the time by sluice's clock the key was
+-- decision's time `now` (`text` is the cost as the arguments spell it: Redis takes a string for less than a
+-- number), and `guess`: nil when sluice gave the time, else the time by sluice's clock the key was
 -- built for, `now` being the server's; if the server's window is another (the two clocks straddle a window's edge),
 -- the key is rebuilt for the server's window.
 --
 -- Returns the window's count before the hit. Denials are counted as the reference counts them: sluice sends the cost
 -- whether or not it will fit. A count past MAX_COUNT stays there.
 
-local function lone_fixed_window(key, window, cost, now, guess)
+local function lone_fixed_window(key, window, cost, text, now, guess)
   local start = now - now % window
   if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
   if cost == 0 then
@@ -22,7 +23,7 @@ local function lone_fixed_window(key, window, cost, now, guess)
     if n == nil then n = legacy(string.match(key, '^(.*):%d+$'), start) end
     return n
   end
-  local n = redis.call('INCRBY', key, cost)
+  local n = redis.call('INCRBY', key, text)
   if n == cost then
     -- The window's first count: fold in a counter of the previous form, and set the window's expiry.
     local base = string.match(key, '^(.*):%d+$')
@@ -38,49 +39,51 @@ local function lone_fixed_window(key, window, cost, now, guess)
 end
 
 -- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
--- nothing, as decide.lua decides them: one MGET of the windows' counts and, when the hit fits every window, one INCRBY
--- each (a SET with its expiry for a window's first count), and the counts back. Its keys are the windows' keys (as a
--- lone fixed window's); its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit
--- and the cost (bounded by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
+-- nothing, as decide.lua decides them: a GET of each window's count and, when the hit fits every window, one INCRBY
+-- each (a SET with its expiry for a window's first count). Its keys are the windows' keys (as a lone fixed window's);
+-- its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit and the cost (bounded
+-- by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
 --
--- Returns the windows' counts before the hit; sluice decides from them: the hit fits when every window's count plus
--- its cost is at most its limit, and was counted when it fits and some cost is positive. Denials count nothing.
-local function lone_windows(keys, a, now, guess)
+-- Writes the windows' counts before the hit into answers[pos] to answers[pos + t - 1]; sluice decides from them: the
+-- hit fits when every window's count plus its cost is at most its limit, and was counted when it fits and some cost
+-- is positive. Denials count nothing.
+local function lone_windows(keys, a, now, guess, pos)
   local t = number(ARGV[a])
-  local wkeys, starts, windows, costs = {}, {}, {}, {}
+  local fits, positive, fresh = true, false, nil
   for j = 1, t do
-    local window = number(ARGV[a + 3 * j - 2])
+    local window, b = number(ARGV[a + 3 * j - 2]), a + 3 * j
     local start = now - now % window
     local key = keys[j]
-    if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
-    wkeys[j], starts[j], windows[j], costs[j] = key, start, window, number(ARGV[a + 3 * j])
-  end
-  local v = redis.call('MGET', unpack(wkeys))
-  local counts, fits, positive, fresh = {}, true, false, {}
-  for j = 1, t do
-    local n = tonumber(v[j])
-    if n == nil then
-      local base = string.match(wkeys[j], '^(.*):%d+$')
-      local old, found = legacy(base, starts[j])
-      n, fresh[j] = old, { base, found }
+    if guess ~= nil and start ~= guess - guess % window then
+      key = window_of(key, start)
+      keys[j] = key
     end
-    counts[j] = n
-    if n + costs[j] > number(ARGV[a + 3 * j - 1]) then fits = false end
-    if costs[j] > 0 then positive = true end
+    local n = tonumber(redis.call('GET', key))
+    if n == nil then
+      local base = string.match(key, '^(.*):%d+$')
+      local old, found = legacy(base, start)
+      n = old
+      fresh = fresh or {}
+      fresh[j] = { base, found, start + window - now }
+    end
+    answers[pos + j - 1] = n
+    local cost = number(ARGV[b])
+    if n + cost > number(ARGV[b - 1]) then fits = false end
+    if cost > 0 then positive = true end
   end
-  if fits and positive then
-    for j = 1, t do
-      local cost, f = costs[j], fresh[j]
-      if cost > 0 then
-        if f == nil then
-          redis.call('INCRBY', wkeys[j], cost)
-        else
-          redis.call('SET', wkeys[j], string.format('%d', counts[j] + cost), 'PX',
-            ceil_ms(starts[j] + windows[j] - now + WINDOW_KEY_GRACE_US))
-          if f[2] then redis.call('DEL', f[1]) end
-        end
+  if not (fits and positive) then return end
+  for j = 1, t do
+    local text = ARGV[a + 3 * j]
+    local cost = number(text)
+    if cost > 0 then
+      local f = fresh and fresh[j]
+      if not f then
+        redis.call('INCRBY', keys[j], text)
+      else
+        redis.call('SET', keys[j], string.format('%d', answers[pos + j - 1] + cost), 'PX',
+          ceil_ms(f[3] + WINDOW_KEY_GRACE_US))
+        if f[2] then redis.call('DEL', f[1]) end
       end
     end
   end
-  return counts
 end

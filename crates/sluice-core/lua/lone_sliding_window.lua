@@ -1,21 +1,24 @@
 -- lone_sliding_window.lua: a hit on a descriptor with one sliding window and nothing else to write, in the fewest
--- Redis commands and arguments: four or five arguments, one MGET of the two windows' counts and, when the hit fits,
--- one INCRBY, and two integers back. The decision itself (what is left, when to retry) is made by sluice from those
--- counts, exactly as sliding_window.lua's check would make it; the differential test holds the two paths to the same
--- answers.
+-- Redis commands and arguments: its two windows' keys, four or five arguments, a GET of each window's count and,
+-- when the hit fits, one INCRBY, and two integers back. The decision itself (what is left, when to retry) is made by
+-- sluice from those counts, exactly as sliding_window.lua's check would make it; the differential test holds the two
+-- paths to the same answers.
 --
--- Its key is the counter's (sliding_window.lua builds the windows' keys from it); its arguments (batch.lua reads
--- them): the window, the limit, the cost (bounded by the limit + 1) and the decision's time `now`.
+-- Its keys are the current window's and the previous one's (sliding_window.lua's, built by sluice for the window it
+-- expects; by the server's clock, rebuilt when the server's window is another, as a lone fixed window's); its
+-- arguments (batch.lua reads them): the window, the limit, the cost (bounded by the limit + 1, and as the arguments
+-- spell it) and the decision's time `now`.
 --
--- Returns { c, p }: the counts of the current window and of the previous one the hit found.
+-- Returns c, p: the counts of the current window and of the previous one the hit found.
 --
 -- As a lone bucket, a counter that several lone calls of one script call hit is read once and written once
 -- (lone_bucket.lua); a hit of such a counter in another window than the one read (the calls' times straddle an edge)
 -- writes what the earlier hits counted and reads again.
 
--- Per counter read in this call: sw_read's state as the hits so far leave it, and what they counted (`added`).
+-- Per counter read in this call (by its own key, the windows' without their start): sw_read's state as the hits so
+-- far leave it, and what they counted (`added`).
 local sliding_states = {}
--- Per counter to write: the time and window of the last hit that counted in it, and the descriptors whose hits did.
+-- Per counter to write: the time and window of the last hit that counted in it, and the answers whose hits did.
 local sliding_writes, sliding_movers = {}, {}
 
 -- Writes what the hits of this call counted in the shared counter `key`, and forgets it.
@@ -27,10 +30,15 @@ local function sliding_write(key)
   if not ok then lone_failed(movers, err) end
 end
 
-local function lone_sliding_window(key, window, limit, cost, now, i, shared)
+local function lone_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
   local start = now - now % window
+  local key = cur
+  if guess ~= nil and start ~= guess - guess % window then
+    cur, prev = window_of(cur, start), window_of(cur, start - window)
+  end
   local s
   if shared then
+    key = string.match(cur, '^(.*):%d+$')
     s = sliding_states[key]
     if s ~= nil and s.start ~= start then
       sliding_write(key)
@@ -38,7 +46,7 @@ local function lone_sliding_window(key, window, limit, cost, now, i, shared)
     end
   end
   if s == nil then
-    local read = sw_read(key, start, window)
+    local read = sw_read(cur, prev, start, window)
     if not shared then
       s = read
     else
@@ -49,12 +57,12 @@ local function lone_sliding_window(key, window, limit, cost, now, i, shared)
   local c, p = s.c, s.p
   if cost > 0 and cost <= limit and sw_estimate(p, c, now - start, window) + cost <= limit then
     if not shared then
-      sw_add(s, cost, now, window)
+      sw_add(s, cost, now, window, text)
     else
       s.c, s.added = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost
       sliding_writes[key] = { now, window }
-      lone_moved(sliding_movers, key, i)
+      lone_moved(sliding_movers, key, pos)
     end
   end
-  return { c, p }
+  return c, p
 end

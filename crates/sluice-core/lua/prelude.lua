@@ -86,6 +86,9 @@ local function number(s)
   return v
 end
 
+-- The call's answers, in order: one value per descriptor, or as many as its compact form returns (batch.lua).
+local answers = {}
+
 -- The time of a call: `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
 -- that every descriptor of a batch is decided at the same instant.
 local server_now

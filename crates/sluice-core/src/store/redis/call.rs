@@ -342,7 +342,8 @@ pub(super) async fn eval(
     asking: bool,
 ) -> Result<Vec<Value>, FredError> {
     let (calls, plan) = coalesce(calls);
-    let n = calls.len();
+    let widths: Vec<usize> = calls.iter().map(|c| c.lone.as_ref().map_or(1, Lone::width)).collect();
+    let places = widths.iter().sum::<usize>();
     let route = calls
         .first()
         .and_then(|c| c.slot)
@@ -373,11 +374,12 @@ pub(super) async fn eval(
         client.custom(command_kind, command).await?
     };
     let mut values = match answer {
-        Value::Array(values) if values.len() == n + 1 => values,
+        Value::Array(values) if values.len() == places + 1 => values,
         _ => return Err(FredError::new(ErrorKind::Parse, "unexpected script answer")),
     };
     // The server's time, when a descriptor was decided by it.
     let server_now = values.pop().and_then(|v| v.as_i64()).unwrap_or(0).max(0) as u64;
+    let mut values = gather(values, &widths);
     Ok(plan
         .into_iter()
         .map(|p| match (p.own, &values[p.sent]) {
@@ -387,6 +389,27 @@ pub(super) async fn eval(
             (None, _) => std::mem::replace(&mut values[p.sent], Value::Null),
         })
         .collect())
+}
+
+/// Each call's answer from the script's answers, where a compact form's takes `width` places: those places as one
+/// array, or its first alone when that is not a count (an error, or nil: not decided here).
+fn gather(values: Vec<Value>, widths: &[usize]) -> Vec<Value> {
+    let mut values = values.into_iter();
+    widths
+        .iter()
+        .map(|&width| {
+            let first = values.next().unwrap_or(Value::Null);
+            if width == 1 {
+                return first;
+            }
+            let rest = values.by_ref().take(width - 1);
+            if !matches!(first, Value::Integer(_)) {
+                rest.for_each(drop);
+                return first;
+            }
+            Value::Array(std::iter::once(first).chain(rest).collect())
+        })
+        .collect()
 }
 
 /// The header argument that says how lone fixed windows are timed: `guess`, this host's time the keys were built

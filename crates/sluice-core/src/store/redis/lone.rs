@@ -140,22 +140,37 @@ impl Lone {
     pub(super) fn key_count(&self) -> usize {
         match &self.tier {
             LoneTier::Windows(tiers) => tiers.len(),
-            _ => 1,
+            LoneTier::Sliding(_) => 2,
+            LoneTier::Window(_) | LoneTier::Bucket(_) => 1,
         }
+    }
+
+    /// How many places its answer takes in the script's answers (`lua/batch.lua`): as many as it has keys.
+    pub(super) fn width(&self) -> usize {
+        self.key_count()
     }
 
     /// The keys, in the script's form: a fixed window's is its window's key, by the server's clock the window's at
     /// `guess`, this host's time when the call is assembled, which the script checks against the server's; several
-    /// windows' are theirs; the others' their counter's.
+    /// windows' are theirs; a sliding window's are its window's and the previous one's, built alike; a bucket's is
+    /// its counter's.
     pub(super) fn push_keys(&self, guess: u64, out: &mut Vec<Value>) {
-        let window = |key: &CounterKey, t: &WindowTier| {
-            let now = t.now_us.unwrap_or(guess);
-            Value::from(String::from(key.window(now - now % t.window_us)))
+        let start = |now_us: Option<u64>, window_us: u64| {
+            let now = now_us.unwrap_or(guess);
+            now - now % window_us
         };
+        let window = |key: &CounterKey, start: u64| Value::from(String::from(key.window(start)));
         match &self.tier {
-            LoneTier::Window(t) => out.push(window(&self.key, t)),
-            LoneTier::Windows(tiers) => out.extend(tiers.iter().map(|(key, t)| window(key, t))),
-            LoneTier::Bucket(_) | LoneTier::Sliding(_) => out.push(Value::from(self.key.as_str())),
+            LoneTier::Window(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
+            LoneTier::Windows(tiers) => {
+                out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
+            }
+            LoneTier::Sliding(t) => {
+                let start = start(t.now_us, t.window_us);
+                out.push(window(&self.key, start));
+                out.push(window(&self.key, start.saturating_sub(t.window_us)));
+            }
+            LoneTier::Bucket(_) => out.push(Value::from(self.key.as_str())),
         }
     }
 
