@@ -10,7 +10,8 @@
 --           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
 --           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
 --           lone bucket's ('b' or 'B', then lone_bucket.lua's), a lone sliding window's ('s' or 'S', then
---           lone_sliding_window.lua's), several fixed windows' ('w', then lone_fixed_window.lua's lone_windows'), or
+--           lone_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
+--           lone_sorted_set.lua's), several fixed windows' ('w', then lone_fixed_window.lua's lone_windows'), or
 --           minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
@@ -23,7 +24,7 @@
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order: per descriptor, lone_fixed_window.lua's or lone_bucket.lua's integer, the two counts of
--- lone_sliding_window.lua, the t counts of lone_windows, or decide.lua's array, each in as many places; or a string
+-- lone_sliding_window.lua, the three of lone_sorted_set.lua, the t counts of lone_windows, or decide.lua's array, each in as many places; or a string
 -- in its first place (and 0 in its others), the error that stopped that descriptor (a wrong-type key, an unknown
 -- algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
@@ -139,6 +140,17 @@ for _ = 1, n do
     if ok then answers[o], answers[o + 1] = c, p else lone_failure(c, 2) end
     lone_done(4, 2)
     o = o + 2
+  elseif head == 'l' or head == 'c' then
+    -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
+    -- the node form its key.
+    local count = 4
+    if head == 'c' then count = 5 end
+    local key, at = lone_key_and_time(count)
+    local ok, err = pcall(lone_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), ARGV[a + 4], at, o)
+    if not ok then lone_failure(err, 3) end
+    lone_done(count)
+    o = o + 3
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])

@@ -15,8 +15,8 @@
 -- (lone_bucket.lua); a hit of such a counter in another window than the one read (the calls' times straddle an edge)
 -- writes what the earlier hits counted and reads again.
 
--- Per counter read in this call (by its own key, the windows' without their start): sw_read's state as the hits so
--- far leave it, and what they counted (`added`).
+-- Per counter read in this call (by its current window's key as sluice sent it: sluice shares a counter only among
+-- calls that see it in one window): sw_read's state as the hits so far leave it, and what they counted (`added`).
 local sliding_states = {}
 -- Per counter to write: the time and window of the last hit that counted in it, and the answers whose hits did.
 local sliding_writes, sliding_movers = {}, {}
@@ -38,7 +38,6 @@ local function lone_sliding_window(cur, prev, window, limit, cost, text, now, gu
   end
   local s
   if shared then
-    key = string.match(cur, '^(.*):%d+$')
     s = sliding_states[key]
     if s ~= nil and s.start ~= start then
       sliding_write(key)

@@ -5,6 +5,23 @@
 -- count only grows). It expires when its newest hit leaves the interval.
 -- Invariants: a denied hit writes nothing; expired members are removed only by an admitted hit.
 
+-- Logs `cost` hits at `now` in `key`, whose `live` places are the ones still in the interval (the others dropped), and
+-- keeps the set until the interval has passed.
+local function sl_add(key, now, live, cost, window)
+  -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
+  local i = 1
+  while i <= cost do
+    local args = {}
+    for j = i, math.min(cost, i + 499) do
+      args[#args + 1] = now
+      args[#args + 1] = string.format('%d:%d', now, live + j)
+    end
+    redis.call('ZADD', key, unpack(args))
+    i = i + 500
+  end
+  redis.call('PEXPIRE', key, ceil_ms(window))
+end
+
 function L.sliding_log()
   local M = {}
 
@@ -36,19 +53,7 @@ function L.sliding_log()
   function M.commit(key, s, now, cost, limit, window)
     if cost == 0 then return '' end
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-    local live = redis.call('ZCARD', key)
-    -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
-    local i = 1
-    while i <= cost do
-      local args = {}
-      for j = i, math.min(cost, i + 499) do
-        args[#args + 1] = now
-        args[#args + 1] = string.format('%d:%d', now, live + j)
-      end
-      redis.call('ZADD', key, unpack(args))
-      i = i + 500
-    end
-    redis.call('PEXPIRE', key, ceil_ms(window))
+    sl_add(key, now, redis.call('ZCARD', key), cost, window)
     return ''
   end
   return M

@@ -126,7 +126,7 @@ impl Call {
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         if let ("hit", None, []) = (mode, record, fields) {
             let lone = match &hit.tiers[..] {
-                [tier] => Lone::of(now_us, tier, hit.cost),
+                [tier] => Lone::of(now_us, tier, hit.cost, &hit.lease),
                 tiers => Lone::windows(now_us, tiers, hit.cost),
             };
             if let Some(lone) = lone {
@@ -298,20 +298,27 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     (sent, plan)
 }
 
-/// Marks the lone buckets and sliding windows whose counter another lone call of the batch hits ([`Lone::share`]).
+/// Marks the lone buckets and sliding windows whose counter another lone call of the batch hits ([`Lone::share`]),
+/// when all of them see it in one window (a sliding window's calls given times across an edge are left unshared).
 fn mark_shared(calls: &mut [Call]) {
-    fn key(c: &Call) -> Option<&str> {
-        c.lone.as_ref().filter(|l| l.shareable()).map(|l| l.key.as_str())
+    fn key(c: &Call) -> Option<(&str, u64)> {
+        c.lone.as_ref().and_then(Lone::share_key)
     }
     if calls.iter().filter_map(key).nth(1).is_none() {
         return;
     }
     let shared: Vec<bool> = {
-        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-        for k in calls.iter().filter_map(key) {
-            *seen.entry(k).or_insert(0) += 1;
+        // Per counter: how many calls hit it, and whether they all see it in one window.
+        let mut seen: std::collections::HashMap<&str, (usize, u64, bool)> = std::collections::HashMap::new();
+        for (k, start) in calls.iter().filter_map(key) {
+            let entry = seen.entry(k).or_insert((0, start, true));
+            entry.0 += 1;
+            entry.2 &= entry.1 == start;
         }
-        calls.iter().map(|c| key(c).is_some_and(|k| seen[k] > 1)).collect()
+        calls
+            .iter()
+            .map(|c| key(c).is_some_and(|(k, _)| matches!(seen[k], (n, _, true) if n > 1)))
+            .collect()
     };
     for (call, shared) in calls.iter_mut().zip(shared) {
         if let (true, Some(l)) = (shared, call.lone.as_mut()) {

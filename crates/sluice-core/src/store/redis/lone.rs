@@ -27,6 +27,25 @@ pub(super) enum LoneTier {
     Sliding(SlidingTier),
     /// Several fixed windows, each with its counter's key, decided together.
     Windows(Vec<(CounterKey, WindowTier)>),
+    /// A sliding log or a concurrency limit.
+    Set(SetTier),
+}
+
+/// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
+/// place that must leave first (`lua/lone_sorted_set.lua`), as `lua/sliding_log.lua`'s or `lua/concurrency.lua`'s
+/// check decides it.
+#[derive(Debug, Clone)]
+pub(super) struct SetTier {
+    /// A sliding log (places are hit times, live for a window); else a concurrency limit (places are lease
+    /// deadlines, and any positive cost takes one).
+    log: bool,
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    /// A concurrency limit's lease id.
+    lease: String,
+    now_us: Option<u64>,
 }
 
 /// What sluice needs to decide a lone sliding window from the counts the hit found, as `lua/sliding_window.lua`'s
@@ -73,7 +92,7 @@ pub(super) struct BucketTier {
 impl Lone {
     /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
     /// does not apply: another algorithm, a window of 0, a time past i64.
-    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Lone> {
+    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64, lease: &str) -> Option<Lone> {
         if !compact(now_us, tier) {
             return None;
         }
@@ -86,6 +105,14 @@ impl Lone {
                 cost,
                 now_us,
                 shared: false,
+            }),
+            Algorithm::SlidingLog | Algorithm::Concurrency => LoneTier::Set(SetTier {
+                log: tier.algorithm == Algorithm::SlidingLog,
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                lease: lease.to_string(),
+                now_us,
             }),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => LoneTier::Bucket(BucketTier {
                 interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
@@ -126,14 +153,19 @@ impl Lone {
         match &mut self.tier {
             LoneTier::Bucket(t) => t.shared = true,
             LoneTier::Sliding(t) => t.shared = true,
-            LoneTier::Window(_) | LoneTier::Windows(_) => {}
+            LoneTier::Window(_) | LoneTier::Windows(_) | LoneTier::Set(_) => {}
         }
     }
 
-    /// Whether the script may read and write its counter once for several lone calls of one script call (a bucket,
-    /// a sliding window: [`Lone::share`]).
-    pub(super) fn shareable(&self) -> bool {
-        matches!(self.tier, LoneTier::Bucket(_) | LoneTier::Sliding(_))
+    /// For a counter the script may read and write once for several lone calls of one script call (a bucket, a
+    /// sliding window: [`Lone::share`]): its key, and the start of the window its call sees (a sliding window's by
+    /// the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
+    pub(super) fn share_key(&self) -> Option<(&str, u64)> {
+        match &self.tier {
+            LoneTier::Bucket(_) => Some((self.key.as_str(), 0)),
+            LoneTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
+            LoneTier::Window(_) | LoneTier::Windows(_) | LoneTier::Set(_) => None,
+        }
     }
 
     /// How many keys [`Lone::push_keys`] pushes.
@@ -141,13 +173,16 @@ impl Lone {
         match &self.tier {
             LoneTier::Windows(tiers) => tiers.len(),
             LoneTier::Sliding(_) => 2,
-            LoneTier::Window(_) | LoneTier::Bucket(_) => 1,
+            LoneTier::Window(_) | LoneTier::Bucket(_) | LoneTier::Set(_) => 1,
         }
     }
 
-    /// How many places its answer takes in the script's answers (`lua/batch.lua`): as many as it has keys.
+    /// How many places its answer takes in the script's answers (`lua/batch.lua`).
     pub(super) fn width(&self) -> usize {
-        self.key_count()
+        match &self.tier {
+            LoneTier::Set(_) => 3,
+            _ => self.key_count(),
+        }
     }
 
     /// The keys, in the script's form: a fixed window's is its window's key, by the server's clock the window's at
@@ -170,7 +205,7 @@ impl Lone {
                 out.push(window(&self.key, start));
                 out.push(window(&self.key, start.saturating_sub(t.window_us)));
             }
-            LoneTier::Bucket(_) => out.push(Value::from(self.key.as_str())),
+            LoneTier::Bucket(_) | LoneTier::Set(_) => out.push(Value::from(self.key.as_str())),
         }
     }
 
@@ -194,6 +229,17 @@ impl Lone {
                 int(t.limit),
                 int(t.cost),
             ]),
+            LoneTier::Set(t) => {
+                out.extend([
+                    Value::from(if t.log { "l" } else { "c" }),
+                    int(t.window_us),
+                    int(t.limit),
+                    int(t.cost),
+                ]);
+                if !t.log {
+                    out.push(Value::from(t.lease.as_str()));
+                }
+            }
             LoneTier::Windows(tiers) => {
                 out.extend([Value::from("w"), int(tiers.len() as u64)]);
                 for (_, t) in tiers {
@@ -218,6 +264,7 @@ impl LoneTier {
             LoneTier::Bucket(t) => t.now_us,
             LoneTier::Sliding(t) => t.now_us,
             LoneTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
+            LoneTier::Set(t) => t.now_us,
         }
     }
 
@@ -231,6 +278,10 @@ impl LoneTier {
             (LoneTier::Bucket(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64, now_us)),
             (LoneTier::Sliding(t), Value::Array(counts)) => match &counts[..] {
                 [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
+                _ => None,
+            },
+            (LoneTier::Set(t), Value::Array(values)) => match &values[..] {
+                [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
                 _ => None,
             },
             (LoneTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
@@ -359,5 +410,37 @@ impl SlidingTier {
             crate::store::memory::sliding_window_decision(self.limit, self.window_us, now_us, self.cost, c, p);
         let retry = retry.map_or(-1, |r| r.min(i64::MAX as u64) as i64);
         decided(ok, used, remaining, reset, retry)
+    }
+}
+
+impl SetTier {
+    /// The decision from the live count, the newest place (-1: not read) and the place that must leave before the
+    /// hit fits (-1: none). A hit that fits and costs something was counted.
+    fn answer(&self, count: u64, newest: i64, first: i64, now_us: u64) -> Value {
+        let slots = if self.log { self.cost } else { u64::from(self.cost > 0) };
+        // A log's place frees a window after its time, a lease at its deadline.
+        let life = if self.log { self.window_us } else { 0 };
+        let until = |score: i64| (score.max(0) as u64 + life).saturating_sub(now_us);
+        let used = count.saturating_add(slots);
+        let ok = used <= self.limit;
+        let counted = ok && slots > 0;
+        let retry = if slots > self.limit {
+            -1
+        } else if ok {
+            0
+        } else {
+            until(first).min(i64::MAX as u64) as i64
+        };
+        let (remaining, reset) = match (ok, counted) {
+            (true, true) => (self.limit - used, self.window_us),
+            (true, false) => (self.limit - count, if count > 0 { until(newest) } else { 0 }),
+            (false, _) => (0, if count > 0 { until(newest) } else { 0 }),
+        };
+        let mut answer = decided(ok, used, remaining, reset, retry);
+        if let (true, false, Value::Array(items)) = (counted, self.log, &mut answer) {
+            // The tier's entry: the lease it took.
+            items[6] = Value::from(self.lease.as_str());
+        }
+        answer
     }
 }
