@@ -1,8 +1,9 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
-//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua`, `lone_bucket.lua` and
-//! `lone_sliding_window.lua`, `lone_sorted_set.lua` (fast paths for the commonest calls, `redis/lone.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the entry, which
-//! decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
+//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua`, `lone_bucket.lua`,
+//! `lone_sliding_window.lua` and `lone_sorted_set.lua` (compact forms of the commonest calls, `redis/lone.rs`),
+//! `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the
+//! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA (`gather`): under load, Redis parses one command and runs one script for up to
 //! `MAX_BATCH` descriptors, and fred frames, writes and reads one command instead of one per
