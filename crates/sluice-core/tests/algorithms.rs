@@ -61,6 +61,7 @@ both_stores!(
     queue_entries_are_returned,
     records_are_reported_by_get_remaining,
     reset_deletes_exactly_the_descriptors_state,
+    reset_forgets_both_windows_of_a_sliding_window,
     over_limit_duration_is_the_wait_until_the_hit_passes,
 );
 
@@ -213,6 +214,21 @@ async fn records_are_reported_by_get_remaining(store: impl Store) {
     };
     assert_eq!(records, &["carol", "bob"], "the last two, newest first, per counter");
     assert_eq!(*remaining, 97);
+}
+
+/// A sliding window reads the previous window too: a reset forgets both, whatever keys the store keeps them in.
+async fn reset_forgets_both_windows_of_a_sliding_window(store: impl Store) {
+    let (l, clock) = limiter(CONFIG, store);
+    let r = req(&[&[("sliding", "r")]]);
+    for _ in 0..4 {
+        decide(&l, &r).await;
+    }
+    // The next minute's first microsecond (T0 is 10 s into its own), where the previous one's four hits all weigh.
+    clock.advance(50 * SECOND);
+    assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
+    l.reset(&r, QueuedWork::Keep).await.unwrap();
+    let d = decide(&l, &r).await;
+    assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 3), "starts over");
 }
 
 async fn reset_deletes_exactly_the_descriptors_state(store: impl Store) {
