@@ -62,7 +62,7 @@ local function flush_lone()
     if not ok then lone_failed(bucket_movers[key], err) end
   end
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
-  for key in pairs(sliding_writes) do sliding_write(key) end
+  for key in pairs(sliding_movers) do sliding_write(key) end
   sliding_states = {}
 end
 
@@ -133,9 +133,10 @@ for _ = 1, n do
     o = o + 1
   elseif slidings[head] ~= nil then
     -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
-    local keys = lone_keys(4, 2)
-    local _, at = lone_key_and_time(4)
-    local ok, c, p = pcall(lone_sliding_window, keys[1], keys[2], number(ARGV[a + 1]), number(ARGV[a + 2]),
+    local cur, at = lone_key_and_time(4)
+    local prev = K[k + 1]
+    if node then prev = ARGV[a + lone_width(4) + 1] end
+    local ok, c, p = pcall(lone_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
       number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
     if ok then answers[o], answers[o + 1] = c, p else lone_failure(c, 2) end
     lone_done(4, 2)

@@ -18,15 +18,16 @@
 -- Per counter read in this call (by its current window's key as sluice sent it: sluice shares a counter only among
 -- calls that see it in one window): sw_read's state as the hits so far leave it, and what they counted (`added`).
 local sliding_states = {}
--- Per counter to write: the time and window of the last hit that counted in it, and the answers whose hits did.
-local sliding_writes, sliding_movers = {}, {}
+-- Per counter to write (its state's `now` is the time of the last hit that counted in it): the answers whose hits
+-- did.
+local sliding_movers = {}
 
 -- Writes what the hits of this call counted in the shared counter `key`, and forgets it.
 local function sliding_write(key)
-  local s, w, movers = sliding_states[key], sliding_writes[key], sliding_movers[key]
-  sliding_states[key], sliding_writes[key], sliding_movers[key] = nil, nil, nil
-  if w == nil then return end
-  local ok, err = pcall(sw_add, s.written, s.added, w[1], w[2])
+  local s, movers = sliding_states[key], sliding_movers[key]
+  sliding_states[key], sliding_movers[key] = nil, nil
+  if movers == nil then return end
+  local ok, err = pcall(sw_add, s.written, s.added, s.now, s.window)
   if not ok then lone_failed(movers, err) end
 end
 
@@ -49,7 +50,7 @@ local function lone_sliding_window(cur, prev, window, limit, cost, text, now, gu
     if not shared then
       s = read
     else
-      s = { start = start, c = read.c, p = read.p, added = 0, written = read }
+      s = { start = start, c = read.c, p = read.p, added = 0, written = read, now = now, window = window }
       sliding_states[key] = s
     end
   end
@@ -58,8 +59,7 @@ local function lone_sliding_window(cur, prev, window, limit, cost, text, now, gu
     if not shared then
       sw_add(s, cost, now, window, text)
     else
-      s.c, s.added = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost
-      sliding_writes[key] = { now, window }
+      s.c, s.added, s.now = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost, now
       lone_moved(sliding_movers, key, pos)
     end
   end
