@@ -25,7 +25,36 @@ pub struct RawDomain {
     /// sluice extension: the quota buckets of Envoy's Rate Limit Quota Service (RLQS) in this domain.
     #[serde(default)]
     pub quota_buckets: Vec<RawQuotaBucket>,
+    /// sluice extension: deny and allow lists of descriptor values, checked before the limits.
+    #[serde(default)]
+    pub lists: Vec<RawList>,
 }
+
+/// One deny or allow list: the values of one descriptor key it holds, inline and from a file next to the
+/// configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawList {
+    #[serde(default)]
+    pub name: String,
+    /// The descriptor key whose values it holds (`remote_address`, `user_agent`, any key).
+    #[serde(default)]
+    pub key: String,
+    /// `deny` (default) or `allow`.
+    pub action: Option<String>,
+    /// Exact values, `*` wildcards, and IPv4 or IPv6 addresses and CIDR ranges.
+    #[serde(default)]
+    pub values: Vec<String>,
+    /// A file of values, one per line (`#` starts a comment), relative to the configuration file's directory; read
+    /// with the configuration, and again on every reload.
+    pub file: Option<String>,
+    /// The values read from `file`, with the line each came from (filled when the configuration is loaded).
+    #[serde(skip)]
+    pub file_values: Vec<(usize, String)>,
+}
+
+/// The largest list file read: a million CIDR ranges take about 20 MB of text.
+pub const MAX_LIST_FILE_BYTES: u64 = 64 << 20;
 
 /// One rule of RLQS buckets: which bucket ids it applies to, their quota, and how assignments are handed out.
 #[derive(Debug, Clone, Deserialize)]
@@ -200,13 +229,51 @@ pub fn load(path: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
     files.iter().map(|f| load_file(f)).collect()
 }
 
-/// Reads and shape-checks one file.
+/// Reads and shape-checks one file, and reads the list files it names.
 pub fn load_file(file: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
         file: file.to_path_buf(),
         source,
     })?;
-    parse(file, &text)
+    let mut config = parse(file, &text)?;
+    read_list_files(&mut config)?;
+    Ok(config)
+}
+
+/// Reads the values of every list that names a file, relative to the configuration file's directory, and folds
+/// their text into the file's digest, so that a reload sees a changed list.
+fn read_list_files(config: &mut ConfigFile) -> Result<(), ConfigError> {
+    let dir = config.path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&config.digest, &mut hasher);
+    for (i, list) in config.domain.lists.iter_mut().enumerate() {
+        let Some(name) = &list.file else { continue };
+        let at = format!("lists[{i}].file");
+        let path = dir.join(name);
+        let invalid = |message: String| ConfigError::invalid(&config.path, &at, message);
+        let size = std::fs::metadata(&path)
+            .map_err(|e| invalid(format!("cannot read '{}': {e}", path.display())))?
+            .len();
+        if size > MAX_LIST_FILE_BYTES {
+            return Err(invalid(format!(
+                "'{}' is {size} bytes, more than the {MAX_LIST_FILE_BYTES} a list file may have",
+                path.display()
+            )));
+        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| invalid(format!("cannot read '{}': {e}", path.display())))?;
+        std::hash::Hash::hash(&(name, &text), &mut hasher);
+        list.file_values = text
+            .lines()
+            .enumerate()
+            .filter_map(|(n, line)| {
+                let value = line.split('#').next().unwrap_or("").trim();
+                (!value.is_empty()).then(|| (n + 1, value.to_string()))
+            })
+            .collect();
+    }
+    config.digest = std::hash::Hasher::finish(&hasher);
+    Ok(())
 }
 
 /// Shape-checks the text of one file; `file` only names it in errors.

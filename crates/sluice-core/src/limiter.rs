@@ -30,7 +30,7 @@ pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork,
 use guard::{Guard, constraining};
 use request::validate;
 pub use request::{Descriptor, Override, Request};
-use resolve::{Target, resolve};
+use resolve::{Target, listed, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
 pub use usage::{Charged, Claim, QuotaState, TierState, Usage};
 
@@ -38,7 +38,7 @@ use crate::breaker::Breakers;
 use crate::cache::LocalCache;
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics, RuleStats};
-use crate::rules::{Algorithm, Domain, FailurePolicy, Rule, RuleSet, Tier, TierCost};
+use crate::rules::{Algorithm, Domain, FailurePolicy, ListAction, Rule, RuleSet, Tier, TierCost};
 use crate::store::{CounterKey, Hit, Outcome, RecordSpec, ReservationSpec, Store, StoreError, TierSpec};
 
 /// The decision core over a store.
@@ -129,7 +129,8 @@ impl<S: Store> Limiter<S> {
         let rules = self.rules.load();
         let domain = rules.domain(&request.domain);
         let stats = self.domain_stats(domain);
-        let targets = resolve(domain, request);
+        let mut targets = resolve(domain, request);
+        listed(domain, request, &mut targets);
         let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
         let named = how.named();
 
@@ -182,10 +183,25 @@ impl<S: Store> Limiter<S> {
         let mut queued = Vec::new();
         let mut leased = false;
         let (mut over, mut quota_total, mut quota_over) = (false, 0usize, 0usize);
+        let mut lists: Vec<(ListAction, Arc<str>)> = Vec::new();
         for (index, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             let status = match target {
                 Target::NoRule => Status::NO_RULE,
                 Target::Unlimited(_) => Status::UNLIMITED,
+                Target::Listed(list) => {
+                    if !lists.iter().any(|(_, name)| *name == list.name) {
+                        lists.push((list.action, list.name.clone()));
+                        if let Some(domain) = domain {
+                            self.metrics.listed(&domain.name, &list.name, list.action);
+                        }
+                    }
+                    if list.action == ListAction::Deny {
+                        over = true;
+                        Status::LISTED_DENY
+                    } else {
+                        Status::UNLIMITED
+                    }
+                }
                 Target::Limited { tiers, rule, .. } => {
                     let Some(((outcome, hit), &peek)) = outcomes.next() else {
                         return Err(StoreError::Other("store returned too few outcomes".into()).into());
@@ -287,6 +303,7 @@ impl<S: Store> Limiter<S> {
             metadata,
             lease: lease.filter(|_| leased),
             queued,
+            lists,
         })
     }
 
@@ -388,7 +405,8 @@ impl<S: Store> Limiter<S> {
             .into_iter()
             .map(|target| {
                 Ok(match target {
-                    Target::NoRule => Report::NoRule,
+                    // GetRemaining reports the limits; lists decide only hits.
+                    Target::NoRule | Target::Listed(_) => Report::NoRule,
                     Target::Unlimited(_) => Report::Unlimited,
                     Target::Limited { tiers, .. } => {
                         let outcome = outcomes.next().ok_or_else(|| {

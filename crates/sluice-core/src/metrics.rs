@@ -45,6 +45,8 @@ pub const CONFIG_LOADED: &str = "sluice_config_loaded_timestamp_seconds";
 
 /// Decisions made without the store, by the failure policy that answered.
 pub const STORE_FALLBACK: &str = "sluice_store_fallback_total";
+/// Requests a deny or allow list decided, by domain, list and action.
+pub const LISTED: &str = "sluice_list_matches_total";
 /// The circuit breaker in front of the store: 0 closed, 1 open, 2 half-open (probing).
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 /// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
@@ -303,6 +305,16 @@ impl Metrics {
             Label::from_static_parts("result", "invalid_argument"),
         ];
         self.counter(REQUESTS, labels).increment(1);
+    }
+
+    /// Counts a request that the list `list` of `domain` decided (`action`: deny or allow).
+    pub fn listed(&self, domain: &str, list: &str, action: crate::rules::ListAction) {
+        let labels = vec![
+            Label::new("domain", domain.to_string()),
+            Label::new("list", list.to_string()),
+            Label::from_static_parts("action", action.name()),
+        ];
+        self.counter(LISTED, labels).increment(1);
     }
 
     /// Counts a descriptor answered by the failure policy `policy` without the store.

@@ -12,6 +12,7 @@
 //! - `rules/tree.rs`: the compiled [`Rule`] and the match tree of a [`Domain`]; how a descriptor finds its rule.
 //! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error.
 //! - `rules/buckets.rs`: the RLQS `quota_buckets` of a domain, compiled into a tree of their own.
+//! - `rules/lists.rs`: a domain's deny and allow `lists` of descriptor values (exact, wildcards, CIDR ranges).
 //! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
 //! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
@@ -19,6 +20,7 @@
 
 mod buckets;
 mod compile;
+mod lists;
 mod summary;
 mod tree;
 mod vocabulary;
@@ -26,6 +28,7 @@ mod vocabulary;
 use std::collections::HashMap;
 
 pub use compile::Domains;
+pub use lists::{List, ListAction, Lists};
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,

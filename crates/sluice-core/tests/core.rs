@@ -14,6 +14,7 @@ mod embedded;
 mod exactness;
 mod instances;
 mod ledger;
+mod lists;
 mod quota;
 mod reference;
 mod semantics;

@@ -197,3 +197,73 @@ async fn json_bodies_are_held_to_the_request_byte_cap() {
     assert_eq!(invalid, 2, "{metrics}");
     server.shutdown().await;
 }
+
+/// A request a list decided says which, in `response_headers_to_add` whatever the header mode, and counts in
+/// `sluice_list_matches_total`.
+#[tokio::test]
+async fn a_listed_request_names_its_list_in_a_header_and_a_metric() {
+    let config = "
+domain: edge
+lists:
+  - {name: blocked, key: remote_address, values: ['10.0.0.0/8']}
+  - {name: health, key: user_agent, action: allow, values: ['kube-probe/*']}
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: user_agent
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let (l, _) = limiter(config, memory());
+    let server = TestServer::start(l).await;
+    let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    let request = |entries: &[(&str, &str)]| RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: entries
+            .iter()
+            .map(|(k, v)| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    };
+    let denied = client
+        .should_rate_limit(request(&[("remote_address", "10.20.30.40")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(denied.overall_code, 2, "OVER_LIMIT");
+    let header: Vec<(String, String)> = denied
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(header, [("X-Sluice-List-Deny".to_string(), "blocked".to_string())]);
+    for _ in 0..3 {
+        let allowed = client
+            .should_rate_limit(request(&[
+                ("user_agent", "kube-probe/1.31"),
+                ("remote_address", "192.0.2.1"),
+            ]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            allowed.overall_code, 1,
+            "OK past a limit of 1: the probe skips the limits"
+        );
+        assert_eq!(allowed.response_headers_to_add[0].key, "X-Sluice-List-Allow");
+        assert_eq!(allowed.response_headers_to_add[0].value, "health");
+    }
+    let (_, metrics) = server.http_get("/metrics").await;
+    for line in [
+        r#"sluice_list_matches_total{domain="edge",list="blocked",action="deny"} 1"#,
+        r#"sluice_list_matches_total{domain="edge",list="health",action="allow"} 3"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    server.shutdown().await;
+}

@@ -51,6 +51,13 @@ impl Status {
         remaining: 0,
         reset_after_us: None,
     };
+    /// A descriptor a deny list matched: over the limit, no limit applied.
+    pub(crate) const LISTED_DENY: Status = Status {
+        code: Code::OverLimit,
+        limit: None,
+        remaining: 0,
+        reset_after_us: None,
+    };
     pub(crate) const UNLIMITED: Status = Status {
         code: Code::Ok,
         limit: None,
@@ -71,6 +78,8 @@ pub struct Decision {
     pub lease: Option<String>,
     /// The entries this request appended to `queue` limits.
     pub queued: Vec<Queued>,
+    /// The deny and allow lists that decided descriptors of this request, each once, by action and name.
+    pub lists: Vec<(crate::rules::ListAction, std::sync::Arc<str>)>,
 }
 
 /// An entry appended to a `queue` limit's stream.

@@ -5,12 +5,15 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::request::Request;
-use crate::rules::{Algorithm, Domain, Limit, Rule, Tier, TierCost, Unit};
+use crate::rules::{Algorithm, Domain, Limit, List, ListAction, Rule, Tier, TierCost, Unit};
 
 /// What one request descriptor resolved to.
 pub enum Target<'a> {
     NoRule,
     Unlimited(&'a Rule),
+    /// Decided by a deny list, or passed by an allow list that one of the request's descriptors matched
+    /// ([`listed`]): its limits are not consulted.
+    Listed(&'a List),
     Limited {
         tiers: Cow<'a, [Tier]>,
         rule: Option<&'a Rule>,
@@ -75,4 +78,27 @@ pub fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<
         }
     }
     targets
+}
+
+/// Applies the domain's deny and allow lists to what the descriptors resolved to: a descriptor a deny list matches is
+/// decided by it; when none is denied and an allow list matches any descriptor, the whole request passes by it.
+pub fn listed<'a>(domain: Option<&'a Domain>, request: &Request, targets: &mut [Target<'a>]) {
+    let Some(lists) = domain.map(|d| &d.lists).filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let mut allowed = None;
+    let mut denied = false;
+    for (descriptor, target) in request.descriptors.iter().zip(targets.iter_mut()) {
+        match lists.verdict(&descriptor.entries) {
+            Some(list) if list.action == ListAction::Deny => {
+                *target = Target::Listed(list);
+                denied = true;
+            }
+            Some(list) => allowed = allowed.or(Some(list)),
+            None => {}
+        }
+    }
+    if let (Some(list), false) = (allowed, denied) {
+        targets.iter_mut().for_each(|t| *t = Target::Listed(list));
+    }
 }

@@ -93,6 +93,7 @@ impl RuleSet {
                 buckets: Node::default(),
                 stats: metrics.domain_stats(&raw.domain),
                 override_stats: metrics.override_stats(&raw.domain),
+                lists: Default::default(),
             });
             if let Some(policy) = failure_policy {
                 if domain.failure_policy.is_some_and(|p| p != policy) {
@@ -134,6 +135,11 @@ impl RuleSet {
             }
             compiler.level(&mut domain.root, raw.descriptors, "descriptors", &raw.domain, false)?;
             compiler.buckets(&mut domain.buckets, &raw.quota_buckets)?;
+            if !raw.lists.is_empty() {
+                let mut keys = std::collections::HashSet::new();
+                domain.root.keys(&mut keys);
+                compiler.lists(&raw.lists, &keys, &mut domain.lists)?;
+            }
             rules += compiler.rules;
         }
         Ok(RuleSet {

@@ -53,6 +53,19 @@ impl Rule {
     }
 }
 
+impl Node {
+    /// Every descriptor key of the levels below this node.
+    pub(super) fn keys(&self, out: &mut std::collections::HashSet<String>) {
+        for (key, branches) in self.children.iter().flat_map(|c| c.iter()) {
+            out.insert(key.to_string());
+            let nodes = branches.exact.values().chain(branches.wildcards.iter().map(|(_, n)| n));
+            for node in nodes.chain(branches.any.as_deref()) {
+                node.keys(out);
+            }
+        }
+    }
+}
+
 /// A node of a domain's tree: an optional rule and the next level.
 #[derive(Debug, Default)]
 pub(super) struct Node {
@@ -91,7 +104,7 @@ impl Pattern {
         }
     }
 
-    fn matches(&self, value: &str) -> bool {
+    pub(super) fn matches(&self, value: &str) -> bool {
         let (first, rest) = match self.parts.split_first() {
             Some(split) => split,
             None => return value.is_empty(),
@@ -125,6 +138,8 @@ pub struct Domain {
     /// The hit counters of every descriptor that carries its own limit (`RateLimitOverride`): one label per domain
     /// whatever the descriptor's entries, so clients cannot create series.
     pub override_stats: RuleStats,
+    /// The deny and allow `lists`, checked before the limits.
+    pub lists: super::Lists,
 }
 
 /// What a request descriptor matched.

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use crate::limiter::{Code, Decision, Status};
+use crate::rules::ListAction;
 
 /// Which headers to add to `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -77,11 +78,22 @@ pub fn check_name(name: &str) -> Result<String, String> {
     }
 }
 
-/// The headers for a decision, as (name, value) pairs.
+/// The headers for a decision, as (name, value) pairs: first, whatever the mode, the lists that decided it
+/// (`X-Sluice-List-Deny`, `X-Sluice-List-Allow`: the list's name), then the rate limit headers the mode asks for.
 pub fn for_decision<'a>(headers: &'a ResponseHeaders, decision: &Decision) -> Vec<(&'a str, String)> {
     let mode = headers.mode;
     let names = &headers.names;
-    let mut headers = Vec::new();
+    let mut headers: Vec<(&str, String)> = decision
+        .lists
+        .iter()
+        .map(|(action, name)| {
+            let header = match action {
+                ListAction::Deny => "X-Sluice-List-Deny",
+                ListAction::Allow => "X-Sluice-List-Allow",
+            };
+            (header, name.to_string())
+        })
+        .collect();
     let Some(status) = constraining(decision) else {
         return headers;
     };
@@ -160,6 +172,7 @@ mod tests {
             metadata: Vec::new(),
             lease: None,
             queued: Vec::new(),
+            lists: Vec::new(),
         }
     }
 

@@ -406,6 +406,7 @@ pub fn config_file(config: &RateLimitConfig, index: usize, digest: u64) -> Resul
             descriptors,
             failure_policy: None,
             quota_buckets: Vec::new(),
+            lists: Vec::new(),
         },
         path,
         digest,

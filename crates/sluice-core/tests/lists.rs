@@ -1,0 +1,196 @@
+//! Deny and allow lists in the domain file: exact values, wildcards and CIDR ranges of one descriptor key; a deny
+//! list decides its descriptor (nothing counted), an allow list lets the whole request skip the limits; values from a
+//! file next to the configuration, read again on reload; every mistake named with its file and path.
+
+use std::path::Path;
+
+use sluice_core::config::{ConfigError, load};
+use sluice_core::limiter::{Code, Descriptor, Request};
+use sluice_core::metrics::Metrics;
+use sluice_core::rules::{ListAction, RuleSet};
+use sluice_core::store::Store;
+
+use crate::harness::limiter;
+
+const CONFIG: &str = "
+domain: edge
+lists:
+  - {name: blocked, key: remote_address, values: ['10.0.0.0/8', '2001:db8::/32', '192.0.2.7']}
+  - {name: bots, key: user_agent, action: deny, values: ['BadBot*', 'curl/7.0']}
+  - {name: internal, key: remote_address, action: allow, values: ['172.16.0.0/12', '10.9.9.9']}
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user_agent
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+
+fn req(descriptors: &[(&str, &str)]) -> Request {
+    Request {
+        domain: "edge".into(),
+        descriptors: descriptors
+            .iter()
+            .map(|(k, v)| Descriptor {
+                entries: vec![(k.to_string(), v.to_string())],
+                ..Descriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+both_stores!(
+    a_deny_list_decides_its_descriptor_and_counts_nothing,
+    an_allow_list_lets_the_request_skip_every_limit,
+);
+
+async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store) {
+    let (l, _) = limiter(CONFIG, store);
+    for ip in ["10.1.2.3", "::ffff:10.1.2.3", "2001:db8::1", "192.0.2.7"] {
+        let d = l
+            .should_rate_limit(&req(&[("remote_address", ip), ("user", "u")]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::OverLimit, "{ip}");
+        assert_eq!(
+            (d.statuses[0].code, d.statuses[0].limit.is_none()),
+            (Code::OverLimit, true),
+            "{ip}"
+        );
+        assert_eq!(d.lists, [(ListAction::Deny, "blocked".into())], "{ip}");
+    }
+    // The other descriptor of those requests was counted as usual: 4 hits on a limit of 2.
+    let d = l.should_rate_limit(&req(&[("user", "u")])).await.unwrap();
+    assert_eq!(
+        d.overall,
+        Code::OverLimit,
+        "the user's own limit counted the listed requests"
+    );
+    for ua in ["BadBot/2.1", "curl/7.0"] {
+        let d = l.should_rate_limit(&req(&[("user_agent", ua)])).await.unwrap();
+        assert_eq!(
+            (d.overall, d.lists.clone()),
+            (Code::OverLimit, vec![(ListAction::Deny, "bots".into())])
+        );
+    }
+    for ua in ["GoodBot", "curl/8.0", "badbot"] {
+        let d = l.should_rate_limit(&req(&[("user_agent", ua)])).await.unwrap();
+        assert_eq!((d.overall, d.lists.len()), (Code::Ok, 0), "{ua}");
+    }
+    // Addresses off the list meet their limit as usual.
+    for ip in ["11.0.0.1", "2001:db9::1", "192.0.2.8"] {
+        let d = l.should_rate_limit(&req(&[("remote_address", ip)])).await.unwrap();
+        assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 1), "{ip}");
+    }
+}
+
+async fn an_allow_list_lets_the_request_skip_every_limit(store: impl Store) {
+    let (l, _) = limiter(CONFIG, store);
+    for _ in 0..5 {
+        let d = l
+            .should_rate_limit(&req(&[("remote_address", "172.20.0.5"), ("user", "v")]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        assert_eq!(d.lists, [(ListAction::Allow, "internal".into())]);
+        assert!(d.statuses.iter().all(|s| s.code == Code::Ok && s.limit.is_none()));
+    }
+    // Nothing was counted: the user's limit of 2 is untouched.
+    let d = l.should_rate_limit(&req(&[("user", "v")])).await.unwrap();
+    assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 1));
+    // A deny list wins over an allow list: 10.9.9.9 is in both.
+    let d = l
+        .should_rate_limit(&req(&[("remote_address", "10.9.9.9")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (d.overall, d.lists.clone()),
+        (Code::OverLimit, vec![(ListAction::Deny, "blocked".into())])
+    );
+}
+
+fn compile(dir: &Path) -> Result<RuleSet, ConfigError> {
+    RuleSet::compile(&load(dir)?, &Metrics::discarded(0.8))
+}
+
+#[test]
+fn a_list_file_next_to_the_configuration_is_read_and_read_again_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "domain: edge\nlists:\n  - {name: blocked, key: ip, file: blocked.txt}\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    std::fs::write(dir.path().join("edge.yaml"), yaml).unwrap();
+    std::fs::write(
+        dir.path().join("blocked.txt"),
+        "# bad actors\n10.0.0.0/8\n\n203.0.113.9  # one host\n",
+    )
+    .unwrap();
+    let first = compile(dir.path()).unwrap();
+    let lists = &first.domain("edge").unwrap().lists;
+    let verdict = |entries: &[(&str, &str)]| {
+        let entries: Vec<(String, String)> = entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        lists.verdict(&entries).map(|l| l.name.to_string())
+    };
+    assert_eq!(verdict(&[("ip", "10.2.3.4")]).as_deref(), Some("blocked"));
+    assert_eq!(verdict(&[("ip", "203.0.113.9")]).as_deref(), Some("blocked"));
+    assert_eq!(verdict(&[("ip", "203.0.113.10")]), None);
+    // Another list file: the digest changes, so a reload swaps the rules in.
+    std::fs::write(dir.path().join("blocked.txt"), "203.0.113.10\n").unwrap();
+    let second = compile(dir.path()).unwrap();
+    assert_ne!(first.digest(), second.digest());
+    let entries = vec![("ip".to_string(), "203.0.113.10".to_string())];
+    assert!(second.domain("edge").unwrap().lists.verdict(&entries).is_some());
+    // A bad line names the file, the list and the line; a missing file names it.
+    std::fs::write(dir.path().join("blocked.txt"), "10.0.0.0/8\n10.0.0.0/40\n").unwrap();
+    let err = compile(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("edge.yaml': lists[0].file: 'blocked.txt' line 2: '10.0.0.0/40' is not a CIDR range"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.path().join("blocked.txt")).unwrap();
+    let err = compile(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("lists[0].file: cannot read '") && err.contains("blocked.txt'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn list_mistakes_name_file_and_path() {
+    let metrics = Metrics::discarded(0.8);
+    let cases = [
+        (
+            "{name: a, key: ip, values: ['10.0.0/8']}",
+            "lists[0].values[0]: '10.0.0/8' is not a CIDR range",
+        ),
+        (
+            "{name: a, key: ip, values: ['10.0.0.0/33']}",
+            "lists[0].values[0]: '10.0.0.0/33' is not a CIDR range",
+        ),
+        (
+            "{name: a, key: nope, values: []}",
+            "lists[0].key: 'nope' is not a descriptor key of domain 'd'",
+        ),
+        (
+            "{name: a, key: ip, action: block}",
+            "lists[0].action: unknown action 'block' (expected deny or allow)",
+        ),
+        ("{key: ip}", "lists[0].name: a list needs a name"),
+        (
+            "{name: a, key: ip}, {name: a, key: ip}",
+            "lists[1].name: duplicate list name 'a'",
+        ),
+        ("{name: a, key: ip, extra: 1}", "unknown field `extra`"),
+    ];
+    for (lists, want) in cases {
+        let text = format!(
+            "domain: d\nlists: [{lists}]\ndescriptors:\n  - key: ip\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        );
+        let err = sluice_core::config::parse(Path::new("lists.yaml"), &text)
+            .and_then(|f| RuleSet::compile(&[f], &metrics).map(|_| ()))
+            .expect_err(lists)
+            .to_string();
+        assert!(err.starts_with("config 'lists.yaml'"), "{err}");
+        assert!(err.contains(want), "want {want:?} in {err}");
+    }
+}
