@@ -103,6 +103,13 @@ impl List {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The bytes its entries take (the ranges, the patterns and the exact values, with their tables' capacity).
+    pub fn memory_bytes(&self) -> usize {
+        let strings: usize = self.exact.iter().map(|v| v.len() + 16).sum();
+        let patterns: usize = self.patterns.iter().map(Pattern::memory_bytes).sum();
+        strings + self.exact.capacity() * 8 + patterns + self.v4.0.capacity() * 8 + self.v6.0.capacity() * 32
+    }
 }
 
 /// An IPv4-mapped IPv6 address as its IPv4 address.

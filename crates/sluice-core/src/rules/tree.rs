@@ -104,6 +104,11 @@ impl Pattern {
         }
     }
 
+    /// The bytes it takes.
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.len() + 16).sum()
+    }
+
     pub(super) fn matches(&self, value: &str) -> bool {
         let (first, rest) = match self.parts.split_first() {
             Some(split) => split,
