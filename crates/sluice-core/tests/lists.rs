@@ -194,3 +194,16 @@ fn list_mistakes_name_file_and_path() {
         assert!(err.contains(want), "want {want:?} in {err}");
     }
 }
+
+#[test]
+fn the_summary_names_each_list() {
+    let file = sluice_core::config::parse(Path::new("edge.yaml"), CONFIG).unwrap();
+    let summary = RuleSet::compile(&[file], &Metrics::discarded(0.8)).unwrap().summary();
+    for line in [
+        "  list blocked: deny remote_address, 3 entries",
+        "  list bots: deny user_agent, 2 entries",
+        "  list internal: allow remote_address, 2 entries",
+    ] {
+        assert!(summary.contains(line), "{line} in {summary}");
+    }
+}

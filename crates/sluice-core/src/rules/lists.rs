@@ -151,6 +151,22 @@ impl Lists {
     pub fn iter(&self) -> impl Iterator<Item = &List> {
         self.by_key.values().flatten()
     }
+
+    /// One line per list, by name: `list NAME: ACTION KEY, N entries`.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<(&str, String)> = self
+            .by_key
+            .iter()
+            .flat_map(|(key, lists)| {
+                lists.iter().map(move |l| {
+                    let line = format!("list {}: {} {key}, {} entries", l.name, l.action.name(), l.len());
+                    (&*l.name, line)
+                })
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|(_, line)| line).collect()
+    }
 }
 
 impl Compiler<'_> {

@@ -29,6 +29,9 @@ impl RuleSet {
             domain.each_rule(&mut |rule| {
                 out.push_str(&format!("  {}: {}\n", rule.path, describe(rule)));
             });
+            for line in domain.lists.lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
         }
         out
     }
