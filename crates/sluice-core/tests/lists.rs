@@ -153,6 +153,14 @@ fn a_list_file_next_to_the_configuration_is_read_and_read_again_on_reload() {
         err.contains("lists[0].file: cannot read '") && err.contains("blocked.txt'"),
         "{err}"
     );
+    // A file over the bound is refused before it is read (a sparse file: its size is all that counts).
+    let big = std::fs::File::create(dir.path().join("blocked.txt")).unwrap();
+    big.set_len(sluice_core::config::MAX_LIST_FILE_BYTES + 1).unwrap();
+    let err = compile(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("lists[0].file: '") && err.contains("more than the 67108864 a list file may have"),
+        "{err}"
+    );
 }
 
 #[test]
