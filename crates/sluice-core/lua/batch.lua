@@ -15,18 +15,18 @@
 --           minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
---           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and hash tag
---           alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as decide.lua
---           reads them.
+--           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
+--           hash tag alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as
+--           decide.lua reads them.
 --
 -- The timing: '' when every lone call carries its own time (its last argument), else the time, by sluice's clock, the
 -- lone fixed windows' keys were built for: lone calls are then decided by the server's clock (TIME, read once per
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns the answers in order: per descriptor, lone_fixed_window.lua's or lone_bucket.lua's integer, the two counts of
--- lone_sliding_window.lua, the three of lone_sorted_set.lua, the t counts of lone_windows, or decide.lua's array, each in as many places; or a string
--- in its first place (and 0 in its others), the error that stopped that descriptor (a wrong-type key, an unknown
--- algorithm); the others are decided all the same.
+-- Returns the answers in order: per descriptor, lone_fixed_window.lua's or lone_bucket.lua's integer, the two counts
+-- of lone_sliding_window.lua, the three integers of lone_sorted_set.lua, the t counts of lone_windows, or decide.lua's
+-- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
+-- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
 -- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
 -- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's

@@ -5,7 +5,7 @@
 -- README.
 --
 -- State: one integer string per window, `<key>:<start>` as a fixed window keeps it (`start` the window's first
--- microsecond, as a decimal integer), read with the previous window's in one MGET and counted with INCRBY (SET with
+-- microsecond, as a decimal integer), read with a GET beside the previous window's and counted with INCRBY (SET with
 -- its expiry on the window's first count). A window's key is read as the previous one all through the next window,
 -- so it expires a second after that.
 -- Counters of the previous form, a hash {w = current window start, c, p} at `<key>` itself, are still read: when the
