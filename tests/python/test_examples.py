@@ -62,7 +62,18 @@ def check_budget(output: str) -> None:
     assert actual < estimate and refunded == estimate - actual and charged == 0, output
 
 
-@pytest.mark.parametrize("program, check", [("client.py", check_client), ("budget.py", check_budget)])
+def check_wait(output: str) -> None:
+    """A second's ten requests pass (more when the calls straddle a second), the next is refused, and a wait of at
+    most 2 s gets a permit within the second."""
+    passed = re.search(r"^(\d+) requests passed, the next is OVER_LIMIT$", output, re.M)
+    assert passed and int(passed.group(1)) >= 10, output
+    waited = re.search(r"^waited ([\d.]+)s for a permit: OK$", output, re.M)
+    assert waited and 0 < float(waited.group(1)) <= 1.0, output
+
+
+@pytest.mark.parametrize(
+    "program, check", [("client.py", check_client), ("budget.py", check_budget), ("wait.py", check_wait)]
+)
 def test_python_examples(sluice, sluice_stubs, program, check):
     output = run(
         [sys.executable, program, sluice.grpc_target],
@@ -72,7 +83,9 @@ def test_python_examples(sluice, sluice_stubs, program, check):
     check(output)
 
 
-@pytest.mark.parametrize("program, check", [("client.js", check_client), ("budget.js", check_budget)])
+@pytest.mark.parametrize(
+    "program, check", [("client.js", check_client), ("budget.js", check_budget), ("wait.js", check_wait)]
+)
 def test_node_examples(sluice, program, check):
     node = shutil.which("node")
     assert node, "node is not installed (the README's test command installs it)"

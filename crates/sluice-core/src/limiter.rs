@@ -7,7 +7,8 @@
 //!
 //! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
 //! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
-//! breakers, local cache and timing around every store call), and `usage` (RLQS usage charged to bucket quotas).
+//! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas), and
+//! `wait` (calls held until their hit would pass).
 
 mod budget;
 mod decision;
@@ -16,6 +17,7 @@ mod request;
 mod resolve;
 mod settings;
 mod usage;
+mod wait;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -33,6 +35,7 @@ pub use request::{Descriptor, Override, Request};
 use resolve::{Target, listed, resolve};
 pub use settings::{Cap, Caps, LimiterSettings};
 pub use usage::{Charged, Claim, QuotaState, TierState, Usage};
+pub use wait::Waited;
 
 use crate::breaker::Breakers;
 use crate::cache::LocalCache;
@@ -51,6 +54,8 @@ pub struct Limiter<S> {
     settings: LimiterSettings,
     /// The reservations made here and not yet seen settled, to count those that expire.
     reservations: std::sync::Mutex<budget::ReservationBook>,
+    /// The calls waiting for a permit.
+    waiters: wait::Waiters,
 }
 
 impl<S: Store> Limiter<S> {
@@ -71,6 +76,7 @@ impl<S: Store> Limiter<S> {
             ),
             clock,
             metrics,
+            waiters: wait::Waiters::new(settings.max_waiters),
             settings,
             reservations: std::sync::Mutex::default(),
         }

@@ -19,3 +19,4 @@ mod quota;
 mod reference;
 mod semantics;
 mod shares;
+mod wait;

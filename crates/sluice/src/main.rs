@@ -219,6 +219,10 @@ struct ServeArgs {
     /// Most bytes in one encoded request.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(64..=4_194_304))]
     max_request_bytes: u64,
+    /// Most calls waiting for a permit at once (sluice.v1 WaitForPermit); past it a call is refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_waiters: u64,
     /// Most RLQS streams open at once (Envoy's rate limit quota filter keeps one per Envoy and filter config).
     #[arg(long, env = "SLUICE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rlqs_max_streams: u64,
@@ -446,6 +450,7 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
                 max_value_bytes: args.max_value_bytes as usize,
                 max_request_bytes: args.max_request_bytes as usize,
             },
+            max_waiters: args.max_waiters as usize,
         },
         near_limit_ratio: args.near_limit_ratio,
         serve: ServeOptions {

@@ -914,3 +914,57 @@ async fn the_largest_costs_are_denied_and_consume_nothing_in_redis() {
     the_largest_costs_are_denied_and_consume_nothing(&server).await;
     server.shutdown().await;
 }
+
+/// WaitForPermit over gRPC: a call with room passes at once, one that would wait past its `max_wait` gets the
+/// OVER_LIMIT answer at once with nothing consumed, one held until the window turns (the test's clock moves it) gets
+/// its permit with the exact wait, and a malformed `max_wait` is refused naming the field.
+#[tokio::test]
+async fn wait_for_permit_over_grpc() {
+    use sluice::proto::sluice::v1::WaitForPermitRequest;
+    let (l, clock) = limiter(
+        "domain: edge\ndescriptors:\n  - key: job\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+        memory(),
+    );
+    let server = TestServer::start(l).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let request = |seconds: i64, nanos: i32| WaitForPermitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor("job", "j")],
+        hits_addend: 0,
+        max_wait: Some(prost_types::Duration { seconds, nanos }),
+    };
+    let first = client.wait_for_permit(request(0, 0)).await.unwrap().into_inner();
+    assert_eq!(first.decision.unwrap().overall_code, Code::Ok as i32);
+    assert_eq!(first.waited, Some(prost_types::Duration::default()));
+    let short = client.wait_for_permit(request(1, 0)).await.unwrap().into_inner();
+    let decision = short.decision.unwrap();
+    assert_eq!(
+        decision.overall_code,
+        Code::OverLimit as i32,
+        "50 s to wait, 1 s allowed"
+    );
+    assert_eq!(decision.statuses[0].duration_until_reset.as_ref().unwrap().seconds, 50);
+    let waiting = {
+        let mut client = client.clone();
+        tokio::spawn(async move { client.wait_for_permit(request(120, 0)).await })
+    };
+    for _ in 0..10_000 {
+        if clock.sleepers() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    clock.advance(50_000_000);
+    let held = waiting.await.unwrap().unwrap().into_inner();
+    assert_eq!(held.decision.unwrap().overall_code, Code::Ok as i32);
+    assert_eq!(held.waited, Some(prost_types::Duration { seconds: 50, nanos: 0 }));
+    for (seconds, nanos, want) in [
+        (-1, 0, "max_wait is negative"),
+        (3_601, 0, "over the most a call may wait"),
+    ] {
+        let refused = client.wait_for_permit(request(seconds, nanos)).await.unwrap_err();
+        assert_eq!(refused.code(), GrpcCode::InvalidArgument);
+        assert!(refused.message().contains(want), "{}", refused.message());
+    }
+    server.shutdown().await;
+}

@@ -141,6 +141,9 @@ pub enum LimitError {
     OverCap { cap: Cap, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The instance is at a bound of concurrent work (calls waiting for a permit); the message says which.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// The status a failure policy gives a limited descriptor when the store could not decide.

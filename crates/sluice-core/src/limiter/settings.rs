@@ -19,6 +19,8 @@ pub struct LimiterSettings {
     /// Denials remembered locally (0: none).
     pub local_cache_size: usize,
     pub caps: Caps,
+    /// Calls that may wait for a permit at once (WaitForPermit); past it a call is refused at once.
+    pub max_waiters: usize,
 }
 
 /// One of the [`Caps`], as an over-cap error names it.
@@ -74,6 +76,7 @@ impl Default for LimiterSettings {
             breaker: BreakerSettings::default(),
             local_cache_size: 100_000,
             caps: Caps::default(),
+            max_waiters: 10_000,
         }
     }
 }

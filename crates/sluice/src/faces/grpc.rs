@@ -135,6 +135,26 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         Ok(Response::new(to_response(decision, &self.headers)))
     }
 
+    #[tracing::instrument(level = "debug", name = "sluice.WaitForPermit", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn wait_for_permit(
+        &self,
+        request: Request<sluice::WaitForPermitRequest>,
+    ) -> Result<Response<sluice::WaitForPermitResponse>, Status> {
+        let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
+        let max_wait_us = max_wait_us(request.max_wait.as_ref())?;
+        let core = to_core(request.domain, request.descriptors, request.hits_addend);
+        let waited = self
+            .limiter
+            .wait_for_permit(&core, max_wait_us)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(sluice::WaitForPermitResponse {
+            decision: Some(to_response(waited.decision, &self.headers)),
+            waited: Some(exact(waited.waited_us)),
+        }))
+    }
+
     #[tracing::instrument(level = "debug", name = "sluice.Report", skip_all, fields(domain = %request.get_ref().domain))]
     async fn report(&self, request: Request<sluice::CostRequest>) -> Result<Response<rls::RateLimitResponse>, Status> {
         let request = request.into_inner();
@@ -291,6 +311,7 @@ pub fn to_status(error: LimitError) -> Status {
             Status::unavailable(format!("rate limit store timed out after {after:?}"))
         }
         LimitError::Store(_) => Status::unavailable("rate limit store unavailable"),
+        LimitError::Busy(message) => Status::resource_exhausted(message),
     }
 }
 
@@ -429,6 +450,31 @@ fn whole_seconds(us: u64) -> prost_types::Duration {
         seconds: us.div_ceil(1_000_000).max(1) as i64,
         nanos: 0,
     }
+}
+
+/// The longest a WaitForPermit call may wait.
+const MAX_WAIT_US: u64 = 3_600_000_000;
+
+/// A WaitForPermit's `max_wait` in microseconds: unset or zero is no wait; negative, malformed or over an hour is
+/// refused, naming the field.
+fn max_wait_us(max_wait: Option<&prost_types::Duration>) -> Result<u64, Status> {
+    let Some(d) = max_wait else { return Ok(0) };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(Status::invalid_argument(format!(
+            "max_wait is negative or malformed ({}s, {}ns)",
+            d.seconds, d.nanos
+        )));
+    }
+    let us = (d.seconds as u64)
+        .saturating_mul(1_000_000)
+        .saturating_add(d.nanos as u64 / 1_000);
+    if us > MAX_WAIT_US {
+        return Err(Status::invalid_argument(format!(
+            "max_wait is {}s, over the most a call may wait (3600s)",
+            d.seconds
+        )));
+    }
+    Ok(us)
 }
 
 fn exact(us: u64) -> prost_types::Duration {
