@@ -109,40 +109,36 @@ impl<S: Store> Limiter<S> {
             }
         };
         loop {
-            let check = self.decide(request, How::Check(&costs)).await?;
-            let waited_us = self.clock.now_us().saturating_sub(start);
-            if check.overall == Code::Ok {
+            let mut answer = self.decide(request, How::Check(&costs)).await?;
+            if answer.overall == Code::Ok {
                 let decision = self.decide(request, How::Decide).await?;
                 if decision.overall == Code::Ok || out_of_turn {
+                    let waited_us = self.clock.now_us().saturating_sub(start);
                     return Ok(Waited { decision, waited_us });
                 }
-                // Another caller took the room between the check and the hit: wait again.
-                continue;
+                // Another caller took the room between the check and the hit: wait as its answer says.
+                answer = decision;
             }
-            if out_of_turn {
-                return Ok(Waited {
-                    decision: check,
-                    waited_us,
-                });
-            }
-            let Some(wait) = self.wait_us(request, &check, costs.cost).await? else {
-                return Ok(Waited {
-                    decision: check,
-                    waited_us,
-                });
+            let waited_us = self.clock.now_us().saturating_sub(start);
+            let wait = if out_of_turn {
+                None
+            } else {
+                self.wait_us(request, &answer, costs.cost).await?
             };
-            if waited_us.saturating_add(wait) > max_wait_us {
-                return Ok(Waited {
-                    decision: check,
-                    waited_us,
-                });
+            match wait {
+                Some(wait) if waited_us.saturating_add(wait) <= max_wait_us => {
+                    self.clock.sleep_until(self.clock.now_us().saturating_add(wait)).await;
+                }
+                _ => {
+                    return Ok(Waited {
+                        decision: answer,
+                        waited_us,
+                    });
+                }
             }
-            self.clock.sleep_until(self.clock.now_us().saturating_add(wait)).await;
         }
     }
-}
 
-impl<S: Store> Limiter<S> {
     /// How long until the request's hit would pass, after a check that refused it: the longest wait of its limits
     /// (GetRemaining's exact retry time, at least a millisecond, so a wait never spins); `None` when it never will (a
     /// deny list refused it, or a cost no limit can ever fit).
