@@ -807,10 +807,12 @@ impl Watch {
     }
 }
 
-/// Whether an assignment sent at `at` with a TTL of `ttl_s` is due for a refresh at `now`.
+/// Whether an assignment sent at `at` with a TTL of `ttl_s` is due for a refresh at `now`: a third of the TTL (at
+/// least 2 s) before it lapses, plus a tick and a quarter, so that the tick that finds it due (up to a tick later, and
+/// itself a little late when the host is busy) still refreshes it that long before.
 fn due_at(at: u64, ttl_s: u32, now: u64) -> bool {
     let ttl = u64::from(ttl_s) * 1_000_000;
-    let margin = ((ttl / 3).max(2_000_000) + TICK_US).min(ttl);
+    let margin = ((ttl / 3).max(2_000_000) + TICK_US + TICK_US / 4).min(ttl);
     now >= at.saturating_add(ttl - margin)
 }
 
