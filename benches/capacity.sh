@@ -30,25 +30,7 @@ sum_cpu() { local total=0 pid; for pid in "$@"; do total=$((total + $(cpu_us "$p
 
 start_redis
 standalone_pid=$redis_pid
-cluster_ports=()
-cluster_pids=()
-for _ in 1 2 3; do
-  p=$(free_port)
-  mkdir -p "$work/c$p"
-  # The bus port is given explicitly: the default (port + 10000) does not exist for ports above 55535.
-  redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
-    --cluster-port "$(free_port)" --cluster-config-file "nodes-$p.conf" --dir "$work/c$p" >"$work/c$p.log" 2>&1 &
-  pids+=($!)
-  cluster_pids+=($!)
-  cluster_ports+=("$p")
-done
-for p in "${cluster_ports[@]}"; do wait_port "$p"; done
-redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-yes >/dev/null
-for _ in $(seq 100); do
-  redis-cli -p "${cluster_ports[0]}" cluster info | grep -q 'cluster_state:ok' && break
-  sleep 0.1
-done
-cluster_url="redis-cluster://127.0.0.1:${cluster_ports[0]}?node=127.0.0.1:${cluster_ports[1]}&node=127.0.0.1:${cluster_ports[2]}"
+start_cluster
 
 # One load generator against one instance, in the background; its report and its CPU (getrusage) go to FILE.
 drive() {

@@ -1,5 +1,5 @@
 # What the scripts of benches/ share: a scratch directory and the processes to stop on exit, free ports, waiting for
-# a listener, a Redis of their own, and the gRPC-framed request h2load sends. Sourced, not run.
+# a listener, a Redis of their own (and a cluster), and the gRPC-framed request h2load sends. Sourced, not run.
 
 work=$(mktemp -d)
 pids=()
@@ -39,4 +39,29 @@ start_redis() {
   redis_pid=$!
   pids+=("$redis_pid")
   wait_port "$redis_port"
+}
+
+# start_cluster: a Redis Cluster of three primaries on free ports of loopback, stopped on exit; sets $cluster_ports,
+# $cluster_pids and $cluster_url (sluice's --redis-url for it).
+start_cluster() {
+  cluster_ports=()
+  cluster_pids=()
+  local p
+  for _ in 1 2 3; do
+    p=$(free_port)
+    mkdir -p "$work/c$p"
+    # The bus port is given explicitly: the default (port + 10000) does not exist for ports above 55535.
+    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --cluster-enabled yes \
+      --cluster-port "$(free_port)" --cluster-config-file "nodes-$p.conf" --dir "$work/c$p" >"$work/c$p.log" 2>&1 &
+    pids+=($!)
+    cluster_pids+=($!)
+    cluster_ports+=("$p")
+  done
+  for p in "${cluster_ports[@]}"; do wait_port "$p"; done
+  redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-yes >/dev/null
+  for _ in $(seq 100); do
+    redis-cli -p "${cluster_ports[0]}" cluster info | grep -q 'cluster_state:ok' && break
+    sleep 0.1
+  done
+  cluster_url="redis-cluster://127.0.0.1:${cluster_ports[0]}?node=127.0.0.1:${cluster_ports[1]}&node=127.0.0.1:${cluster_ports[2]}"
 }
