@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use sluice_core::config::{ConfigError, load};
-use sluice_core::limiter::{Code, Descriptor, Request};
+use sluice_core::limiter::{Code, Descriptor, Report, Request};
 use sluice_core::metrics::Metrics;
 use sluice_core::rules::{ListAction, RuleSet};
 use sluice_core::store::Store;
@@ -61,6 +61,16 @@ async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store
         );
         assert_eq!(d.lists, [(ListAction::Deny, "blocked".into())], "{ip}");
     }
+    // Nothing was counted for a denied descriptor: GetRemaining (which reports the limits, not the lists) finds the
+    // listed address's limit untouched after its four denials.
+    let Report::Limited { remaining, .. } = &l
+        .get_remaining(&req(&[("remote_address", "10.1.2.3")]), 1)
+        .await
+        .unwrap()[0]
+    else {
+        panic!("the address has a limit")
+    };
+    assert_eq!(*remaining, 2);
     // The other descriptor of those requests was counted as usual: 4 hits on a limit of 2.
     let d = l.should_rate_limit(&req(&[("user", "u")])).await.unwrap();
     assert_eq!(
