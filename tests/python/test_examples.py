@@ -64,11 +64,11 @@ def check_budget(output: str) -> None:
 
 def check_wait(output: str) -> None:
     """A second's ten requests pass (more when the calls straddle a second), the next is refused, and a wait of at
-    most 2 s gets a permit within the second."""
+    most 2 s gets a permit within the second (at once when the second turned between the refusal and the wait)."""
     passed = re.search(r"^(\d+) requests passed, the next is OVER_LIMIT$", output, re.M)
     assert passed and int(passed.group(1)) >= 10, output
     waited = re.search(r"^waited ([\d.]+)s for a permit: OK$", output, re.M)
-    assert waited and 0 < float(waited.group(1)) <= 1.0, output
+    assert waited and 0 <= float(waited.group(1)) <= 1.0, output
 
 
 @pytest.mark.parametrize(
