@@ -48,6 +48,11 @@ pub struct RawList {
     /// A file of values, one per line (`#` starts a comment), relative to the configuration file's directory; read
     /// with the configuration, and again on every reload.
     pub file: Option<String>,
+    /// A URL (`http://` or `https://`) serving values one per line, as a file would: fetched when the server starts
+    /// (an unreachable URL stops it) and again every `refresh_seconds`; a fetch that fails keeps the last good values.
+    pub url: Option<String>,
+    /// How often the `url` is fetched again, in seconds: 3600 unless set.
+    pub refresh_seconds: Option<u64>,
     /// The values read from `file`, with the line each came from (filled when the configuration is loaded).
     #[serde(skip)]
     pub file_values: Vec<(usize, String)>,
@@ -263,13 +268,8 @@ fn read_list_files(config: &mut ConfigFile) -> Result<(), ConfigError> {
         let text =
             std::fs::read_to_string(&path).map_err(|e| invalid(format!("cannot read '{}': {e}", path.display())))?;
         std::hash::Hash::hash(&(name, &text), &mut hasher);
-        list.file_values = text
-            .lines()
-            .enumerate()
-            .filter_map(|(n, line)| {
-                let value = line.split('#').next().unwrap_or("").trim();
-                (!value.is_empty()).then(|| (n + 1, value.to_string()))
-            })
+        list.file_values = crate::rules::list_lines(&text)
+            .map(|(n, value)| (n, value.to_string()))
             .collect();
     }
     config.digest = std::hash::Hasher::finish(&hasher);

@@ -7,12 +7,13 @@
 //!
 //! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
 //! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
-//! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas), and
-//! `wait` (calls held until their hit would pass).
+//! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas),
+//! `wait` (calls held until their hit would pass), and `lists` (what the lists hold at run time).
 
 mod budget;
 mod decision;
 mod guard;
+mod lists;
 mod request;
 mod resolve;
 mod settings;
@@ -30,6 +31,7 @@ use budget::{How, hit_costs};
 use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
 use guard::{Guard, constraining};
+pub use lists::{MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
 use request::validate;
 pub use request::{Descriptor, Override, Request};
 use resolve::{Target, listed, resolve};
@@ -56,6 +58,8 @@ pub struct Limiter<S> {
     reservations: std::sync::Mutex<budget::ReservationBook>,
     /// The calls waiting for a permit.
     waiters: wait::Waiters,
+    /// What the lists hold at run time: fetched from their URLs, managed through the admin API.
+    lists: lists::LiveState,
 }
 
 impl<S: Store> Limiter<S> {
@@ -79,6 +83,7 @@ impl<S: Store> Limiter<S> {
             waiters: wait::Waiters::new(settings.max_waiters),
             settings,
             reservations: std::sync::Mutex::default(),
+            lists: lists::LiveState::default(),
         }
     }
 
@@ -136,7 +141,10 @@ impl<S: Store> Limiter<S> {
         let domain = rules.domain(&request.domain);
         let stats = self.domain_stats(domain);
         let mut targets = resolve(domain, request);
-        listed(domain, request, &mut targets);
+        if domain.is_some_and(|d| !d.lists.is_empty()) {
+            let live = self.lists.load();
+            listed(domain, request, &mut targets, live.get(request.domain.as_str()));
+        }
         let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
         let named = how.named();
 

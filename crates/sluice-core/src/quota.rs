@@ -303,7 +303,7 @@ impl<S: Store> Quotas<S> {
                         }
                     }
                     Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => quotas.notify_all(),
-                    Ok(Notice::Freed(_)) => {}
+                    Ok(Notice::Freed(_) | Notice::Lists(_)) => {}
                     Err(RecvError::Closed) => return,
                 }
             }

@@ -28,7 +28,9 @@ mod vocabulary;
 use std::collections::HashMap;
 
 pub use compile::Domains;
-pub use lists::{List, ListAction, Lists};
+pub use lists::{
+    DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value, list_lines,
+};
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,
@@ -48,6 +50,11 @@ impl RuleSet {
     /// The compiled rules of the domain `name`, if a file defines it.
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
+    }
+
+    /// Every domain, in no order.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
     }
 
     /// A hash of every file's name and text: equal digests, equal configurations.

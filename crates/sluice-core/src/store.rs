@@ -25,6 +25,8 @@ pub enum Notice {
     /// These RLQS buckets changed (grants or demand moved): their shares should be sized again. Each is named by a
     /// string the quota code chooses.
     Quota(Vec<String>),
+    /// The run-time entries of these lists changed (each named by its store key): read them again.
+    Lists(Vec<String>),
     /// Notices may have been missed (the subscription was lost and is back): treat everything as changed.
     Missed,
 }
@@ -378,6 +380,29 @@ pub struct StreamReset {
     pub kept: Vec<CounterKey>,
 }
 
+/// A change to a list's run-time entries.
+#[derive(Debug, Clone, Copy)]
+pub enum ListChange<'a> {
+    /// Adds `values` (or renews them, when present) until `expires_us`, or for good; refused when the list would then
+    /// hold more than `max` entries.
+    Add {
+        values: &'a [String],
+        expires_us: Option<u64>,
+        max: usize,
+    },
+    Remove {
+        values: &'a [String],
+    },
+}
+
+/// One run-time entry of a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub value: String,
+    /// When it expires, in microseconds since the Unix epoch; `None`: never.
+    pub expires_us: Option<u64>,
+}
+
 /// Why a store could not answer. Every kind maps to gRPC UNAVAILABLE.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -466,6 +491,23 @@ pub trait Store: Send + Sync + 'static {
     /// The entry then lasts `ttl_us`.
     fn grant(&self, now_us: u64, grants: &[Grant]) -> impl Future<Output = Vec<Result<Granted, StoreError>>> + Send;
 
+    /// Changes the run-time entries of the list stored under `list` (see [`ListChange`]); entries expired at
+    /// `now_us` are removed first. Returns how many entries were added or removed; `None` when an addition would make
+    /// the list hold more than its bound (nothing is added then).
+    fn list_change(
+        &self,
+        now_us: u64,
+        list: &CounterKey,
+        change: ListChange<'_>,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// The run-time entries of the list stored under `list` that have not expired at `now_us`.
+    fn list_entries(
+        &self,
+        now_us: u64,
+        list: &CounterKey,
+    ) -> impl Future<Output = Result<Vec<ListEntry>, StoreError>> + Send;
+
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -510,6 +552,16 @@ impl From<CounterKey> for String {
 }
 
 impl CounterKey {
+    /// The key of the run-time entries of the list `name` in `domain`: `<prefix>{<tag>}list|<domain>|<name>=`, every
+    /// piece with its length, an identity no descriptor or bucket can have (theirs start with a length or `rlqs|`).
+    pub fn list(prefix: &str, domain: &str, name: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "list|", domain).entry(name, "").finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
     /// Starts the identity of a descriptor in `domain`, with the configured prefix.
     pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {
         KeyBuilder::start(prefix, "", domain)

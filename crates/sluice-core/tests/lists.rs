@@ -1,16 +1,28 @@
 //! Deny and allow lists in the domain file: exact values, wildcards and CIDR ranges of one descriptor key; a deny
 //! list decides its descriptor (nothing counted), an allow list lets the whole request skip the limits; values from a
-//! file next to the configuration, read again on reload; every mistake named with its file and path.
+//! file next to the configuration, read again on reload; entries managed at run time, with TTLs, shared by the
+//! instances on one Redis within a second; every mistake named with its file and path.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use sluice_core::config::{ConfigError, load};
-use sluice_core::limiter::{Code, Descriptor, Report, Request};
+use sluice_core::limiter::{Code, Descriptor, LimitError, Limiter, LimiterSettings, Report, Request};
 use sluice_core::metrics::Metrics;
 use sluice_core::rules::{ListAction, RuleSet};
 use sluice_core::store::Store;
+use sluice_core::store::redis::RedisStore;
 
-use crate::harness::limiter;
+use crate::harness::{ACL_PASSWORD, RedisServer, limiter_with, readme_acl_user, redis_store};
+
+/// A limiter whose keys carry the prefix the documented ACL user may use.
+fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<sluice_core::clock::ManualClock>) {
+    let settings = LimiterSettings {
+        key_prefix: "test:".into(),
+        ..LimiterSettings::default()
+    };
+    limiter_with(yaml, store, settings)
+}
 
 const CONFIG: &str = "
 domain: edge
@@ -41,9 +53,10 @@ fn req(descriptors: &[(&str, &str)]) -> Request {
     }
 }
 
-both_stores!(
+every_store!(
     a_deny_list_decides_its_descriptor_and_counts_nothing,
     an_allow_list_lets_the_request_skip_every_limit,
+    entries_added_at_run_time_deny_at_once_and_expire_on_the_clock,
 );
 
 async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store) {
@@ -139,7 +152,7 @@ fn a_list_file_next_to_the_configuration_is_read_and_read_again_on_reload() {
     let lists = &first.domain("edge").unwrap().lists;
     let verdict = |entries: &[(&str, &str)]| {
         let entries: Vec<(String, String)> = entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        lists.verdict(&entries).map(|l| l.name.to_string())
+        lists.verdict(&entries, None).map(|l| l.name.to_string())
     };
     assert_eq!(verdict(&[("ip", "10.2.3.4")]).as_deref(), Some("blocked"));
     assert_eq!(verdict(&[("ip", "203.0.113.9")]).as_deref(), Some("blocked"));
@@ -149,7 +162,7 @@ fn a_list_file_next_to_the_configuration_is_read_and_read_again_on_reload() {
     let second = compile(dir.path()).unwrap();
     assert_ne!(first.digest(), second.digest());
     let entries = vec![("ip".to_string(), "203.0.113.10".to_string())];
-    assert!(second.domain("edge").unwrap().lists.verdict(&entries).is_some());
+    assert!(second.domain("edge").unwrap().lists.verdict(&entries, None).is_some());
     // A bad line names the file, the list and the line; a missing file names it.
     std::fs::write(dir.path().join("blocked.txt"), "10.0.0.0/8\n10.0.0.0/40\n").unwrap();
     let err = compile(dir.path()).unwrap_err().to_string();
@@ -224,4 +237,173 @@ fn the_summary_names_each_list() {
     ] {
         assert!(summary.contains(line), "{line} in {summary}");
     }
+}
+
+const MANAGED: &str = "
+domain: edge
+lists:
+  - {name: blocked, key: remote_address, values: ['192.0.2.7']}
+  - {name: partners, key: remote_address, action: allow}
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// Waits (a bounded number of short real-time steps, no window waited out) until `done`.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while !done().await {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "{what}: not within 5 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    start.elapsed()
+}
+
+async fn entries_added_at_run_time_deny_at_once_and_expire_on_the_clock(store: impl Store) {
+    let (l, clock) = limiter(MANAGED, store);
+    tokio::spawn(l.clone().keep_lists());
+    let ip = |a: &str| req(&[("remote_address", a)]);
+    let values = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        l.add_list_entries(
+            "edge",
+            "blocked",
+            &values(&["203.0.113.0/24", "bad-actor"]),
+            Some(60_000_000)
+        )
+        .await
+        .unwrap(),
+        2
+    );
+    l.add_list_entries("edge", "blocked", &values(&["2001:db8::/32"]), None)
+        .await
+        .unwrap();
+    // In force on this instance as soon as the call returns.
+    for a in ["203.0.113.9", "::ffff:203.0.113.9", "2001:db8::1", "192.0.2.7"] {
+        let d = l.should_rate_limit(&ip(a)).await.unwrap();
+        assert_eq!(
+            (d.overall, d.lists.clone()),
+            (Code::OverLimit, vec![(ListAction::Deny, "blocked".into())]),
+            "{a}"
+        );
+    }
+    let entries = l.list_entries("edge", "blocked").await.unwrap();
+    let shown: Vec<(&str, Option<u64>)> = entries.iter().map(|e| (e.value.as_str(), e.expires_us)).collect();
+    let t = l.now_us() + 60_000_000;
+    assert_eq!(
+        shown,
+        [
+            ("2001:db8::/32", None),
+            ("203.0.113.0/24", Some(t)),
+            ("bad-actor", Some(t))
+        ]
+    );
+    // An allow list managed at run time lets its caller skip the limits.
+    l.add_list_entries("edge", "partners", &values(&["198.51.100.0/24"]), None)
+        .await
+        .unwrap();
+    let d = l.should_rate_limit(&ip("198.51.100.20")).await.unwrap();
+    assert_eq!(d.lists, [(ListAction::Allow, "partners".into())]);
+    // The TTL runs on the limiter's clock: a minute later the entries are gone, the one without a TTL stays.
+    clock.advance(61_000_000);
+    until("the expired range is dropped", async || {
+        l.should_rate_limit(&ip("203.0.113.9")).await.unwrap().overall == Code::Ok
+    })
+    .await;
+    assert_eq!(
+        l.should_rate_limit(&ip("2001:db8::1")).await.unwrap().overall,
+        Code::OverLimit
+    );
+    assert_eq!(l.list_entries("edge", "blocked").await.unwrap().len(), 1);
+    // Removing takes run-time entries away; configured values stay.
+    let removed = l
+        .remove_list_entries("edge", "blocked", &values(&["2001:db8::/32", "192.0.2.7"]))
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "only the run-time entry was there to remove");
+    assert_eq!(l.should_rate_limit(&ip("2001:db8::1")).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.should_rate_limit(&ip("192.0.2.7")).await.unwrap().overall,
+        Code::OverLimit
+    );
+    // Bad input names what is wrong.
+    let err = l
+        .add_list_entries("edge", "blocked", &values(&["10.0.0.0/8", "10.0.0.0/99"]), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LimitError::InvalidArgument(m) if m.starts_with("values[1]: '10.0.0.0/99' is not a CIDR range")),
+        "{err}"
+    );
+    let err = l
+        .add_list_entries("edge", "nope", &values(&["x"]), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LimitError::NotFound(m) if m == "list: domain 'edge' has no list 'nope'"),
+        "{err}"
+    );
+    let err = l.list_entries("other", "blocked").await.unwrap_err();
+    assert!(
+        matches!(&err, LimitError::NotFound(m) if m.contains("no domain 'other'")),
+        "{err}"
+    );
+    let err = l.add_list_entries("edge", "blocked", &[], None).await.unwrap_err();
+    assert!(
+        matches!(&err, LimitError::InvalidArgument(m) if m == "values: none given"),
+        "{err}"
+    );
+}
+
+/// Two instances on one Redis: an entry added on one is in force on the other within a second, through the notice;
+/// an instance whose user may not hear the notices still sees it within a second, by reading every second.
+#[tokio::test]
+async fn two_instances_on_one_redis_share_entries_within_a_second() {
+    let redis = RedisServer::start();
+    let mut rules = vec!["ACL".to_string(), "SETUSER".into(), "deaf".into()];
+    rules.extend(
+        readme_acl_user("test:")
+            .into_iter()
+            .skip(1)
+            .filter(|r| r != "&sluice:notices"),
+    );
+    let args: Vec<&str> = rules.iter().map(String::as_str).collect();
+    assert_eq!(redis.cli(&args).trim(), "OK");
+    let deaf_url = redis
+        .url()
+        .replace("redis://", &format!("redis://deaf:{ACL_PASSWORD}@"));
+    let (a, _) = limiter(MANAGED, redis_store(&redis.url()).await);
+    let (b, _) = limiter(MANAGED, redis_store(&redis.url()).await);
+    let (deaf, _) = limiter(MANAGED, redis_store(&deaf_url).await);
+    for l in [&a, &b, &deaf] {
+        tokio::spawn(l.clone().keep_lists());
+    }
+    until("b hears the notices", async || b.store().hearing()).await;
+    let blocked = |l: &Arc<Limiter<RedisStore>>| {
+        let l = l.clone();
+        async move {
+            l.should_rate_limit(&req(&[("remote_address", "203.0.113.5")]))
+                .await
+                .unwrap()
+                .overall
+                == Code::OverLimit
+        }
+    };
+    assert!(!blocked(&b).await && !blocked(&deaf).await);
+    a.add_list_entries("edge", "blocked", &["203.0.113.0/24".to_string()], None)
+        .await
+        .unwrap();
+    let heard = until("b sees the entry", async || blocked(&b).await).await;
+    let polled = until("the deaf instance sees the entry", async || blocked(&deaf).await).await;
+    assert!(heard < std::time::Duration::from_secs(1), "{heard:?}");
+    assert!(polled < std::time::Duration::from_millis(1_500), "{polled:?}");
+    a.remove_list_entries("edge", "blocked", &["203.0.113.0/24".to_string()])
+        .await
+        .unwrap();
+    let heard = until("b sees the removal", async || !blocked(&b).await).await;
+    assert!(heard < std::time::Duration::from_secs(1), "{heard:?}");
+    until("the deaf instance sees the removal", async || !blocked(&deaf).await).await;
 }

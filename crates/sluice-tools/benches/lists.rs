@@ -102,7 +102,7 @@ fn main() {
     // The first of a few addresses spread over the space that no range holds.
     let outside = (1u32..)
         .map(|i| std::net::Ipv4Addr::from(i.wrapping_mul(0x9e37_79b9)).to_string())
-        .find(|a| lists.verdict(&entry(a)).is_none())
+        .find(|a| lists.verdict(&entry(a), None).is_none())
         .expect("an address outside every range");
     let cases = [
         ("IPv4 inside a range", entry(&inside)),
@@ -115,7 +115,7 @@ fn main() {
         let started = Instant::now();
         let mut hits = 0usize;
         for _ in 0..rounds {
-            hits += usize::from(black_box(lists).verdict(black_box(&entries)).is_some());
+            hits += usize::from(black_box(lists).verdict(black_box(&entries), None).is_some());
         }
         let per = started.elapsed().as_nanos() as f64 / rounds as f64;
         println!("{name}: {per:.0} ns per descriptor (matched {} of {rounds})", hits);

@@ -139,6 +139,9 @@ pub enum LimitError {
     /// setting bounds it (a face names it as its users set it: the service, by its flag).
     #[error("{message} ({})", cap.setting())]
     OverCap { cap: Cap, message: String },
+    /// What the call names (a domain, a list) does not exist; the message says which.
+    #[error("{0}")]
+    NotFound(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The instance is at a bound of concurrent work (calls waiting for a permit); the message says which.

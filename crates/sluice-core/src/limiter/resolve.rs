@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::request::Request;
-use crate::rules::{Algorithm, Domain, Limit, List, ListAction, Rule, Tier, TierCost, Unit};
+use crate::rules::{Algorithm, Domain, Limit, List, ListAction, LiveLists, Rule, Tier, TierCost, Unit};
 
 /// What one request descriptor resolved to.
 pub enum Target<'a> {
@@ -82,14 +82,14 @@ pub fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<
 
 /// Applies the domain's deny and allow lists to what the descriptors resolved to: a descriptor a deny list matches is
 /// decided by it; when none is denied and an allow list matches any descriptor, the whole request passes by it.
-pub fn listed<'a>(domain: Option<&'a Domain>, request: &Request, targets: &mut [Target<'a>]) {
+pub fn listed<'a>(domain: Option<&'a Domain>, request: &Request, targets: &mut [Target<'a>], live: Option<&LiveLists>) {
     let Some(lists) = domain.map(|d| &d.lists).filter(|l| !l.is_empty()) else {
         return;
     };
     let mut allowed = None;
     let mut denied = false;
     for (descriptor, target) in request.descriptors.iter().zip(targets.iter_mut()) {
-        match lists.verdict(&descriptor.entries) {
+        match lists.verdict(&descriptor.entries, live) {
             Some(list) if list.action == ListAction::Deny => {
                 *target = Target::Listed(list);
                 denied = true;

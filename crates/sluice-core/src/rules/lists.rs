@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::compile::Compiler;
 use super::tree::Pattern;
@@ -30,11 +31,32 @@ impl ListAction {
     }
 }
 
-/// One compiled list.
+/// One compiled list: its configured values, and where more of them come from at run time.
 #[derive(Debug)]
 pub struct List {
     pub name: Arc<str>,
     pub action: ListAction,
+    /// The descriptor key whose values it holds.
+    pub key: Arc<str>,
+    /// The values of `values` and `file`.
+    configured: Matcher,
+    /// The URL it is fetched from, if any.
+    pub source: Option<ListSource>,
+}
+
+/// A list fetched from a URL and fetched again every `refresh`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListSource {
+    pub url: String,
+    pub refresh: Duration,
+}
+
+/// How often a list is fetched from its URL unless it says otherwise.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(3_600);
+
+/// A set of values to match: exact values, `*` patterns, and ranges of IPv4 and IPv6 addresses.
+#[derive(Debug, Default)]
+pub struct Matcher {
     exact: HashSet<Box<str>>,
     patterns: Vec<Pattern>,
     v4: Ranges<u32>,
@@ -83,7 +105,26 @@ mod num_step {
     }
 }
 
-impl List {
+impl Matcher {
+    /// The matcher of `values`, each with what names it in an error (an index, a line number).
+    pub fn new<'v, N: std::fmt::Display>(
+        values: impl IntoIterator<Item = (N, &'v str)>,
+    ) -> Result<Matcher, (N, String)> {
+        let mut entries = Entries::default();
+        for (at, value) in values {
+            if let Err(message) = entries.add(value) {
+                return Err((at, message));
+            }
+        }
+        Ok(entries.build())
+    }
+
+    /// The matcher of a list's text: one value per line, `#` starting a comment, blank lines skipped. An error names
+    /// the line.
+    pub fn from_text(text: &str) -> Result<Matcher, String> {
+        Matcher::new(list_lines(text)).map_err(|(line, message)| format!("line {line}: {message}"))
+    }
+
     pub fn matches(&self, value: &str) -> bool {
         if self.exact.contains(value) || self.patterns.iter().any(|p| p.matches(value)) {
             return true;
@@ -112,6 +153,58 @@ impl List {
     }
 }
 
+/// The values of a list's text with their line numbers: one per line, `#` starting a comment, blanks skipped.
+pub fn list_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines().enumerate().filter_map(|(n, line)| {
+        let value = line.split('#').next().unwrap_or("").trim();
+        (!value.is_empty()).then_some((n + 1, value))
+    })
+}
+
+/// Whether `value` can be a list entry: the error says why not.
+pub fn check_value(value: &str) -> Result<(), String> {
+    Entries::default().add(value)
+}
+
+impl List {
+    /// Whether its configured values match `value` (what is added at run time is in [`LiveList`]).
+    pub fn matches(&self, value: &str) -> bool {
+        self.configured.matches(value)
+    }
+
+    /// How many configured entries it holds (ranges after merging).
+    pub fn len(&self) -> usize {
+        self.configured.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.configured.is_empty()
+    }
+
+    /// The bytes its configured entries take.
+    pub fn memory_bytes(&self) -> usize {
+        self.configured.memory_bytes()
+    }
+}
+
+/// What a list holds beyond its configuration, at run time: the values last fetched from its URL, and the entries
+/// managed through the admin API (those not yet expired).
+#[derive(Debug, Default, Clone)]
+pub struct LiveList {
+    pub fetched: Option<Arc<Matcher>>,
+    pub managed: Option<Arc<Matcher>>,
+}
+
+impl LiveList {
+    fn matches(&self, value: &str) -> bool {
+        self.fetched.as_ref().is_some_and(|m| m.matches(value))
+            || self.managed.as_ref().is_some_and(|m| m.matches(value))
+    }
+}
+
+/// A domain's live lists, by list name.
+pub type LiveLists = HashMap<Arc<str>, LiveList>;
+
 /// An IPv4-mapped IPv6 address as its IPv4 address.
 fn canonical(addr: IpAddr) -> IpAddr {
     match addr {
@@ -131,12 +224,14 @@ impl Lists {
         self.by_key.is_empty()
     }
 
-    /// The first list (deny lists first, then in configuration order) that one of `entries` matches.
-    pub fn verdict<'a>(&'a self, entries: &[(String, String)]) -> Option<&'a List> {
+    /// The first list (deny lists first, then in configuration order) that one of `entries` matches, by its
+    /// configured values or by what `live` holds for it.
+    pub fn verdict<'a>(&'a self, entries: &[(String, String)], live: Option<&LiveLists>) -> Option<&'a List> {
         let mut allowed = None;
         for (key, value) in entries {
             for list in self.by_key.get(key.as_str()).into_iter().flatten() {
-                if list.matches(value) {
+                let live = || live.and_then(|l| l.get(&list.name)).is_some_and(|l| l.matches(value));
+                if list.matches(value) || live() {
                     if list.action == ListAction::Deny {
                         return Some(list);
                     }
@@ -152,14 +247,22 @@ impl Lists {
         self.by_key.values().flatten()
     }
 
-    /// One line per list, by name: `list NAME: ACTION KEY, N entries`.
+    /// The list named `name`.
+    pub fn get(&self, name: &str) -> Option<&List> {
+        self.iter().find(|l| &*l.name == name)
+    }
+
+    /// One line per list, by name: `list NAME: ACTION KEY, N entries` (and where it is fetched from).
     pub fn lines(&self) -> Vec<String> {
         let mut lines: Vec<(&str, String)> = self
             .by_key
             .iter()
             .flat_map(|(key, lists)| {
                 lists.iter().map(move |l| {
-                    let line = format!("list {}: {} {key}, {} entries", l.name, l.action.name(), l.len());
+                    let mut line = format!("list {}: {} {key}, {} entries", l.name, l.action.name(), l.len());
+                    if let Some(source) = &l.source {
+                        line += &format!(" + {} every {}s", source.url, source.refresh.as_secs());
+                    }
                     (&*l.name, line)
                 })
             })
@@ -213,17 +316,44 @@ impl Compiler<'_> {
                 list.add(v)
                     .map_err(|m| self.err(&format!("{at}.file"), format!("'{file}' line {line}: {m}")))?;
             }
+            let source = match &r.url {
+                None if r.refresh_seconds.is_some() => {
+                    return Err(self.err(&format!("{at}.refresh_seconds"), "only a list with a url is refreshed"));
+                }
+                None => None,
+                Some(url) => Some(ListSource {
+                    url: check_url(url).map_err(|m| self.err(&format!("{at}.url"), m))?,
+                    refresh: match r.refresh_seconds {
+                        None => DEFAULT_REFRESH,
+                        Some(0) => {
+                            return Err(self.err(&format!("{at}.refresh_seconds"), "must be at least 1"));
+                        }
+                        Some(s) => Duration::from_secs(s),
+                    },
+                }),
+            };
             lists.by_key.entry(r.key.as_str().into()).or_default().push(List {
                 name: Arc::from(r.name.as_str()),
                 action,
-                exact: list.exact,
-                patterns: list.patterns,
-                v4: Ranges::build(list.v4),
-                v6: Ranges::build(list.v6),
+                key: Arc::from(r.key.as_str()),
+                configured: list.build(),
+                source,
             });
         }
         Ok(())
     }
+}
+
+/// A list URL as it is fetched: `http://` or `https://`, a host, no spaces.
+fn check_url(url: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| format!("'{url}' is not an http:// or https:// URL"))?;
+    if rest.is_empty() || rest.starts_with('/') || url.contains(char::is_whitespace) {
+        return Err(format!("'{url}' has no host or holds a space"));
+    }
+    Ok(url.to_string())
 }
 
 /// A list's entries as they are read.
@@ -236,6 +366,15 @@ struct Entries {
 }
 
 impl Entries {
+    fn build(self) -> Matcher {
+        Matcher {
+            exact: self.exact,
+            patterns: self.patterns,
+            v4: Ranges::build(self.v4),
+            v6: Ranges::build(self.v6),
+        }
+    }
+
     /// Adds one value: a CIDR range (`a/n`), an address, a pattern (with `*`), or an exact value.
     fn add(&mut self, value: &str) -> Result<(), String> {
         if value.is_empty() {
@@ -289,19 +428,8 @@ impl Entries {
 mod tests {
     use super::*;
 
-    fn list(values: &[&str]) -> List {
-        let mut e = Entries::default();
-        for v in values {
-            e.add(v).unwrap();
-        }
-        List {
-            name: Arc::from("l"),
-            action: ListAction::Deny,
-            exact: e.exact,
-            patterns: e.patterns,
-            v4: Ranges::build(e.v4),
-            v6: Ranges::build(e.v6),
-        }
+    fn list(values: &[&str]) -> Matcher {
+        Matcher::new(values.iter().map(|v| (0, *v))).unwrap()
     }
 
     #[test]

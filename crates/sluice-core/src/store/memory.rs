@@ -31,8 +31,8 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, Notice, Outcome, RESERVATION_GRACE_US, Settled, Settlement, Store,
-    StoreError, StreamReset, TierOutcome, TierSettled, TierSpec, fair_shares, granted_amount,
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Outcome, RESERVATION_GRACE_US, Settled,
+    Settlement, Store, StoreError, StreamReset, TierOutcome, TierSettled, TierSpec, fair_shares, granted_amount,
 };
 use crate::rules::Algorithm;
 use prelude::{
@@ -49,6 +49,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     /// Notices go to this process's listeners only: no other instance shares this store.
     notices: tokio::sync::broadcast::Sender<Notice>,
+    /// The lists' run-time entries: per list key, each value's expiry (`None`: never).
+    lists: Mutex<HashMap<String, HashMap<String, Option<u64>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -79,6 +81,7 @@ impl MemoryStore {
         MemoryStore {
             notices: tokio::sync::broadcast::Sender::new(super::NOTICE_BACKLOG),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            lists: Mutex::default(),
         }
     }
 
@@ -332,7 +335,7 @@ pub(super) fn sliding_window_decision(
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain data; the data is still usable.
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -526,6 +529,54 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn list_change(
+        &self,
+        now_us: u64,
+        list: &CounterKey,
+        change: ListChange<'_>,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut lists = lock(&self.lists);
+        let entries = lists.entry(list.as_str().to_string()).or_default();
+        entries.retain(|_, expires| expires.is_none_or(|e| e > now_us));
+        let changed = match change {
+            ListChange::Add {
+                values,
+                expires_us,
+                max,
+            } => {
+                let new = values.iter().filter(|v| !entries.contains_key(v.as_str())).count();
+                if entries.len() + new > max {
+                    return Ok(None);
+                }
+                for value in values {
+                    entries.insert(value.clone(), expires_us);
+                }
+                new
+            }
+            ListChange::Remove { values } => values.iter().filter(|v| entries.remove(v.as_str()).is_some()).count(),
+        };
+        if entries.is_empty() {
+            lists.remove(list.as_str());
+        }
+        Ok(Some(changed as u64))
+    }
+
+    async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {
+        let lists = lock(&self.lists);
+        let mut entries: Vec<ListEntry> = lists
+            .get(list.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|(_, expires)| expires.is_none_or(|e| e > now_us))
+            .map(|(value, &expires_us)| ListEntry {
+                value: value.clone(),
+                expires_us,
+            })
+            .collect();
+        entries.sort_by(|a, b| a.value.cmp(&b.value));
+        Ok(entries)
     }
 }
 

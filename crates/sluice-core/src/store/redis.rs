@@ -48,7 +48,10 @@ use fred::types::config::{Config, ServerConfig, TlsConnector};
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::{Answers, CounterKey, Grant, Granted, Hit, Notice, Settled, Settlement, Store, StoreError, StreamReset};
+use super::{
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Settled, Settlement, Store, StoreError,
+    StreamReset,
+};
 
 mod call;
 mod cluster;
@@ -349,6 +352,17 @@ impl RedisStore {
 
     /// The connection for a single-key command on `key`: the one server's, or in a cluster the primary's that
     /// serves the key's slot.
+    /// Runs one command on `key`'s server.
+    async fn command(&self, key: &CounterKey, command: &'static str, args: Vec<Value>) -> Result<Value, StoreError> {
+        let mut all = Vec::with_capacity(args.len() + 1);
+        all.push(Value::from(key.as_str()));
+        all.extend(args);
+        self.client_for(key)?
+            .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), all)
+            .await
+            .map_err(|e| self.classify(e))
+    }
+
     fn client_for(&self, key: &CounterKey) -> Result<Client, StoreError> {
         let Some(cluster) = &self.cluster else {
             return Ok(self.pool.next().clone());
@@ -422,6 +436,18 @@ impl RedisStore {
     }
 }
 
+/// A list's run-time entries are a sorted set: each value scored by its expiry in microseconds, `+inf` for none.
+impl RedisStore {
+    async fn drop_expired(&self, now_us: u64, list: &CounterKey) -> Result<(), StoreError> {
+        let args = vec![Value::from("-inf"), Value::from(now_us.to_string())];
+        self.command(list, "ZREMRANGEBYSCORE", args).await.map(|_| ())
+    }
+}
+
+fn integer(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
@@ -439,6 +465,70 @@ impl Store for RedisStore {
             return Vec::new();
         }
         self.run(Mode::Peek, now_us, hits).await
+    }
+
+    async fn list_change(
+        &self,
+        now_us: u64,
+        list: &CounterKey,
+        change: ListChange<'_>,
+    ) -> Result<Option<u64>, StoreError> {
+        self.drop_expired(now_us, list).await?;
+        match change {
+            ListChange::Add {
+                values,
+                expires_us,
+                max,
+            } => {
+                // Renewed values count as new here: a list near its bound may refuse a renewal that would fit.
+                let held = integer(&self.command(list, "ZCARD", Vec::new()).await?);
+                if held as usize + values.len() > max {
+                    return Ok(None);
+                }
+                let score = expires_us.map_or_else(|| "+inf".to_string(), |e| e.to_string());
+                let mut args = Vec::with_capacity(values.len() * 2);
+                for value in values {
+                    args.push(Value::from(score.as_str()));
+                    args.push(Value::from(value.as_str()));
+                }
+                Ok(Some(integer(&self.command(list, "ZADD", args).await?)))
+            }
+            ListChange::Remove { values } => {
+                let args = values.iter().map(|v| Value::from(v.as_str())).collect();
+                Ok(Some(integer(&self.command(list, "ZREM", args).await?)))
+            }
+        }
+    }
+
+    async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {
+        let args = vec![
+            Value::from(format!("({now_us}")),
+            Value::from("+inf"),
+            Value::from("WITHSCORES"),
+        ];
+        let reply = self.command(list, "ZRANGEBYSCORE", args).await?;
+        // RESP2 answers [value, score, …]; RESP3 [[value, score], …].
+        let flat: Vec<Value> = match reply {
+            Value::Array(items) => items
+                .into_iter()
+                .flat_map(|item| match item {
+                    Value::Array(pair) => pair,
+                    other => vec![other],
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(flat
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                let value = pair[0].as_string()?;
+                let score = pair[1].as_f64().unwrap_or(f64::INFINITY);
+                Some(ListEntry {
+                    value,
+                    expires_us: score.is_finite().then_some(score as u64),
+                })
+            })
+            .collect())
     }
 
     async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {

@@ -312,6 +312,7 @@ pub fn to_status(error: LimitError) -> Status {
         }
         LimitError::Store(_) => Status::unavailable("rate limit store unavailable"),
         LimitError::Busy(message) => Status::resource_exhausted(message),
+        LimitError::NotFound(message) => Status::not_found(message),
     }
 }
 

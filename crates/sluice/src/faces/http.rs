@@ -215,5 +215,6 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
         Err(LimitError::OverCap { cap, message }) => error(StatusCode::BAD_REQUEST, over_cap(cap, &message)),
         Err(LimitError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable".into()),
         Err(LimitError::Busy(m)) => error(StatusCode::SERVICE_UNAVAILABLE, m),
+        Err(LimitError::NotFound(m)) => error(StatusCode::NOT_FOUND, m),
     }
 }

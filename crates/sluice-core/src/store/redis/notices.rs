@@ -6,7 +6,7 @@
 //! what the notices protect meanwhile: [`Notices::hearing`] is false from the moment the connection fails until it is
 //! subscribed again, and then the listeners are told [`Notice::Missed`] (everything may have changed). A message is a
 //! JSON array: `["freed", key…]`, `["quota", name…]`, or `["hello"]`, which an instance publishes when it starts and
-//! nobody acts on; one that does not parse is logged and ignored.
+//! nobody acts on (and `["lists", key…]`); one that does not parse is logged and ignored.
 //!
 //! Redis answers a SUBSCRIBE to a channel the user may not use with an error that the subscriber does not report, so
 //! the instance tries the channel with that hello: refused (NOPERM), the instance does not trust the notices, and
@@ -158,6 +158,7 @@ pub(super) fn encode(notice: &Notice) -> String {
     let (kind, names): (&str, &[String]) = match notice {
         Notice::Freed(keys) => ("freed", keys),
         Notice::Quota(names) => ("quota", names),
+        Notice::Lists(names) => ("lists", names),
         Notice::Missed => ("missed", &[]),
     };
     let mut all = Vec::with_capacity(names.len() + 1);
@@ -177,6 +178,7 @@ fn decode(value: &Value) -> Option<Option<Notice>> {
     match kind.as_str() {
         "freed" => Some(Some(Notice::Freed(parts))),
         "quota" => Some(Some(Notice::Quota(parts))),
+        "lists" => Some(Some(Notice::Lists(parts))),
         "missed" => Some(Some(Notice::Missed)),
         "hello" => Some(None),
         _ => None,
@@ -192,6 +194,7 @@ mod tests {
         for notice in [
             Notice::Freed(vec!["a\n\"b\"".into(), "c".into()]),
             Notice::Quota(vec!["q".into()]),
+            Notice::Lists(vec!["l".into()]),
             Notice::Missed,
         ] {
             assert_eq!(decode(&Value::from(encode(&notice))), Some(Some(notice)));

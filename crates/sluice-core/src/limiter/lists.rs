@@ -1,0 +1,303 @@
+//! Lists at run time: what a deny or allow list holds beyond its configuration. Two sources feed it:
+//!
+//! - entries managed through the admin API ([`Limiter::add_list_entries`]), kept in the store (in Redis a sorted
+//!   set per list, each value scored by its expiry), so every instance on one Redis shares them. The instance that
+//!   changes a list reads it back at once and announces the change; the others read it when the notice arrives, and
+//!   every second while notices may be missed ([`Store::hearing`]), so a change is in force everywhere within a
+//!   second. An entry's expiry is read on the limiter's clock: the list is read again when its first entry expires.
+//! - the values last fetched from a list's URL ([`Limiter::set_fetched`]), by whoever fetches them (the server's
+//!   list refresher).
+//!
+//! Both are compiled into [`Matcher`]s beside the configured values, swapped in whole, and found by domain and list
+//! name on the decision path (one hash lookup per list a descriptor key has).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::Limiter;
+use super::decision::LimitError;
+use crate::rules::{ListSource, LiveList, LiveLists, Matcher, RuleSet, check_value};
+use crate::store::{CounterKey, ListChange, ListEntry, Notice, Store};
+
+/// The most run-time entries one list may hold.
+pub const MAX_LIST_ENTRIES: usize = 1_000_000;
+/// The most values one call may add or remove.
+pub const MAX_LIST_VALUES_PER_CALL: usize = 10_000;
+
+/// Every domain's live lists, and the managed lists followed.
+#[derive(Default)]
+pub(crate) struct LiveState {
+    live: ArcSwap<HashMap<Arc<str>, LiveLists>>,
+    followed: std::sync::Mutex<Followed>,
+}
+
+/// The managed lists of the rules in force, by store key.
+#[derive(Default)]
+struct Followed {
+    /// The rule set they were taken from (by address).
+    rules: usize,
+    lists: HashMap<String, Managed>,
+}
+
+struct Managed {
+    domain: Arc<str>,
+    name: Arc<str>,
+    key: CounterKey,
+    /// Read again at this time (its first entry's expiry), or at once when `None` and stale.
+    next_read_us: Option<u64>,
+    stale: bool,
+}
+
+impl LiveState {
+    /// The live lists of `domain`, for one decision.
+    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<HashMap<Arc<str>, LiveLists>>> {
+        self.live.load()
+    }
+
+    fn update(&self, domain: &Arc<str>, name: &Arc<str>, change: impl Fn(&mut LiveList)) {
+        self.live.rcu(|all| {
+            let mut all = HashMap::clone(all);
+            let lists = all.entry(domain.clone()).or_default();
+            change(lists.entry(name.clone()).or_default());
+            all
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Followed> {
+        self.followed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// The list `name` of `domain` in the rules in force, or NOT_FOUND naming what is missing.
+    fn list_named(&self, rules: &RuleSet, domain: &str, name: &str) -> Result<CounterKey, LimitError> {
+        let d = rules
+            .domain(domain)
+            .ok_or_else(|| LimitError::NotFound(format!("domain: no domain '{domain}' is configured")))?;
+        d.lists
+            .get(name)
+            .ok_or_else(|| LimitError::NotFound(format!("list: domain '{domain}' has no list '{name}'")))?;
+        Ok(self.list_key(domain, name))
+    }
+
+    fn list_key(&self, domain: &str, name: &str) -> CounterKey {
+        CounterKey::list(&self.settings.key_prefix, domain, name)
+    }
+
+    /// Adds `values` to the list `name` of `domain` (or renews them) for `ttl_us`, or for good; returns how many
+    /// were new. Every instance sharing the store holds them within a second.
+    pub async fn add_list_entries(
+        &self,
+        domain: &str,
+        name: &str,
+        values: &[String],
+        ttl_us: Option<u64>,
+    ) -> Result<u64, LimitError> {
+        check_values(values)?;
+        let now_us = self.clock.now_us();
+        let expires_us = ttl_us.filter(|&t| t > 0).map(|t| now_us.saturating_add(t));
+        let change = ListChange::Add {
+            values,
+            expires_us,
+            max: MAX_LIST_ENTRIES,
+        };
+        self.change_list(domain, name, now_us, change).await
+    }
+
+    /// Removes `values` from the run-time entries of the list `name` of `domain`; returns how many were there.
+    /// Configured and fetched values stay.
+    pub async fn remove_list_entries(&self, domain: &str, name: &str, values: &[String]) -> Result<u64, LimitError> {
+        check_values(values)?;
+        let now_us = self.clock.now_us();
+        self.change_list(domain, name, now_us, ListChange::Remove { values })
+            .await
+    }
+
+    async fn change_list(
+        &self,
+        domain: &str,
+        name: &str,
+        now_us: u64,
+        change: ListChange<'_>,
+    ) -> Result<u64, LimitError> {
+        let key = self.list_named(&self.rules(), domain, name)?;
+        let changed = self.store().list_change(now_us, &key, change).await?.ok_or_else(|| {
+            LimitError::InvalidArgument(format!(
+                "values: list '{name}' would hold more than {MAX_LIST_ENTRIES} run-time entries"
+            ))
+        })?;
+        self.read_list(&Arc::from(domain), &Arc::from(name), &key).await?;
+        self.store()
+            .announce(Notice::Lists(vec![key.as_str().to_string()]))
+            .await;
+        Ok(changed)
+    }
+
+    /// The run-time entries of the list `name` of `domain` that have not expired, by value.
+    pub async fn list_entries(&self, domain: &str, name: &str) -> Result<Vec<ListEntry>, LimitError> {
+        let key = self.list_named(&self.rules(), domain, name)?;
+        let mut entries = self.store().list_entries(self.clock.now_us(), &key).await?;
+        entries.sort_by(|a, b| a.value.cmp(&b.value));
+        Ok(entries)
+    }
+
+    /// Puts the values fetched for the list `name` of `domain` in force (`None` forgets them).
+    pub fn set_fetched(&self, domain: &str, name: &str, values: Option<Arc<Matcher>>) {
+        self.lists
+            .update(&Arc::from(domain), &Arc::from(name), |l| l.fetched = values.clone());
+    }
+
+    /// The values fetched for the list `name` of `domain`, if any.
+    pub fn fetched(&self, domain: &str, name: &str) -> Option<Arc<Matcher>> {
+        self.lists.load().get(domain)?.get(name)?.fetched.clone()
+    }
+
+    /// Every list of the rules in force that has a URL: its domain, its name and where it comes from.
+    pub fn fetched_lists(&self) -> Vec<(Arc<str>, Arc<str>, ListSource)> {
+        let rules = self.rules();
+        rules
+            .domains()
+            .flat_map(|d| {
+                d.lists
+                    .iter()
+                    .filter_map(|l| Some((d.name.clone(), l.name.clone(), l.source.clone()?)))
+            })
+            .collect()
+    }
+
+    /// Reads a managed list from the store and puts it in force.
+    async fn read_list(&self, domain: &Arc<str>, name: &Arc<str>, key: &CounterKey) -> Result<(), LimitError> {
+        let entries = self.store().list_entries(self.clock.now_us(), key).await?;
+        let next_read_us = entries.iter().filter_map(|e| e.expires_us).min();
+        let values = entries.iter().enumerate().filter(|(_, e)| match check_value(&e.value) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::warn!(list = %name, value = %e.value, why, "a stored list entry that is not a value was skipped");
+                false
+            }
+        });
+        let matcher = Matcher::new(values.map(|(i, e)| (i, e.value.as_str())))
+            .ok()
+            .map(Arc::new);
+        let matcher = matcher.filter(|m| !m.is_empty());
+        self.lists.update(domain, name, |l| l.managed = matcher.clone());
+        if let Some(m) = self.lists.lock().lists.get_mut(key.as_str()) {
+            m.next_read_us = next_read_us;
+            m.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Follows the managed lists for as long as the limiter lives: reads each when the rules bring it, when an
+    /// instance announces a change to it, when its first entry expires, and every second while notices may be
+    /// missed. Run it once per limiter, in a task of its own.
+    pub async fn keep_lists(self: Arc<Self>) {
+        let mut notices = self.store().notices();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut polled = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                notice = notices.recv() => match notice {
+                    Ok(Notice::Lists(keys)) => {
+                        let mut followed = self.lists.lock();
+                        for key in keys {
+                            if let Some(m) = followed.lists.get_mut(&key) {
+                                m.stale = true;
+                            }
+                        }
+                    }
+                    Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => self.stale_all(),
+                    Ok(_) => {}
+                    Err(RecvError::Closed) => return,
+                },
+                _ = tick.tick() => {
+                    if !self.store().hearing() && polled.elapsed() >= Duration::from_secs(1) {
+                        polled = tokio::time::Instant::now();
+                        self.stale_all();
+                    }
+                }
+            }
+            self.follow_rules();
+            let now_us = self.clock.now_us();
+            let due: Vec<(Arc<str>, Arc<str>, CounterKey)> = self
+                .lists
+                .lock()
+                .lists
+                .values()
+                .filter(|m| m.stale || m.next_read_us.is_some_and(|t| t <= now_us))
+                .map(|m| (m.domain.clone(), m.name.clone(), m.key.clone()))
+                .collect();
+            for (domain, name, key) in due {
+                if let Err(e) = self.read_list(&domain, &name, &key).await {
+                    // Stays stale: read again at the next tick.
+                    tracing::debug!(list = %name, error = %e, "list entries not read; tried again");
+                }
+            }
+        }
+    }
+
+    fn stale_all(&self) {
+        self.lists.lock().lists.values_mut().for_each(|m| m.stale = true);
+    }
+
+    /// Follows the lists of the rules in force: a new one is read at once, one gone is forgotten.
+    fn follow_rules(&self) {
+        let rules = self.rules();
+        let mut followed = self.lists.lock();
+        let address = Arc::as_ptr(&rules) as usize;
+        if followed.rules == address {
+            return;
+        }
+        followed.rules = address;
+        let mut lists = HashMap::new();
+        for domain in rules.domains() {
+            for list in domain.lists.iter() {
+                let key = self.list_key(&domain.name, &list.name);
+                let managed = followed.lists.remove(key.as_str()).unwrap_or(Managed {
+                    domain: domain.name.clone(),
+                    name: list.name.clone(),
+                    key: key.clone(),
+                    next_read_us: None,
+                    stale: true,
+                });
+                lists.insert(key.as_str().to_string(), managed);
+            }
+        }
+        let gone: Vec<(Arc<str>, Arc<str>)> = followed.lists.drain().map(|(_, m)| (m.domain, m.name)).collect();
+        followed.lists = lists;
+        drop(followed);
+        if !gone.is_empty() {
+            self.lists.live.rcu(|all| {
+                let mut all = HashMap::clone(all);
+                for (domain, name) in &gone {
+                    if let Some(lists) = all.get_mut(domain) {
+                        lists.remove(name);
+                    }
+                }
+                all
+            });
+        }
+    }
+}
+
+/// Refuses a call's values that no list could hold, naming the first.
+fn check_values(values: &[String]) -> Result<(), LimitError> {
+    if values.is_empty() {
+        return Err(LimitError::InvalidArgument("values: none given".into()));
+    }
+    if values.len() > MAX_LIST_VALUES_PER_CALL {
+        return Err(LimitError::InvalidArgument(format!(
+            "values: {} given, at most {MAX_LIST_VALUES_PER_CALL} per call",
+            values.len()
+        )));
+    }
+    for (i, value) in values.iter().enumerate() {
+        check_value(value).map_err(|why| LimitError::InvalidArgument(format!("values[{i}]: {why}")))?;
+    }
+    Ok(())
+}
