@@ -8,12 +8,14 @@
 //! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
 //! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
 //! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas),
-//! `wait` (calls held until their hit would pass), and `lists` (what the lists hold at run time).
+//! `wait` (calls held until their hit would pass), `lists` (what the lists hold at run time), and `offenders`
+//! (the values hit and denied most per rule).
 
 mod budget;
 mod decision;
 mod guard;
 mod lists;
+mod offenders;
 mod request;
 mod resolve;
 mod settings;
@@ -32,6 +34,7 @@ use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
 use guard::{Guard, constraining};
 pub use lists::{MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
+pub use offenders::RuleOffenders;
 use request::validate;
 pub use request::{Descriptor, Override, Request};
 use resolve::{Target, listed, resolve};
@@ -60,6 +63,8 @@ pub struct Limiter<S> {
     waiters: wait::Waiters,
     /// What the lists hold at run time: fetched from their URLs, managed through the admin API.
     lists: lists::LiveState,
+    /// The values hit and denied per rule since the last flush.
+    offenders: offenders::Offenders,
 }
 
 impl<S: Store> Limiter<S> {
@@ -84,6 +89,7 @@ impl<S: Store> Limiter<S> {
             settings,
             reservations: std::sync::Mutex::default(),
             lists: lists::LiveState::default(),
+            offenders: offenders::Offenders::default(),
         }
     }
 
@@ -237,6 +243,11 @@ impl<S: Store> Limiter<S> {
                     };
                     let (i, tier) = constraining(outcome);
                     if hit.cost > 0 && !peek {
+                        if let (Some(rule), Some(domain), kept @ 1..) = (rule, domain, self.settings.top_offenders) {
+                            let denied = !outcome.admitted && !hit.force;
+                            self.offenders
+                                .note(kept, &domain.name, &rule.path, &descriptor.entries, denied);
+                        }
                         self.rule_stats(domain, *rule, descriptor).record(
                             hit.cost,
                             tiers[i].limit.capacity(),

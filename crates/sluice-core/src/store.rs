@@ -395,6 +395,54 @@ pub enum ListChange<'a> {
     },
 }
 
+/// Counts to add to a set of top values (see [`Store::tally`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    pub set: CounterKey,
+    pub counts: Vec<(String, u64)>,
+}
+
+/// How far back [`Store::top`] sums: the last minute (the six 10-second buckets before the current one, and the
+/// current one: 60 to 70 seconds), or the last hour (sixty minute buckets and the current one: 60 to 61 minutes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    Minute,
+    Hour,
+}
+
+impl Span {
+    /// The length of its buckets, and how many buckets it sums.
+    pub fn buckets(self) -> (u64, u64) {
+        match self {
+            Span::Minute => (TOP_SHORT_BUCKET_US, 7),
+            Span::Hour => (TOP_LONG_BUCKET_US, 61),
+        }
+    }
+
+    /// The bucket keys of `set` it sums at `now_us`, newest first.
+    pub fn keys(self, set: &CounterKey, now_us: u64) -> Vec<CounterKey> {
+        let (width, count) = self.buckets();
+        let current = now_us - now_us % width;
+        (0..count)
+            .filter_map(|i| current.checked_sub(i * width))
+            .map(|start| set.bucket(self, start))
+            .collect()
+    }
+}
+
+/// Summed counts, largest first (ties by value).
+pub fn ranked(sums: std::collections::HashMap<String, u64>) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = sums.into_iter().collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all
+}
+
+/// The buckets of top values: ten seconds, and a minute.
+pub const TOP_SHORT_BUCKET_US: u64 = 10_000_000;
+pub const TOP_LONG_BUCKET_US: u64 = 60_000_000;
+/// How long a bucket of top values is kept: the hour it serves and ten minutes.
+pub const TOP_BUCKET_TTL_US: u64 = 4_200_000_000;
+
 /// One run-time entry of a list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
@@ -508,6 +556,20 @@ pub trait Store: Send + Sync + 'static {
         list: &CounterKey,
     ) -> impl Future<Output = Result<Vec<ListEntry>, StoreError>> + Send;
 
+    /// Adds each tally's counts into the buckets of its set that hold `now_us` (a 10-second one and a minute one),
+    /// keeping the `kept` largest of each bucket; buckets expire after an hour and ten minutes. Not atomic across
+    /// tallies: a failure may leave some added.
+    fn tally(&self, now_us: u64, tallies: &[Tally], kept: usize)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The counts of the set `set` over `span` back from `now_us`, summed across its buckets, largest first.
+    fn top(
+        &self,
+        now_us: u64,
+        set: &CounterKey,
+        span: Span,
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
+
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -560,6 +622,26 @@ impl CounterKey {
             key: identity.base,
             tag: identity.tag,
         }
+    }
+
+    /// The set of top values `kind` (`hits`, `denied`) of the rule `rule` in `domain`:
+    /// `<prefix>{<tag>}top|<domain>|<rule>=<kind>`, every piece with its length.
+    pub fn top(prefix: &str, domain: &str, rule: &str, kind: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "top|", domain).entry(rule, kind).finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
+    /// One bucket of a set of top values: the set's key, `:s` (ten seconds) or `:m` (a minute), and the bucket's
+    /// first microsecond.
+    pub fn bucket(&self, span: Span, start_us: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 20);
+        key.push_str(&self.key);
+        key.push_str(if span == Span::Minute { ":s" } else { ":m" });
+        push_decimal(&mut key, start_us);
+        CounterKey { key, tag: self.tag }
     }
 
     /// Starts the identity of a descriptor in `domain`, with the configured prefix.

@@ -15,6 +15,7 @@ mod exactness;
 mod instances;
 mod ledger;
 mod lists;
+mod offenders;
 mod quota;
 mod reference;
 mod semantics;

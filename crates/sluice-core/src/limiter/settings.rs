@@ -21,6 +21,8 @@ pub struct LimiterSettings {
     pub caps: Caps,
     /// Calls that may wait for a permit at once (WaitForPermit); past it a call is refused at once.
     pub max_waiters: usize,
+    /// Values kept per rule in each bucket of top offenders (hit most, denied most); 0 tracks none.
+    pub top_offenders: usize,
 }
 
 /// One of the [`Caps`], as an over-cap error names it.
@@ -77,6 +79,7 @@ impl Default for LimiterSettings {
             local_cache_size: 100_000,
             caps: Caps::default(),
             max_waiters: 10_000,
+            top_offenders: 100,
         }
     }
 }

@@ -32,7 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Outcome, RESERVATION_GRACE_US, Settled,
-    Settlement, Store, StoreError, StreamReset, TierOutcome, TierSettled, TierSpec, fair_shares, granted_amount,
+    Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, TierOutcome, TierSettled, TierSpec,
+    fair_shares, granted_amount, ranked,
 };
 use crate::rules::Algorithm;
 use prelude::{
@@ -51,6 +52,8 @@ pub struct MemoryStore {
     notices: tokio::sync::broadcast::Sender<Notice>,
     /// The lists' run-time entries: per list key, each value's expiry (`None`: never).
     lists: Mutex<HashMap<String, HashMap<String, Option<u64>>>>,
+    /// The buckets of top values, by bucket key: the bucket's end of life and its counts.
+    tops: Mutex<HashMap<String, (u64, HashMap<String, u64>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +85,7 @@ impl MemoryStore {
             notices: tokio::sync::broadcast::Sender::new(super::NOTICE_BACKLOG),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             lists: Mutex::default(),
+            tops: Mutex::default(),
         }
     }
 
@@ -561,6 +565,44 @@ impl Store for MemoryStore {
             lists.remove(list.as_str());
         }
         Ok(Some(changed as u64))
+    }
+
+    async fn tally(&self, now_us: u64, tallies: &[Tally], kept: usize) -> Result<(), StoreError> {
+        let mut tops = lock(&self.tops);
+        tops.retain(|_, (expires, _)| *expires > now_us);
+        for tally in tallies {
+            for span in [Span::Minute, Span::Hour] {
+                let (width, _) = span.buckets();
+                let start = now_us - now_us % width;
+                let (_, counts) = tops
+                    .entry(tally.set.bucket(span, start).as_str().to_string())
+                    .or_insert((start + TOP_BUCKET_TTL_US, HashMap::new()));
+                for (value, n) in &tally.counts {
+                    *counts.entry(value.clone()).or_default() += n;
+                }
+                if counts.len() > kept {
+                    // The `kept` largest stay (ties broken by value, as Redis orders a sorted set).
+                    let mut all: Vec<(String, u64)> = counts.drain().collect();
+                    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+                    all.truncate(kept);
+                    counts.extend(all);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn top(&self, now_us: u64, set: &CounterKey, span: Span) -> Result<Vec<(String, u64)>, StoreError> {
+        let tops = lock(&self.tops);
+        let mut sums: HashMap<String, u64> = HashMap::new();
+        for key in span.keys(set, now_us) {
+            if let Some((_, counts)) = tops.get(key.as_str()).filter(|(e, _)| *e > now_us) {
+                for (value, n) in counts {
+                    *sums.entry(value.clone()).or_default() += n;
+                }
+            }
+        }
+        Ok(ranked(sums))
     }
 
     async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {

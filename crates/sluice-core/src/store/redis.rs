@@ -49,8 +49,8 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Settled, Settlement, Store, StoreError,
-    StreamReset,
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Settled, Settlement, Span, Store,
+    StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, ranked,
 };
 
 mod call;
@@ -444,6 +444,24 @@ impl RedisStore {
     }
 }
 
+/// The members and scores of a sorted-set reply WITHSCORES: RESP2 answers [value, score, …], RESP3 [[value, score],
+/// …]. A score that does not parse reads as infinite.
+fn scored(reply: Value) -> Vec<(String, f64)> {
+    let flat: Vec<Value> = match reply {
+        Value::Array(items) => items
+            .into_iter()
+            .flat_map(|item| match item {
+                Value::Array(pair) => pair,
+                other => vec![other],
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    flat.chunks_exact(2)
+        .filter_map(|pair| Some((pair[0].as_string()?, pair[1].as_f64().unwrap_or(f64::INFINITY))))
+        .collect()
+}
+
 fn integer(value: &Value) -> u64 {
     value.as_u64().unwrap_or(0)
 }
@@ -500,6 +518,49 @@ impl Store for RedisStore {
         }
     }
 
+    async fn tally(&self, now_us: u64, tallies: &[Tally], kept: usize) -> Result<(), StoreError> {
+        // Per bucket: an increment per value, the smallest past `kept` removed (lowest score first, then lowest
+        // value, as the memory store trims), the bucket's life renewed. fred pipelines the commands of one
+        // connection, so a tally costs about one round trip.
+        let mut calls = Vec::new();
+        for tally in tallies {
+            for span in [Span::Minute, Span::Hour] {
+                let (width, _) = span.buckets();
+                let bucket = tally.set.bucket(span, now_us - now_us % width);
+                calls.push(async move {
+                    let adds = tally.counts.iter().map(|(value, n)| {
+                        self.command(
+                            &bucket,
+                            "ZINCRBY",
+                            vec![Value::from(n.to_string()), Value::from(value.as_str())],
+                        )
+                    });
+                    futures::future::try_join_all(adds).await?;
+                    let trim = vec![Value::from(0), Value::from(-(kept as i64) - 1)];
+                    self.command(&bucket, "ZREMRANGEBYRANK", trim).await?;
+                    let ttl = Value::from((TOP_BUCKET_TTL_US / 1_000).to_string());
+                    self.command(&bucket, "PEXPIRE", vec![ttl]).await
+                });
+            }
+        }
+        futures::future::try_join_all(calls).await.map(|_| ())
+    }
+
+    async fn top(&self, now_us: u64, set: &CounterKey, span: Span) -> Result<Vec<(String, u64)>, StoreError> {
+        let keys = span.keys(set, now_us);
+        let reads = keys.iter().map(|key| {
+            let args = vec![Value::from(0), Value::from(-1), Value::from("WITHSCORES")];
+            self.command(key, "ZRANGE", args)
+        });
+        let mut sums = std::collections::HashMap::new();
+        for reply in futures::future::try_join_all(reads).await? {
+            for (value, score) in scored(reply) {
+                *sums.entry(value).or_default() += score as u64;
+            }
+        }
+        Ok(ranked(sums))
+    }
+
     async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {
         let args = vec![
             Value::from(format!("({now_us}")),
@@ -507,26 +568,11 @@ impl Store for RedisStore {
             Value::from("WITHSCORES"),
         ];
         let reply = self.command(list, "ZRANGEBYSCORE", args).await?;
-        // RESP2 answers [value, score, …]; RESP3 [[value, score], …].
-        let flat: Vec<Value> = match reply {
-            Value::Array(items) => items
-                .into_iter()
-                .flat_map(|item| match item {
-                    Value::Array(pair) => pair,
-                    other => vec![other],
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        Ok(flat
-            .chunks_exact(2)
-            .filter_map(|pair| {
-                let value = pair[0].as_string()?;
-                let score = pair[1].as_f64().unwrap_or(f64::INFINITY);
-                Some(ListEntry {
-                    value,
-                    expires_us: score.is_finite().then_some(score as u64),
-                })
+        Ok(scored(reply)
+            .into_iter()
+            .map(|(value, score)| ListEntry {
+                value,
+                expires_us: score.is_finite().then_some(score as u64),
             })
             .collect())
     }
