@@ -19,8 +19,11 @@ use crate::store::{CounterKey, Span, Store, Tally};
 /// What was noted since the last flush: per (domain, rule), the values hit and denied.
 #[derive(Default)]
 pub(crate) struct Offenders {
-    noted: Mutex<HashMap<(Arc<str>, Arc<str>), RuleTally>>,
+    noted: Mutex<HashMap<RuleName, RuleTally>>,
 }
+
+/// A rule by its domain and path.
+type RuleName = (Arc<str>, Arc<str>);
 
 #[derive(Default)]
 struct RuleTally {

@@ -53,8 +53,11 @@ pub struct MemoryStore {
     /// The lists' run-time entries: per list key, each value's expiry (`None`: never).
     lists: Mutex<HashMap<String, HashMap<String, Option<u64>>>>,
     /// The buckets of top values, by bucket key: the bucket's end of life and its counts.
-    tops: Mutex<HashMap<String, (u64, HashMap<String, u64>)>>,
+    tops: Mutex<HashMap<String, Bucket>>,
 }
+
+/// A bucket of top values: when it goes, and its counts.
+type Bucket = (u64, HashMap<String, u64>);
 
 #[derive(Debug, Default)]
 struct Shard {
