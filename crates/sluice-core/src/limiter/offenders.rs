@@ -210,7 +210,7 @@ mod tests {
             s.note(&format!("light{i}"), 4);
         }
         let mut top = s.take();
-        top.sort_by(|x, y| y.1.cmp(&x.1));
+        top.sort_by_key(|x| std::cmp::Reverse(x.1));
         let heavy: Vec<&str> = top.iter().take(3).map(|(v, _)| v.as_str()).collect();
         assert!(
             heavy.contains(&"a") && heavy.contains(&"b") && heavy.contains(&"c"),
