@@ -47,6 +47,12 @@ pub const CONFIG_LOADED: &str = "sluice_config_loaded_timestamp_seconds";
 pub const STORE_FALLBACK: &str = "sluice_store_fallback_total";
 /// Requests a deny or allow list decided, by domain, list and action.
 pub const LISTED: &str = "sluice_list_matches_total";
+/// Fetches of a list from its URL, by domain, list and result (`success`, `failure`).
+pub const LIST_FETCHES: &str = "sluice_list_fetches_total";
+/// When a list was last fetched from its URL successfully, in Unix seconds, by domain and list.
+pub const LIST_FETCHED: &str = "sluice_list_fetched_timestamp_seconds";
+/// Entries a list holds beyond its configuration, by domain, list and source (`fetched`, `managed`).
+pub const LIST_ENTRIES: &str = "sluice_list_entries";
 /// The circuit breaker in front of the store: 0 closed, 1 open, 2 half-open (probing).
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 /// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
@@ -315,6 +321,45 @@ impl Metrics {
             Label::from_static_parts("action", action.name()),
         ];
         self.counter(LISTED, labels).increment(1);
+    }
+
+    /// Counts a fetch of the list `list` of `domain` from its URL; a success also sets when, and how many entries.
+    pub fn list_fetched(&self, domain: &str, list: &str, ok: Option<usize>) {
+        let labels = |extra: Label| {
+            vec![
+                Label::new("domain", domain.to_string()),
+                Label::new("list", list.to_string()),
+                extra,
+            ]
+        };
+        let result = if ok.is_some() { "success" } else { "failure" };
+        self.counter(LIST_FETCHES, labels(Label::from_static_parts("result", result)))
+            .increment(1);
+        if let Some(entries) = ok {
+            let key = Key::from_parts(
+                LIST_FETCHED,
+                vec![
+                    Label::new("domain", domain.to_string()),
+                    Label::new("list", list.to_string()),
+                ],
+            );
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.inner.recorder.register_gauge(&key, &METADATA).set(now);
+            self.list_entries(domain, list, "fetched", entries);
+        }
+    }
+
+    /// Sets how many entries the list `list` of `domain` holds from `source` (`fetched`, `managed`).
+    pub fn list_entries(&self, domain: &str, list: &str, source: &'static str, entries: usize) {
+        let labels = vec![
+            Label::new("domain", domain.to_string()),
+            Label::new("list", list.to_string()),
+            Label::from_static_parts("source", source),
+        ];
+        let key = Key::from_parts(LIST_ENTRIES, labels);
+        self.inner.recorder.register_gauge(&key, &METADATA).set(entries as f64);
     }
 
     /// Counts a descriptor answered by the failure policy `policy` without the store.

@@ -223,6 +223,10 @@ struct ServeArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_waiters: u64,
+    /// Values kept per rule in each bucket of top offenders (the values hit and denied most, at GET /offenders and
+    /// sluice.v1 GetTopOffenders); 0 tracks none.
+    #[arg(long, env = "SLUICE_TOP_OFFENDERS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    top_offenders: u64,
     /// Most RLQS streams open at once (Envoy's rate limit quota filter keeps one per Envoy and filter config).
     #[arg(long, env = "SLUICE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rlqs_max_streams: u64,
@@ -451,6 +455,7 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
                 max_request_bytes: args.max_request_bytes as usize,
             },
             max_waiters: args.max_waiters as usize,
+            top_offenders: args.top_offenders as usize,
         },
         near_limit_ratio: args.near_limit_ratio,
         serve: ServeOptions {

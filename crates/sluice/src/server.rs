@@ -201,6 +201,12 @@ async fn start<S: Store>(
         metrics,
         settings.limiter.clone(),
     ));
+    if !limiter.fetched_lists().is_empty() {
+        let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
+        crate::sources::lists::fetch_all(&limiter, &client)
+            .await
+            .map_err(ServerError::Serve)?;
+    }
     // Whichever source runs is stopped when this returns.
     let (_reloader, _xds, ready) = match &settings.rules {
         RuleSource::Files(path) => {
@@ -335,7 +341,7 @@ async fn serve_gated<S: Store>(
         .add_service(RateLimiterServer::new(SluiceService::new(
             limiter.clone(),
             options.response_headers.clone(),
-            admin_token,
+            admin_token.clone(),
         )))
         .add_service(
             // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
@@ -366,8 +372,21 @@ async fn serve_gated<S: Store>(
             .with_graceful_shutdown(signal(stopped.clone()))
     });
     let reaped = limiter.clone();
-    let http_server =
-        axum::serve(http, crate::faces::http::gated_router(limiter, ready)).with_graceful_shutdown(signal(stopped));
+    let lists = tokio::spawn(limiter.clone().keep_lists());
+    let fetcher = match crate::sources::lists::client() {
+        Ok(client) => Some(tokio::spawn(crate::sources::lists::keep_fetching(
+            limiter.clone(),
+            client,
+        ))),
+        Err(e) => {
+            tracing::error!(error = %e, "lists with a URL are not fetched again");
+            None
+        }
+    };
+    let offenders = tokio::spawn(limiter.clone().keep_offenders());
+    let admin = crate::faces::http::gated_router(limiter.clone(), ready)
+        .merge(crate::faces::http::offenders_router(limiter, admin_token.clone()));
+    let http_server = axum::serve(http, admin).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
     let mut json_task = tokio::spawn(async move {
@@ -400,6 +419,11 @@ async fn serve_gated<S: Store>(
     health_gate.abort();
     upkeep.abort();
     reaper.abort();
+    lists.abort();
+    if let Some(fetcher) = fetcher {
+        fetcher.abort();
+    }
+    offenders.abort();
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }

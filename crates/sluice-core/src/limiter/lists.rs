@@ -33,6 +33,8 @@ pub const MAX_LIST_VALUES_PER_CALL: usize = 10_000;
 pub(crate) struct LiveState {
     live: ArcSwap<HashMap<Arc<str>, LiveLists>>,
     followed: std::sync::Mutex<Followed>,
+    /// The lists whose last fetch failed, by (domain, list): why.
+    failed: std::sync::Mutex<HashMap<(Arc<str>, Arc<str>), String>>,
 }
 
 /// The managed lists of the rules in force, by store key.
@@ -97,7 +99,7 @@ impl<S: Store> Limiter<S> {
         values: &[String],
         ttl_us: Option<u64>,
     ) -> Result<u64, LimitError> {
-        check_values(values)?;
+        check_values(values, self.settings.caps.max_value_bytes)?;
         let now_us = self.clock.now_us();
         let expires_us = ttl_us.filter(|&t| t > 0).map(|t| now_us.saturating_add(t));
         let change = ListChange::Add {
@@ -111,7 +113,7 @@ impl<S: Store> Limiter<S> {
     /// Removes `values` from the run-time entries of the list `name` of `domain`; returns how many were there.
     /// Configured and fetched values stay.
     pub async fn remove_list_entries(&self, domain: &str, name: &str, values: &[String]) -> Result<u64, LimitError> {
-        check_values(values)?;
+        check_values(values, self.settings.caps.max_value_bytes)?;
         let now_us = self.clock.now_us();
         self.change_list(domain, name, now_us, ListChange::Remove { values })
             .await
@@ -145,10 +147,40 @@ impl<S: Store> Limiter<S> {
         Ok(entries)
     }
 
-    /// Puts the values fetched for the list `name` of `domain` in force (`None` forgets them).
-    pub fn set_fetched(&self, domain: &str, name: &str, values: Option<Arc<Matcher>>) {
-        self.lists
-            .update(&Arc::from(domain), &Arc::from(name), |l| l.fetched = values.clone());
+    /// Puts the values fetched for the list `name` of `domain` in force, replacing the last ones, and clears a
+    /// failure reported for it.
+    pub fn set_fetched(&self, domain: &str, name: &str, values: Arc<Matcher>) {
+        self.metrics.list_fetched(domain, name, Some(values.len()));
+        self.lists.update(&Arc::from(domain), &Arc::from(name), |l| {
+            l.fetched = Some(values.clone())
+        });
+        let mut failed = self.lists.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.remove(&(Arc::from(domain), Arc::from(name)));
+    }
+
+    /// Records that fetching the list `name` of `domain` failed (`why` names the URL): the last values stay, and
+    /// [`Limiter::list_failures`] reports it until a fetch succeeds.
+    pub fn fetch_failed(&self, domain: &str, name: &str, why: String) {
+        self.metrics.list_fetched(domain, name, None);
+        let mut failed = self.lists.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.insert((Arc::from(domain), Arc::from(name)), why);
+    }
+
+    /// The lists of the rules in force whose last fetch failed, as `list domain/name: why` lines, sorted.
+    pub fn list_failures(&self) -> Vec<String> {
+        let rules = self.rules();
+        let failed = self.lists.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lines: Vec<String> = failed
+            .iter()
+            .filter(|((d, l), _)| {
+                rules
+                    .domain(d)
+                    .is_some_and(|d| d.lists.get(l).is_some_and(|l| l.source.is_some()))
+            })
+            .map(|((d, l), why)| format!("list {d}/{l}: {why}"))
+            .collect();
+        lines.sort();
+        lines
     }
 
     /// The values fetched for the list `name` of `domain`, if any.
@@ -184,6 +216,8 @@ impl<S: Store> Limiter<S> {
             .ok()
             .map(Arc::new);
         let matcher = matcher.filter(|m| !m.is_empty());
+        self.metrics
+            .list_entries(domain, name, "managed", matcher.as_ref().map_or(0, |m| m.len()));
         self.lists.update(domain, name, |l| l.managed = matcher.clone());
         if let Some(m) = self.lists.lock().lists.get_mut(key.as_str()) {
             m.next_read_us = next_read_us;
@@ -285,8 +319,9 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// Refuses a call's values that no list could hold, naming the first.
-fn check_values(values: &[String]) -> Result<(), LimitError> {
+/// Refuses a call's values that no list could hold (malformed, or longer than a descriptor value may be), naming
+/// the first.
+fn check_values(values: &[String], max_bytes: usize) -> Result<(), LimitError> {
     if values.is_empty() {
         return Err(LimitError::InvalidArgument("values: none given".into()));
     }
@@ -297,6 +332,12 @@ fn check_values(values: &[String]) -> Result<(), LimitError> {
         )));
     }
     for (i, value) in values.iter().enumerate() {
+        if value.len() > max_bytes {
+            return Err(LimitError::InvalidArgument(format!(
+                "values[{i}]: {} bytes, longer than a descriptor value may be ({max_bytes})",
+                value.len()
+            )));
+        }
         check_value(value).map_err(|why| LimitError::InvalidArgument(format!("values[{i}]: {why}")))?;
     }
     Ok(())

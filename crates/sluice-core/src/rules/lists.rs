@@ -45,7 +45,7 @@ pub struct List {
 }
 
 /// A list fetched from a URL and fetched again every `refresh`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ListSource {
     pub url: String,
     pub refresh: Duration,

@@ -13,7 +13,7 @@ use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::proto::sluice::v1 as sluice;
 use crate::rules::{Metadata, Unit};
-use crate::store::{Store, StoreError};
+use crate::store::{Span, Store, StoreError};
 
 use rls::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
@@ -47,12 +47,12 @@ impl<S> SluiceService<S> {
         }
     }
 
-    /// Checks the admin token in the call's metadata, comparing in constant time.
-    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    /// Checks the admin token in the call's metadata, comparing in constant time; `rpc` names the call in errors.
+    fn authorize<T>(&self, request: &Request<T>, rpc: &str) -> Result<(), Status> {
         let Some(token) = &self.admin_token else {
-            return Err(Status::permission_denied(
-                "Reset is disabled: the server has no admin token",
-            ));
+            return Err(Status::permission_denied(format!(
+                "{rpc} is disabled: the server has no admin token"
+            )));
         };
         let given = request
             .metadata()
@@ -60,14 +60,12 @@ impl<S> SluiceService<S> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default();
-        let same =
-            given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if same {
+        if same_token(given, token) {
             Ok(())
         } else {
-            Err(Status::unauthenticated(
-                "Reset needs the admin token as 'authorization: Bearer <token>'",
-            ))
+            Err(Status::unauthenticated(format!(
+                "{rpc} needs the admin token as 'authorization: Bearer <token>'"
+            )))
         }
     }
 }
@@ -231,7 +229,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
 
     #[tracing::instrument(level = "debug", name = "sluice.Reset", skip_all, fields(domain = %request.get_ref().domain))]
     async fn reset(&self, request: Request<sluice::ResetRequest>) -> Result<Response<sluice::ResetResponse>, Status> {
-        self.authorize(&request)?;
+        self.authorize(&request, "Reset")?;
         let request = request.into_inner();
         check_size(&self.limiter, &request)?;
         let queued = if request.drop_queued_work {
@@ -247,6 +245,126 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
             kept_streams: report.kept_streams,
         }))
     }
+
+    #[tracing::instrument(level = "debug", name = "sluice.AddListEntries", skip_all, fields(domain = %request.get_ref().domain, list = %request.get_ref().list))]
+    async fn add_list_entries(
+        &self,
+        request: Request<sluice::ListEntriesRequest>,
+    ) -> Result<Response<sluice::ListEntriesResponse>, Status> {
+        self.authorize(&request, "AddListEntries")?;
+        let request = request.into_inner();
+        let ttl_us = bounded_us(
+            "ttl",
+            request.ttl.as_ref(),
+            MAX_LIST_TTL_US,
+            "the longest a list entry may stay",
+        )?;
+        let changed = self
+            .limiter
+            .add_list_entries(&request.domain, &request.list, &request.values, Some(ttl_us))
+            .await
+            .map_err(to_status)?;
+        tracing::info!(domain = %request.domain, list = %request.list, values = request.values.len(), added = changed, ttl_us, "list entries added");
+        Ok(Response::new(sluice::ListEntriesResponse {
+            changed: u32::try_from(changed).unwrap_or(u32::MAX),
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.RemoveListEntries", skip_all, fields(domain = %request.get_ref().domain, list = %request.get_ref().list))]
+    async fn remove_list_entries(
+        &self,
+        request: Request<sluice::ListEntriesRequest>,
+    ) -> Result<Response<sluice::ListEntriesResponse>, Status> {
+        self.authorize(&request, "RemoveListEntries")?;
+        let request = request.into_inner();
+        let changed = self
+            .limiter
+            .remove_list_entries(&request.domain, &request.list, &request.values)
+            .await
+            .map_err(to_status)?;
+        tracing::info!(domain = %request.domain, list = %request.list, values = request.values.len(), removed = changed, "list entries removed");
+        Ok(Response::new(sluice::ListEntriesResponse {
+            changed: u32::try_from(changed).unwrap_or(u32::MAX),
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.GetListEntries", skip_all, fields(domain = %request.get_ref().domain, list = %request.get_ref().list))]
+    async fn get_list_entries(
+        &self,
+        request: Request<sluice::GetListEntriesRequest>,
+    ) -> Result<Response<sluice::GetListEntriesResponse>, Status> {
+        self.authorize(&request, "GetListEntries")?;
+        let request = request.into_inner();
+        let entries = self
+            .limiter
+            .list_entries(&request.domain, &request.list)
+            .await
+            .map_err(to_status)?;
+        let now_us = self.limiter.now_us();
+        Ok(Response::new(sluice::GetListEntriesResponse {
+            entries: entries
+                .into_iter()
+                .map(|e| sluice::ListEntry {
+                    value: e.value,
+                    expires_in: e.expires_us.map(|t| exact(t.saturating_sub(now_us))),
+                })
+                .collect(),
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", name = "sluice.GetTopOffenders", skip_all, fields(domain = %request.get_ref().domain))]
+    async fn get_top_offenders(
+        &self,
+        request: Request<sluice::GetTopOffendersRequest>,
+    ) -> Result<Response<sluice::GetTopOffendersResponse>, Status> {
+        use sluice::get_top_offenders_request::Span as PbSpan;
+        self.authorize(&request, "GetTopOffenders")?;
+        let request = request.into_inner();
+        let span = match PbSpan::try_from(request.span) {
+            Ok(PbSpan::Minute) => Span::Minute,
+            Ok(PbSpan::Hour) => Span::Hour,
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "span: unknown value {}",
+                    request.span
+                )));
+            }
+        };
+        let limit = match request.limit {
+            0 => 10,
+            n if n > MAX_TOP_LIMIT => {
+                return Err(Status::invalid_argument(format!(
+                    "limit is {n}, over the most answered ({MAX_TOP_LIMIT})"
+                )));
+            }
+            n => n,
+        };
+        let rules = self
+            .limiter
+            .top_offenders(&request.domain, span, limit as usize)
+            .await
+            .map_err(to_status)?;
+        let offenders = |list: Vec<(String, u64)>| {
+            list.into_iter()
+                .map(|(value, count)| sluice::Offender { value, count })
+                .collect()
+        };
+        Ok(Response::new(sluice::GetTopOffendersResponse {
+            rules: rules
+                .into_iter()
+                .map(|r| sluice::RuleOffenders {
+                    rule: r.rule,
+                    hits: offenders(r.hits),
+                    denied: offenders(r.denied),
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// Whether `given` is the admin `token`, compared in constant time.
+pub fn same_token(given: &str, token: &str) -> bool {
+    given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 /// How long a reservation holds when the request does not say: five minutes.
@@ -459,24 +577,36 @@ const MAX_WAIT_US: u64 = 3_600_000_000;
 /// A WaitForPermit's `max_wait` in microseconds: unset or zero is no wait; negative, malformed or over an hour is
 /// refused, naming the field.
 fn max_wait_us(max_wait: Option<&prost_types::Duration>) -> Result<u64, Status> {
-    let Some(d) = max_wait else { return Ok(0) };
+    bounded_us("max_wait", max_wait, MAX_WAIT_US, "the most a call may wait")
+}
+
+/// The longest a list entry's TTL may be: a year.
+const MAX_LIST_TTL_US: u64 = 365 * 86_400_000_000;
+
+/// A duration field in microseconds: unset is 0; negative, malformed or over `max_us` is refused, naming `field`.
+fn bounded_us(field: &str, d: Option<&prost_types::Duration>, max_us: u64, what: &str) -> Result<u64, Status> {
+    let Some(d) = d else { return Ok(0) };
     if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
         return Err(Status::invalid_argument(format!(
-            "max_wait is negative or malformed ({}s, {}ns)",
+            "{field} is negative or malformed ({}s, {}ns)",
             d.seconds, d.nanos
         )));
     }
     let us = (d.seconds as u64)
         .saturating_mul(1_000_000)
         .saturating_add(d.nanos as u64 / 1_000);
-    if us > MAX_WAIT_US {
+    if us > max_us {
         return Err(Status::invalid_argument(format!(
-            "max_wait is {}s, over the most a call may wait (3600s)",
-            d.seconds
+            "{field} is {}s, over {what} ({}s)",
+            d.seconds,
+            max_us / 1_000_000
         )));
     }
     Ok(us)
 }
+
+/// The most rules, and values per list, GetTopOffenders answers.
+const MAX_TOP_LIMIT: u32 = 1_000;
 
 fn exact(us: u64) -> prost_types::Duration {
     prost_types::Duration {

@@ -5,13 +5,14 @@
 //! the gRPC listener's TLS when that has one, and held to the same request caps as gRPC. A deployment that locks gRPC
 //! down (mutual TLS) therefore never leaves an open side door beside the health checks.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,7 +22,7 @@ use tokio_stream::StreamExt as _;
 use crate::faces::grpc::{check_request_bytes, over_cap, to_core, to_response};
 use crate::faces::headers::ResponseHeaders;
 use crate::limiter::{Code, LimitError, Limiter};
-use crate::store::Store;
+use crate::store::{Span, Store};
 
 /// The admin routes over a limiter: metrics, health, readiness and the rules in force. Nothing here decides.
 pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
@@ -137,7 +138,14 @@ async fn readiness<S: Store>(limiter: &Limiter<S>, rules: &RulesReady) -> Result
 
 async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoResponse {
     match readiness(&limiter, &rules).await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        // Ready: a list whose last fetch failed still decides with its last good values, and is named.
+        Ok(()) => (
+            StatusCode::OK,
+            std::iter::once("ready".to_string())
+                .chain(limiter.list_failures())
+                .map(|line| line + "\n")
+                .collect(),
+        ),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
 }
@@ -150,6 +158,84 @@ async fn healthcheck<S: Store>(State(state): State<JsonState<S>>) -> impl IntoRe
         Ok(()) => (StatusCode::OK, "OK".to_string()),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("not ready: {e}\n")),
     }
+}
+
+/// `GET /offenders?domain=D&span=minute|hour&limit=N` on the admin listener: per rule of the domain, the values hit
+/// most and denied most (as sluice.v1 GetTopOffenders), as JSON. With an admin token, the request must carry it as
+/// `Authorization: Bearer <token>` (401 otherwise); 400 for a missing domain, an unknown span or a limit over 1 000,
+/// 404 for an unknown domain, 503 when the store fails.
+pub fn offenders_router<S: Store>(limiter: Arc<Limiter<S>>, token: Option<Arc<str>>) -> Router {
+    Router::new()
+        .route("/offenders", get(offenders::<S>))
+        .with_state(Arc::new((limiter, token)))
+}
+
+async fn offenders<S: Store>(
+    State(state): State<Arc<(Arc<Limiter<S>>, Option<Arc<str>>)>>,
+    request_headers: axum::http::HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let (limiter, token) = &*state;
+    if let Some(token) = token {
+        let given = request_headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !crate::faces::grpc::same_token(given, token) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "needs the admin token as 'Authorization: Bearer <token>'".into(),
+            );
+        }
+    }
+    let Some(domain) = query.get("domain").filter(|d| !d.is_empty()) else {
+        return error(StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)".into());
+    };
+    let span = match query.get("span").map(String::as_str) {
+        None | Some("minute") => Span::Minute,
+        Some("hour") => Span::Hour,
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("span: '{other}' is neither minute nor hour"),
+            );
+        }
+    };
+    let limit = match query.get("limit").map(|l| l.parse::<usize>()) {
+        None => 10,
+        Some(Ok(n @ 1..=1_000)) => n,
+        Some(_) => return error(StatusCode::BAD_REQUEST, "limit: a number from 1 to 1000".into()),
+    };
+    let rules = match limiter.top_offenders(domain, span, limit).await {
+        Ok(rules) => rules,
+        Err(LimitError::NotFound(m)) => return error(StatusCode::NOT_FOUND, m),
+        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable".into()),
+    };
+    let list = |l: &[(String, u64)]| -> serde_json::Value {
+        l.iter()
+            .map(|(value, count)| serde_json::json!({"value": value, "count": count}))
+            .collect()
+    };
+    let body = serde_json::json!({
+        "domain": domain,
+        "span": if span == Span::Minute { "minute" } else { "hour" },
+        "rules": rules
+            .iter()
+            .map(|r| serde_json::json!({"rule": r.rule, "hits": list(&r.hits), "denied": list(&r.denied)}))
+            .collect::<Vec<_>>(),
+    });
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A plain-text error answer.
+fn error(status: StatusCode, message: String) -> Response {
+    (status, format!("{message}\n")).into_response()
 }
 
 /// The JSON API's state: the limiter, the headers to add, and whether the rules are in force; shared, as axum clones
@@ -174,7 +260,6 @@ async fn rlconfig<S: Store>(State((limiter, _)): State<Admin<S>>) -> impl IntoRe
 /// request, 503 when the store fails.
 async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, BytesRejection>) -> Response {
     let (limiter, headers, _) = &*state;
-    let error = |status: StatusCode, message: String| (status, format!("{message}\n")).into_response();
     let invalid = |status: StatusCode, message: String| {
         limiter.metrics().invalid_request("should_rate_limit");
         error(status, message)
