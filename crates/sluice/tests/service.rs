@@ -13,6 +13,7 @@ mod faults;
 mod fuzz;
 mod grpc;
 mod http;
+mod lists;
 mod recovery;
 mod reload;
 mod rlqs;

@@ -34,8 +34,11 @@ pub(crate) struct LiveState {
     live: ArcSwap<HashMap<Arc<str>, LiveLists>>,
     followed: std::sync::Mutex<Followed>,
     /// The lists whose last fetch failed, by (domain, list): why.
-    failed: std::sync::Mutex<HashMap<(Arc<str>, Arc<str>), String>>,
+    failed: std::sync::Mutex<HashMap<ListName, String>>,
 }
+
+/// A list by its domain and name.
+type ListName = (Arc<str>, Arc<str>);
 
 /// The managed lists of the rules in force, by store key.
 #[derive(Default)]

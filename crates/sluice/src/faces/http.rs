@@ -170,8 +170,11 @@ pub fn offenders_router<S: Store>(limiter: Arc<Limiter<S>>, token: Option<Arc<st
         .with_state(Arc::new((limiter, token)))
 }
 
+/// A limiter, and the admin token its route needs (if any).
+type Guarded<S> = Arc<(Arc<Limiter<S>>, Option<Arc<str>>)>;
+
 async fn offenders<S: Store>(
-    State(state): State<Arc<(Arc<Limiter<S>>, Option<Arc<str>>)>>,
+    State(state): State<Guarded<S>>,
     request_headers: axum::http::HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {

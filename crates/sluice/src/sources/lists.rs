@@ -18,6 +18,8 @@ use sluice_core::config::MAX_LIST_FILE_BYTES;
 
 /// The longest one fetch may take, connection and body included.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a connection to a list's server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How soon a failed fetch is tried again, unless the list's interval is shorter.
 const RETRY: Duration = Duration::from_secs(60);
 
@@ -31,6 +33,7 @@ pub fn client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .timeout(FETCH_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
         .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| format!("list fetches: {e}"))
