@@ -5,6 +5,10 @@
 //! the answer, one line per descriptor. `--remaining` asks GetRemaining instead; `--release LEASE` ends a lease.
 //! The cost-budget calls: `--check COST`, `--report COST`, `--reserve ESTIMATE` (prints the reservation id) and
 //! `--settle RESERVATION_ID --actual COST`, each with named costs from `--cost name=value`.
+//!
+//! Lists and offenders (admin calls: `--admin-token`, or `SLUICE_ADMIN_TOKEN`): `--list NAME` prints a list's run-time
+//! entries, with `--add VALUE…` (and `--ttl SECONDS`) or `--remove VALUE…` it changes them; `--offenders minute|hour`
+//! prints each rule's values hit and denied most (`--limit N`).
 
 use std::process::ExitCode;
 
@@ -12,8 +16,12 @@ use crate::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::proto::sluice::v1::get_top_offenders_request::Span;
 use crate::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
-use crate::proto::sluice::v1::{CostRequest, GetRemainingRequest, ReleaseRequest, ReserveRequest, SettleRequest};
+use crate::proto::sluice::v1::{
+    CostRequest, GetListEntriesRequest, GetRemainingRequest, GetTopOffendersRequest, ListEntriesRequest,
+    ReleaseRequest, ReserveRequest, SettleRequest,
+};
 
 /// The flags of `sluice-client`.
 #[derive(Debug, clap::Args)]
@@ -25,8 +33,27 @@ pub struct ClientArgs {
     #[arg(long)]
     pub domain: String,
     /// One descriptor: `key=value[,key=value...]`. Repeat for several descriptors.
-    #[arg(long = "descriptor", required = true, value_parser = parse_descriptor)]
+    #[arg(long = "descriptor", required_unless_present_any = ["list", "offenders"], value_parser = parse_descriptor)]
     pub descriptors: Vec<RateLimitDescriptor>,
+    /// The admin token, for --list and --offenders.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// A deny or allow list of the domain: prints its run-time entries, or changes them with --add or --remove.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["descriptors", "offenders"])]
+    pub list: Option<String>,
+    /// Values to add to --list (addresses, CIDR ranges, exact values, `*` patterns); repeatable. With --ttl they
+    /// expire.
+    #[arg(long, value_name = "VALUE", requires = "list", conflicts_with = "remove")]
+    pub add: Vec<String>,
+    /// Values to remove from --list's run-time entries; repeatable.
+    #[arg(long, value_name = "VALUE", requires = "list")]
+    pub remove: Vec<String>,
+    /// Per rule of the domain, the values hit most and denied most over the last `minute` or `hour`.
+    #[arg(long, value_name = "SPAN", value_parser = ["minute", "hour"], conflicts_with = "descriptors")]
+    pub offenders: Option<String>,
+    /// How many rules, and values per rule, --offenders prints.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1_000), requires = "offenders")]
+    pub limit: u32,
     /// The request's cost (hits_addend); 0 means 1.
     #[arg(long, default_value_t = 0)]
     pub hits_addend: u32,
@@ -45,8 +72,9 @@ pub struct ClientArgs {
     /// Reserve: admit and hold this estimated cost; prints the reservation id.
     #[arg(long, value_name = "ESTIMATE", group = "budget")]
     pub reserve: Option<u64>,
-    /// How long a reservation holds, in seconds (with --reserve; the server's default otherwise).
-    #[arg(long, value_name = "SECONDS", requires = "reserve")]
+    /// How long a reservation holds (with --reserve; the server's default otherwise) or added list values stay (with
+    /// --add; for good otherwise), in seconds.
+    #[arg(long, value_name = "SECONDS")]
     pub ttl: Option<u32>,
     /// Settle: replace this reservation's estimate with --actual.
     #[arg(long, value_name = "RESERVATION_ID", group = "budget", requires = "actual")]
@@ -111,6 +139,19 @@ async fn call(args: ClientArgs) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", args.target))?;
     let rpc_error = |e: tonic::Status| format!("{:?}: {}", e.code(), e.message());
+    if args.ttl.is_some() && args.reserve.is_none() && args.add.is_empty() {
+        return Err("--ttl goes with --reserve or --add".into());
+    }
+    if let Some(list) = args.list.clone() {
+        return lists(RateLimiterClient::new(channel), args, list)
+            .await
+            .map_err(rpc_error);
+    }
+    if let Some(span) = args.offenders.clone() {
+        return offenders(RateLimiterClient::new(channel), args, &span)
+            .await
+            .map_err(rpc_error);
+    }
     if let Some(lease_id) = args.release {
         let request = ReleaseRequest {
             domain: args.domain,
@@ -243,6 +284,90 @@ async fn call(args: ClientArgs) -> Result<ExitCode, String> {
     Ok(exit_code(answer.overall_code))
 }
 
+/// `message` with the admin token, when one is given.
+fn admin<T>(message: T, token: Option<&str>) -> Result<tonic::Request<T>, tonic::Status> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| tonic::Status::invalid_argument("--admin-token holds characters a header may not"))?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    Ok(request)
+}
+
+/// `--list`: adds, removes, or prints a list's run-time entries.
+async fn lists(
+    mut client: RateLimiterClient<tonic::transport::Channel>,
+    args: ClientArgs,
+    list: String,
+) -> Result<ExitCode, tonic::Status> {
+    let token = args.admin_token.as_deref();
+    let change = |values: Vec<String>| ListEntriesRequest {
+        domain: args.domain.clone(),
+        list: list.clone(),
+        values,
+        ttl: args.ttl.map(|s| prost_types::Duration {
+            seconds: i64::from(s),
+            nanos: 0,
+        }),
+    };
+    if !args.add.is_empty() {
+        let answer = client.add_list_entries(admin(change(args.add.clone()), token)?).await?;
+        println!("added {}", answer.into_inner().changed);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !args.remove.is_empty() {
+        let answer = client
+            .remove_list_entries(admin(change(args.remove.clone()), token)?)
+            .await?;
+        println!("removed {}", answer.into_inner().changed);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let request = GetListEntriesRequest {
+        domain: args.domain.clone(),
+        list,
+    };
+    for entry in client
+        .get_list_entries(admin(request, token)?)
+        .await?
+        .into_inner()
+        .entries
+    {
+        match entry.expires_in {
+            Some(left) => println!("{} expires in {}s", entry.value, left.seconds),
+            None => println!("{}", entry.value),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--offenders`: each rule's values hit and denied most.
+async fn offenders(
+    mut client: RateLimiterClient<tonic::transport::Channel>,
+    args: ClientArgs,
+    span: &str,
+) -> Result<ExitCode, tonic::Status> {
+    let span = if span == "hour" { Span::Hour } else { Span::Minute };
+    let request = GetTopOffendersRequest {
+        domain: args.domain,
+        span: span as i32,
+        limit: args.limit,
+    };
+    let answer = client
+        .get_top_offenders(admin(request, args.admin_token.as_deref())?)
+        .await?;
+    for rule in answer.into_inner().rules {
+        println!("rule {}", rule.rule);
+        for (kind, list) in [("hits", &rule.hits), ("denied", &rule.denied)] {
+            for o in list {
+                println!("  {kind:<6} {} {}", o.count, o.value);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// 0 for OK, 2 for OVER_LIMIT.
 fn exit_code(overall: i32) -> ExitCode {
     if overall == Code::OverLimit as i32 {
@@ -276,6 +401,8 @@ fn print_decision(answer: &RateLimitResponse) {
                 )
             }
             None if s.limit_remaining == u32::MAX => ", unlimited".to_string(),
+            // Only a deny list answers OVER_LIMIT without a limit (its header names it).
+            None if s.code == Code::OverLimit as i32 => ", denied by a list".to_string(),
             None => ", no rule".to_string(),
         };
         println!("descriptor {i}: {}{limit}", code(s.code));

@@ -64,3 +64,97 @@ async fn client_calls_a_running_server() {
     assert!(out.contains("InvalidArgument: domain is empty"), "{out}");
     server.shutdown().await;
 }
+
+/// `sluice-client --list` and `--offenders`: entries added (with a TTL), printed and removed, a request then denied
+/// by the list, the top offenders printed; the admin token required.
+#[tokio::test(flavor = "multi_thread")]
+async fn client_manages_lists_and_prints_offenders() {
+    let yaml = "domain: edge\nlists:\n  - {name: blocked, key: remote_address}\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let (l, _) = crate::harness::limiter(yaml, crate::harness::memory());
+    let server = crate::harness::TestServer::start(l).await;
+    let target = server.grpc_url();
+    let run = move |args: &[&str], token: bool| {
+        let (target, args) = (target.clone(), args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        tokio::task::spawn_blocking(move || {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_sluice-client"));
+            command.args(["--target", &target, "--domain", "edge"]).args(args);
+            if token {
+                command.env("SLUICE_ADMIN_TOKEN", crate::harness::ADMIN_TOKEN);
+            }
+            let out = command.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            (out.status.code(), text)
+        })
+    };
+    let (code, out) = run(&["--list", "blocked"], false).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("Unauthenticated: GetListEntries needs the admin token"),
+        "{out}"
+    );
+    let (code, out) = run(
+        &[
+            "--list",
+            "blocked",
+            "--add",
+            "203.0.113.0/24",
+            "--add",
+            "bot-*",
+            "--ttl",
+            "600",
+        ],
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!((code, out.trim()), (Some(0), "added 2"));
+    run(&["--list", "blocked", "--add", "2001:db8::/32"], true)
+        .await
+        .unwrap();
+    let (code, out) = run(&["--list", "blocked"], true).await.unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "2001:db8::/32",
+            "203.0.113.0/24 expires in 600s",
+            "bot-* expires in 600s"
+        ]
+    );
+    let (code, out) = run(&["--descriptor", "remote_address=203.0.113.9"], false)
+        .await
+        .unwrap();
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("descriptor 0: OVER_LIMIT, denied by a list"), "{out}");
+    assert!(out.contains("header X-Sluice-List-Deny: blocked"), "{out}");
+    let (code, out) = run(&["--list", "blocked", "--remove", "203.0.113.0/24"], true)
+        .await
+        .unwrap();
+    assert_eq!((code, out.trim()), (Some(0), "removed 1"));
+    let (code, out) = run(&["--list", "blocked", "--add", "10.0.0.0/99"], true).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("InvalidArgument: values[0]: '10.0.0.0/99' is not a CIDR range"),
+        "{out}"
+    );
+    let (code, out) = run(&["--list", "blocked", "--ttl", "5"], true).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("--ttl goes with --reserve or --add"), "{out}");
+    // Three hits on a limit of 2: one denial, printed once the server has stored the last second's counts.
+    for _ in 0..3 {
+        run(&["--descriptor", "remote_address=192.0.2.1"], false).await.unwrap();
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let (code, out) = run(&["--offenders", "minute", "--limit", "5"], true).await.unwrap();
+        assert_eq!(code, Some(0), "{out}");
+        if out.contains("  denied 1 remote_address=192.0.2.1") {
+            assert!(out.starts_with("rule edge.remote_address\n"), "{out}");
+            assert!(out.contains("  hits   3 remote_address=192.0.2.1"), "{out}");
+            break;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{out}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    server.shutdown().await;
+}

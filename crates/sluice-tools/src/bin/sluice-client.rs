@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Call a running sluice once (ShouldRateLimit, GetRemaining or Release) and print the answer; exits 2 when the
-/// answer is OVER_LIMIT.
+/// Call a running sluice once (ShouldRateLimit, GetRemaining, Release, the cost-budget calls, a list's entries or
+/// the top offenders) and print the answer; exits 2 when the answer is OVER_LIMIT.
 #[derive(Debug, Parser)]
 #[command(name = "sluice-client", version, about)]
 struct Cli {
