@@ -34,7 +34,7 @@ use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
 use guard::{Guard, constraining};
 pub use lists::{MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
-pub use offenders::RuleOffenders;
+pub use offenders::{FLUSH_EVERY, RuleOffenders};
 use request::validate;
 pub use request::{Descriptor, Override, Request};
 use resolve::{Target, listed, resolve};

@@ -384,6 +384,7 @@ async fn serve_gated<S: Store>(
         }
     };
     let offenders = tokio::spawn(limiter.clone().keep_offenders());
+    let last_flush = limiter.clone();
     let admin = crate::faces::http::gated_router(limiter.clone(), ready)
         .merge(crate::faces::http::offenders_router(limiter, admin_token.clone()));
     let http_server = axum::serve(http, admin).with_graceful_shutdown(signal(stopped));
@@ -437,5 +438,7 @@ async fn serve_gated<S: Store>(
             tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
         }
     }
+    // What this instance noted since its last flush still counts in the top offenders.
+    last_flush.flush_offenders().await;
     Ok(())
 }

@@ -186,7 +186,7 @@ async fn run_time_entries_and_offenders_are_shared_by_two_instances() {
     };
     until(
         "both instances' offenders are stored",
-        Duration::from_secs(5),
+        2 * sluice::limiter::FLUSH_EVERY + Duration::from_secs(2),
         async || {
             let rules = admin_a
                 .get_top_offenders(admin(top(Span::Minute, 10)))

@@ -1,11 +1,10 @@
 //! Top offenders: per rule, the descriptor values hit most and denied most over the last minute and the last hour,
 //! across every instance on one store.
 //!
-//! On the decision path a decided descriptor is noted in a bounded table of this instance (a Space-Saving sketch
-//! per rule and kind: at most [`LimiterSettings::top_offenders`](super::LimiterSettings) values, a new value taking
-//! the place of the least counted one with its count plus one, so a count is never under its true value and over it
-//! by at most the count it replaced). Once a second the tables are added into the store's buckets of ten seconds
-//! and of a minute ([`Store::tally`]: in Redis one sorted set per bucket, trimmed to the same bound, gone after an
+//! On the decision path a decided descriptor is noted in a bounded table of this instance, per rule and kind
+//! ([`TopCounts`], a Space-Saving table trimmed in batches: at most twice
+//! [`LimiterSettings::top_offenders`](super::LimiterSettings) values, a count never under its true value). Every
+//! [`FLUSH_EVERY`] the tables are added into the store's buckets of ten seconds and of a minute ([`Store::tally`]: in Redis one sorted set per bucket, trimmed to the same bound, gone after an
 //! hour), with an index of the rules noted; [`Limiter::top_offenders`] sums the buckets of a span.
 
 use std::collections::HashMap;
@@ -27,34 +26,50 @@ type RuleName = (Arc<str>, Arc<str>);
 
 #[derive(Default)]
 struct RuleTally {
-    hits: SpaceSaving,
-    denied: SpaceSaving,
+    hits: TopCounts,
+    denied: TopCounts,
 }
 
-/// The Space-Saving sketch: at most `kept` values with their counts.
+/// A bounded table of counts that never undercounts: up to twice `kept` values; when full, only the `kept` largest
+/// stay, and a value that comes (back) in then starts from the largest count let go (`floor`) plus one. So a count is
+/// at least the value's true count, and over it by at most `floor`, which stays at most the total counted divided by
+/// `kept`. Trimming costs a pass over the table once per `kept` new values: constant work per value.
 #[derive(Default)]
-struct SpaceSaving(HashMap<Box<str>, u64>);
+struct TopCounts {
+    counts: HashMap<Box<str>, u64>,
+    floor: u64,
+}
 
-impl SpaceSaving {
+impl TopCounts {
     fn note(&mut self, value: &str, kept: usize) {
-        if let Some(n) = self.0.get_mut(value) {
+        if let Some(n) = self.counts.get_mut(value) {
             *n += 1;
             return;
         }
-        let mut floor = 0;
-        if self.0.len() >= kept {
-            let Some((least, &n)) = self.0.iter().min_by_key(|(_, n)| **n) else {
-                return;
-            };
-            let least = least.clone();
-            self.0.remove(&least);
-            floor = n;
+        if self.counts.len() >= 2 * kept {
+            self.trim(kept);
         }
-        self.0.insert(value.into(), floor + 1);
+        self.counts.insert(value.into(), self.floor + 1);
     }
 
-    fn take(&mut self) -> Vec<(String, u64)> {
-        self.0.drain().map(|(v, n)| (v.into_string(), n)).collect()
+    /// Keeps the `kept` largest counts, raising the floor to the largest one let go.
+    fn trim(&mut self, kept: usize) {
+        if self.counts.len() <= kept {
+            return;
+        }
+        let mut all: Vec<(Box<str>, u64)> = self.counts.drain().collect();
+        all.select_nth_unstable_by(kept, |a, b| b.1.cmp(&a.1));
+        for (_, n) in all.drain(kept..) {
+            self.floor = self.floor.max(n);
+        }
+        self.counts.extend(all);
+    }
+
+    /// The `kept` largest counts, and a fresh table.
+    fn take(&mut self, kept: usize) -> Vec<(String, u64)> {
+        self.trim(kept);
+        self.floor = 0;
+        self.counts.drain().map(|(v, n)| (v.into_string(), n)).collect()
     }
 }
 
@@ -68,6 +83,10 @@ pub struct RuleOffenders {
     /// Denials per descriptor value, largest first.
     pub denied: Vec<(String, u64)>,
 }
+
+/// How often an instance adds what it noted to the store: the top offenders lag by at most this (and a flush's
+/// worst case costs Redis about 0.3 ms per busy rule, BENCHMARKS.md).
+pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
 /// The kind of the set that indexes a domain's rules (its values are rule paths).
 const RULES: &str = "rules";
@@ -100,12 +119,12 @@ impl Offenders {
     }
 
     /// What was noted since the last call, as tallies of the store's sets.
-    fn take(&self, prefix: &str) -> Vec<Tally> {
+    fn take(&self, prefix: &str, kept: usize) -> Vec<Tally> {
         let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
         let mut tallies = Vec::with_capacity(noted.len() * 2);
         let mut rules: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
         for ((domain, rule), mut tally) in noted {
-            let hits = tally.hits.take();
+            let hits = tally.hits.take(kept);
             rules
                 .entry(domain.clone())
                 .or_default()
@@ -114,7 +133,7 @@ impl Offenders {
                 set: CounterKey::top(prefix, &domain, &rule, "hits"),
                 counts: hits,
             });
-            let denied = tally.denied.take();
+            let denied = tally.denied.take(kept);
             if !denied.is_empty() {
                 tallies.push(Tally {
                     set: CounterKey::top(prefix, &domain, &rule, "denied"),
@@ -133,14 +152,14 @@ impl Offenders {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Adds what was noted to the store once a second, for as long as the limiter lives. Run it once per limiter,
+    /// Adds what was noted to the store every [`FLUSH_EVERY`], for as long as the limiter lives. Run it once per limiter,
     /// in a task of its own; with `top_offenders` at 0 it returns at once.
     pub async fn keep_offenders(self: Arc<Self>) {
         let kept = self.settings.top_offenders;
         if kept == 0 {
             return;
         }
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(FLUSH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
@@ -150,11 +169,11 @@ impl<S: Store> Limiter<S> {
 
     /// Adds what was noted since the last flush to the store now (what a failed flush held is dropped and logged).
     pub async fn flush_offenders(&self) {
-        let tallies = self.offenders.take(&self.settings.key_prefix);
+        let kept = self.settings.top_offenders;
+        let tallies = self.offenders.take(&self.settings.key_prefix, kept);
         if tallies.is_empty() {
             return;
         }
-        let kept = self.settings.top_offenders;
         if let Err(e) = self.store().tally(self.clock.now_us(), &tallies, kept).await {
             tracing::warn!(error = %e, tallies = tallies.len(), "top offenders of the last second not stored");
         }
@@ -200,8 +219,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn space_saving_keeps_the_heavy_values_and_never_undercounts() {
-        let mut s = SpaceSaving::default();
+    fn the_table_keeps_the_heavy_values_and_never_undercounts() {
+        let mut s = TopCounts::default();
         // 3 heavy values among 1 000 distinct light ones, 4 slots.
         for i in 0..1_000 {
             for heavy in ["a", "b", "c"] {
@@ -209,7 +228,7 @@ mod tests {
             }
             s.note(&format!("light{i}"), 4);
         }
-        let mut top = s.take();
+        let mut top = s.take(4);
         top.sort_by_key(|x| std::cmp::Reverse(x.1));
         let heavy: Vec<&str> = top.iter().take(3).map(|(v, _)| v.as_str()).collect();
         assert!(
@@ -218,5 +237,7 @@ mod tests {
         );
         assert!(top.iter().take(3).all(|(_, n)| *n >= 1_000), "{top:?}");
         assert_eq!(top.len(), 4);
+        // The floor bounds every count's excess: at most the total counted over the values kept.
+        assert!(top.iter().all(|(v, n)| v.len() == 1 || *n <= 4_000 / 4), "{top:?}");
     }
 }
