@@ -242,7 +242,8 @@ struct ServeArgs {
     /// Seconds in-flight calls may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SLUICE_GRACE_PERIOD_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     grace_period_secs: u64,
-    /// Enables the Reset RPC for callers presenting this token (`authorization: Bearer <token>`).
+    /// Enables the admin calls (Reset, the list calls, GetTopOffenders) for callers presenting this token
+    /// (`authorization: Bearer <token>`); GET /offenders then needs it too.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Log line format.
