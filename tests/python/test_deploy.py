@@ -40,7 +40,7 @@ SYNTHETIC_METRICS = {"up"}
 PROMQL_WORDS = {
     "sum", "avg", "min", "max", "count", "topk", "bottomk", "rate", "irate", "increase", "histogram_quantile",
     "vector", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-    "label_values", "offset",
+    "label_values", "offset", "time",
 }  # fmt: skip
 
 

@@ -917,7 +917,8 @@ async fn the_largest_costs_are_denied_and_consume_nothing_in_redis() {
 
 /// WaitForPermit over gRPC: a call with room passes at once, one that would wait past its `max_wait` gets the
 /// OVER_LIMIT answer at once with nothing consumed, one held until the window turns (the test's clock moves it) gets
-/// its permit with the exact wait, and a malformed `max_wait` is refused naming the field.
+/// its permit with the exact wait, one whose client gives up mid-wait consumes nothing, and a malformed `max_wait` is
+/// refused naming the field.
 #[tokio::test]
 async fn wait_for_permit_over_grpc() {
     use sluice::proto::sluice::v1::WaitForPermitRequest;
@@ -958,6 +959,36 @@ async fn wait_for_permit_over_grpc() {
     let held = waiting.await.unwrap().unwrap().into_inner();
     assert_eq!(held.decision.unwrap().overall_code, Code::Ok as i32);
     assert_eq!(held.waited, Some(prost_types::Duration { seconds: 50, nanos: 0 }));
+    // A client that gives up mid-wait (its deadline, shorter than the wait) consumed nothing: the server drops its
+    // wait, and once the window turns the whole limit is there.
+    let mut impatient = tonic::Request::new(request(120, 0));
+    impatient.set_timeout(Duration::from_millis(200));
+    let gave_up = client.wait_for_permit(impatient).await.unwrap_err();
+    assert!(
+        matches!(gave_up.code(), GrpcCode::DeadlineExceeded | GrpcCode::Cancelled),
+        "{gave_up:?}"
+    );
+    for _ in 0..10_000 {
+        if clock.sleepers() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(clock.sleepers(), 0, "the server still waits for a client that left");
+    clock.advance(60_000_000);
+    let remaining = client
+        .get_remaining(GetRemainingRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor("job", "j")],
+            cost: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        remaining.descriptors[0].remaining, 1,
+        "the caller that gave up consumed nothing"
+    );
     for (seconds, nanos, want) in [
         (-1, 0, "max_wait is negative"),
         (3_601, 0, "over the most a call may wait"),
