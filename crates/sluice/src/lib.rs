@@ -14,6 +14,8 @@
 //! - [`operations`]: what running it takes besides: logs and traces ([`operations::telemetry`]), TLS on the
 //!   listeners with certificates reloaded when their files change ([`operations::tls`]).
 //! - [`server`]: the assembly of all of it, the listeners, and graceful shutdown.
+//! - [`simulate`]: the strategy lab (`sluice simulate`): traffic replayed through the core once per algorithm, and
+//!   a report of what each did, drawn with [`charts`] (which the dashboard draws with too).
 //! - [`proto`]: the generated protobuf types, which the tools crate uses too.
 //!
 //! Outer modules import inner ones: the server imports the faces, the sources and the operations; the faces import
@@ -23,8 +25,10 @@
 
 pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, quota, rules, store};
 
+pub mod charts;
 pub mod faces;
 pub mod operations;
 pub mod proto;
 pub mod server;
+pub mod simulate;
 pub mod sources;

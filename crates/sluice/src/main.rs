@@ -55,6 +55,22 @@ enum Command {
         #[arg(long, env = "SLUICE_MERGE_DOMAINS")]
         merge_domains: bool,
     },
+    /// Replay traffic (a shape or a CSV trace) through the decision core once per candidate algorithm, and write
+    /// what each did to it: report.html with charts, summary.csv, per_second.csv.
+    Simulate {
+        /// The rules: a YAML file, or a directory of them.
+        #[arg(long)]
+        config: PathBuf,
+        /// The traffic: a YAML file describing a shape, or naming a CSV trace (see docs/src/simulate.md).
+        #[arg(long)]
+        traffic: PathBuf,
+        /// A candidate algorithm besides the rule's own; repeat, or separate with commas.
+        #[arg(long = "algorithm", value_delimiter = ',')]
+        algorithms: Vec<String>,
+        /// Where the report is written (created when missing).
+        #[arg(long, default_value = "simulate-report")]
+        out: PathBuf,
+    },
 }
 
 /// `--failure-policy`, spelled as in the YAML files (`fail_open`) or with dashes (`fail-open`).
@@ -338,7 +354,7 @@ fn main() -> ExitCode {
         // as `ratelimit`, the binary serves: the reference takes no command.
         let at = match args.get(1).and_then(|a| a.to_str()) {
             Some("serve") => Some(2),
-            Some("check") => None,
+            Some("check" | "simulate") => None,
             _ => {
                 args.insert(1, "serve".into());
                 Some(2)
@@ -352,6 +368,44 @@ fn main() -> ExitCode {
     match Cli::parse_from(args).command {
         Command::Check { config, merge_domains } => check(&config, domains(merge_domains)),
         Command::Serve(args) => serve(*args, compat),
+        Command::Simulate {
+            config,
+            traffic,
+            algorithms,
+            out,
+        } => simulate(sluice::simulate::Simulation {
+            config,
+            traffic,
+            algorithms,
+            out,
+        }),
+    }
+}
+
+fn simulate(sim: sluice::simulate::Simulation) -> ExitCode {
+    match sluice::simulate::run(&sim) {
+        Ok(done) => {
+            for f in &done.figures {
+                let delay = f.delay_ms.map_or(String::new(), |(m, p)| {
+                    format!(", queue delay {m:.1} ms mean, {p:.1} ms p99")
+                });
+                println!(
+                    "{}: {} of {} admitted, worst window {} ({:.2}x the limit), {} around window edges, fairness {:.3}{delay}",
+                    f.algorithm, f.admitted, f.requests, f.worst_window, f.overshoot, f.edge_burst, f.fairness
+                );
+            }
+            println!(
+                "{} requests per algorithm, {:.0} decisions/s; report in {}",
+                done.requests,
+                done.decisions_per_second,
+                sim.out.join("report.html").display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

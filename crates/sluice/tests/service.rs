@@ -18,4 +18,5 @@ mod recovery;
 mod reload;
 mod rlqs;
 mod sentinel;
+mod simulate;
 mod tls;

@@ -120,7 +120,8 @@ impl Algorithm {
         }
     }
 
-    pub(super) fn is_bucket(self) -> bool {
+    /// A token or leaky bucket: counts against a `burst`.
+    pub fn is_bucket(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
     }
 }

@@ -1,0 +1,173 @@
+//! One candidate's run: the traffic replayed through the decision core over the in-memory store, on a clock the
+//! replay moves to each request's time, with the domain's limits counted by the candidate's algorithm.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::traffic::Traffic;
+use crate::clock::ManualClock;
+use crate::config::{ConfigFile, RawDescriptor};
+use crate::limiter::{Code, Descriptor, Limiter, LimiterSettings, Request};
+use crate::metrics::Metrics;
+use crate::rules::{Algorithm, Limit, RuleSet};
+use crate::store::memory::MemoryStore;
+
+/// The replay's time zero: a day boundary, so every window (aligned to the Unix epoch) starts with the traffic.
+pub const START_US: u64 = 1_767_225_600_000_000;
+
+/// The resolution of the per-interval counts: 100 ms.
+pub const TICK_US: u64 = 100_000;
+
+/// What one candidate did to the traffic.
+pub struct Run {
+    /// The algorithm, and whether it is the rule's own.
+    pub algorithm: Algorithm,
+    pub own: bool,
+    /// The limit the traffic's descriptor met (its first), as the candidate counts it.
+    pub limit: Limit,
+    /// Per 100 ms, every key together.
+    pub admitted: Vec<u32>,
+    pub denied: Vec<u32>,
+    /// Per 100 ms, what the busiest keys (up to [`TRACKED_KEYS`], by requests) had admitted: their limits are the
+    /// ones a window's figures are measured against.
+    pub admitted_by_key: Vec<Vec<u32>>,
+    /// Per key: requests, admitted.
+    pub per_key: Vec<(u64, u64)>,
+    /// For the leaky bucket: how long each admitted request would wait in a queue served at the limit's rate (its place in
+    /// the bucket), in microseconds.
+    pub delays_us: Vec<u64>,
+    pub elapsed: Duration,
+}
+
+/// The most keys whose windows are measured one by one.
+pub const TRACKED_KEYS: usize = 20;
+
+/// The configuration with every limit of `domain` counted by `algorithm`: a bucket's `burst` is `burst` when given,
+/// the limit's own otherwise; other algorithms have none.
+pub fn with_algorithm(files: &[ConfigFile], domain: &str, algorithm: Algorithm, burst: Option<u32>) -> Vec<ConfigFile> {
+    fn rewrite(d: &mut RawDescriptor, algorithm: Algorithm, burst: Option<u32>) {
+        let limits = d
+            .rate_limit
+            .iter_mut()
+            .map(|b| &mut **b)
+            .chain(d.rate_limits.iter_mut().flatten());
+        for rl in limits {
+            rl.algorithm = Some(algorithm.name().into());
+            rl.burst = if algorithm.is_bucket() {
+                burst.or(rl.burst)
+            } else {
+                None
+            };
+        }
+        d.descriptors.iter_mut().for_each(|c| rewrite(c, algorithm, burst));
+    }
+    let mut files = files.to_vec();
+    for file in files.iter_mut().filter(|f| f.domain.domain == domain) {
+        file.domain
+            .descriptors
+            .iter_mut()
+            .for_each(|d| rewrite(d, algorithm, burst));
+    }
+    files
+}
+
+/// Replays `traffic` against `rules`.
+pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool) -> Result<Run, String> {
+    let domain = rules
+        .domain(&traffic.domain)
+        .ok_or_else(|| format!("domain '{}': no configuration file defines it", traffic.domain))?;
+    let first = [(traffic.key.as_str(), traffic.keys[0].as_str())];
+    let rule = domain
+        .find(&first)
+        .map(|m| m.rule)
+        .ok_or_else(|| format!("domain '{}' has no rule for key '{}'", traffic.domain, traffic.key))?;
+    let limit = rule
+        .tiers
+        .first()
+        .map(|t| t.limit)
+        .ok_or_else(|| format!("the rule '{}' is unlimited: nothing to simulate", rule.path))?;
+    let clock = Arc::new(ManualClock::new(START_US));
+    let settings = LimiterSettings {
+        local_cache_size: 0,
+        top_offenders: 0,
+        ..LimiterSettings::default()
+    };
+    let limiter = Limiter::new(
+        rules,
+        MemoryStore::new(),
+        clock.clone(),
+        Metrics::discarded(0.8),
+        settings,
+    );
+    let requests: Vec<Request> = traffic
+        .keys
+        .iter()
+        .map(|k| Request {
+            domain: traffic.domain.clone(),
+            descriptors: vec![Descriptor {
+                entries: vec![(traffic.key.clone(), k.clone())],
+                ..Descriptor::default()
+            }],
+            hits_addend: 0,
+        })
+        .collect();
+    let ticks = (traffic.seconds * 1_000_000).div_ceil(TICK_US) as usize + 1;
+    // The busiest keys, and where each one's counts go.
+    let mut demand: Vec<(u64, usize)> = vec![(0, 0); traffic.keys.len()];
+    for (i, d) in demand.iter_mut().enumerate() {
+        d.1 = i;
+    }
+    for &(_, k) in &traffic.arrivals {
+        demand[k as usize].0 += 1;
+    }
+    demand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut tracked = vec![usize::MAX; traffic.keys.len()];
+    for (slot, &(_, k)) in demand.iter().take(TRACKED_KEYS).enumerate() {
+        tracked[k] = slot;
+    }
+    let mut run = Run {
+        algorithm,
+        own,
+        limit,
+        admitted: vec![0; ticks],
+        denied: vec![0; ticks],
+        admitted_by_key: vec![vec![0; ticks]; traffic.keys.len().min(TRACKED_KEYS)],
+        per_key: vec![(0, 0); traffic.keys.len()],
+        delays_us: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    let interval_us = limit.window_us() / u64::from(limit.requests.max(1));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let start = Instant::now();
+    runtime.block_on(async {
+        for &(t, k) in &traffic.arrivals {
+            clock.set(START_US + t);
+            let decision = limiter
+                .should_rate_limit(&requests[k as usize])
+                .await
+                .map_err(|e| format!("the limiter refused a request: {e}"))?;
+            let tick = (t / TICK_US) as usize;
+            let key = &mut run.per_key[k as usize];
+            key.0 += 1;
+            if decision.overall == Code::Ok {
+                run.admitted[tick] += 1;
+                key.1 += 1;
+                if let Some(counts) = run.admitted_by_key.get_mut(tracked[k as usize]) {
+                    counts[tick] += 1;
+                }
+                if algorithm == Algorithm::LeakyBucket {
+                    let status = &decision.statuses[0];
+                    let used = u64::from(limit.burst).saturating_sub(u64::from(status.remaining));
+                    run.delays_us.push(used.saturating_sub(1) * interval_us);
+                }
+            } else {
+                run.denied[tick] += 1;
+            }
+        }
+        Ok::<(), String>(())
+    })?;
+    run.elapsed = start.elapsed();
+    Ok(run)
+}
