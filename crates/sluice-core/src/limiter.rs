@@ -8,8 +8,8 @@
 //! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
 //! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
 //! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas),
-//! `wait` (calls held until their hit would pass), `lists` (what the lists hold at run time), and `offenders`
-//! (the values hit and denied most per rule).
+//! `wait` (calls held until their hit would pass), `lists` (what the lists hold at run time), `offenders`
+//! (the values hit and denied most per rule) and `series` (outcomes per rule and second).
 
 mod budget;
 mod decision;
@@ -18,6 +18,7 @@ mod lists;
 mod offenders;
 mod request;
 mod resolve;
+mod series;
 mod settings;
 mod usage;
 mod wait;
@@ -38,6 +39,7 @@ pub use offenders::{FLUSH_EVERY, RuleOffenders};
 use request::validate;
 pub use request::{Descriptor, Override, Request};
 use resolve::{Target, listed, resolve};
+pub use series::Series;
 pub use settings::{Cap, Caps, LimiterSettings};
 pub use usage::{Charged, Claim, QuotaState, TierState, Usage};
 pub use wait::Waited;
@@ -65,6 +67,8 @@ pub struct Limiter<S> {
     lists: lists::LiveState,
     /// The values hit and denied per rule since the last flush.
     offenders: offenders::Offenders,
+    /// The outcomes per rule and second since the last flush.
+    outcomes: series::Outcomes,
 }
 
 impl<S: Store> Limiter<S> {
@@ -90,6 +94,7 @@ impl<S: Store> Limiter<S> {
             reservations: std::sync::Mutex::default(),
             lists: lists::LiveState::default(),
             offenders: offenders::Offenders::default(),
+            outcomes: series::Outcomes::default(),
         }
     }
 
@@ -243,10 +248,13 @@ impl<S: Store> Limiter<S> {
                     };
                     let (i, tier) = constraining(outcome);
                     if hit.cost > 0 && !peek {
-                        if let (Some(rule), Some(domain), kept @ 1..) = (rule, domain, self.settings.top_offenders) {
+                        if let (Some(rule), Some(domain)) = (rule, domain) {
                             let denied = !outcome.admitted && !hit.force;
-                            self.offenders
-                                .note(kept, &domain.name, &rule.path, &descriptor.entries, denied);
+                            self.outcomes.note(&domain.name, &rule.path, now_us, denied);
+                            if let kept @ 1.. = self.settings.top_offenders {
+                                self.offenders
+                                    .note(kept, &domain.name, &rule.path, &descriptor.entries, denied);
+                            }
                         }
                         self.rule_stats(domain, *rule, descriptor).record(
                             hit.cost,

@@ -443,6 +443,9 @@ pub const TOP_LONG_BUCKET_US: u64 = 60_000_000;
 /// How long a bucket of top values is kept: the hour it serves and ten minutes.
 pub const TOP_BUCKET_TTL_US: u64 = 4_200_000_000;
 
+/// How long a second of outcome counts is kept: the dashboard's fifteen minutes, and one more.
+pub const SERIES_TTL_US: u64 = 960_000_000;
+
 /// One run-time entry of a list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
@@ -570,6 +573,22 @@ pub trait Store: Send + Sync + 'static {
         span: Span,
     ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
 
+    /// Adds per-second counts into the hashes of the set `set`: each `(second, field, n)` into the hash of that second
+    /// (seconds since the Unix epoch), each hash gone [`SERIES_TTL_US`] after its last write.
+    fn series_add(
+        &self,
+        set: &CounterKey,
+        counts: &[(u64, String, u64)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The hashes of the set `set` for the seconds `from..=to`, in order (empty where nothing was counted).
+    fn series_read(
+        &self,
+        set: &CounterKey,
+        from: u64,
+        to: u64,
+    ) -> impl Future<Output = Result<Vec<std::collections::HashMap<String, u64>>, StoreError>> + Send;
+
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -632,6 +651,25 @@ impl CounterKey {
             key: identity.base,
             tag: identity.tag,
         }
+    }
+
+    /// The per-second outcome counts of `domain` (see [`Store::series_add`]): `<prefix>{<tag>}series|<domain>`, and
+    /// `:<second>` per second.
+    pub fn series(prefix: &str, domain: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "series|", domain).finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
+    /// One second of a set of per-second counts.
+    pub fn second(&self, second: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 12);
+        key.push_str(&self.key);
+        key.push(':');
+        push_decimal(&mut key, second);
+        CounterKey { key, tag: self.tag }
     }
 
     /// One bucket of a set of top values: the set's key, `:s` (ten seconds) or `:m` (a minute), and the bucket's

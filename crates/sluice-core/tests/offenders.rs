@@ -1,5 +1,6 @@
 //! Top offenders: per rule, the values hit most and denied most over the last minute and hour, summed across the
-//! instances on one Redis, each bucket bounded, the spans read on the limiters' clocks.
+//! instances on one Redis, each bucket bounded, the spans read on the limiters' clocks; and the dashboard's outcomes
+//! per rule and second.
 
 use std::sync::Arc;
 
@@ -111,7 +112,8 @@ async fn offenders_are_summed_and_age_out<S: Store>(instances: &[(Arc<Limiter<S>
 
 every_store!(
     one_instance_ranks_its_offenders,
-    a_flood_of_distinct_values_stays_bounded
+    a_flood_of_distinct_values_stays_bounded,
+    outcomes_per_second_are_counted_per_rule,
 );
 
 async fn one_instance_ranks_its_offenders(store: impl Store) {
@@ -150,4 +152,36 @@ async fn two_instances_on_one_redis_sum_their_offenders() {
         let ttl: i64 = redis.cli(&["--raw", "PTTL", key]).trim().parse().unwrap();
         assert!(ttl > 0 && ttl <= 4_200_000, "{key}: {ttl}");
     }
+}
+
+/// The dashboard's series: per rule and second, allowed and denied, read back over the last seconds.
+async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
+    let (l, clock) = limiter(store, 0);
+    send(&l, "user", "alice", 5).await;
+    clock.advance(1_000_000);
+    send(&l, "user", "alice", 1).await;
+    send(&l, "path", "/a", 2).await;
+    l.flush_series().await;
+    let series = l.series("api", 3).await.unwrap();
+    assert_eq!(series.from, l.now_us() / 1_000_000 - 2);
+    assert_eq!(
+        series.rules["api.user"],
+        (vec![0, 3, 0], vec![0, 2, 1]),
+        "3 of 5 allowed, then 1 denied"
+    );
+    assert_eq!(series.rules["api.path"], (vec![0, 0, 2], vec![0, 0, 0]));
+    assert!(matches!(l.series("nope", 3).await, Err(LimitError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn two_instances_sum_their_outcomes() {
+    let redis = RedisServer::start();
+    let (a, _) = limiter(redis_store(&redis.url()).await, 0);
+    let (b, _) = limiter(redis_store(&redis.url()).await, 0);
+    send(&a, "path", "/a", 2).await;
+    send(&b, "path", "/a", 3).await;
+    a.flush_series().await;
+    b.flush_series().await;
+    let series = a.series("api", 1).await.unwrap();
+    assert_eq!(series.rules["api.path"], (vec![5], vec![0]));
 }

@@ -383,7 +383,7 @@ async fn serve_gated<S: Store>(
             None
         }
     };
-    let offenders = tokio::spawn(limiter.clone().keep_offenders());
+    let tallies = tokio::spawn(limiter.clone().keep_tallies());
     let last_flush = limiter.clone();
     let admin = crate::faces::http::gated_router(limiter.clone(), ready)
         .merge(crate::faces::http::offenders_router(limiter, admin_token.clone()));
@@ -424,7 +424,7 @@ async fn serve_gated<S: Store>(
     if let Some(fetcher) = fetcher {
         fetcher.abort();
     }
-    offenders.abort();
+    tallies.abort();
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;
     }
@@ -438,7 +438,8 @@ async fn serve_gated<S: Store>(
             tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
         }
     }
-    // What this instance noted since its last flush still counts in the top offenders.
+    // What this instance counted since its last flushes still counts.
+    last_flush.flush_series().await;
     last_flush.flush_offenders().await;
     Ok(())
 }

@@ -152,21 +152,6 @@ impl Offenders {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Adds what was noted to the store every [`FLUSH_EVERY`], for as long as the limiter lives. Run it once per limiter,
-    /// in a task of its own; with `top_offenders` at 0 it returns at once.
-    pub async fn keep_offenders(self: Arc<Self>) {
-        let kept = self.settings.top_offenders;
-        if kept == 0 {
-            return;
-        }
-        let mut tick = tokio::time::interval(FLUSH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            self.flush_offenders().await;
-        }
-    }
-
     /// Adds what was noted since the last flush to the store now (what a failed flush held is dropped and logged).
     pub async fn flush_offenders(&self) {
         let kept = self.settings.top_offenders;

@@ -31,9 +31,9 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Outcome, RESERVATION_GRACE_US, Settled,
-    Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, TierOutcome, TierSettled, TierSpec,
-    fair_shares, granted_amount, ranked,
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Outcome, RESERVATION_GRACE_US,
+    SERIES_TTL_US, Settled, Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, TierOutcome,
+    TierSettled, TierSpec, fair_shares, granted_amount, ranked,
 };
 use crate::rules::Algorithm;
 use prelude::{
@@ -54,6 +54,8 @@ pub struct MemoryStore {
     lists: Mutex<HashMap<String, HashMap<String, Option<u64>>>>,
     /// The buckets of top values, by bucket key: the bucket's end of life and its counts.
     tops: Mutex<HashMap<String, Bucket>>,
+    /// The seconds of outcome counts, by key: when each goes, and its counts.
+    seconds: Mutex<HashMap<String, Bucket>>,
 }
 
 /// A bucket of top values: when it goes, and its counts.
@@ -89,6 +91,7 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             lists: Mutex::default(),
             tops: Mutex::default(),
+            seconds: Mutex::default(),
         }
     }
 
@@ -342,6 +345,13 @@ pub(super) fn sliding_window_decision(
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain data; the data is still usable.
+/// The wall clock, in microseconds since the Unix epoch.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -606,6 +616,31 @@ impl Store for MemoryStore {
             }
         }
         Ok(ranked(sums))
+    }
+
+    async fn series_add(&self, set: &CounterKey, counts: &[(u64, String, u64)]) -> Result<(), StoreError> {
+        let mut seconds = lock(&self.seconds);
+        // A second lives as long as in Redis: its TTL from now (the wall clock: these counts are for people to read).
+        let now_us = wall_us();
+        seconds.retain(|_, (expires, _)| *expires > now_us);
+        for (second, field, n) in counts {
+            let (expires, hash) = seconds.entry(set.second(*second).as_str().to_string()).or_default();
+            *expires = now_us + SERIES_TTL_US;
+            *hash.entry(field.clone()).or_default() += n;
+        }
+        Ok(())
+    }
+
+    async fn series_read(&self, set: &CounterKey, from: u64, to: u64) -> Result<Vec<HashMap<String, u64>>, StoreError> {
+        let seconds = lock(&self.seconds);
+        Ok((from..=to)
+            .map(|s| {
+                seconds
+                    .get(set.second(s).as_str())
+                    .map(|(_, h)| h.clone())
+                    .unwrap_or_default()
+            })
+            .collect())
     }
 
     async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {

@@ -49,8 +49,8 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Settled, Settlement, Span, Store,
-    StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, ranked,
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, SERIES_TTL_US, Settled, Settlement, Span,
+    Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, ranked,
 };
 
 mod call;
@@ -559,6 +559,51 @@ impl Store for RedisStore {
             }
         }
         Ok(ranked(sums))
+    }
+
+    async fn series_add(&self, set: &CounterKey, counts: &[(u64, String, u64)]) -> Result<(), StoreError> {
+        let mut by_second: std::collections::BTreeMap<u64, Vec<Value>> = std::collections::BTreeMap::new();
+        for (second, field, n) in counts {
+            by_second
+                .entry(*second)
+                .or_default()
+                .extend([Value::from(field.as_str()), Value::from(n.to_string())]);
+        }
+        let calls = by_second.into_iter().map(|(second, fields)| async move {
+            let key = set.second(second);
+            // HINCRBY per field: a hash per second, renewed for SERIES_TTL_US.
+            let adds = fields
+                .chunks(2)
+                .map(|pair| self.command(&key, "HINCRBY", pair.to_vec()));
+            futures::future::try_join_all(adds).await?;
+            let ttl = Value::from((SERIES_TTL_US / 1_000).to_string());
+            self.command(&key, "PEXPIRE", vec![ttl]).await
+        });
+        futures::future::try_join_all(calls).await.map(|_| ())
+    }
+
+    async fn series_read(
+        &self,
+        set: &CounterKey,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<std::collections::HashMap<String, u64>>, StoreError> {
+        let keys: Vec<CounterKey> = (from..=to).map(|s| set.second(s)).collect();
+        let reads = keys.iter().map(|key| self.command(key, "HGETALL", Vec::new()));
+        let replies = futures::future::try_join_all(reads).await?;
+        Ok(replies
+            .into_iter()
+            .map(|reply| {
+                let flat: Vec<Value> = match reply {
+                    Value::Array(items) => items,
+                    Value::Map(map) => map.inner().into_iter().flat_map(|(k, v)| [Value::from(k), v]).collect(),
+                    _ => Vec::new(),
+                };
+                flat.chunks_exact(2)
+                    .filter_map(|p| Some((p[0].as_string()?, p[1].as_u64().unwrap_or(0))))
+                    .collect()
+            })
+            .collect())
     }
 
     async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {

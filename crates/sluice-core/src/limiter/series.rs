@@ -1,0 +1,119 @@
+//! Outcomes per second: per domain and rule, how many decisions each second allowed and denied, summed across the
+//! instances on one store; what the dashboard plots. Each instance counts in memory and adds its counts to the
+//! store once a second ([`Store::series_add`]: in Redis a hash per domain and second, gone after 16 minutes).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::Limiter;
+use super::decision::LimitError;
+use crate::store::{CounterKey, Store};
+
+/// The seconds counted since the last flush: per (domain, rule, second), allowed and denied.
+#[derive(Default)]
+pub(crate) struct Outcomes {
+    noted: Mutex<HashMap<(Arc<str>, Arc<str>, u64), [u64; 2]>>,
+}
+
+impl Outcomes {
+    pub(crate) fn note(&self, domain: &Arc<str>, rule: &Arc<str>, now_us: u64, denied: bool) {
+        let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = noted
+            .entry((domain.clone(), rule.clone(), now_us / 1_000_000))
+            .or_default();
+        counts[usize::from(denied)] += 1;
+    }
+
+    /// What was counted, per domain: `(second, field, n)` with fields `a:<rule>` (allowed) and `d:<rule>` (denied).
+    fn take(&self) -> HashMap<Arc<str>, Vec<(u64, String, u64)>> {
+        let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut out: HashMap<Arc<str>, Vec<(u64, String, u64)>> = HashMap::new();
+        for ((domain, rule, second), [allowed, denied]) in noted {
+            let counts = out.entry(domain).or_default();
+            if allowed > 0 {
+                counts.push((second, format!("a:{rule}"), allowed));
+            }
+            if denied > 0 {
+                counts.push((second, format!("d:{rule}"), denied));
+            }
+        }
+        out
+    }
+}
+
+/// A domain's outcomes over consecutive seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Series {
+    /// The first second (since the Unix epoch).
+    pub from: u64,
+    /// Per rule path: allowed and denied per second, from `from` on.
+    pub rules: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
+}
+
+/// How often the counts are added to the store, and how often the top offenders are (see `offenders`).
+const EVERY: Duration = Duration::from_secs(1);
+
+impl<S: Store> Limiter<S> {
+    /// Adds this instance's counts to the store for as long as the limiter lives: the outcomes every second, the top
+    /// offenders every [`FLUSH_EVERY`](super::FLUSH_EVERY). Run it once per limiter, in a task of its own.
+    pub async fn keep_tallies(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let per_offenders_flush = (super::FLUSH_EVERY.as_secs() / EVERY.as_secs()).max(1);
+        for n in 1u64.. {
+            tick.tick().await;
+            self.flush_series().await;
+            if n % per_offenders_flush == 0 {
+                self.flush_offenders().await;
+            }
+        }
+    }
+
+    /// Adds the outcomes counted since the last flush to the store now (what a failed flush held is dropped and
+    /// logged).
+    pub async fn flush_series(&self) {
+        for (domain, counts) in self.outcomes.take() {
+            let set = CounterKey::series(&self.settings.key_prefix, &domain);
+            if let Err(e) = self.store().series_add(&set, &counts).await {
+                tracing::warn!(error = %e, domain = %domain, "outcomes of the last second not stored");
+            }
+        }
+    }
+
+    /// The outcomes of `domain`'s rules over the last `seconds` seconds (the current one included), summed across
+    /// every instance sharing the store.
+    pub async fn series(&self, domain: &str, seconds: u64) -> Result<Series, LimitError> {
+        if self.rules().domain(domain).is_none() {
+            return Err(LimitError::NotFound(format!(
+                "domain: no domain '{domain}' is configured"
+            )));
+        }
+        let now = self.clock.now_us() / 1_000_000;
+        let from = now + 1 - seconds.max(1);
+        let set = CounterKey::series(&self.settings.key_prefix, domain);
+        let hashes = self.store().series_read(&set, from, now).await?;
+        let len = hashes.len();
+        let mut series = Series {
+            from,
+            rules: BTreeMap::new(),
+        };
+        for (i, hash) in hashes.into_iter().enumerate() {
+            for (field, n) in hash {
+                let Some((kind, rule)) = field.split_once(':') else {
+                    continue;
+                };
+                let (allowed, denied) = series
+                    .rules
+                    .entry(rule.to_string())
+                    .or_insert_with(|| (vec![0; len], vec![0; len]));
+                match kind {
+                    "a" => allowed[i] += n,
+                    "d" => denied[i] += n,
+                    _ => {}
+                }
+            }
+        }
+        Ok(series)
+    }
+}
