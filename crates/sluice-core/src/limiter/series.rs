@@ -13,8 +13,11 @@ use crate::store::{CounterKey, Store};
 /// The seconds counted since the last flush: per (domain, rule, second), allowed and denied.
 #[derive(Default)]
 pub(crate) struct Outcomes {
-    noted: Mutex<HashMap<(Arc<str>, Arc<str>, u64), [u64; 2]>>,
+    noted: Mutex<HashMap<RuleSecond, [u64; 2]>>,
 }
+
+/// A rule by its domain and path, and a second.
+type RuleSecond = (Arc<str>, Arc<str>, u64);
 
 impl Outcomes {
     pub(crate) fn note(&self, domain: &Arc<str>, rule: &Arc<str>, now_us: u64, denied: bool) {
