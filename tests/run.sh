@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check sluice has, on a fresh machine as on a developer's. Installs what is missing: redis-server and
-# redis-cli, openssl, promtool and kubectl, Node and npm from Debian; rustfmt and clippy; the Python test dependencies
+# redis-cli, openssl, promtool and kubectl, Node and npm, Chromium and its driver from Debian; rustfmt and clippy; the Python test dependencies
 # into .venv; the Node examples' npm packages. Then runs the format check, clippy with warnings as errors, the API docs
 # with broken links as errors, the Rust tests, and the Python tests (interop from Envoy's official stubs, a real Envoy
 # in front of sluice, and every client example run against a real sluice).
@@ -18,6 +18,9 @@ command -v kubectl >/dev/null || missing+=(kubernetes-client)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+# The browser tests of the dashboard and the simulator's report: headless Chromium through its WebDriver.
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root apt-get update -qq

@@ -8,6 +8,7 @@
 //!   its own listener; [`json`]: that API's JSON mapping.
 //! - [`headers`]: the rate limit response headers (`RateLimit-*`, or the reference's `X-RateLimit-*`).
 //! - [`prometheus`]: the core's metrics as Prometheus text.
+//! - [`ui`]: the dashboard on the admin listener, `/ui`.
 
 pub mod grpc;
 pub mod headers;
@@ -15,3 +16,4 @@ pub mod http;
 pub mod json;
 pub mod prometheus;
 pub mod rlqs;
+pub mod ui;

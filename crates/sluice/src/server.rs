@@ -386,7 +386,11 @@ async fn serve_gated<S: Store>(
     let tallies = tokio::spawn(limiter.clone().keep_tallies());
     let last_flush = limiter.clone();
     let admin = crate::faces::http::gated_router(limiter.clone(), ready)
-        .merge(crate::faces::http::offenders_router(limiter, admin_token.clone()));
+        .merge(crate::faces::http::offenders_router(
+            limiter.clone(),
+            admin_token.clone(),
+        ))
+        .merge(crate::faces::ui::router(limiter, admin_token.clone()));
     let http_server = axum::serve(http, admin).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });
