@@ -42,7 +42,10 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>, token: Option<Arc<str>>) -> Ro
 }
 
 /// Whether the request carries the token (when one is needed): 401 otherwise.
-fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, String>) -> Result<(), Response> {
+/// Why a request was refused: a status and a message.
+type Refused = (StatusCode, String);
+
+fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, String>) -> Result<(), Refused> {
     let Some(token) = token else { return Ok(()) };
     let given = headers
         .get(header::AUTHORIZATION)
@@ -55,9 +58,8 @@ fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, Str
     } else {
         Err((
             StatusCode::UNAUTHORIZED,
-            "the dashboard needs the admin token: open /ui?token=<token>\n",
-        )
-            .into_response())
+            "the dashboard needs the admin token: open /ui?token=<token>\n".into(),
+        ))
     }
 }
 
@@ -83,7 +85,7 @@ async fn page<S: Store>(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     if let Err(refused) = allowed(state.1.as_deref(), &headers, &query) {
-        return refused;
+        return refused.into_response();
     }
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
 }
@@ -94,7 +96,7 @@ async fn domains<S: Store>(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     if let Err(refused) = allowed(state.1.as_deref(), &headers, &query) {
-        return refused;
+        return refused.into_response();
     }
     let rules = state.0.rules();
     let mut names: Vec<&str> = rules.domains().map(|d| &*d.name).collect();
@@ -120,11 +122,11 @@ async fn chart<S: Store>(
 ) -> Response {
     let (limiter, token) = &*state;
     if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
-        return refused;
+        return refused.into_response();
     }
     let domain = match domain(limiter, &query) {
         Ok(d) => d,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let series = match limiter.series(&domain, WINDOW_SECONDS).await {
         Ok(s) => s,
@@ -176,11 +178,11 @@ async fn overview<S: Store>(
 ) -> Response {
     let (limiter, token) = &*state;
     if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
-        return refused;
+        return refused.into_response();
     }
     let domain = match domain(limiter, &query) {
         Ok(d) => d,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let rules = limiter.rules();
     let Some(compiled) = rules.domain(&domain) else {
