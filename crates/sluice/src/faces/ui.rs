@@ -64,17 +64,16 @@ fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, Str
 }
 
 /// The domain a request names, known to the rules in force: 400 when missing, 404 when unknown.
-fn domain<S: Store>(limiter: &Limiter<S>, query: &HashMap<String, String>) -> Result<String, Response> {
+fn domain<S: Store>(limiter: &Limiter<S>, query: &HashMap<String, String>) -> Result<String, Refused> {
     let name = query
         .get("domain")
         .filter(|d| !d.is_empty())
-        .ok_or_else(|| (StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)\n").into_response())?;
+        .ok_or_else(|| (StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)\n".to_string()))?;
     if limiter.rules().domain(name).is_none() {
         return Err((
             StatusCode::NOT_FOUND,
             format!("domain: no domain '{name}' is configured\n"),
-        )
-            .into_response());
+        ));
     }
     Ok(name.clone())
 }
@@ -133,7 +132,7 @@ async fn chart<S: Store>(
         Err(e) => return unavailable(e),
     };
     // The busiest rules, allowed and denied each; seconds counted back from now (0 is now).
-    let mut rules: Vec<(&String, &(Vec<u64>, Vec<u64>))> = series.rules.iter().collect();
+    let mut rules: Vec<_> = series.rules.iter().collect();
     rules.sort_by_key(|(_, (a, d))| std::cmp::Reverse(a.iter().sum::<u64>() + d.iter().sum::<u64>()));
     let len = WINDOW_SECONDS as f64;
     let points = |counts: &[u64]| -> Vec<(f64, f64)> {
