@@ -1,5 +1,5 @@
 //! `sluice simulate`, the binary, on the example of `deploy/simulate/`: the write-up's four strategies on one bursty
-//! trace, the report and its CSV; mistakes refused before anything runs, naming the flag, file, line or field.
+//! trace, the report and its CSV (the copy in `docs/simulate/` up to date); mistakes refused before anything runs, naming the flag, file, line or field.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +32,9 @@ fn the_example_compares_four_strategies() {
     let (code, out) = simulate(&EXAMPLE, dir.path());
     assert_eq!(code, Some(0), "{out}");
     let summary = std::fs::read_to_string(dir.path().join("summary.csv")).unwrap();
+    // The report docs/ links to is this very run (regenerate it with the same command, `--out docs/simulate`).
+    let linked = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/simulate/summary.csv")).unwrap();
+    assert_eq!(summary, linked, "docs/simulate/ is out of date");
     let rows: Vec<Vec<&str>> = summary.lines().skip(1).map(|l| l.split(',').collect()).collect();
     let names: Vec<&str> = rows.iter().map(|r| r[0]).collect();
     assert_eq!(
