@@ -155,6 +155,21 @@ pub struct Quotas<S> {
     stats: QuotaStats,
     /// Whether the task that hands the store's notices to the streams runs.
     listening: AtomicBool,
+    /// What each stream of this instance was last told about each of its buckets: the dashboard's view of the shares.
+    board: Mutex<HashMap<(String, BucketId), Assigned>>,
+}
+
+/// The last assignment a stream sent for a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    /// The stream, as the ledgers name it.
+    pub holder: String,
+    pub domain: String,
+    pub bucket: BucketId,
+    pub strategy: Strategy,
+    /// When it was sent, in microseconds since the Unix epoch, and for how long it holds.
+    pub sent_us: u64,
+    pub ttl_s: u32,
 }
 
 /// Where other streams leave the ledgers a stream should look at again.
@@ -249,7 +264,51 @@ impl<S: Store> Quotas<S> {
             watched: AtomicUsize::new(0),
             stats,
             listening: AtomicBool::new(false),
+            board: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The assignments the open streams of this instance last sent, by domain, bucket and stream: each Envoy's share
+    /// of its buckets' quotas (a token bucket's `max_tokens`), what it may pass, or what it must deny.
+    pub fn assignments(&self) -> Vec<Assigned> {
+        let mut all: Vec<Assigned> = lock(&self.board).values().cloned().collect();
+        all.sort_by(|a, b| (&a.domain, &a.bucket, &a.holder).cmp(&(&b.domain, &b.bucket, &b.holder)));
+        all
+    }
+
+    /// Notes what a stream was just told.
+    fn post(&self, stream: &QuotaStream, actions: &[Action]) {
+        if actions.is_empty() {
+            return;
+        }
+        let now = self.limiter.now_us();
+        let domain = stream.domain.as_deref().unwrap_or_default();
+        let mut board = lock(&self.board);
+        for action in actions {
+            match action {
+                Action::Assign {
+                    bucket,
+                    strategy,
+                    ttl_s,
+                    ..
+                } => {
+                    board.insert(
+                        (stream.holder.clone(), bucket.clone()),
+                        Assigned {
+                            holder: stream.holder.clone(),
+                            domain: domain.to_string(),
+                            bucket: bucket.clone(),
+                            strategy: *strategy,
+                            sent_us: now,
+                            ttl_s: *ttl_s,
+                        },
+                    );
+                }
+                Action::Abandon { bucket } => {
+                    board.remove(&(stream.holder.clone(), bucket.clone()));
+                }
+            }
+        }
     }
 
     /// Opens a stream, if the server has room for one more.
@@ -278,6 +337,7 @@ impl<S: Store> Quotas<S> {
                         quotas.unwatch(ledger, &stream.inbox);
                     }
                     quotas.stats.buckets.set(quotas.watched.load(Ordering::Relaxed) as f64);
+                    lock(&quotas.board).retain(|(holder, _), _| *holder != stream.holder);
                 }
             })),
         })
@@ -402,6 +462,7 @@ impl<S: Store> Quotas<S> {
         }
         actions.extend(self.size(stream, &domain, due, now, true).await);
         self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
+        self.post(stream, &actions);
         Ok(actions)
     }
 
@@ -473,6 +534,7 @@ impl<S: Store> Quotas<S> {
         if !actions.is_empty() {
             self.stats.buckets.set(self.watched.load(Ordering::Relaxed) as f64);
         }
+        self.post(stream, &actions);
         Ok(actions)
     }
 

@@ -331,6 +331,7 @@ async fn serve_gated<S: Store>(
         ),
         None => None,
     };
+    let quotas = Quotas::new(limiter.clone(), options.quota_caps);
     let grpc_server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .layer(crate::operations::telemetry::GrpcTraceLayer)
@@ -345,11 +346,8 @@ async fn serve_gated<S: Store>(
         )))
         .add_service(
             // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
-            RateLimitQuotaServiceServer::new(QuotaService::new(
-                Quotas::new(limiter.clone(), options.quota_caps),
-                stopped.clone(),
-            ))
-            .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
+            RateLimitQuotaServiceServer::new(QuotaService::new(quotas.clone(), stopped.clone()))
+                .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
         )
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -390,7 +388,7 @@ async fn serve_gated<S: Store>(
             limiter.clone(),
             admin_token.clone(),
         ))
-        .merge(crate::faces::ui::router(limiter, admin_token.clone()));
+        .merge(crate::faces::ui::router(limiter, quotas, admin_token.clone()));
     let http_server = axum::serve(http, admin).with_graceful_shutdown(signal(stopped));
     let mut grpc_task = tokio::spawn(grpc_server);
     let mut http_task = tokio::spawn(async move { http_server.await });

@@ -96,11 +96,28 @@ async fn reports_are_answered_and_counted_in_metrics() {
         [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 4),
         other => panic!("{other:?}"),
     }
+    let (_, overview) = server
+        .http_get("/ui/api/overview?domain=q&token=test-admin-token")
+        .await;
+    assert!(
+        overview.contains("\"strategy\":\"token_bucket\"") && overview.contains("\"tokens\":4"),
+        "{overview}"
+    );
     stream.report("", "ann", 7, 2).await;
     assert!(matches!(
         strategy(&stream.next().await.unwrap().unwrap()),
         Strategy::BlanketRule(1)
     ));
+    // The dashboard shows what the stream was last told: a DENY_ALL for ann's bucket.
+    let (status, overview) = server
+        .http_get("/ui/api/overview?domain=q&token=test-admin-token")
+        .await;
+    assert_eq!(status, 200, "{overview}");
+    let overview: serde_json::Value = serde_json::from_str(&overview).unwrap();
+    let shares = overview["rlqs_assignments"].as_array().unwrap();
+    assert_eq!(shares.len(), 1, "{overview}");
+    assert_eq!(shares[0]["bucket"], "name=per_user, user=ann");
+    assert_eq!(shares[0]["strategy"], "deny_all");
     let (_, metrics) = server.http_get("/metrics").await;
     for line in [
         "sluice_rlqs_streams 1",
@@ -114,13 +131,17 @@ async fn reports_are_answered_and_counted_in_metrics() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
     }
-    // A stream that ends gives back its place and its watches.
+    // A stream that ends gives back its place and its watches, and leaves the dashboard.
     drop(stream);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let (_, metrics) = server.http_get("/metrics").await;
+        let (_, overview) = server
+            .http_get("/ui/api/overview?domain=q&token=test-admin-token")
+            .await;
         if metrics.lines().any(|l| l == "sluice_rlqs_streams 0")
             && metrics.lines().any(|l| l == "sluice_rlqs_buckets 0")
+            && overview.contains("\"rlqs_assignments\":[]")
         {
             break;
         }

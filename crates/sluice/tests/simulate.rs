@@ -33,7 +33,8 @@ fn the_example_compares_four_strategies() {
     assert_eq!(code, Some(0), "{out}");
     let summary = std::fs::read_to_string(dir.path().join("summary.csv")).unwrap();
     // The report docs/ links to is this very run (regenerate it with the same command, `--out docs/simulate`).
-    let linked = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/simulate/summary.csv")).unwrap();
+    let linked =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/simulate/summary.csv")).unwrap();
     assert_eq!(summary, linked, "docs/simulate/ is out of date");
     let rows: Vec<Vec<&str>> = summary.lines().skip(1).map(|l| l.split(',').collect()).collect();
     let names: Vec<&str> = rows.iter().map(|r| r[0]).collect();

@@ -5,7 +5,8 @@
 //! - `/ui/chart.svg?domain=D`: allowed and denied per second over the last 15 minutes for the domain's busiest rules,
 //!   summed across the instances on one store, drawn as SVG by [`crate::charts`];
 //! - `/ui/api/overview?domain=D`: the rules in force (algorithm and limit), the top offenders of the last minute, and
-//!   from this instance's metrics its RLQS streams, buckets and assignments and its cost-budget totals.
+//!   the assignments this instance's RLQS streams last sent (each Envoy's share of a bucket's quota), and from its
+//!   metrics its RLQS streams, buckets and assignment counts and its cost-budget totals.
 //!
 //! `/ui/api/domains` lists the domains. An unknown domain is 404.
 
@@ -20,6 +21,7 @@ use axum::routing::get;
 
 use crate::charts::{Series, line_chart};
 use crate::limiter::{LimitError, Limiter};
+use crate::quota::{Quotas, Strategy};
 use crate::store::{Span, Store};
 
 /// The page.
@@ -29,16 +31,23 @@ const WINDOW_SECONDS: u64 = 900;
 /// The most rules the chart draws (the busiest).
 const CHART_RULES: usize = 6;
 
-type Dashboard<S> = Arc<(Arc<Limiter<S>>, Option<Arc<str>>)>;
+/// What the dashboard reads: the limiter, the RLQS streams' assignments, and the token it needs (if any).
+struct View<S> {
+    limiter: Arc<Limiter<S>>,
+    quotas: Arc<Quotas<S>>,
+    token: Option<Arc<str>>,
+}
 
-/// The dashboard's routes, over `limiter`, behind `token` when there is one.
-pub fn router<S: Store>(limiter: Arc<Limiter<S>>, token: Option<Arc<str>>) -> Router {
+type Dashboard<S> = Arc<View<S>>;
+
+/// The dashboard's routes, over `limiter` and the RLQS streams of `quotas`, behind `token` when there is one.
+pub fn router<S: Store>(limiter: Arc<Limiter<S>>, quotas: Arc<Quotas<S>>, token: Option<Arc<str>>) -> Router {
     Router::new()
         .route("/ui", get(page::<S>))
         .route("/ui/api/domains", get(domains::<S>))
         .route("/ui/api/overview", get(overview::<S>))
         .route("/ui/chart.svg", get(chart::<S>))
-        .with_state(Arc::new((limiter, token)))
+        .with_state(Arc::new(View { limiter, quotas, token }))
 }
 
 /// Whether the request carries the token (when one is needed): 401 otherwise.
@@ -83,7 +92,7 @@ async fn page<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = allowed(state.1.as_deref(), &headers, &query) {
+    if let Err(refused) = allowed(state.token.as_deref(), &headers, &query) {
         return refused.into_response();
     }
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
@@ -94,10 +103,10 @@ async fn domains<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = allowed(state.1.as_deref(), &headers, &query) {
+    if let Err(refused) = allowed(state.token.as_deref(), &headers, &query) {
         return refused.into_response();
     }
-    let rules = state.0.rules();
+    let rules = state.limiter.rules();
     let mut names: Vec<&str> = rules.domains().map(|d| &*d.name).collect();
     names.sort_unstable();
     json(serde_json::json!(names))
@@ -119,7 +128,7 @@ async fn chart<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (limiter, token) = &*state;
+    let (limiter, token) = (&state.limiter, &state.token);
     if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
         return refused.into_response();
     }
@@ -175,7 +184,7 @@ async fn overview<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (limiter, token) = &*state;
+    let (limiter, token) = (&state.limiter, &state.token);
     if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
         return refused.into_response();
     }
@@ -228,8 +237,34 @@ async fn overview<S: Store>(
             .map(|r| serde_json::json!({"rule": r.rule, "hits": pairs(&r.hits), "denied": pairs(&r.denied)}))
             .collect::<Vec<_>>(),
         "rlqs": samples(&metrics, "sluice_rlqs_", None),
+        "rlqs_assignments": assignments(&state.quotas, &domain, limiter.now_us()),
         "budgets": samples(&metrics, "sluice_rule_cost_total", Some(&domain)),
     }))
+}
+
+/// The assignments this instance's RLQS streams last sent for `domain`'s buckets: per bucket and stream, the
+/// strategy, a token bucket's size (the stream's share), and how long ago it was sent.
+fn assignments<S: Store>(quotas: &Quotas<S>, domain: &str, now_us: u64) -> Vec<serde_json::Value> {
+    quotas
+        .assignments()
+        .into_iter()
+        .filter(|a| a.domain == domain)
+        .map(|a| {
+            let bucket: Vec<String> = a.bucket.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let tokens = match a.strategy {
+                Strategy::TokenBucket { max_tokens, .. } => serde_json::json!(max_tokens),
+                _ => serde_json::Value::Null,
+            };
+            serde_json::json!({
+                "bucket": bucket.join(", "),
+                "stream": a.holder,
+                "strategy": a.strategy.name(),
+                "tokens": tokens,
+                "ttl_s": a.ttl_s,
+                "age_s": now_us.saturating_sub(a.sent_us) / 1_000_000,
+            })
+        })
+        .collect()
 }
 
 /// The samples of this instance's metrics whose name starts with `prefix` (and, when `domain` is given, labelled
