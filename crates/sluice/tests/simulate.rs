@@ -113,7 +113,7 @@ fn mistakes_are_refused_before_anything_runs() {
     let t = traffic.to_str().unwrap();
     let (code, text) = simulate(&["--config", "deploy/simulate/rules.yaml", "--traffic", t], &out);
     assert_eq!(code, Some(1));
-    assert!(text.contains("t.yaml': shape: unknown shape 'waves'"), "{text}");
+    assert!(text.contains("t.yaml' line 5: shape: unknown shape 'waves'"), "{text}");
     std::fs::write(&traffic, "domain: api\nkey: nobody\nseconds: 10\nrate: 5\n").unwrap();
     let (_, text) = simulate(&["--config", "deploy/simulate/rules.yaml", "--traffic", t], &out);
     assert!(

@@ -100,7 +100,18 @@ pub const MAX_REQUESTS: usize = 200_000_000;
 /// Reads a traffic file; an error names the file, and the line and field at fault.
 pub fn load(path: &Path) -> Result<Traffic, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("traffic '{}': cannot read: {e}", path.display()))?;
-    let at = |field: &str, message: &str| format!("traffic '{}': {field}: {message}", path.display());
+    // The line a top-level field is on, when the file has it.
+    let line_of = |field: &str| {
+        let top = field.split('.').next().unwrap_or(field);
+        text.lines()
+            .position(|l| {
+                l.strip_prefix(top)
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            })
+            .map(|i| format!(" line {}", i + 1))
+            .unwrap_or_default()
+    };
+    let at = |field: &str, message: &str| format!("traffic '{}'{}: {field}: {message}", path.display(), line_of(field));
     let spec: Spec = serde_yaml_ng::from_str(&text).map_err(|e| format!("traffic '{}': {e}", path.display()))?;
     if spec.domain.is_empty() {
         return Err(at("domain", "empty"));
@@ -419,6 +430,15 @@ mod tests {
             let err = load(&write(dir.path(), "t.yaml", text)).err().unwrap();
             assert!(err.starts_with("traffic '") && err.contains(want), "{want}: {err}");
         }
+        // A field the file has is named with its line.
+        let err = load(&write(
+            dir.path(),
+            "t.yaml",
+            "domain: d\nkey: k\nseconds: 10\nrate: -1\n",
+        ))
+        .err()
+        .unwrap();
+        assert!(err.contains("t.yaml' line 4: rate: a number above 0"), "{err}");
         write(dir.path(), "trace.csv", "seconds,key\n0.5,alice\n1.0,bob\nsoon,alice\n");
         let err = load(&write(dir.path(), "t.yaml", "domain: d\nkey: k\ntrace: trace.csv\n"))
             .err()
