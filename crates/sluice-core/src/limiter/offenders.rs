@@ -18,14 +18,13 @@ use crate::store::{CounterKey, Span, Store, Tally};
 /// What was noted since the last flush: per (domain, rule), the values hit and denied.
 #[derive(Default)]
 pub(crate) struct Offenders {
-    noted: Mutex<HashMap<RuleName, RuleTally>>,
+    noted: Mutex<HashMap<usize, RuleTally>>,
 }
 
-/// A rule by its domain and path.
-type RuleName = (Arc<str>, Arc<str>);
-
-#[derive(Default)]
+/// One rule's tables, found by the address of its path (no string hashed to find them), with its domain and path.
 struct RuleTally {
+    domain: Arc<str>,
+    rule: Arc<str>,
     hits: TopCounts,
     denied: TopCounts,
 }
@@ -111,7 +110,14 @@ impl Offenders {
             value.push_str(v);
         }
         let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
-        let tally = noted.entry((domain.clone(), rule.clone())).or_default();
+        let tally = noted
+            .entry(Arc::as_ptr(rule) as *const u8 as usize)
+            .or_insert_with(|| RuleTally {
+                domain: domain.clone(),
+                rule: rule.clone(),
+                hits: TopCounts::default(),
+                denied: TopCounts::default(),
+            });
         tally.hits.note(&value, kept);
         if denied {
             tally.denied.note(&value, kept);
@@ -123,7 +129,8 @@ impl Offenders {
         let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
         let mut tallies = Vec::with_capacity(noted.len() * 2);
         let mut rules: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
-        for ((domain, rule), mut tally) in noted {
+        for (_, mut tally) in noted {
+            let (domain, rule) = (tally.domain.clone(), tally.rule.clone());
             let hits = tally.hits.take(kept);
             rules
                 .entry(domain.clone())

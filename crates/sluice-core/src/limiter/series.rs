@@ -10,29 +10,46 @@ use super::Limiter;
 use super::decision::LimitError;
 use crate::store::{CounterKey, Store};
 
-/// The seconds counted since the last flush: per (domain, rule, second), allowed and denied.
+/// The seconds counted since the last flush: per rule and second, allowed and denied. A rule is found by the
+/// address of its path (one allocation per rule of a rule set: no string is hashed on the decision path), and
+/// carries its domain and path for the flush.
 #[derive(Default)]
 pub(crate) struct Outcomes {
-    noted: Mutex<HashMap<RuleSecond, [u64; 2]>>,
+    noted: Mutex<HashMap<(usize, u64), Counted>>,
 }
 
-/// A rule by its domain and path, and a second.
-type RuleSecond = (Arc<str>, Arc<str>, u64);
+/// One rule's counts for one second.
+struct Counted {
+    domain: Arc<str>,
+    rule: Arc<str>,
+    counts: [u64; 2],
+}
 
 impl Outcomes {
     pub(crate) fn note(&self, domain: &Arc<str>, rule: &Arc<str>, now_us: u64, denied: bool) {
         let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
-        let counts = noted
-            .entry((domain.clone(), rule.clone(), now_us / 1_000_000))
-            .or_default();
-        counts[usize::from(denied)] += 1;
+        let key = (Arc::as_ptr(rule) as *const u8 as usize, now_us / 1_000_000);
+        let counted = noted.entry(key).or_insert_with(|| Counted {
+            domain: domain.clone(),
+            rule: rule.clone(),
+            counts: [0; 2],
+        });
+        counted.counts[usize::from(denied)] += 1;
     }
 
     /// What was counted, per domain: `(second, field, n)` with fields `a:<rule>` (allowed) and `d:<rule>` (denied).
     fn take(&self) -> HashMap<Arc<str>, Vec<(u64, String, u64)>> {
         let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
         let mut out: HashMap<Arc<str>, Vec<(u64, String, u64)>> = HashMap::new();
-        for ((domain, rule, second), [allowed, denied]) in noted {
+        for (
+            (_, second),
+            Counted {
+                domain,
+                rule,
+                counts: [allowed, denied],
+            },
+        ) in noted
+        {
             let counts = out.entry(domain).or_default();
             if allowed > 0 {
                 counts.push((second, format!("a:{rule}"), allowed));
