@@ -44,6 +44,10 @@ WINDOW_S = {
 
 SLUICE_CONFIG = """\
 domain: edge
+lists:
+  # Checked before the limits: a denied user is refused outright, an allowed one skips every limit.
+  - {name: blocked, key: user, values: ["mallory", "bot-*"]}
+  - {name: staff, key: user, action: allow, values: ["ops-*"]}
 descriptors:
   # [remote_address=127.0.0.1]: every request of this test counts here; high enough never to be reached.
   - key: remote_address
@@ -276,6 +280,21 @@ def test_nested_rule_limits_each_user(edge: Edge):
     assert ratelimit_headers(headers)[1] == 1
     # Without the header Envoy sends no [path, user] descriptor, and /api/* alone has no limit.
     assert edge.get("/api/orders")[0] == 200
+
+
+def test_lists_deny_and_allow_through_envoy(edge: Edge):
+    # A denied user: 429 from Envoy, which passes on the header naming the list; the app never sees the request.
+    for user in ("mallory", "bot-7"):
+        status, headers = edge.get("/api/lists", {"x-user-id": user})
+        assert status == 429, user
+        assert headers.get("x-sluice-list-deny") == "blocked", headers
+    assert edge.upstream.served("/api/lists") == 0
+    # An allowed user passes far beyond the per-user limit of 2, told which list let it through.
+    for _ in range(5):
+        status, headers = edge.get("/api/lists", {"x-user-id": "ops-1"})
+        assert status == 200
+        assert headers.get("x-sluice-list-allow") == "staff", headers
+    assert edge.upstream.served("/api/lists") == 5
 
 
 def test_fails_open_when_sluice_is_unreachable(upstream: Upstream, tmp_path: Path):
