@@ -128,11 +128,8 @@ async fn chart<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (limiter, token) = (&state.limiter, &state.token);
-    if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
-        return refused.into_response();
-    }
-    let domain = match domain(limiter, &query) {
+    let limiter = &state.limiter;
+    let domain = match allowed(state.token.as_deref(), &headers, &query).and_then(|()| domain(limiter, &query)) {
         Ok(d) => d,
         Err(refused) => return refused.into_response(),
     };
@@ -184,11 +181,8 @@ async fn overview<S: Store>(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (limiter, token) = (&state.limiter, &state.token);
-    if let Err(refused) = allowed(token.as_deref(), &headers, &query) {
-        return refused.into_response();
-    }
-    let domain = match domain(limiter, &query) {
+    let limiter = &state.limiter;
+    let domain = match allowed(state.token.as_deref(), &headers, &query).and_then(|()| domain(limiter, &query)) {
         Ok(d) => d,
         Err(refused) => return refused.into_response(),
     };
