@@ -1,7 +1,8 @@
 //! Lists and top offenders as users meet them: run-time entries through sluice.v1 on one instance, in force on
 //! another sharing its Redis within a second and named in Envoy's response headers; top offenders summed across both,
-//! over gRPC and `GET /offenders`; a list fetched from a URL this test serves, refreshed, kept when the URL fails, and
-//! a server that cannot fetch its list at start refusing to start, naming the URL.
+//! over gRPC and `GET /offenders`, and the dashboard's outcomes summed across both; a list fetched from a URL this
+//! test serves, refreshed, kept when the URL fails, and a server that cannot fetch its list at start refusing to
+//! start, naming the URL.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -209,6 +210,20 @@ async fn run_time_entries_and_offenders_are_shared_by_two_instances() {
     let user = rules.iter().find(|r| r.rule == "edge.user").expect("the user rule");
     let hits: Vec<(&str, u64)> = user.hits.iter().map(|o| (o.value.as_str(), o.count)).collect();
     assert_eq!(hits, [("user=alice", 10), ("user=bob", 1)]);
+    // The dashboard on either instance shows both instances' outcomes: 3 of alice's 10 and bob's 1 allowed.
+    let (_, overview) = get_with_token(&b, "/ui/api/overview?domain=edge").await;
+    let overview: serde_json::Value = serde_json::from_str(&overview).unwrap();
+    assert_eq!(
+        overview["last_minute"]["edge.user"],
+        serde_json::json!({"allowed": 4, "denied": 7}),
+        "{overview}"
+    );
+    let (status, chart) = get_with_token(&a, "/ui/chart.svg?domain=edge").await;
+    assert_eq!(status, 200);
+    assert!(
+        chart.contains("edge.user allowed") && chart.contains("edge.user denied"),
+        "{chart}"
+    );
     let (status, body) = b.http_get("/offenders?domain=edge&span=hour&limit=1").await;
     assert_eq!(status, 401, "{body}");
     let (status, body) = get_with_token(&b, "/offenders?domain=edge&span=hour&limit=1").await;
