@@ -371,16 +371,7 @@ async fn serve_gated<S: Store>(
     });
     let reaped = limiter.clone();
     let lists = tokio::spawn(limiter.clone().keep_lists());
-    let fetcher = match crate::sources::lists::client() {
-        Ok(client) => Some(tokio::spawn(crate::sources::lists::keep_fetching(
-            limiter.clone(),
-            client,
-        ))),
-        Err(e) => {
-            tracing::error!(error = %e, "lists with a URL are not fetched again");
-            None
-        }
-    };
+    let fetcher = tokio::spawn(crate::sources::lists::keep_fetching(limiter.clone()));
     let tallies = tokio::spawn(limiter.clone().keep_tallies());
     let last_flush = limiter.clone();
     let admin = crate::faces::http::gated_router(limiter.clone(), ready)
@@ -423,9 +414,7 @@ async fn serve_gated<S: Store>(
     upkeep.abort();
     reaper.abort();
     lists.abort();
-    if let Some(fetcher) = fetcher {
-        fetcher.abort();
-    }
+    fetcher.abort();
     tallies.abort();
     for service in SERVICES {
         health.set_service_status(service, ServingStatus::NotServing).await;

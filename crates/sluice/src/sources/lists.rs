@@ -92,8 +92,10 @@ pub async fn fetch_all<S: Store>(limiter: &Limiter<S>, client: &reqwest::Client)
     Ok(())
 }
 
-/// Fetches each list again when its time comes, for as long as the limiter lives (run it in a task of its own).
-pub async fn keep_fetching<S: Store>(limiter: Arc<Limiter<S>>, client: reqwest::Client) {
+/// Fetches each list again when its time comes, for as long as the limiter lives (run it in a task of its own). The
+/// HTTP client is made when the rules first have a list with a URL.
+pub async fn keep_fetching<S: Store>(limiter: Arc<Limiter<S>>) {
+    let mut client: Option<reqwest::Client> = None;
     // When each (domain, list, source) is fetched next: the lists fetched already (at start) after their interval,
     // any other (a reload brought it, or changed its URL) at once.
     let start = Instant::now();
@@ -113,13 +115,26 @@ pub async fn keep_fetching<S: Store>(limiter: Arc<Limiter<S>>, client: reqwest::
         let now = Instant::now();
         let lists = limiter.fetched_lists();
         due.retain(|list, _| lists.contains(list));
+        if lists.is_empty() {
+            continue;
+        }
+        let client = match &client {
+            Some(c) => c,
+            None => match self::client() {
+                Ok(c) => client.insert(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "lists with a URL cannot be fetched");
+                    continue;
+                }
+            },
+        };
         for list in lists {
             let (domain, name, source) = &list;
             let next = *due.entry(list.clone()).or_insert(now);
             if next > now {
                 continue;
             }
-            let retry_after = match fetch(&client, &source.url).await {
+            let retry_after = match fetch(client, &source.url).await {
                 Ok(values) => {
                     tracing::info!(domain = %domain, list = %name, url = %source.url, entries = values.len(), "list fetched");
                     limiter.set_fetched(domain, name, Arc::new(values));
