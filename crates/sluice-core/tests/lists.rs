@@ -437,3 +437,32 @@ fn the_readme_lists_example_compiles() {
         "{summary}"
     );
 }
+
+/// A change written without its notice (its caller cancelled between the write and the announcement) is read by the
+/// keeper's sweep within 30 seconds: no restart needed.
+#[tokio::test(start_paused = true)]
+async fn a_change_whose_notice_was_lost_is_read_within_the_sweep() {
+    use sluice_core::store::{CounterKey, ListChange};
+    let (l, _) = limiter(MANAGED, crate::harness::memory());
+    tokio::spawn(l.clone().keep_lists());
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let denied = async || {
+        let d = l
+            .should_rate_limit(&req(&[("remote_address", "203.0.113.5")]))
+            .await
+            .unwrap();
+        d.lists == [(ListAction::Deny, "blocked".into())]
+    };
+    let values = ["203.0.113.0/24".to_string()];
+    let change = ListChange::Add {
+        values: &values,
+        expires_us: None,
+        max: 10,
+    };
+    let key = CounterKey::list("test:", "edge", "blocked");
+    l.store().list_change(l.now_us(), &key, change).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    assert!(!denied().await, "no notice: not read yet");
+    tokio::time::sleep(std::time::Duration::from_secs(21)).await;
+    assert!(denied().await, "read by the sweep");
+}

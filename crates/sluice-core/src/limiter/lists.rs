@@ -2,9 +2,11 @@
 //!
 //! - entries managed through the admin API ([`Limiter::add_list_entries`]), kept in the store (in Redis a sorted
 //!   set per list, each value scored by its expiry), so every instance on one Redis shares them. The instance that
-//!   changes a list reads it back at once and announces the change; the others read it when the notice arrives, and
-//!   every second while notices may be missed ([`Store::hearing`]), so a change is in force everywhere within a
-//!   second. An entry's expiry is read on the limiter's clock: the list is read again when its first entry expires.
+//!   changes a list announces the change and reads it back; the others read it when the notice arrives, every
+//!   second while notices may be missed ([`Store::hearing`]), and every 30 seconds whatever happens (a notice never
+//!   sent because its caller was cancelled between the write and the announcement), so a change is in force
+//!   everywhere within a second, and within 30 seconds at worst. An entry's expiry is read on the limiter's clock:
+//!   the list is read again when its first entry expires.
 //! - the values last fetched from a list's URL ([`Limiter::set_fetched`]), by whoever fetches them (the server's
 //!   list refresher).
 //!
@@ -25,6 +27,9 @@ use crate::store::{CounterKey, ListChange, ListEntry, Notice, Store};
 
 /// The most run-time entries one list may hold.
 pub const MAX_LIST_ENTRIES: usize = 1_000_000;
+/// How often every managed list is read again whatever the notices say: the bound on a change whose notice was lost.
+const SWEEP: Duration = Duration::from_secs(30);
+
 /// The most values one call may add or remove.
 pub const MAX_LIST_VALUES_PER_CALL: usize = 10_000;
 
@@ -135,10 +140,14 @@ impl<S: Store> Limiter<S> {
                 "values: list '{name}' would hold more than {MAX_LIST_ENTRIES} run-time entries"
             ))
         })?;
-        self.read_list(&Arc::from(domain), &Arc::from(name), &key).await?;
+        // The others first: the change is made, whatever happens to this call from here on.
         self.store()
             .announce(Notice::Lists(vec![key.as_str().to_string()]))
             .await;
+        if let Err(e) = self.read_list(&Arc::from(domain), &Arc::from(name), &key).await {
+            // In force here once the keeper reads it (the notice just sent marked it stale).
+            tracing::debug!(list = %name, error = %e, "a changed list not read back; the keeper reads it");
+        }
         Ok(changed)
     }
 
@@ -237,6 +246,7 @@ impl<S: Store> Limiter<S> {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut polled = tokio::time::Instant::now();
+        let mut swept = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 notice = notices.recv() => match notice {
@@ -255,6 +265,12 @@ impl<S: Store> Limiter<S> {
                 _ = tick.tick() => {
                     if !self.store().hearing() && polled.elapsed() >= Duration::from_secs(1) {
                         polled = tokio::time::Instant::now();
+                        self.stale_all();
+                    }
+                    // A change whose notice was never sent (its caller cancelled between the write and the
+                    // announcement) is in force everywhere within this sweep.
+                    if swept.elapsed() >= SWEEP {
+                        swept = tokio::time::Instant::now();
                         self.stale_all();
                     }
                 }
