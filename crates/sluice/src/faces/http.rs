@@ -179,18 +179,8 @@ async fn offenders<S: Store>(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let (limiter, token) = &*state;
-    if let Some(token) = token {
-        let given = request_headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if !crate::faces::grpc::same_token(given, token) {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "needs the admin token as 'Authorization: Bearer <token>'".into(),
-            );
-        }
+    if let Err(refused) = crate::faces::ui::allowed(token.as_deref(), &request_headers, &query) {
+        return refused.into_response();
     }
     let Some(domain) = query.get("domain").filter(|d| !d.is_empty()) else {
         return error(StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)".into());

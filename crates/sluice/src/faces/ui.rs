@@ -52,9 +52,15 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>, quotas: Arc<Quotas<S>>, token:
 
 /// Whether the request carries the token (when one is needed): 401 otherwise.
 /// Why a request was refused: a status and a message.
-type Refused = (StatusCode, String);
+pub(crate) type Refused = (StatusCode, String);
 
-fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, String>) -> Result<(), Refused> {
+/// Whether an admin request carries the token (when the server has one), as `Authorization: Bearer <token>` or
+/// `?token=<token>` (a browser opening the dashboard): 401 otherwise. `/offenders` checks with it too.
+pub(crate) fn allowed(
+    token: Option<&str>,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<(), Refused> {
     let Some(token) = token else { return Ok(()) };
     let given = headers
         .get(header::AUTHORIZATION)
@@ -67,7 +73,8 @@ fn allowed(token: Option<&str>, headers: &HeaderMap, query: &HashMap<String, Str
     } else {
         Err((
             StatusCode::UNAUTHORIZED,
-            "the dashboard needs the admin token: open /ui?token=<token>\n".into(),
+            "needs the admin token: 'Authorization: Bearer <token>', or ?token=<token> (the dashboard: /ui?token=...)\n"
+                .into(),
         ))
     }
 }
