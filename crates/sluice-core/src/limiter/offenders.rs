@@ -72,6 +72,11 @@ impl TopCounts {
     }
 }
 
+thread_local! {
+    /// The text of the descriptor being noted.
+    static VALUE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 /// One rule's top values over a span.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleOffenders {
@@ -100,28 +105,32 @@ impl Offenders {
         entries: &[(String, String)],
         denied: bool,
     ) {
-        let mut value = String::with_capacity(entries.iter().map(|(k, v)| k.len() + v.len() + 2).sum());
-        for (i, (k, v)) in entries.iter().enumerate() {
-            if i > 0 {
-                value.push_str(", ");
+        // The `key=value, key=value` text is built in a buffer of the thread's: a value already in the tables costs
+        // no allocation (a new one is copied in when it is inserted).
+        VALUE.with_borrow_mut(|value| {
+            value.clear();
+            for (i, (k, v)) in entries.iter().enumerate() {
+                if i > 0 {
+                    value.push_str(", ");
+                }
+                value.push_str(k);
+                value.push('=');
+                value.push_str(v);
             }
-            value.push_str(k);
-            value.push('=');
-            value.push_str(v);
-        }
-        let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
-        let tally = noted
-            .entry(Arc::as_ptr(rule) as *const u8 as usize)
-            .or_insert_with(|| RuleTally {
-                domain: domain.clone(),
-                rule: rule.clone(),
-                hits: TopCounts::default(),
-                denied: TopCounts::default(),
-            });
-        tally.hits.note(&value, kept);
-        if denied {
-            tally.denied.note(&value, kept);
-        }
+            let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+            let tally = noted
+                .entry(Arc::as_ptr(rule) as *const u8 as usize)
+                .or_insert_with(|| RuleTally {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    hits: TopCounts::default(),
+                    denied: TopCounts::default(),
+                });
+            tally.hits.note(value, kept);
+            if denied {
+                tally.denied.note(value, kept);
+            }
+        });
     }
 
     /// What was noted since the last call, as tallies of the store's sets.
