@@ -142,6 +142,9 @@ pub struct RawRateLimit {
     pub cost: Option<Box<str>>,
     /// sluice extension: this limit counts the sum of named costs, each times its price (whole units of the budget).
     pub price: Option<Box<std::collections::BTreeMap<String, u32>>>,
+    /// sluice extension: counted in every region (with `--region`), each region adding what the others shipped.
+    #[serde(default)]
+    pub global: bool,
 }
 
 /// `record`: which request entry's value to keep, and how many of the latest.

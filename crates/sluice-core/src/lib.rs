@@ -9,6 +9,7 @@
 //! - [`quota`]: Envoy's Rate Limit Quota Service over the limiter: usage reports in, quota assignments out.
 //! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation, behind a
 //!   circuit [`breaker`] per server and a local over-limit [`cache`].
+//! - [`regions`]: limits counted across regions, each deciding from its own store and shipping its counts.
 //! - [`clock`]: injected time, read once per request.
 //! - [`metrics`]: counters recorded through the `metrics` facade into a sink the embedder chooses.
 //! - [`pem`]: TLS files for the Redis client.
@@ -42,5 +43,6 @@ pub mod limiter;
 pub mod metrics;
 pub mod pem;
 pub mod quota;
+pub mod regions;
 pub mod rules;
 pub mod store;

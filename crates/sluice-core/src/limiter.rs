@@ -121,6 +121,20 @@ impl<S: Store> Limiter<S> {
         self.guard.cache().len()
     }
 
+    /// Makes this instance one region of several ([`crate::regions`]): its global limits count what the other
+    /// regions shipped, and the windows it counts in are noted for shipping. Once; a second call changes nothing.
+    pub fn join_regions(&self, shared: Arc<crate::regions::Shared>) {
+        self.guard.join_regions(shared);
+    }
+
+    /// One line per other region for `/readyz`: linked or not, and what waits for it.
+    pub fn region_lines(&self) -> Vec<String> {
+        self.guard
+            .regions()
+            .map(|r| r.links().iter().map(|l| l.line()).collect())
+            .unwrap_or_default()
+    }
+
     /// The time by the limiter's clock, in microseconds since the Unix epoch.
     pub fn now_us(&self) -> u64 {
         self.clock.now_us()
@@ -579,6 +593,7 @@ impl<S: Store> Limiter<S> {
     ) -> Hit {
         let id = self.identity(&request.domain, descriptor, shared);
         let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
+        let regions = self.guard.regions().is_some();
         let record = rule.and_then(|r| r.record.as_ref()).map(|record| RecordSpec {
             key: id.records(),
             size: record.size,
@@ -602,6 +617,8 @@ impl<S: Store> Limiter<S> {
                         TierCost::Request => None,
                         ref other => Some(other.of(cost, named)),
                     },
+                    // Without other regions a global limit is an ordinary one (and keeps the compact calls).
+                    global: t.global && regions,
                 })
                 .collect(),
             cost,

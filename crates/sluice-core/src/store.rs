@@ -50,6 +50,10 @@ pub struct TierSpec {
     /// [reservation](Hit::reservation) (each tier holds its own estimate) and a [settlement](Settlement) (each tier's
     /// actual cost). Bounded as any cost is ([`TierSpec::bounded_cost`]).
     pub cost: Option<u64>,
+    /// Counted in every region ([`crate::regions`]): a `fixed_window` or `sliding_window` tier that also counts what
+    /// the other regions counted in its window, as they shipped it ([`CounterKey::regions`]), and is decided against
+    /// the sum. Such a tier never takes a lone call's compact form and never counts a denial.
+    pub global: bool,
 }
 
 impl TierSpec {
@@ -368,6 +372,42 @@ pub struct Outcome {
     pub records: Vec<String>,
 }
 
+/// One window of a global limit's counter (a `fixed_window` or `sliding_window` tier whose
+/// [`global`](TierSpec::global) is set): the tier's key, its window and the window's first microsecond.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WindowRef {
+    pub key: CounterKey,
+    pub algorithm: Algorithm,
+    pub window_us: u64,
+    pub start_us: u64,
+}
+
+impl WindowRef {
+    /// The window of `tier` that `now_us` falls in.
+    pub fn of(tier: &TierSpec, now_us: u64) -> WindowRef {
+        WindowRef {
+            key: tier.key.clone(),
+            algorithm: tier.algorithm,
+            window_us: tier.window_us,
+            start_us: now_us - now_us % tier.window_us.max(1),
+        }
+    }
+
+    /// Until when its count still weighs in decisions: the window's end, and a sliding window's next window too
+    /// (it is the previous one there), plus a second's grace as the counters' own keys have.
+    pub fn expires_us(&self) -> u64 {
+        let windows = if self.algorithm == Algorithm::SlidingWindow { 2 } else { 1 };
+        self.start_us + windows * self.window_us + 1_000_000
+    }
+}
+
+/// One region's own count in one window, as shipped to the others ([`Store::merge_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionCount {
+    pub window: WindowRef,
+    pub count: u64,
+}
+
 /// One answer per hit, in order: its outcome, or why its counters could not be decided.
 pub type Answers = Vec<Result<Outcome, StoreError>>;
 
@@ -589,6 +629,20 @@ pub trait Store: Send + Sync + 'static {
         to: u64,
     ) -> impl Future<Output = Result<Vec<std::collections::HashMap<String, u64>>, StoreError>> + Send;
 
+    /// This region's own counts in `windows` of global limits at `now_us` (0 where nothing is counted): what is
+    /// shipped to the other regions ([`crate::regions`]).
+    fn window_counts(&self, now_us: u64, windows: &[WindowRef]) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// Takes what `region` counted in each window, keeping the larger of it and what is known of that region there:
+    /// a count shipped twice, late or out of order changes nothing. Each window's record of the other regions lives
+    /// until its `expires_us` (at least: never shortened).
+    fn merge_counts(
+        &self,
+        now_us: u64,
+        region: &str,
+        counts: &[RegionCount],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -711,7 +765,18 @@ impl CounterKey {
         push_decimal(&mut key, start_us);
         CounterKey { key, tag: self.tag }
     }
+
+    /// The key of what the other regions counted in one window of a global limit ([`CounterKey::window`] then
+    /// `@regions`): a hash, one field per region, each that region's own count (`lua/global.lua`).
+    pub fn regions(&self, start_us: u64) -> CounterKey {
+        let mut key = self.window(start_us);
+        key.key.push_str(REGIONS_SUFFIX);
+        key
+    }
 }
+
+/// What [`CounterKey::regions`] appends to a window's key (`lua/global.lua` knows it too).
+const REGIONS_SUFFIX: &str = "@regions";
 
 /// Appends entries to an identity.
 #[derive(Debug)]

@@ -46,6 +46,7 @@ fn hit(id: &Identity, tiers: usize) -> Hit {
             window_us,
             burst: 0,
             cost: None,
+            global: false,
         })
         .collect();
     Hit {

@@ -380,6 +380,7 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                         window_us: s.window_us,
                         burst: s.burst,
                         cost: None,
+                        global: false,
                     })
                     .collect();
                 let memory = MemoryStore::new();

@@ -28,6 +28,7 @@ pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst:
         window_us,
         burst,
         cost: None,
+        global: false,
     }
 }
 

@@ -102,6 +102,7 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
             window_us,
             burst: 1_000,
             cost: None,
+            global: false,
         }],
         cost: 1,
         lease: format!("{i:032x}"),

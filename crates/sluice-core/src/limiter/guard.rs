@@ -33,6 +33,9 @@ pub struct Guard<S> {
     /// Store call latency, registered once: hits and peeks.
     latency: [metrics::Histogram; 2],
     metrics: Metrics,
+    /// Set when this instance is one region of several: the windows of global limits its hits count in are noted
+    /// there, to be shipped.
+    regions: OnceLock<Arc<crate::regions::Shared>>,
 }
 
 impl<S: Store> Guard<S> {
@@ -48,7 +51,18 @@ impl<S: Store> Guard<S> {
             listening: OnceLock::new(),
             heard: Arc::default(),
             metrics,
+            regions: OnceLock::new(),
         }
+    }
+
+    /// Makes this instance one region of several (once; a second call changes nothing).
+    pub fn join_regions(&self, shared: Arc<crate::regions::Shared>) {
+        let _ = self.regions.set(shared);
+    }
+
+    /// The regions this instance is one of, if any.
+    pub fn regions(&self) -> Option<&Arc<crate::regions::Shared>> {
+        self.regions.get()
     }
 
     pub fn store(&self) -> &S {
@@ -181,7 +195,11 @@ impl<S: Store> Guard<S> {
             }
             _ => {
                 let span = tracing::debug_span!("store.hit", store, descriptors);
-                Box::pin(self.store.hit(now_us, hits)).instrument(span).await
+                let answers = Box::pin(self.store.hit(now_us, hits)).instrument(span).await;
+                if let Some(regions) = self.regions.get() {
+                    regions.note(now_us, hits, &answers);
+                }
+                answers
             }
         };
         let mut answers = answers;
@@ -351,6 +369,7 @@ mod tests {
                 window_us: 60_000_000,
                 burst: 2,
                 cost: None,
+                global: false,
             }],
             cost,
             force,

@@ -44,6 +44,7 @@ pub fn resolve<'a>(domain: Option<&'a Domain>, request: &Request) -> Vec<Target<
                         limit: Limit::fixed(o.requests_per_unit, unit),
                         name: None,
                         cost: TierCost::Request,
+                        global: false,
                     }]),
                     rule: None,
                     shared: Vec::new(),

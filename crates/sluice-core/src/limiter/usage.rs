@@ -281,5 +281,6 @@ fn quota_tier(id: &Identity, t: &crate::rules::Tier) -> TierSpec {
         window_us: t.limit.window_us(),
         burst: u64::from(t.limit.burst),
         cost: None,
+        global: false,
     }
 }

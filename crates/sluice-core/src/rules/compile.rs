@@ -395,6 +395,7 @@ impl Compiler<'_> {
                 ("record", rl.record.is_some()),
                 ("cost", rl.cost.is_some()),
                 ("price", rl.price.is_some()),
+                ("global", rl.global),
             ] {
                 if set {
                     return Err(self.err(&at(field), "does not apply to an unlimited rule"));
@@ -469,6 +470,17 @@ impl Compiler<'_> {
                 ),
             ));
         }
+        if rl.global && !matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow) {
+            return Err(self.err(
+                &at("global"),
+                format!(
+                    "{} cannot be counted across regions (global limits are fixed_window or sliding_window: a \
+                     region adds the others' counts, and a {} is state no count can merge)",
+                    algorithm.name(),
+                    if algorithm.is_bucket() { "bucket's arrival time" } else { "set of hits or leases" }
+                ),
+            ));
+        }
         Ok(Some(Tier {
             limit: Limit {
                 requests,
@@ -479,6 +491,7 @@ impl Compiler<'_> {
             },
             name,
             cost: self.tier_cost(rl, base)?,
+            global: rl.global,
         }))
     }
 

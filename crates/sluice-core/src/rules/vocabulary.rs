@@ -204,6 +204,8 @@ pub struct Tier {
     pub name: Option<Arc<str>>,
     /// What a hit costs this limit.
     pub cost: TierCost,
+    /// Counted in every region (`global: true`): see [`crate::regions`].
+    pub global: bool,
 }
 
 /// What a hit costs one limit: the request's cost (Envoy's `hits_addend`), one of the named costs a cost-budget

@@ -32,12 +32,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, Outcome, RESERVATION_GRACE_US,
-    SERIES_TTL_US, Settled, Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, TierOutcome,
-    TierSettled, TierSpec, fair_shares, granted_amount, ranked,
+    RegionCount, SERIES_TTL_US, Settled, Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally,
+    TierOutcome, TierSettled, TierSpec, WindowRef, fair_shares, granted_amount, ranked,
 };
 use crate::rules::Algorithm;
 use prelude::{
-    Check, Expiry, Keyspace, Leases, Ledger, Queue, Records, Refund, Reservation, Shape, State, Write, ceil_ms_us,
+    Check, Expiry, Fixed, Keyspace, Leases, Ledger, Queue, Records, Refund, Reservation, Shape, Sliding, State, Write,
+    ceil_ms_us,
 };
 
 const SHARDS: usize = 64;
@@ -56,6 +57,9 @@ pub struct MemoryStore {
     tops: Mutex<HashMap<String, Bucket>>,
     /// The seconds of outcome counts, by key: when each goes, and its counts.
     seconds: Mutex<HashMap<String, Bucket>>,
+    /// What the other regions counted in global windows, by [`CounterKey::regions`] key: when each goes, and each
+    /// region's count (`lua/merge.lua`'s hashes).
+    regions: Mutex<HashMap<String, Bucket>>,
 }
 
 /// A bucket of top values: when it goes, and its counts.
@@ -92,6 +96,7 @@ impl MemoryStore {
             lists: Mutex::default(),
             tops: Mutex::default(),
             seconds: Mutex::default(),
+            regions: Mutex::default(),
         }
     }
 
@@ -120,12 +125,18 @@ impl MemoryStore {
         let positive = hit.tiers.iter().any(|t| cost(t) > 0);
         // A forced hit is counted by every tier, fitting or not; what it leaves is reported, even where it did not fit.
         let force = !peek && positive && hit.forced();
-        let checks: Vec<Check> = hit.tiers.iter().map(|t| shard.check(t, now, cost(t), force)).collect();
+        let checks: Vec<Check> = hit
+            .tiers
+            .iter()
+            .map(|t| self.check_tier(&shard, t, now, cost(t), force))
+            .collect();
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
-        // Not when reserving: a refused reservation holds nothing.
+        // Not when reserving: a refused reservation holds nothing. Nor a global one (`lua/global.lua`).
         let lone_fixed = match hit.tiers.as_slice() {
-            [t] => t.algorithm == Algorithm::FixedWindow && cost(t) <= t.limit && hit.reservation.is_none(),
+            [t] => {
+                t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation.is_none()
+            }
             _ => false,
         };
         let commit = !peek && positive && (admitted || lone_fixed || force);
@@ -185,6 +196,41 @@ impl MemoryStore {
             tiers,
             records,
         }
+    }
+
+    /// A tier's check; a global one's against its limit less what the other regions counted, reporting the sum, as
+    /// `lua/global.lua` decides it.
+    fn check_tier(&self, shard: &Shard, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
+        if !t.global {
+            return shard.check(t, now, cost, force);
+        }
+        let window = t.window_us.max(1);
+        let start = now - now % window;
+        let regions = lock(&self.regions);
+        let count = |s: u64| {
+            regions
+                .get(t.key.regions(s).as_str())
+                .filter(|(expires, _)| *expires > now)
+                .map_or(0, |(_, counts)| counts.values().sum::<u64>())
+        };
+        let others = match t.algorithm {
+            Algorithm::SlidingWindow => {
+                sliding_window::sw_estimate(count(start.saturating_sub(window)), count(start), now - start, window)
+            }
+            _ => count(start),
+        };
+        drop(regions);
+        let reduced = TierSpec {
+            limit: t.limit.saturating_sub(others),
+            ..t.clone()
+        };
+        let mut check = shard.check(&reduced, now, cost, force);
+        check.used0 = check.used0.saturating_add(others);
+        check.used = check.used.saturating_add(others);
+        if check.retry.is_none() && cost <= t.limit {
+            check.retry = Some(start + window - now);
+        }
+        check
     }
 
     /// Settles one reservation under its descriptor's shard lock, as `settle` in `lua/decide.lua` does.
@@ -548,6 +594,35 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn window_counts(&self, now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
+        let now = now_us;
+        Ok(windows
+            .iter()
+            .map(|w| {
+                let shard = lock(&self.shards[(w.key.tag() % SHARDS as u64) as usize]);
+                match shard.live(w.key.as_str(), now) {
+                    Some(State::Fixed(Fixed { w: start, n })) if *start == w.start_us => *n,
+                    Some(State::Sliding(Sliding { w: start, c, .. })) if *start == w.start_us => *c,
+                    Some(State::Sliding(Sliding { w: start, p, .. })) if *start == w.start_us + w.window_us => *p,
+                    _ => 0,
+                }
+            })
+            .collect())
+    }
+
+    async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
+        let mut regions = lock(&self.regions);
+        regions.retain(|_, (expires, _)| *expires > now_us);
+        for c in counts {
+            let key = c.window.key.regions(c.window.start_us);
+            let (expires, held) = regions.entry(String::from(key)).or_default();
+            *expires = (*expires).max(c.window.expires_us());
+            let n = held.entry(region.to_string()).or_default();
+            *n = (*n).max(c.count);
+        }
+        Ok(())
+    }
+
     async fn list_change(
         &self,
         now_us: u64,
@@ -703,6 +778,7 @@ mod tests {
                     window_us: minute,
                     burst: 3,
                     cost: None,
+                    global: false,
                 }],
                 cost: 5,
                 force: true,

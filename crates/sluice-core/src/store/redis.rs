@@ -1,8 +1,9 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
-//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `lone_fixed_window.lua`, `lone_bucket.lua`,
-//! `lone_sliding_window.lua` and `lone_sorted_set.lua` (compact forms of the commonest calls, `redis/lone.rs`),
-//! `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its tiers, atomically) and `batch.lua`, the
+//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
+//! `lone_fixed_window.lua`, `lone_bucket.lua`, `lone_sliding_window.lua` and `lone_sorted_set.lua` (compact forms of
+//! the commonest calls, `redis/lone.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
+//! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared EVALSHA (`gather`): under load, Redis parses one command and runs one script for up to
@@ -50,7 +51,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
     Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, SERIES_TTL_US, Settled, Settlement, Span,
-    Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, ranked,
+    RegionCount, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, WindowRef, ranked,
 };
 
 mod call;
@@ -81,6 +82,7 @@ macro_rules! decision_script {
             include_str!("../../lua/token_bucket.lua"),
             include_str!("../../lua/concurrency.lua"),
             include_str!("../../lua/queue.lua"),
+            include_str!("../../lua/global.lua"),
             include_str!("../../lua/lone_fixed_window.lua"),
             include_str!("../../lua/lone_bucket.lua"),
             include_str!("../../lua/lone_sliding_window.lua"),
@@ -392,6 +394,12 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The script that takes a region's shipped counts (`lua/merge.lua`).
+const MERGE: &str = include_str!("../../lua/merge.lua");
+
+/// The most windows one EVAL of [`MERGE`] carries.
+const MERGE_BATCH: usize = 512;
+
 /// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
 const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
 
@@ -660,6 +668,56 @@ impl Store for RedisStore {
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
         self.per_key("DEL", keys, None).await
+    }
+
+    async fn window_counts(&self, _now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
+        // A GET per window's key (fixed_window.lua's and sliding_window.lua's), all written before any answer is
+        // awaited: fred pipelines them.
+        let reads = windows.iter().map(|w| {
+            let key = w.key.window(w.start_us);
+            async move { self.command(&key, "GET", Vec::new()).await }
+        });
+        let replies = futures::future::try_join_all(reads).await?;
+        Ok(replies.iter().map(integer).collect())
+    }
+
+    async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
+        // One EVAL of merge.lua per slot (one for a single server), at most MERGE_BATCH keys each.
+        let mut by_slot: std::collections::BTreeMap<Option<u16>, Vec<&RegionCount>> = Default::default();
+        for c in counts {
+            let slot = self
+                .cluster
+                .as_ref()
+                .map(|_| fred::util::redis_keyslot(c.window.key.as_str().as_bytes()));
+            by_slot.entry(slot).or_default().push(c);
+        }
+        let calls = by_slot.into_values().flat_map(|group| {
+            group
+                .chunks(MERGE_BATCH)
+                .map(|chunk| {
+                    let first = chunk[0].window.key.clone();
+                    let mut args = vec![Value::from(MERGE), Value::Integer(chunk.len() as i64)];
+                    args.extend(chunk.iter().map(|c| Value::from(c.window.key.regions(c.window.start_us).as_str())));
+                    args.push(Value::from(region));
+                    for c in chunk {
+                        let ttl_ms = c.window.expires_us().saturating_sub(now_us).div_ceil(1_000).max(1);
+                        args.push(Value::Integer(c.count.min(i64::MAX as u64) as i64));
+                        args.push(Value::Integer(ttl_ms as i64));
+                    }
+                    (first, args)
+                })
+                .collect::<Vec<_>>()
+        });
+        let calls = calls.map(|(first, args)| async move {
+            let slot = fred::util::redis_keyslot(first.as_str().as_bytes());
+            let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+            let client = self.client_for(&first)?;
+            client
+                .custom::<Value, _>(command, args)
+                .await
+                .map_err(|e| self.classify(e))
+        });
+        futures::future::try_join_all(calls).await.map(|_| ())
     }
 
     async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {

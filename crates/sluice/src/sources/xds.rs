@@ -474,6 +474,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
         record: None,
         cost: None,
         price: None,
+        global: false,
     })
 }
 

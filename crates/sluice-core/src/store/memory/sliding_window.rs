@@ -105,7 +105,7 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amo
 /// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
 /// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
 /// same order, as `lua/sliding_window.lua`, so both round alike.
-fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
+pub(super) fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
     (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
 }
 

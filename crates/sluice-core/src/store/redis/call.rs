@@ -124,7 +124,8 @@ impl Call {
             .or(record.map(|r| &r.key))
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        if let ("hit", None, []) = (mode, record, fields) {
+        // A global tier reads the other regions' counts (`lua/global.lua`): never a compact form.
+        if let ("hit", None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
             let lone = match &hit.tiers[..] {
                 [tier] => Lone::of(now_us, tier, hit.cost, &hit.lease),
                 tiers => Lone::windows(now_us, tiers, hit.cost),
@@ -170,7 +171,7 @@ impl Call {
             args.push(Value::from(v.as_str()));
         }
         for t in &hit.tiers {
-            args.push(Value::from(t.algorithm.name()));
+            args.push(Value::from(script_algorithm(t)));
             args.push(Value::Integer(t.limit as i64));
             args.push(Value::Integer(t.window_us as i64));
             args.push(Value::Integer(t.burst as i64));
@@ -611,6 +612,16 @@ pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
     Some((ask, parts.next()?.to_string()))
 }
 
+/// The name the script knows a tier's algorithm by: a global window's is `global:` and its algorithm's
+/// (`lua/global.lua`).
+fn script_algorithm(t: &TierSpec) -> &'static str {
+    match (t.global, t.algorithm) {
+        (true, Algorithm::FixedWindow) => "global:fixed_window",
+        (true, Algorithm::SlidingWindow) => "global:sliding_window",
+        (_, algorithm) => algorithm.name(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,6 +639,7 @@ mod tests {
                 window_us: 60_000_000,
                 burst: 0,
                 cost: None,
+                global: false,
             }],
             ..Hit::default()
         };
@@ -647,6 +659,7 @@ mod tests {
                 window_us: 60_000_000,
                 burst: 0,
                 cost: None,
+                global: false,
             }],
             cost: 1,
             ..Hit::default()
@@ -796,6 +809,7 @@ mod tests {
             window_us: 60_000_000,
             burst: 1,
             cost: None,
+            global: false,
         };
         let hit = Hit {
             tiers: vec![tier(Algorithm::FixedWindow)],
@@ -866,6 +880,7 @@ mod tests {
             window_us: 60_000_000,
             burst: 5,
             cost,
+            global: false,
         };
         let hit = Hit {
             tiers: vec![
@@ -892,3 +907,4 @@ mod tests {
         );
     }
 }
+
