@@ -57,6 +57,14 @@ pub const LIST_ENTRIES: &str = "sluice_list_entries";
 pub const BREAKER_STATE: &str = "sluice_breaker_state";
 /// Descriptors answered OVER_LIMIT from the local over-limit cache, without a store call.
 pub const LOCAL_CACHE_HITS: &str = "sluice_local_cache_hits_total";
+/// Window counts of global limits shipped to another region and taken there, by region.
+pub const REGION_SHIPPED: &str = "sluice_region_shipped_total";
+/// Window counts dropped because a region's backlog was full, by region.
+pub const REGION_DROPPED: &str = "sluice_region_dropped_total";
+/// Window counts waiting to be shipped to a region, by region.
+pub const REGION_BACKLOG: &str = "sluice_region_backlog";
+/// Whether the last shipment to a region reached it (1) or not (0), by region.
+pub const REGION_LINKED: &str = "sluice_region_linked";
 
 /// Cost counted by the cost-budget calls, by domain, rule, limit (its name, or its position) and kind: `reported`,
 /// `reserved`, `settled` (the estimates of settled reservations), `actual` (what they really cost), `refunded` and
@@ -349,6 +357,17 @@ impl Metrics {
             self.inner.recorder.register_gauge(&key, &METADATA).set(now);
             self.list_entries(domain, list, "fetched", entries);
         }
+    }
+
+    /// Records one link's state after a round: whether it is linked, what waits, and what was shipped and dropped
+    /// since the last round.
+    pub fn region_link(&self, region: &str, linked: bool, backlog: usize, shipped: u64, dropped: u64) {
+        let labels = || vec![Label::new("region", region.to_string())];
+        let gauge = |name: &'static str| self.inner.recorder.register_gauge(&Key::from_parts(name, labels()), &METADATA);
+        gauge(REGION_LINKED).set(if linked { 1.0 } else { 0.0 });
+        gauge(REGION_BACKLOG).set(backlog as f64);
+        self.counter(REGION_SHIPPED, labels()).increment(shipped);
+        self.counter(REGION_DROPPED, labels()).increment(dropped);
     }
 
     /// Sets how many entries the list `list` of `domain` holds from `source` (`fetched`, `managed`).

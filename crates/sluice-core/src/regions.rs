@@ -30,6 +30,9 @@ use crate::store::{Answers, Hit, RegionCount, Store, StoreError, WindowRef};
 /// How often counts are read and shipped, unless told otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How often a link with nothing to ship checks that its region answers.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// How many windows a link's backlog keeps, unless told otherwise.
 pub const DEFAULT_BACKLOG: usize = 100_000;
 
@@ -167,6 +170,8 @@ pub struct Link<R> {
     state: Arc<LinkState>,
     store: R,
     backlog: Mutex<HashMap<WindowRef, u64>>,
+    /// Rung when counts were queued: the link ships at once rather than on its next tick.
+    queued: tokio::sync::Notify,
 }
 
 /// Ships this region's counts of global windows to the other regions ([module docs](self)).
@@ -189,6 +194,7 @@ impl<R: Store + 'static> Replicator<R> {
                     state: state.clone(),
                     store,
                     backlog: Mutex::default(),
+                    queued: tokio::sync::Notify::new(),
                 })
             })
             .collect();
@@ -220,6 +226,7 @@ impl<R: Store + 'static> Replicator<R> {
         };
         for link in &self.links {
             link.queue(now_us, &windows, &counts, self.settings.backlog);
+            link.queued.notify_one();
         }
         Ok(windows.len())
     }
@@ -245,11 +252,20 @@ impl<R: Store + 'static> Replicator<R> {
                 let (link, name, timeout, limiter) =
                     (link.clone(), self.shared.name.clone(), self.settings.timeout, limiter.clone());
                 tokio::spawn(async move {
-                    let mut every = tokio::time::interval(interval);
-                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    // Ships as soon as counts are queued, and every interval while a backlog waits (a region that
+                    // could not be reached); an idle link is pinged every PING_EVERY, so readiness stays true.
+                    let mut idle = Duration::ZERO;
                     loop {
-                        every.tick().await;
-                        link.ship(limiter.now_us(), &name, timeout).await;
+                        tokio::select! {
+                            () = link.queued.notified() => {}
+                            () = tokio::time::sleep(interval) => {}
+                        }
+                        if link.state.backlog() > 0 || idle >= PING_EVERY {
+                            link.ship(limiter.now_us(), &name, timeout).await;
+                            idle = Duration::ZERO;
+                        } else {
+                            idle += interval;
+                        }
                     }
                 })
             })
@@ -257,10 +273,22 @@ impl<R: Store + 'static> Replicator<R> {
         let _abort = AbortOnDrop(shippers);
         let mut every = tokio::time::interval(interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reported: Vec<(u64, u64)> = vec![(0, 0); self.links.len()];
         loop {
             every.tick().await;
             if let Err(e) = self.collect(limiter.store(), limiter.now_us()).await {
                 tracing::warn!(error = %e, "global windows' counts not read this time; read again next time");
+            }
+            for (link, (shipped, dropped)) in self.shared.links.iter().zip(&mut reported) {
+                let (now_shipped, now_dropped) = (link.shipped(), link.dropped());
+                limiter.metrics().region_link(
+                    &link.name,
+                    link.linked(),
+                    link.backlog(),
+                    now_shipped - *shipped,
+                    now_dropped - *dropped,
+                );
+                (*shipped, *dropped) = (now_shipped, now_dropped);
             }
         }
     }
@@ -303,7 +331,14 @@ impl<R: Store> Link<R> {
                 })
                 .collect()
         };
-        let result = match tokio::time::timeout(timeout, self.store.merge_counts(now_us, own, &batch)).await {
+        let call = async {
+            if batch.is_empty() {
+                self.store.ping().await
+            } else {
+                self.store.merge_counts(now_us, own, &batch).await
+            }
+        };
+        let result = match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(timeout)),
         };

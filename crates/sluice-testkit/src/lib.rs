@@ -1,6 +1,7 @@
 //! Real components for sluice's tests, by what they start: `redis-server` processes on free ports ([`redis`]: one
 //! server, and a proxy that can hold its replies back), a Redis Cluster ([`cluster`]), a primary with a replica and
-//! a Sentinel ([`sentinel`]), TLS Redis and a throwaway CA ([`tls`]); and the decision core over them ([`core`]). Every process is killed by its PID when its
+//! a Sentinel ([`sentinel`]), TLS Redis and a throwaway CA ([`tls`]), a network link that can be slowed or cut
+//! ([`link`]); and the decision core over them ([`core`]). Every process is killed by its PID when its
 //! handle is dropped. Shared by the core's, the service's and the tools' tests.
 
 use std::process::Command;
@@ -8,11 +9,13 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod core;
+pub mod link;
 pub mod redis;
 pub mod sentinel;
 pub mod tls;
 
 pub use cluster::{RedisCluster, keys, node_id, own_slots, reshard};
+pub use link::Link;
 pub use core::{decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
 pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
 pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};

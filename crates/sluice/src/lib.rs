@@ -23,7 +23,7 @@
 
 #![forbid(unsafe_code)]
 
-pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, quota, rules, store};
+pub use sluice_core::{breaker, cache, clock, config, limiter, metrics, pem, quota, regions, rules, store};
 
 pub mod charts;
 pub mod faces;

@@ -14,6 +14,7 @@ use sluice::metrics::Metrics;
 use sluice::operations::telemetry::{self, LogFormat, OtlpProtocol, TelemetrySettings};
 use sluice::operations::tls::ServerTlsFiles;
 use sluice::quota::QuotaCaps;
+use sluice::regions::RegionSettings;
 use sluice::rules::FailurePolicy;
 use sluice::rules::{Domains, RuleSet};
 use sluice::server::{self, ServeOptions, Settings};
@@ -179,6 +180,24 @@ struct ServeArgs {
     /// (at least 2), each shared by the requests that waited for it.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
     redis_pool_size: u64,
+    /// This region's name: global limits (`global: true`) count every region, this one deciding from its own Redis
+    /// and shipping its counts to the others' (--region-redis). Needs --redis-url.
+    #[arg(long, env = "SLUICE_REGION", requires = "redis_url")]
+    region: Option<String>,
+    /// Another region and its Redis, as NAME=URL (repeat the flag, or separate with commas). That Redis takes this
+    /// region's counts of global limits; the region's own sluice ships it theirs into --redis-url.
+    #[arg(long, env = "SLUICE_REGION_REDIS", value_delimiter = ',', value_parser = parse_region_redis, requires = "region")]
+    region_redis: Vec<(String, String)>,
+    /// How often counts of global limits are shipped to the other regions, in milliseconds.
+    #[arg(long, env = "SLUICE_REGION_INTERVAL_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    region_interval_ms: u64,
+    /// The most window counts kept per region while it cannot be reached; what comes past it is dropped and
+    /// counted (sluice_region_dropped_total).
+    #[arg(long, env = "SLUICE_REGION_BACKLOG", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    region_backlog: u64,
+    /// Bound on one shipment to another region's Redis, connection included, in milliseconds.
+    #[arg(long, env = "SLUICE_REGION_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    region_timeout_ms: u64,
     /// PEM CA certificates to trust for a rediss:// URL, instead of the system's roots.
     #[arg(long, env = "SLUICE_REDIS_TLS_CA", requires = "redis_url")]
     redis_tls_ca: Option<PathBuf>,
@@ -331,6 +350,16 @@ fn parse_prefix(s: &str) -> Result<String, String> {
     sluice::store::check_prefix(s).map(|()| s.to_string())
 }
 
+/// `NAME=URL`: another region and its Redis.
+fn parse_region_redis(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
+            Ok((name.trim().to_string(), url.trim().to_string()))
+        }
+        _ => Err(format!("'{s}' is not NAME=URL (a region and its Redis, e.g. eu=redis://redis.eu:6379)")),
+    }
+}
+
 fn parse_ratio(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
@@ -455,6 +484,13 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
             tracing::warn!(variable, why, "envoy-ratelimit compatibility: variable ignored");
         }
     }
+    if let Some(region) = &args.region {
+        let others: Vec<String> = args.region_redis.iter().map(|(n, _)| n.clone()).collect();
+        if let Err(e) = sluice::regions::check_names(region, &others) {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let settings = Settings {
         rules: match (args.xds_server, args.config) {
             (Some(server), _) => server::RuleSource::Xds(Box::new(sluice::sources::xds::XdsSettings {
@@ -492,6 +528,15 @@ fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
                 cert: args.redis_tls_cert,
                 key: args.redis_tls_key,
             },
+        }),
+        regions: args.region.map(|name| server::Regions {
+            settings: RegionSettings {
+                name,
+                interval: Duration::from_millis(args.region_interval_ms),
+                backlog: args.region_backlog as usize,
+                timeout: Duration::from_millis(args.region_timeout_ms),
+            },
+            others: args.region_redis,
         }),
         limiter: LimiterSettings {
             key_prefix: args.key_prefix,

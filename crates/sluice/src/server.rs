@@ -27,6 +27,7 @@ use crate::rules::{Domains, RuleSet};
 use crate::sources::reload::{Reloader, WatchError};
 use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
+use crate::regions::{RegionSettings, Replicator};
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
 
@@ -55,9 +56,18 @@ pub struct Settings {
     pub metrics: Option<(SocketAddr, String)>,
     /// `None`: the in-memory store.
     pub redis: Option<RedisSettings>,
+    /// This region and the others (`--region`, `--region-redis`); only with Redis.
+    pub regions: Option<Regions>,
     pub limiter: LimiterSettings,
     pub near_limit_ratio: f64,
     pub serve: ServeOptions,
+}
+
+/// This region, and the other regions' Redis URLs (name, URL), which take this region's counts of global limits.
+#[derive(Debug, Clone)]
+pub struct Regions {
+    pub settings: RegionSettings,
+    pub others: Vec<(String, String)>,
 }
 
 /// How the listeners behave.
@@ -174,16 +184,49 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     };
     let listeners = (grpc, http);
     match &settings.redis {
+        None if settings.regions.is_some() => Err(ServerError::Serve(
+            "--region needs --redis-url: the other regions ship their counts into this region's Redis".into(),
+        )),
         None => {
             tracing::info!("store: in memory");
-            start(&settings, rules, metrics, MemoryStore::new(), listeners, shutdown).await
+            start(&settings, rules, metrics, MemoryStore::new(), listeners, None, shutdown).await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
-            start(&settings, rules, metrics, store, listeners, shutdown).await
+            let replicator = match &settings.regions {
+                Some(regions) => Some(replicator(redis, regions).await?),
+                None => None,
+            };
+            start(&settings, rules, metrics, store, listeners, replicator, shutdown).await
         }
     }
+}
+
+/// The links to the other regions' Redis, connected concurrently: one that cannot be reached yet is retried in the
+/// background, and local decisions never wait for it.
+async fn replicator(redis: &RedisSettings, regions: &Regions) -> Result<Replicator<RedisStore>, ServerError> {
+    let connects = regions.others.iter().map(|(name, url)| async move {
+        let settings = RedisSettings {
+            url: url.clone(),
+            timeout: regions.settings.timeout,
+            pool_size: 1,
+            server_time: true,
+            tls: redis.tls.clone(),
+        };
+        let store = RedisStore::connect(&settings).await.map_err(|e| {
+            ServerError::Serve(format!("--region-redis {name}: {e}"))
+        })?;
+        Ok::<_, ServerError>((name.clone(), store))
+    });
+    let others = futures::future::try_join_all(connects).await?;
+    tracing::info!(
+        region = %regions.settings.name,
+        others = ?regions.others.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        interval = ?regions.settings.interval,
+        "regions: global limits count every region"
+    );
+    Ok(Replicator::new(regions.settings.clone(), others))
 }
 
 async fn start<S: Store>(
@@ -192,6 +235,7 @@ async fn start<S: Store>(
     metrics: Metrics,
     store: S,
     (grpc, http): (TcpListener, HttpListeners),
+    replicator: Option<Replicator<RedisStore>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = Arc::new(Limiter::new(
@@ -201,6 +245,11 @@ async fn start<S: Store>(
         metrics,
         settings.limiter.clone(),
     ));
+    // Shipping stops when this returns.
+    let _shipping = replicator.map(|replicator| {
+        limiter.join_regions(replicator.shared());
+        AbortOnDrop(tokio::spawn(Arc::new(replicator).run(limiter.clone())))
+    });
     if !limiter.fetched_lists().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
         crate::sources::lists::fetch_all(&limiter, &client)
@@ -220,6 +269,15 @@ async fn start<S: Store>(
         }
     };
     serve_gated(limiter, grpc, http, shutdown, &settings.serve, ready).await
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Keeps the metrics' memory flat between scrapes.

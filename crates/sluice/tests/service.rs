@@ -15,6 +15,7 @@ mod grpc;
 mod http;
 mod lists;
 mod recovery;
+mod regions;
 mod reload;
 mod rlqs;
 mod sentinel;

@@ -143,6 +143,7 @@ async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoR
             StatusCode::OK,
             std::iter::once("ready".to_string())
                 .chain(limiter.list_failures())
+                .chain(limiter.region_lines())
                 .map(|line| line + "\n")
                 .collect(),
         ),
