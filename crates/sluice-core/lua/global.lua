@@ -14,10 +14,10 @@
 
 local REGIONS_SUFFIX = '@regions'
 
--- What the other regions counted in the window whose key is `wkey`: the sum of the hash's fields.
+-- What the other regions counted in the window whose key is `wkey`: the sum of the hash's values.
 local function regions_count(wkey)
-  local n = 0
-  for _, v in ipairs(redis.call('HVALS', wkey .. REGIONS_SUFFIX)) do n = n + (tonumber(v) or 0) end
+  local n, all = 0, redis.call('HGETALL', wkey .. REGIONS_SUFFIX)
+  for i = 2, #all, 2 do n = n + (tonumber(all[i]) or 0) end
   return n
 end
 

@@ -2,20 +2,21 @@
 --
 -- KEYS[i]   the hash `<window key>@regions` of one window (global.lua reads it)
 -- ARGV[1]   the region that counted
--- then per key 2 values: the region's own count of the window, and how long (ms) the hash must live at least
+-- then per key 2 values: the region's own count of the window, and how long (ms) the window still weighs by the
+--           shipper's clock (its end, a sliding window's next one too, and a second's grace)
 -- Returns how many hashes changed.
 -- Invariants: a region's field only grows (the larger of the shipped count and the one held is kept), so a batch
--- applied twice, late or out of order changes nothing; a hash's expiry is only ever moved later.
+-- applied twice, late or out of order changes nothing. Every shipment of a window names the same end, so setting
+-- the expiry each time keeps it there.
 
 local region, changed = ARGV[1], 0
 for i, key in ipairs(KEYS) do
   local count, ttl = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local held = tonumber(redis.call('HGET', key, region))
+  local held = tonumber(redis.call('HMGET', key, region)[1])
   if held == nil or count > held then
     redis.call('HSET', key, region, string.format('%d', count))
     changed = changed + 1
   end
-  local left = redis.call('PTTL', key)
-  if left >= 0 and left < ttl or left == -1 then redis.call('PEXPIRE', key, ttl) end
+  redis.call('PEXPIRE', key, ttl)
 end
 return changed

@@ -635,7 +635,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes what `region` counted in each window, keeping the larger of it and what is known of that region there:
     /// a count shipped twice, late or out of order changes nothing. Each window's record of the other regions lives
-    /// until its `expires_us` (at least: never shortened).
+    /// until the window's [`expires_us`](WindowRef::expires_us), by `now_us`.
     fn merge_counts(
         &self,
         now_us: u64,

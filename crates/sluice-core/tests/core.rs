@@ -18,6 +18,7 @@ mod lists;
 mod offenders;
 mod quota;
 mod reference;
+mod regions;
 mod semantics;
 mod shares;
 mod wait;

@@ -32,13 +32,7 @@ const NAMES: [&str; 3] = ["eu", "us", "ap"];
 struct Instance {
     server: TestServer,
     region: usize,
-    _shipping: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        self._shipping.abort();
-    }
+    shipping: tokio::task::JoinHandle<()>,
 }
 
 /// Three regions: their Redis servers, the links between them (`links[from][to]`, to `to`'s Redis) and instances.
@@ -88,7 +82,7 @@ impl World {
                 instances.push(Instance {
                     server: TestServer::start(limiter).await,
                     region,
-                    _shipping: shipping,
+                    shipping,
                 });
             }
         }
@@ -96,6 +90,14 @@ impl World {
             redis,
             links,
             instances,
+        }
+    }
+
+    /// Stops shipping and the servers, draining them.
+    async fn stop(self) {
+        for instance in self.instances {
+            instance.shipping.abort();
+            instance.server.shutdown().await;
         }
     }
 
@@ -225,6 +227,7 @@ async fn within_the_bound(delay: Duration, value: &str) {
         assert_eq!(seen as usize, total, "{} sees every region's count once: {views:?}", NAMES[r]);
         assert_eq!(*own as usize, per_region[r], "{}'s own count is what it admitted", NAMES[r]);
     }
+    world.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -299,4 +302,5 @@ async fn a_cut_link_heals_without_losing_or_double_counting_and_never_slows_a_de
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(linked(&eu.http_get("/readyz").await.1, "us"));
+    world.stop().await;
 }

@@ -1,0 +1,150 @@
+//! Global limits in the store, alike in memory, in Redis and in Redis as the documented least-privilege ACL user: a
+//! global window is decided against its own count plus what the other regions shipped, a shipment taken twice, late
+//! or out of order counts once, and this region's own counts are what it ships. Time is passed explicitly.
+
+use sluice_core::config;
+use sluice_core::metrics::Metrics;
+use sluice_core::rules::{Algorithm, RuleSet};
+use sluice_core::store::{Hit, Outcome, RegionCount, Store, TierSpec, WindowRef};
+
+use crate::harness::{ACL_PASSWORD, RedisServer, T0, memory, readme_acl_user, redis_store, tier};
+
+const MINUTE: u64 = 60_000_000;
+
+fn global(name: &str, algorithm: Algorithm, limit: u64) -> TierSpec {
+    TierSpec {
+        global: true,
+        ..tier(name, algorithm, limit, MINUTE, limit)
+    }
+}
+
+fn hit(t: &TierSpec, cost: u64) -> Hit {
+    Hit {
+        tiers: vec![t.clone()],
+        cost,
+        ..Hit::default()
+    }
+}
+
+async fn apply(store: &impl Store, now: u64, t: &TierSpec, cost: u64) -> Outcome {
+    crate::harness::decided(store.hit(now, &[hit(t, cost)]).await).remove(0)
+}
+
+async fn ship(store: &impl Store, now: u64, region: &str, t: &TierSpec, start: u64, count: u64) {
+    let window = WindowRef {
+        start_us: start,
+        ..WindowRef::of(t, start)
+    };
+    store
+        .merge_counts(now, region, &[RegionCount { window, count }])
+        .await
+        .expect("merged");
+}
+
+async fn fixed_windows_add_the_other_regions(store: impl Store) {
+    let now = T0 - T0 % MINUTE + 10_000_000;
+    let start = now - now % MINUTE;
+    let t = global("fixed", Algorithm::FixedWindow, 10);
+    ship(&store, now, "us", &t, start, 7).await;
+    let first = apply(&store, now, &t, 3).await;
+    assert!(first.admitted);
+    assert_eq!((first.tiers[0].used, first.tiers[0].remaining), (10, 0), "used and remaining are the sum's");
+    let denied = apply(&store, now, &t, 1).await;
+    assert!(!denied.admitted, "7 elsewhere + 3 here: the limit");
+    assert_eq!(denied.tiers[0].retry_after_us, Some(start + MINUTE - now), "fits again when the window ends");
+    let own = store.window_counts(now, &[WindowRef::of(&t, now)]).await.unwrap();
+    assert_eq!(own, vec![3], "a global window counts no denial");
+
+    // Taken twice, late or out of order: counts once.
+    ship(&store, now, "us", &t, start, 7).await;
+    ship(&store, now, "us", &t, start, 5).await;
+    ship(&store, now, "ap", &t, start, 0).await;
+    assert!(!apply(&store, now, &t, 1).await.admitted);
+
+    // The same counter decided as an ordinary window ignores the others; another window starts empty everywhere.
+    let regional = TierSpec { global: false, ..t.clone() };
+    assert!(apply(&store, now, &regional, 7).await.admitted);
+    let next = start + MINUTE + 1;
+    let fresh = apply(&store, next, &t, 10).await;
+    assert!(fresh.admitted, "the others' counts were of the window before");
+}
+
+async fn sliding_windows_weigh_the_other_regions_previous_window(store: impl Store) {
+    let start = T0 - T0 % MINUTE;
+    let now = start + MINUTE / 2;
+    let t = global("sliding", Algorithm::SlidingWindow, 10);
+    // 8 in the previous window elsewhere, half of it still weighs: 4.
+    ship(&store, now, "eu", &t, start - MINUTE, 8).await;
+    ship(&store, now, "eu", &t, start, 1).await;
+    let admitted = apply(&store, now, &t, 5).await;
+    assert!(admitted.admitted);
+    assert_eq!(admitted.tiers[0].used, 10);
+    assert!(!apply(&store, now, &t, 1).await.admitted);
+    let own = store.window_counts(now, &[WindowRef::of(&t, now)]).await.unwrap();
+    assert_eq!(own, vec![5]);
+}
+
+#[tokio::test]
+async fn global_windows_in_memory() {
+    fixed_windows_add_the_other_regions(memory()).await;
+    sliding_windows_weigh_the_other_regions_previous_window(memory()).await;
+}
+
+#[tokio::test]
+async fn global_windows_in_redis() {
+    let redis = RedisServer::start();
+    fixed_windows_add_the_other_regions(redis_store(&redis.url()).await).await;
+    sliding_windows_weigh_the_other_regions_previous_window(redis_store(&redis.url()).await).await;
+    // What merge.lua wrote expires with the window it counts (the clocks here are far in the past: a minute).
+    let ttl: i64 = redis
+        .cli(&["--raw", "PTTL", &tier("fixed", Algorithm::FixedWindow, 10, MINUTE, 10).key.regions(T0 - T0 % MINUTE).as_str()])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=MINUTE as i64 / 1_000 + 1_000).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test]
+async fn global_windows_in_redis_as_the_documented_acl_user() {
+    let redis = RedisServer::start();
+    let mut rules = vec!["ACL".to_string(), "SETUSER".into()];
+    rules.extend(readme_acl_user("test:"));
+    let args: Vec<&str> = rules.iter().map(String::as_str).collect();
+    assert_eq!(redis.cli(&args).trim(), "OK");
+    let url = redis.url().replace("redis://", &format!("redis://sluice:{ACL_PASSWORD}@"));
+    fixed_windows_add_the_other_regions(redis_store(&url).await).await;
+    sliding_windows_weigh_the_other_regions_previous_window(redis_store(&url).await).await;
+}
+
+/// Only fixed and sliding windows can be global; any other algorithm is refused, naming the file and the path.
+#[test]
+fn a_global_limit_of_another_algorithm_is_refused() {
+    for (algorithm, what) in [
+        ("token_bucket", "bucket's arrival time"),
+        ("leaky_bucket", "bucket's arrival time"),
+        ("sliding_log", "set of hits or leases"),
+        ("concurrency", "set of hits or leases"),
+        ("queue", "set of hits or leases"),
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}, global: true}}\n"
+        );
+        let file = config::parse("limits.yaml".as_ref(), &yaml).expect("parses");
+        let err = RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect_err("refused").to_string();
+        assert!(err.contains("limits.yaml"), "{err}");
+        assert!(err.contains("descriptors[0].rate_limit.global"), "{err}");
+        assert!(err.contains(&format!("{algorithm} cannot be counted across regions")), "{err}");
+        assert!(err.contains(what), "{err}");
+    }
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, global: true}\n";
+    let file = config::parse("limits.yaml".as_ref(), yaml).expect("parses");
+    let err = RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect_err("refused").to_string();
+    assert!(err.contains("descriptors[0].rate_limit.global: does not apply to an unlimited rule"), "{err}");
+    for algorithm in ["fixed_window", "sliding_window"] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}, global: true}}\n"
+        );
+        let file = config::parse("limits.yaml".as_ref(), &yaml).expect("parses");
+        RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect("a global window compiles");
+    }
+}
