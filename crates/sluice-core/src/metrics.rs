@@ -363,7 +363,11 @@ impl Metrics {
     /// since the last round.
     pub fn region_link(&self, region: &str, linked: bool, backlog: usize, shipped: u64, dropped: u64) {
         let labels = || vec![Label::new("region", region.to_string())];
-        let gauge = |name: &'static str| self.inner.recorder.register_gauge(&Key::from_parts(name, labels()), &METADATA);
+        let gauge = |name: &'static str| {
+            self.inner
+                .recorder
+                .register_gauge(&Key::from_parts(name, labels()), &METADATA)
+        };
         gauge(REGION_LINKED).set(if linked { 1.0 } else { 0.0 });
         gauge(REGION_BACKLOG).set(backlog as f64);
         self.counter(REGION_SHIPPED, labels()).increment(shipped);

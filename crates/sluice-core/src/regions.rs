@@ -238,7 +238,11 @@ impl<R: Store + 'static> Replicator<R> {
             .links
             .iter()
             .map(|link| link.ship(now_us, &self.shared.name, self.settings.timeout));
-        futures::future::join_all(shipments).await.into_iter().filter(|ok| *ok).count()
+        futures::future::join_all(shipments)
+            .await
+            .into_iter()
+            .filter(|ok| *ok)
+            .count()
     }
 
     /// Runs until dropped: every interval, collects from the limiter's store at the limiter's time, and ships each
@@ -249,8 +253,12 @@ impl<R: Store + 'static> Replicator<R> {
             .links
             .iter()
             .map(|link| {
-                let (link, name, timeout, limiter) =
-                    (link.clone(), self.shared.name.clone(), self.settings.timeout, limiter.clone());
+                let (link, name, timeout, limiter) = (
+                    link.clone(),
+                    self.shared.name.clone(),
+                    self.settings.timeout,
+                    limiter.clone(),
+                );
                 tokio::spawn(async move {
                     // Ships as soon as counts are queued, and every interval while a backlog waits (a region that
                     // could not be reached); an idle link is pinged every PING_EVERY, so readiness stays true.
@@ -383,9 +391,8 @@ impl Drop for AbortOnDrop {
 /// Checks `--region` and the other regions' names: non-empty, made of letters, digits, `-`, `_` and `.`, and all
 /// different. The message names what is wrong.
 pub fn check_names(own: &str, others: &[String]) -> Result<(), String> {
-    let valid = |n: &str| {
-        !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
+    let valid =
+        |n: &str| !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !valid(own) {
         return Err(format!(
             "--region '{own}': a region name is 1 to 64 letters, digits, '-', '_' or '.'"
@@ -399,7 +406,9 @@ pub fn check_names(own: &str, others: &[String]) -> Result<(), String> {
             ));
         }
         if !seen.insert(other.as_str()) {
-            return Err(format!("--region-redis: region '{other}' is named twice (or is this region, --region)"));
+            return Err(format!(
+                "--region-redis: region '{other}' is named twice (or is this region, --region)"
+            ));
         }
     }
     Ok(())

@@ -396,7 +396,11 @@ impl WindowRef {
     /// Until when its count still weighs in decisions: the window's end, and a sliding window's next window too
     /// (it is the previous one there), plus a second's grace as the counters' own keys have.
     pub fn expires_us(&self) -> u64 {
-        let windows = if self.algorithm == Algorithm::SlidingWindow { 2 } else { 1 };
+        let windows = if self.algorithm == Algorithm::SlidingWindow {
+            2
+        } else {
+            1
+        };
         self.start_us + windows * self.window_us + 1_000_000
     }
 }
@@ -631,7 +635,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// This region's own counts in `windows` of global limits at `now_us` (0 where nothing is counted): what is
     /// shipped to the other regions ([`crate::regions`]).
-    fn window_counts(&self, now_us: u64, windows: &[WindowRef]) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    fn window_counts(
+        &self,
+        now_us: u64,
+        windows: &[WindowRef],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
     /// Takes what `region` counted in each window, keeping the larger of it and what is known of that region there:
     /// a count shipped twice, late or out of order changes nothing. Each window's record of the other regions lives

@@ -48,10 +48,18 @@ async fn fixed_windows_add_the_other_regions(store: impl Store) {
     ship(&store, now, "us", &t, start, 7).await;
     let first = apply(&store, now, &t, 3).await;
     assert!(first.admitted);
-    assert_eq!((first.tiers[0].used, first.tiers[0].remaining), (10, 0), "used and remaining are the sum's");
+    assert_eq!(
+        (first.tiers[0].used, first.tiers[0].remaining),
+        (10, 0),
+        "used and remaining are the sum's"
+    );
     let denied = apply(&store, now, &t, 1).await;
     assert!(!denied.admitted, "7 elsewhere + 3 here: the limit");
-    assert_eq!(denied.tiers[0].retry_after_us, Some(start + MINUTE - now), "fits again when the window ends");
+    assert_eq!(
+        denied.tiers[0].retry_after_us,
+        Some(start + MINUTE - now),
+        "fits again when the window ends"
+    );
     let own = store.window_counts(now, &[WindowRef::of(&t, now)]).await.unwrap();
     assert_eq!(own, vec![3], "a global window counts no denial");
 
@@ -62,7 +70,10 @@ async fn fixed_windows_add_the_other_regions(store: impl Store) {
     assert!(!apply(&store, now, &t, 1).await.admitted);
 
     // The same counter decided as an ordinary window ignores the others; another window starts empty everywhere.
-    let regional = TierSpec { global: false, ..t.clone() };
+    let regional = TierSpec {
+        global: false,
+        ..t.clone()
+    };
     assert!(apply(&store, now, &regional, 7).await.admitted);
     let next = start + MINUTE + 1;
     let fresh = apply(&store, next, &t, 10).await;
@@ -96,11 +107,10 @@ async fn global_windows_in_redis() {
     fixed_windows_add_the_other_regions(redis_store(&redis.url()).await).await;
     sliding_windows_weigh_the_other_regions_previous_window(redis_store(&redis.url()).await).await;
     // What merge.lua wrote expires with the window it counts (the clocks here are far in the past: a minute).
-    let ttl: i64 = redis
-        .cli(&["--raw", "PTTL", &tier("fixed", Algorithm::FixedWindow, 10, MINUTE, 10).key.regions(T0 - T0 % MINUTE).as_str()])
-        .trim()
-        .parse()
-        .unwrap();
+    let key = tier("fixed", Algorithm::FixedWindow, 10, MINUTE, 10)
+        .key
+        .regions(T0 - T0 % MINUTE);
+    let ttl: i64 = redis.cli(&["--raw", "PTTL", key.as_str()]).trim().parse().unwrap();
     assert!((1..=MINUTE as i64 / 1_000 + 1_000).contains(&ttl), "{ttl}");
 }
 
@@ -111,7 +121,9 @@ async fn global_windows_in_redis_as_the_documented_acl_user() {
     rules.extend(readme_acl_user("test:"));
     let args: Vec<&str> = rules.iter().map(String::as_str).collect();
     assert_eq!(redis.cli(&args).trim(), "OK");
-    let url = redis.url().replace("redis://", &format!("redis://sluice:{ACL_PASSWORD}@"));
+    let url = redis
+        .url()
+        .replace("redis://", &format!("redis://sluice:{ACL_PASSWORD}@"));
     fixed_windows_add_the_other_regions(redis_store(&url).await).await;
     sliding_windows_weigh_the_other_regions_previous_window(redis_store(&url).await).await;
 }
@@ -130,16 +142,26 @@ fn a_global_limit_of_another_algorithm_is_refused() {
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}, global: true}}\n"
         );
         let file = config::parse("limits.yaml".as_ref(), &yaml).expect("parses");
-        let err = RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect_err("refused").to_string();
+        let err = RuleSet::compile(&[file], &Metrics::discarded(0.8))
+            .expect_err("refused")
+            .to_string();
         assert!(err.contains("limits.yaml"), "{err}");
         assert!(err.contains("descriptors[0].rate_limit.global"), "{err}");
-        assert!(err.contains(&format!("{algorithm} cannot be counted across regions")), "{err}");
+        assert!(
+            err.contains(&format!("{algorithm} cannot be counted across regions")),
+            "{err}"
+        );
         assert!(err.contains(what), "{err}");
     }
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, global: true}\n";
     let file = config::parse("limits.yaml".as_ref(), yaml).expect("parses");
-    let err = RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect_err("refused").to_string();
-    assert!(err.contains("descriptors[0].rate_limit.global: does not apply to an unlimited rule"), "{err}");
+    let err = RuleSet::compile(&[file], &Metrics::discarded(0.8))
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("descriptors[0].rate_limit.global: does not apply to an unlimited rule"),
+        "{err}"
+    );
     for algorithm in ["fixed_window", "sliding_window"] {
         let yaml = format!(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}, global: true}}\n"

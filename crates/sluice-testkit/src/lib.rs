@@ -15,8 +15,8 @@ pub mod sentinel;
 pub mod tls;
 
 pub use cluster::{RedisCluster, keys, node_id, own_slots, reshard};
-pub use link::Link;
 pub use core::{decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
+pub use link::Link;
 pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
 pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};
 pub use tls::{Pem, TestCa, redis_tls_server, write_file};

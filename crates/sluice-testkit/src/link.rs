@@ -32,7 +32,9 @@ impl Link {
             let (delay_us, cut, generation) = (delay_us.clone(), cut.clone(), generation.clone());
             async move {
                 loop {
-                    let Ok((client, _)) = listener.accept().await else { continue };
+                    let Ok((client, _)) = listener.accept().await else {
+                        continue;
+                    };
                     let _ = client.set_nodelay(true);
                     let mut closed = generation.subscribe();
                     let born = *closed.borrow_and_update();
@@ -44,7 +46,9 @@ impl Link {
                             let _ = closed.wait_for(|g| *g != born).await;
                             return;
                         }
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else { return };
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+                            return;
+                        };
                         let _ = server.set_nodelay(true);
                         let (cr, cw) = client.into_split();
                         let (sr, sw) = server.into_split();

@@ -356,7 +356,9 @@ fn parse_region_redis(s: &str) -> Result<(String, String), String> {
         Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
             Ok((name.trim().to_string(), url.trim().to_string()))
         }
-        _ => Err(format!("'{s}' is not NAME=URL (a region and its Redis, e.g. eu=redis://redis.eu:6379)")),
+        _ => Err(format!(
+            "'{s}' is not NAME=URL (a region and its Redis, e.g. eu=redis://redis.eu:6379)"
+        )),
     }
 }
 

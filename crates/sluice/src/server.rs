@@ -23,11 +23,11 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::sluice::v1::rate_limiter_server::RateLimiterServer;
 use crate::quota::{QuotaCaps, Quotas};
+use crate::regions::{RegionSettings, Replicator};
 use crate::rules::{Domains, RuleSet};
 use crate::sources::reload::{Reloader, WatchError};
 use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
-use crate::regions::{RegionSettings, Replicator};
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
 
@@ -214,9 +214,9 @@ async fn replicator(redis: &RedisSettings, regions: &Regions) -> Result<Replicat
             server_time: true,
             tls: redis.tls.clone(),
         };
-        let store = RedisStore::connect(&settings).await.map_err(|e| {
-            ServerError::Serve(format!("--region-redis {name}: {e}"))
-        })?;
+        let store = RedisStore::connect(&settings)
+            .await
+            .map_err(|e| ServerError::Serve(format!("--region-redis {name}: {e}")))?;
         Ok::<_, ServerError>((name.clone(), store))
     });
     let others = futures::future::try_join_all(connects).await?;

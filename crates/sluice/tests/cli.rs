@@ -360,3 +360,98 @@ fn logs_are_plain_text_or_json_when_not_a_terminal() {
         }
     }
 }
+
+/// Regions: bad names, a malformed or duplicate region list and a region without Redis are named, by flag and by
+/// variable; a region whose Redis cannot be reached at start does not stop the server, which answers and names it in
+/// its readiness.
+#[test]
+fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "serve",
+                "--config",
+                DEPLOY_CONFIG,
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let redis = "redis://127.0.0.1:1";
+    for (args, env, want) in [
+        (vec!["--region", "eu"], vec![], "--redis-url"),
+        (vec!["--region-redis", "us=redis://a"], vec![], "--region"),
+        (
+            vec!["--redis-url", redis, "--region", "eu", "--region-redis", "us"],
+            vec![],
+            "not NAME=URL",
+        ),
+        (
+            vec!["--redis-url", redis, "--region", "eu", "--region-redis", "eu=redis://a"],
+            vec![],
+            "named twice",
+        ),
+        (
+            vec!["--redis-url", redis, "--region", "eu"],
+            vec![("SLUICE_REGION_REDIS", "us=redis://a,us=redis://b")],
+            "--region-redis: region 'us' is named twice",
+        ),
+        (vec!["--redis-url", redis, "--region", "e u"], vec![], "--region 'e u'"),
+        (
+            vec!["--redis-url", redis, "--region", "eu", "--region-interval-ms", "0"],
+            vec![],
+            "--region-interval-ms",
+        ),
+    ] {
+        let (code, err) = run(&args, &env);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+    }
+
+    let server = crate::harness::RedisServer::start();
+    let closed = crate::harness::free_port();
+    let http = crate::harness::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--config",
+            DEPLOY_CONFIG,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+        ])
+        .arg(format!("127.0.0.1:{http}"))
+        .args(["--redis-url", &server.url(), "--region", "eu", "--region-redis"])
+        .arg(format!("us=redis://127.0.0.1:{closed}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = String::new();
+    crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        body = http_get(http, "/readyz");
+        body.contains("region us: not linked")
+    });
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("region us: not linked"), "{body}");
+}
+
+/// `GET path` on a local port: the whole answer, or "" when nothing answers.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}

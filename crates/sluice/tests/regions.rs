@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use crate::harness::*;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::regions::{RegionSettings, Replicator};
 use sluice::rules::Algorithm;
 use sluice::store::CounterKey;
@@ -51,7 +51,11 @@ impl World {
         for from in 0..3 {
             let mut row = Vec::new();
             for (to, server) in redis.iter().enumerate() {
-                row.push(if from == to { None } else { Some(Link::start(server.port).await) });
+                row.push(if from == to {
+                    None
+                } else {
+                    Some(Link::start(server.port).await)
+                });
             }
             links.push(row);
         }
@@ -61,7 +65,10 @@ impl World {
                 let mut others = Vec::new();
                 for (to, link) in links[region].iter().enumerate() {
                     if let Some(link) = link {
-                        others.push((NAMES[to].to_string(), redis_store_with(&link.url(), Duration::from_secs(1)).await));
+                        others.push((
+                            NAMES[to].to_string(),
+                            redis_store_with(&link.url(), Duration::from_secs(1)).await,
+                        ));
                     }
                 }
                 if let (0, Some((name, url))) = (region, &extra) {
@@ -108,7 +115,11 @@ impl World {
     /// Region `r`'s own count of the key's window, and what it holds of each other region's.
     fn view(&self, r: usize, value: &str) -> (u64, Vec<(String, u64)>) {
         let (key, start) = (counter_key(value), T0 - T0 % HOUR_US);
-        let own = self.redis[r].cli(&["--raw", "GET", key.window(start).as_str()]).trim().parse().unwrap_or(0);
+        let own = self.redis[r]
+            .cli(&["--raw", "GET", key.window(start).as_str()])
+            .trim()
+            .parse()
+            .unwrap_or(0);
         let fields = self.redis[r].cli(&["--raw", "HGETALL", key.regions(start).as_str()]);
         let fields: Vec<&str> = fields.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
         let others = fields
@@ -161,7 +172,9 @@ fn request(value: &str) -> RateLimitRequest {
 }
 
 async fn client(server: &TestServer) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(server.grpc_url()).await.expect("client connects")
+    RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("client connects")
 }
 
 /// `n` calls for `value`, one every `every`: when each admitted call was answered, and each call's latency.
@@ -172,7 +185,11 @@ async fn load(server: &TestServer, value: &str, n: usize, every: Duration) -> (V
     for _ in 0..n {
         tick.tick().await;
         let started = Instant::now();
-        let answer = client.should_rate_limit(request(value)).await.expect("decided").into_inner();
+        let answer = client
+            .should_rate_limit(request(value))
+            .await
+            .expect("decided")
+            .into_inner();
         latencies.push(started.elapsed());
         if answer.overall_code == Code::Ok as i32 {
             admitted.push(Instant::now());
@@ -209,7 +226,9 @@ async fn within_the_bound(delay: Duration, value: &str) {
         .iter()
         .filter(|(r, t)| *r != last_region && *t + staleness > last)
         .count();
-    let per_region: Vec<usize> = (0..3).map(|r| admitted.iter().filter(|(x, _)| *x == r).count()).collect();
+    let per_region: Vec<usize> = (0..3)
+        .map(|r| admitted.iter().filter(|(x, _)| *x == r).count())
+        .collect();
     eprintln!(
         "delay {delay:?}: admitted {total} ({per_region:?}) against {LIMIT}; the other regions admitted {late} within \
          {staleness:?} of the last admission (in {})",
@@ -224,8 +243,16 @@ async fn within_the_bound(delay: Duration, value: &str) {
     let views = world.settled(value).await;
     for (r, (own, others)) in views.iter().enumerate() {
         let seen = own + others.iter().map(|o| o.1).sum::<u64>();
-        assert_eq!(seen as usize, total, "{} sees every region's count once: {views:?}", NAMES[r]);
-        assert_eq!(*own as usize, per_region[r], "{}'s own count is what it admitted", NAMES[r]);
+        assert_eq!(
+            seen as usize, total,
+            "{} sees every region's count once: {views:?}",
+            NAMES[r]
+        );
+        assert_eq!(
+            *own as usize, per_region[r],
+            "{}'s own count is what it admitted",
+            NAMES[r]
+        );
     }
     world.stop().await;
 }
@@ -246,7 +273,11 @@ async fn load_on_every_region_stays_within_the_bound_over_slow_links() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_link_heals_without_losing_or_double_counting_and_never_slows_a_decision() {
     // "sa": a port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let world = World::start([1, 1, 1], Some(("sa", format!("redis://127.0.0.1:{closed}")))).await;
     let eu = &world.instances[0].server;
     let linked = |body: &str, region: &str| body.contains(&format!("region {region}: linked"));
@@ -296,7 +327,11 @@ async fn a_cut_link_heals_without_losing_or_double_counting_and_never_slows_a_de
 
     world.link(0, 1).heal();
     let views = world.settled("cut").await;
-    assert_eq!(views[1].1, vec![("eu".to_string(), 600)], "healed: us holds exactly eu's count");
+    assert_eq!(
+        views[1].1,
+        vec![("eu".to_string(), 600)],
+        "healed: us holds exactly eu's count"
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     while !linked(&eu.http_get("/readyz").await.1, "us") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

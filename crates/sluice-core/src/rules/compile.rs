@@ -477,7 +477,11 @@ impl Compiler<'_> {
                     "{} cannot be counted across regions (global limits are fixed_window or sliding_window: a \
                      region adds the others' counts, and a {} is state no count can merge)",
                     algorithm.name(),
-                    if algorithm.is_bucket() { "bucket's arrival time" } else { "set of hits or leases" }
+                    if algorithm.is_bucket() {
+                        "bucket's arrival time"
+                    } else {
+                        "set of hits or leases"
+                    }
                 ),
             ));
         }

@@ -50,8 +50,8 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, SERIES_TTL_US, Settled, Settlement, Span,
-    RegionCount, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, WindowRef, ranked,
+    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, RegionCount, SERIES_TTL_US, Settled,
+    Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, WindowRef, ranked,
 };
 
 mod call;
@@ -697,7 +697,11 @@ impl Store for RedisStore {
                 .map(|chunk| {
                     let first = chunk[0].window.key.clone();
                     let mut args = vec![Value::from(MERGE), Value::Integer(chunk.len() as i64)];
-                    args.extend(chunk.iter().map(|c| Value::from(c.window.key.regions(c.window.start_us).as_str())));
+                    args.extend(
+                        chunk
+                            .iter()
+                            .map(|c| Value::from(c.window.key.regions(c.window.start_us).as_str())),
+                    );
                     args.push(Value::from(region));
                     for c in chunk {
                         let ttl_ms = c.window.expires_us().saturating_sub(now_us).div_ceil(1_000).max(1);
