@@ -170,3 +170,34 @@ fn a_global_limit_of_another_algorithm_is_refused() {
         RuleSet::compile(&[file], &Metrics::discarded(0.8)).expect("a global window compiles");
     }
 }
+
+/// In a Redis Cluster, windows on many slots are read and merged, each on its own primary, and decided as anywhere.
+#[tokio::test]
+async fn global_windows_in_a_cluster() {
+    let cluster = crate::harness::RedisCluster::start();
+    let store = redis_store(&cluster.url()).await;
+    let now = T0 - T0 % MINUTE + 10_000_000;
+    let tiers: Vec<TierSpec> = (0..200)
+        .map(|i| global(&format!("key-{i}"), Algorithm::FixedWindow, 10))
+        .collect();
+    let counts: Vec<RegionCount> = tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| RegionCount {
+            window: WindowRef::of(t, now),
+            count: (i % 10) as u64,
+        })
+        .collect();
+    store
+        .merge_counts(now, "us", &counts)
+        .await
+        .expect("merged on every primary");
+    for (i, t) in tiers.iter().enumerate() {
+        let fits = 10 - (i % 10) as u64;
+        assert!(apply(&store, now, t, fits).await.admitted, "{i}");
+        assert!(!apply(&store, now, t, 1).await.admitted, "{i}");
+    }
+    let windows: Vec<WindowRef> = tiers.iter().map(|t| WindowRef::of(t, now)).collect();
+    let own = store.window_counts(now, &windows).await.expect("read on every primary");
+    assert_eq!(own, (0..200).map(|i| 10 - (i % 10) as u64).collect::<Vec<_>>());
+}
