@@ -435,23 +435,11 @@ fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server()
         .unwrap();
     let mut body = String::new();
     crate::harness::poll_until(std::time::Duration::from_secs(10), || {
-        body = http_get(http, "/readyz");
+        body = crate::harness::get(http, "/readyz");
         body.contains("region us: not linked")
     });
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("region us: not linked"), "{body}");
-}
-
-/// `GET path` on a local port: the whole answer, or "" when nothing answers.
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
 }

@@ -3,14 +3,13 @@
 //! symlink, Redis on a unix socket as the reference's default, two files of one domain merged), answering as
 //! configured and following the symlink when it is swapped.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sluice_testkit::redis::{RedisProcess, base_args};
 
-use crate::harness::{free_port, poll_until};
+use crate::harness::{free_port, get, poll_until};
 
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -22,16 +21,6 @@ fn swap_symlink(target: &str, link: &Path) {
     let tmp = link.with_extension("tmp");
     std::os::unix::fs::symlink(target, &tmp).unwrap();
     std::fs::rename(&tmp, link).unwrap();
-}
-
-fn get(port: u16, path: &str) -> String {
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
 }
 
 /// (overall code, remaining) of one call: 1 is OK, 2 OVER_LIMIT.

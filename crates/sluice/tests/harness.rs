@@ -228,3 +228,15 @@ pub fn one_call(
         Ok(answer.into_inner())
     })
 }
+
+/// `GET path` on a local port, blocking: the whole answer, or "" when nothing answers.
+pub fn get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+}
