@@ -142,16 +142,17 @@ impl Shared {
     pub(crate) fn note(&self, now_us: u64, hits: &[Hit], answers: &Answers) {
         let mut touched = None;
         for (hit, answer) in hits.iter().zip(answers) {
+            if !hit.tiers.iter().any(|t| t.global) {
+                continue;
+            }
             let Ok(outcome) = answer else { continue };
             if !(outcome.admitted || hit.forced()) {
                 continue;
             }
-            for (tier, cost) in hit.tiers.iter().zip(hit.tier_costs()) {
-                if tier.global && cost > 0 {
-                    touched
-                        .get_or_insert_with(|| lock(&self.touched))
-                        .insert(WindowRef::of(tier, now_us));
-                }
+            for tier in hit.tiers.iter().filter(|t| t.global && t.bounded_cost(hit.cost) > 0) {
+                touched
+                    .get_or_insert_with(|| lock(&self.touched))
+                    .insert(WindowRef::of(tier, now_us));
             }
         }
     }

@@ -1,13 +1,18 @@
 //! Global limits in the store, alike in memory, in Redis and in Redis as the documented least-privilege ACL user: a
 //! global window is decided against its own count plus what the other regions shipped, a shipment taken twice, late
-//! or out of order counts once, and this region's own counts are what it ships. Time is passed explicitly.
+//! or out of order counts once, and this region's own counts are what it ships; the replicator's backlog keeps its
+//! bound, counts what it drops and lets passed windows go. Time is passed explicitly.
+
+use std::time::Duration;
 
 use sluice_core::config;
+use sluice_core::limiter::{Descriptor, LimiterSettings, Request};
 use sluice_core::metrics::Metrics;
+use sluice_core::regions::{RegionSettings, Replicator};
 use sluice_core::rules::{Algorithm, RuleSet};
 use sluice_core::store::{Hit, Outcome, RegionCount, Store, TierSpec, WindowRef};
 
-use crate::harness::{ACL_PASSWORD, RedisServer, T0, memory, readme_acl_user, redis_store, tier};
+use crate::harness::{ACL_PASSWORD, RedisServer, T0, limiter_over, memory, readme_acl_user, redis_store, tier};
 
 const MINUTE: u64 = 60_000_000;
 
@@ -200,4 +205,54 @@ async fn global_windows_in_a_cluster() {
     let windows: Vec<WindowRef> = tiers.iter().map(|t| WindowRef::of(t, now)).collect();
     let own = store.window_counts(now, &windows).await.expect("read on every primary");
     assert_eq!(own, (0..200).map(|i| 10 - (i % 10) as u64).collect::<Vec<_>>());
+}
+
+/// A link's backlog holds at most `--region-backlog` windows: one that finds it full is dropped and counted, the
+/// rest ship once the region answers, and a window whose time has passed leaves the backlog unshipped. Only admitted
+/// hits of global limits are noted.
+#[tokio::test]
+async fn a_full_backlog_drops_and_counts_and_a_passed_window_leaves_it() {
+    let yaml = "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 1, global: true}
+  - key: regional
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let (limiter, _clock) = limiter_over(yaml, memory(), LimiterSettings::default(), Metrics::discarded(0.8));
+    let settings = RegionSettings {
+        name: "eu".into(),
+        interval: Duration::from_millis(100),
+        backlog: 2,
+        timeout: Duration::from_secs(1),
+    };
+    let replicator = Replicator::new(settings, vec![("us".to_string(), memory())]);
+    limiter.join_regions(replicator.shared());
+    let request = |key: &str, value: &str| Request {
+        domain: "d".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![(key.into(), value.into())],
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    for (key, value) in [("k", "a"), ("k", "a"), ("regional", "x"), ("k", "b"), ("k", "c")] {
+        limiter.should_rate_limit(&request(key, value)).await.expect("decided");
+    }
+    let now = limiter.now_us();
+    // a, b and c: the denial of the second a and the regional limit are not noted.
+    assert_eq!(replicator.collect(limiter.store(), now).await.expect("read"), 3);
+    let link = replicator.shared().links()[0].clone();
+    assert_eq!((link.backlog(), link.dropped()), (2, 1));
+    assert!(link.line().starts_with("region us: not linked"), "{}", link.line());
+    assert_eq!(replicator.ship(now).await, 1);
+    assert_eq!((link.backlog(), link.shipped()), (0, 2));
+    assert_eq!(link.line(), "region us: linked, 0 windows waiting");
+
+    limiter.should_rate_limit(&request("k", "d")).await.expect("decided");
+    assert_eq!(replicator.collect(limiter.store(), now).await.expect("read"), 1);
+    assert_eq!(link.backlog(), 1);
+    // Past the window and its second of grace: nothing of it is shipped.
+    assert_eq!(replicator.ship(now + 2 * MINUTE).await, 1);
+    assert_eq!((link.backlog(), link.shipped()), (0, 2));
 }
