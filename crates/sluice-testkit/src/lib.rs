@@ -46,12 +46,28 @@ pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, for a process the test starts to listen on.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where neither outgoing connections nor
+/// listeners on port 0 are given ports: a port taken from inside that range could be handed to one of the test's
+/// own connections before the process it was meant for binds it. Each call in a process tries the next port, from a
+/// start that differs per process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port on 127.0.0.1")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1));
+    let start = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span {
+        let port = first + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free port on 127.0.0.1 below {low}")
 }
 
 /// Runs `redis-cli` against a plain port and returns its raw (`--raw`) output.

@@ -273,11 +273,7 @@ async fn load_on_every_region_stays_within_the_bound_over_slow_links() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_link_heals_without_losing_or_double_counting_and_never_slows_a_decision() {
     // "sa": a port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = free_port();
     let world = World::start([1, 1, 1], Some(("sa", format!("redis://127.0.0.1:{closed}")))).await;
     let eu = &world.instances[0].server;
     let linked = |body: &str, region: &str| body.contains(&format!("region {region}: linked"));
