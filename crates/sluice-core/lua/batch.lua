@@ -7,24 +7,24 @@
 --
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of lone calls (below); then per descriptor,
---           either a lone fixed window's arguments (lone_fixed_window.lua: the window, a positive number, first), a
---           lone bucket's ('b' or 'B', then lone_bucket.lua's), a lone sliding window's ('s' or 'S', then
---           lone_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
---           lone_sorted_set.lua's), several fixed windows' ('w', then lone_fixed_window.lua's lone_windows'), or
+--           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of compact calls (below); then per descriptor,
+--           either a lone fixed window's arguments (compact_fixed_window.lua: the window, a positive number, first), a
+--           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
+--           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
+--           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), or
 --           minus its key count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
---           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a lone call's arguments
+--           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
 --           hash tag alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as
 --           decide.lua reads them.
 --
--- The timing: '' when every lone call carries its own time (its last argument), else the time, by sluice's clock, the
--- lone fixed windows' keys were built for: lone calls are then decided by the server's clock (TIME, read once per
+-- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock, the
+-- lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once per
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns the answers in order: per descriptor, lone_fixed_window.lua's or lone_bucket.lua's integer, the two counts
--- of lone_sliding_window.lua, the three integers of lone_sorted_set.lua, the t counts of lone_windows, or decide.lua's
+-- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
+-- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, or decide.lua's
 -- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
 -- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
@@ -38,7 +38,7 @@
 -- served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot
 -- is therefore refused before anything is written, never part-way (a migrating slot serves only the keys it still
 -- holds, so a key created or emptied by the decision could be refused after another was written). Each probe key is
--- read once per call. Lone calls are the exception: each reads its keys (one slot's) before it writes any, and a read
+-- read once per call. Compact calls are the exception: each reads its keys (one slot's) before it writes any, and a read
 -- is refused exactly where the probe's read would be, before anything is written, so they need no probe.
 
 local node = ARGV[1] == 'node'
@@ -53,22 +53,22 @@ local now
 if guess ~= nil then now = clock('') end
 
 -- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
--- and forgets what was read (lone_bucket.lua, lone_sliding_window.lua).
-local function flush_lone()
+-- and forgets what was read (compact_bucket.lua, compact_sliding_window.lua).
+local function flush_compact()
   for key, at in pairs(bucket_writes) do
     local tat = bucket_tats[key]
     local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX',
       string.format('%d', ceil_ms(tat - at)))
-    if not ok then lone_failed(bucket_movers[key], err) end
+    if not ok then compact_failed(bucket_movers[key], err) end
   end
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
   for key in pairs(sliding_movers) do sliding_write(key) end
   sliding_states = {}
 end
 
--- What a lone call that failed answers: its error, or, refused as not served here, false (not decided, nothing
+-- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
 -- written; sent again to its slot).
-local function lone_error(err)
+local function compact_error(err)
   if type(err) == 'table' then err = err.err end
   err = tostring(err)
   if node and (string.find(err, 'non local key', 1, true) or string.find(err, 'cluster is down', 1, true)) then
@@ -77,46 +77,46 @@ local function lone_error(err)
   return err
 end
 
--- A lone call's arguments: `count` of them (its head included), then its time when each carries its own, then in
+-- A compact call's arguments: `count` of them (its head included), then its time when each carries its own, then in
 -- the node form its keys.
-local function lone_width(count)
+local function compact_width(count)
   if guess == nil then return count + 1 end
   return count
 end
 
--- The key and the time of the lone call at `a` that takes `count` arguments.
-local function lone_key_and_time(count)
+-- The key and the time of the compact call at `a` that takes `count` arguments.
+local function compact_key_and_time(count)
   local key, at = K[k], now
-  if node then key = ARGV[a + lone_width(count)] end
+  if node then key = ARGV[a + compact_width(count)] end
   if guess == nil then at = tonumber(ARGV[a + count]) end
   return key, at
 end
 
--- The `t` keys of the lone call at `a` that takes `count` arguments.
-local function lone_keys(count, t)
+-- The `t` keys of the compact call at `a` that takes `count` arguments.
+local function compact_keys(count, t)
   local keys, from, src = {}, k, K
-  if node then from, src = a + lone_width(count), ARGV end
+  if node then from, src = a + compact_width(count), ARGV end
   for j = 1, t do keys[j] = src[from + j - 1] end
   return keys
 end
 
--- Moves past the lone call at `a`, of `count` arguments and `t` keys (1 unless given).
-local function lone_done(count, t)
+-- Moves past the compact call at `a`, of `count` arguments and `t` keys (1 unless given).
+local function compact_done(count, t)
   t = t or 1
-  if node then a = a + lone_width(count) + t else a, k = a + lone_width(count), k + t end
+  if node then a = a + compact_width(count) + t else a, k = a + compact_width(count), k + t end
 end
 
 -- The lone forms that head their arguments with a letter ('b' a bucket, 's' a sliding window), and whether another
--- lone call of this batch hits the same counter (in capitals: read once and written once for all of them).
+-- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
 local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
 
 -- Where the next answer goes: a descriptor's answer takes one place, or as many as its compact form returns.
 local o = 1
 
--- A lone call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
-local function lone_failure(err, width)
-  answers[o] = lone_error(err)
+-- A compact call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
+local function compact_failure(err, width)
+  answers[o] = compact_error(err)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
@@ -125,49 +125,49 @@ for _ = 1, n do
   local shared = buckets[head]
   if shared ~= nil then
     -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
-    local key, at = lone_key_and_time(4)
-    local ok, answer = pcall(lone_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
+    local key, at = compact_key_and_time(4)
+    local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
       shared)
-    if ok then answers[o] = answer else lone_failure(answer, 1) end
-    lone_done(4)
+    if ok then answers[o] = answer else compact_failure(answer, 1) end
+    compact_done(4)
     o = o + 1
   elseif slidings[head] ~= nil then
     -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
-    local cur, at = lone_key_and_time(4)
+    local cur, at = compact_key_and_time(4)
     local prev = K[k + 1]
-    if node then prev = ARGV[a + lone_width(4) + 1] end
-    local ok, c, p = pcall(lone_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
+    if node then prev = ARGV[a + compact_width(4) + 1] end
+    local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
       number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
-    if ok then answers[o], answers[o + 1] = c, p else lone_failure(c, 2) end
-    lone_done(4, 2)
+    if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
+    compact_done(4, 2)
     o = o + 2
   elseif head == 'l' or head == 'c' then
     -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
     -- the node form its key.
     local count = 4
     if head == 'c' then count = 5 end
-    local key, at = lone_key_and_time(count)
-    local ok, err = pcall(lone_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
+    local key, at = compact_key_and_time(count)
+    local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
       number(ARGV[a + 3]), ARGV[a + 4], at, o)
-    if not ok then lone_failure(err, 3) end
-    lone_done(count)
+    if not ok then compact_failure(err, 3) end
+    compact_done(count)
     o = o + 3
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])
-    local _, at = lone_key_and_time(2 + 3 * t)
-    local ok, err = pcall(lone_windows, lone_keys(2 + 3 * t, t), a + 1, at, guess, o)
-    if not ok then lone_failure(err, t) end
-    lone_done(2 + 3 * t, t)
+    local _, at = compact_key_and_time(2 + 3 * t)
+    local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
+    if not ok then compact_failure(err, t) end
+    compact_done(2 + 3 * t, t)
     o = o + t
   else
     local h = number(head)
     if h > 0 then
       -- A lone fixed window: window, cost, (time), and in the node form its key.
-      local key, at = lone_key_and_time(2)
-      local ok, answer = pcall(lone_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
-      if ok then answers[o] = answer else lone_failure(answer, 1) end
-      lone_done(2)
+      local key, at = compact_key_and_time(2)
+      local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
+      if ok then answers[o] = answer else compact_failure(answer, 1) end
+      compact_done(2)
     else
       local nk, na = -h, tonumber(ARGV[a + 1])
       a = a + 2
@@ -184,8 +184,8 @@ for _ = 1, n do
       end
       local answer = false
       if here then
-        -- The driver's form may read a bucket a lone call of this batch moved: write those first.
-        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_lone() end
+        -- The driver's form may read a bucket a compact call of this batch moved: write those first.
+        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_compact() end
         local ok
         ok, answer = pcall(decide, k, nk, a)
         if not ok then
@@ -200,6 +200,6 @@ for _ = 1, n do
     o = o + 1
   end
 end
-flush_lone()
+flush_compact()
 answers[o] = server_now or 0
 return answers

@@ -3,7 +3,7 @@
 -- State: one integer string per window, `<key>:<start>` (`start` the window's first microsecond, as a decimal
 -- integer: `window_of` below; sluice sends the key of the window it expects), counted with INCRBY, which expires a
 -- second after its window ends. The commonest call,
--- lone_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
+-- compact_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
 -- is simply another key.
 -- Counters of the previous form, a hash {w = start of the window it counts, n = hits counted in it} at `<key>`
 -- itself, are still read: a window whose own key does not exist yet counts the hash's `n` when the hash is of the

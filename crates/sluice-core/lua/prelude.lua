@@ -1,5 +1,5 @@
 -- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
--- algorithm files, lone_fixed_window.lua, lone_bucket.lua, lone_sliding_window.lua, lone_sorted_set.lua, ledger.lua, decide.lua and
+-- algorithm files, compact_fixed_window.lua, compact_bucket.lua, compact_sliding_window.lua, compact_sorted_set.lua, ledger.lua, decide.lua and
 -- batch.lua (in that order), so that any mix of algorithms on one descriptor, and a batch of descriptors, is decided
 -- in one atomic call.
 --

@@ -103,7 +103,7 @@ impl Breaker {
     }
 }
 
-/// One breaker per failure domain of the store (see [`crate::store::Store::failure_domain`]): a Redis Cluster
+/// One breaker per failure domain of the store (see [`crate::store::Counters::failure_domain`]): a Redis Cluster
 /// primary that stops answering opens its own breaker, and calls for the slots of the other primaries go on.
 #[derive(Debug)]
 pub struct Breakers {

@@ -6,7 +6,7 @@
 //! - every report is charged to the bucket's quota, an ordinary counter in the store ([`Limiter::charge_usage`]), so
 //!   all Envoys and all sluice instances on one store share it;
 //! - each Envoy holds a grant: tokens handed to it and not yet reported used, recorded in the bucket's ledger in the
-//!   same store ([`Limiter::grant_quota`], [`crate::store::Store::grant`]). A grant comes from what no Envoy holds,
+//!   same store ([`Limiter::grant_quota`], [`crate::store::Grants::grant`]). A grant comes from what no Envoy holds,
 //!   up to the Envoy's max-min fair share, by demand, of what is left (its demand: its requests, allowed or denied,
 //!   over the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the others
 //!   lack. So the tokens all Envoys hold never add up to more than what is left;

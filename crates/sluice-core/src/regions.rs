@@ -3,9 +3,9 @@
 //! of its window, as this region knows it.
 //!
 //! What a region knows of the others is what they ship. Every instance notes the windows of global limits it
-//! counted in (`Shared::note`); every `interval` it reads this region's own count of each ([`Store::window_counts`])
+//! counted in (`Shared::note`); every `interval` it reads this region's own count of each ([`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts))
 //! and hands them to one [`Link`] per other region, which keeps them in a backlog (one entry per window, the larger
-//! count kept) and ships it to that region's store ([`Store::merge_counts`]), where each region's count of a window
+//! count kept) and ships it to that region's store ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window
 //! is kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a
 //! batch applied twice, late or out of order counts once, and a link that comes back after a cut ships what its
 //! backlog kept. The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and

@@ -13,6 +13,7 @@ use sluice_core::limiter::{Code, Costs, Descriptor, LimitError, Limiter, Limiter
 use sluice_core::store::Store;
 
 use crate::harness::{RedisServer, limiter_with, redis_cli, redis_store};
+use sluice_core::store::Announcements;
 
 const RULES: &str = "domain: llm
 descriptors:

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use fred::util::redis_keyslot;
 use sluice_core::rules::Algorithm;
 use sluice_core::store::redis::RedisStore;
-use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, Store, TierSpec};
+use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
     RedisCluster, T0, decided, evalsha_count, node_id, own_slots, redis_cli, redis_store_with, reshard,
 };
+use sluice_core::store::Counters;
 
 const HOUR: u64 = 3_600_000_000;
 const DAY: u64 = 24 * HOUR;

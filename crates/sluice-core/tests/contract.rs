@@ -10,6 +10,7 @@ use sluice_core::store::{
 };
 
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
+use sluice_core::store::{Counters, Reservations};
 
 const SECOND: u64 = 1_000_000;
 const MINUTE: u64 = 60 * SECOND;

@@ -5,7 +5,7 @@
 //! with the same costs, so counts pass their limits and buckets run into debt that later hits must both see alike;
 //! on a mix with a tier of another algorithm, both must decide them as ordinary hits. Every case without a queue tier
 //! runs twice, with and without queue fields, so that a lone fixed window goes both through
-//! `lua/lone_fixed_window.lua` and through the driver. Each time step is at least the real time since the last one
+//! `lua/compact_fixed_window.lua` and through the driver. Each time step is at least the real time since the last one
 //! plus [`REAL_TIME_SLACK_US`], because Redis expires keys by the real clock while the test steps its own.
 //!
 //! Reservations too: any hit (a peek, a forced one) may carry a reservation, under one of a few ids with TTLs from 0 to
@@ -28,9 +28,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sluice_core::rules::{Algorithm, MAX_LOG_LIMIT};
 use sluice_core::store::memory::MemoryStore;
-use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, Store, TierSpec};
+use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, TierSpec};
 
 use crate::harness::{RedisCluster, RedisServer, T0, redis_store};
+use sluice_core::store::{Counters, Reservations};
 
 const SECOND: u64 = 1_000_000;
 /// What a step adds beyond the real time since the last one: room for the real time the next call takes.

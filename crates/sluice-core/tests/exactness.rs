@@ -10,6 +10,7 @@ use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::{Hit, Store, TierSpec};
 
 use crate::harness::{RedisServer, T0, redis_store, tier};
+use sluice_core::store::{Counters, Releases};
 
 const SECOND: u64 = 1_000_000;
 

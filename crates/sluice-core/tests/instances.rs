@@ -7,6 +7,7 @@ use std::sync::Arc;
 use sluice_core::limiter::{Code, Descriptor, LimiterSettings, Request};
 
 use crate::harness::{RedisServer, limiter_with, redis_store};
+use sluice_core::store::Announcements;
 
 async fn admitted_across_instances(algorithm: &str, limit: u32) -> usize {
     let redis = RedisServer::start();
@@ -93,7 +94,6 @@ async fn a_reservation_settled_elsewhere_is_never_reaped() {
 /// may does. Once the user's ACL allows the channel, the instance hears again without a restart.
 #[tokio::test]
 async fn a_user_refused_the_notices_channel_hears_once_allowed() {
-    use sluice_core::store::Store;
     let redis = RedisServer::start();
     let allowed = redis_store(&redis.acl_user_url()).await;
     let mut rules = vec!["ACL".to_string(), "SETUSER".into(), "deaf".into()];

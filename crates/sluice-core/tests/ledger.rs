@@ -1,4 +1,4 @@
-//! The grant ledger of an RLQS bucket ([`Store::grant`]) over every store: the tokens all holders hold never add up
+//! The grant ledger of an RLQS bucket ([`Grants::grant`]) over every store: the tokens all holders hold never add up
 //! to more than the quota has left, shares are max-min fair by want, a holder above its share gives back what the
 //! others lack, and holders that leave or lapse count for nothing.
 

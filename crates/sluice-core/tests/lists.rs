@@ -14,6 +14,7 @@ use sluice_core::store::Store;
 use sluice_core::store::redis::RedisStore;
 
 use crate::harness::{ACL_PASSWORD, RedisServer, limiter_with, readme_acl_user, redis_store};
+use sluice_core::store::{Announcements, Lists};
 
 /// A limiter whose keys carry the prefix the documented ACL user may use.
 fn limiter<S: Store>(yaml: &str, store: S) -> (Arc<Limiter<S>>, Arc<sluice_core::clock::ManualClock>) {

@@ -13,6 +13,7 @@ use sluice_core::rules::{Algorithm, RuleSet};
 use sluice_core::store::{Hit, Outcome, RegionCount, Store, TierSpec, WindowRef};
 
 use crate::harness::{ACL_PASSWORD, RedisServer, T0, limiter_over, memory, readme_acl_user, redis_store, tier};
+use sluice_core::store::RegionCounts;
 
 const MINUTE: u64 = 60_000_000;
 

@@ -9,8 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_core::rules::Algorithm;
+use sluice_core::store::Counters;
 use sluice_core::store::redis::{RedisSettings, RedisStore};
-use sluice_core::store::{CounterKey, Hit, Store, TierSpec};
+use sluice_core::store::{CounterKey, Hit, TierSpec};
 
 /// Descriptors per algorithm; `cargo test --benches` (no `--bench` flag) runs a quick smoke pass with few.
 const KEYS: usize = 20_000;

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 use sluice::breaker::BreakerSettings;
 use sluice::limiter::{Caps, Code, Descriptor, LimitError, LimiterSettings, Request};
 use sluice::rules::FailurePolicy;
-use sluice::store::{Store, StoreError};
+use sluice::store::StoreError;
 
 use crate::harness::{RedisServer, ReplyGate, limiter_with, memory, redis_store, redis_store_with};
+use sluice_core::store::Announcements;
 
 const CONFIG: &str = "
 domain: strict

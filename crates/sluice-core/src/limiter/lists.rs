@@ -3,7 +3,7 @@
 //! - entries managed through the admin API ([`Limiter::add_list_entries`]), kept in the store (in Redis a sorted
 //!   set per list, each value scored by its expiry), so every instance on one Redis shares them. The instance that
 //!   changes a list announces the change and reads it back; the others read it when the notice arrives, every
-//!   second while notices may be missed ([`Store::hearing`]), and every 30 seconds whatever happens (a notice never
+//!   second while notices may be missed ([`Announcements::hearing`](crate::store::Announcements::hearing)), and every 30 seconds whatever happens (a notice never
 //!   sent because its caller was cancelled between the write and the announcement), so a change is in force
 //!   everywhere within a second, and within 30 seconds at worst. An entry's expiry is read on the limiter's clock:
 //!   the list is read again when its first entry expires.

@@ -4,7 +4,7 @@
 //! On the decision path a decided descriptor is noted in a bounded table of this instance, per rule and kind
 //! ([`TopCounts`], a Space-Saving table trimmed in batches: at most twice
 //! [`LimiterSettings::top_offenders`](super::LimiterSettings) values, a count never under its true value). Every
-//! [`FLUSH_EVERY`] the tables are added into the store's buckets of ten seconds and of a minute ([`Store::tally`]: in Redis one sorted set per bucket, trimmed to the same bound, gone after an
+//! [`FLUSH_EVERY`] the tables are added into the store's buckets of ten seconds and of a minute ([`Offenders::tally`](crate::store::Offenders::tally): in Redis one sorted set per bucket, trimmed to the same bound, gone after an
 //! hour), with an index of the rules noted; [`Limiter::top_offenders`] sums the buckets of a span.
 
 use std::collections::HashMap;

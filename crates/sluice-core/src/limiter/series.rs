@@ -1,6 +1,6 @@
 //! Outcomes per second: per domain and rule, how many decisions each second allowed and denied, summed across the
 //! instances on one store; what the dashboard plots. Each instance counts in memory and adds its counts to the
-//! store once a second ([`Store::series_add`]: in Redis a hash per domain and second, gone after 16 minutes).
+//! store once a second ([`Series::series_add`](crate::store::Series::series_add): in Redis a hash per domain and second, gone after 16 minutes).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

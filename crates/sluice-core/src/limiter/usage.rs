@@ -5,7 +5,7 @@
 //! allowed and denied. Each bucket's quota is an ordinary counter (a rule of the domain's `quota_buckets`), so every
 //! Envoy and every sluice instance on one store charges the same count. The allowed requests are counted whatever
 //! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
-//! bucket's ledger in the same store ([`Store::grant`]), so that every instance shares out the same quota.
+//! bucket's ledger in the same store ([`Grants::grant`](crate::store::Grants::grant)), so that every instance shares out the same quota.
 
 use super::{LimitError, Limiter};
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
@@ -204,7 +204,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Grants each claim its part of its bucket's quota ([`Store::grant`]): one store call for every claim. A claim
+    /// Grants each claim its part of its bucket's quota ([`Grants::grant`](crate::store::Grants::grant)): one store call for every claim. A claim
     /// whose bucket no limited rule matches (or an unlimited or shadow one) gets `None` and touches nothing.
     pub async fn grant_quota(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
         let now_us = self.clock.now_us();

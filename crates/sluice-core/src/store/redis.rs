@@ -1,7 +1,7 @@
 //! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
 //!
 //! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
-//! `lone_fixed_window.lua`, `lone_bucket.lua`, `lone_sliding_window.lua` and `lone_sorted_set.lua` (compact forms of
+//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua` and `compact_sorted_set.lua` (compact forms of
 //! the commonest calls, `redis/lone.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
 //! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
@@ -50,19 +50,22 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
-    Answers, CounterKey, Grant, Granted, Hit, ListChange, ListEntry, Notice, RegionCount, SERIES_TTL_US, Settled,
-    Settlement, Span, Store, StoreError, StreamReset, TOP_BUCKET_TTL_US, Tally, WindowRef, ranked,
+    Announcements, Answers, CounterKey, Counters, Grant, Granted, Grants, Hit, Notice, Releases, Reservations, Settled,
+    Settlement, StoreError, StreamReset,
 };
 
 mod call;
 mod cluster;
+mod compact;
 mod gather;
-mod lone;
+mod lists;
 mod notices;
+mod regions;
 mod route;
 mod settings;
+mod tallies;
 
-use call::{Call, Form, Mode, is_noscript, parse, parse_granted, parse_settled};
+use call::{Call, Form, Mode, Reply, is_noscript, parse, parse_granted, parse_settled};
 use cluster::{Cluster, Node};
 use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
@@ -83,10 +86,10 @@ macro_rules! decision_script {
             include_str!("../../lua/concurrency.lua"),
             include_str!("../../lua/queue.lua"),
             include_str!("../../lua/global.lua"),
-            include_str!("../../lua/lone_fixed_window.lua"),
-            include_str!("../../lua/lone_bucket.lua"),
-            include_str!("../../lua/lone_sliding_window.lua"),
-            include_str!("../../lua/lone_sorted_set.lua"),
+            include_str!("../../lua/compact_fixed_window.lua"),
+            include_str!("../../lua/compact_bucket.lua"),
+            include_str!("../../lua/compact_sliding_window.lua"),
+            include_str!("../../lua/compact_sorted_set.lua"),
             include_str!("../../lua/ledger.lua"),
             include_str!("../../lua/decide.lua"),
             include_str!("../../lua/batch.lua"),
@@ -257,7 +260,7 @@ impl RedisStore {
         &self,
         items: &[I],
         call: impl Fn(&I) -> Call + Sync,
-        parse: impl Fn(Value, &I) -> Result<T, StoreError>,
+        parse: impl Fn(Reply, &I) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
         let mut results: Vec<Option<Result<T, StoreError>>> = items.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..items.len()).collect();
@@ -299,7 +302,7 @@ impl RedisStore {
     }
 
     /// Sends `calls` to the one server through the gathering task and returns one answer per call.
-    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Value, (FredError, Option<Node>)>> {
+    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Reply, (FredError, Option<Node>)>> {
         let n = calls.len();
         let Some(batches) = &self.batches else {
             let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
@@ -394,15 +397,6 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// The script that takes a region's shipped counts (`lua/merge.lua`).
-const MERGE: &str = include_str!("../../lua/merge.lua");
-
-/// The script that reads this region's counts of global windows (`lua/counts.lua`).
-const COUNTS: &str = include_str!("../../lua/counts.lua");
-
-/// The most windows one EVAL of [`MERGE`] or [`COUNTS`] carries.
-const MERGE_BATCH: usize = 512;
-
 /// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
 const RESET_IDLE_STREAM: &str = include_str!("../../lua/reset_idle_stream.lua");
 
@@ -435,43 +429,6 @@ async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<S
 }
 
 impl RedisStore {
-    /// The positions of `keys` grouped by cluster slot (one group on a single server), at most MERGE_BATCH each.
-    fn by_slot(&self, keys: &[CounterKey]) -> Vec<Vec<usize>> {
-        let mut by_slot: std::collections::BTreeMap<Option<u16>, Vec<usize>> = Default::default();
-        for (i, key) in keys.iter().enumerate() {
-            let slot = self
-                .cluster
-                .as_ref()
-                .map(|_| fred::util::redis_keyslot(key.as_str().as_bytes()));
-            by_slot.entry(slot).or_default().push(i);
-        }
-        by_slot
-            .into_values()
-            .flat_map(|group| group.chunks(MERGE_BATCH).map(<[usize]>::to_vec).collect::<Vec<_>>())
-            .collect()
-    }
-
-    /// Runs `script` by EVAL on the server of `first` (whose slot every key shares), with `keys` and `args`.
-    async fn eval(
-        &self,
-        script: &'static str,
-        first: &CounterKey,
-        keys: Vec<Value>,
-        args: Vec<Value>,
-    ) -> Result<Value, StoreError> {
-        let slot = fred::util::redis_keyslot(first.as_str().as_bytes());
-        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
-        let mut all = Vec::with_capacity(2 + keys.len() + args.len());
-        all.push(Value::from(script));
-        all.push(Value::Integer(keys.len() as i64));
-        all.extend(keys);
-        all.extend(args);
-        self.client_for(first)?
-            .custom::<Value, _>(command, all)
-            .await
-            .map_err(|e| self.classify(e))
-    }
-
     fn classify(&self, e: FredError) -> StoreError {
         match e.kind() {
             ErrorKind::Timeout => StoreError::Timeout(self.timeout),
@@ -484,37 +441,7 @@ impl RedisStore {
     }
 }
 
-/// A list's run-time entries are a sorted set: each value scored by its expiry in microseconds, `+inf` for none.
-impl RedisStore {
-    async fn drop_expired(&self, now_us: u64, list: &CounterKey) -> Result<(), StoreError> {
-        let args = vec![Value::from("-inf"), Value::from(now_us.to_string())];
-        self.command(list, "ZREMRANGEBYSCORE", args).await.map(|_| ())
-    }
-}
-
-/// The members and scores of a sorted-set reply WITHSCORES: RESP2 answers [value, score, …], RESP3 [[value, score],
-/// …]. A score that does not parse reads as infinite.
-fn scored(reply: Value) -> Vec<(String, f64)> {
-    let flat: Vec<Value> = match reply {
-        Value::Array(items) => items
-            .into_iter()
-            .flat_map(|item| match item {
-                Value::Array(pair) => pair,
-                other => vec![other],
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    flat.chunks_exact(2)
-        .filter_map(|pair| Some((pair[0].as_string()?, pair[1].as_f64().unwrap_or(f64::INFINITY))))
-        .collect()
-}
-
-fn integer(value: &Value) -> u64 {
-    value.as_u64().unwrap_or(0)
-}
-
-impl Store for RedisStore {
+impl Counters for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
     }
@@ -533,147 +460,45 @@ impl Store for RedisStore {
         self.run(Mode::Peek, now_us, hits).await
     }
 
-    async fn list_change(
-        &self,
-        now_us: u64,
-        list: &CounterKey,
-        change: ListChange<'_>,
-    ) -> Result<Option<u64>, StoreError> {
-        self.drop_expired(now_us, list).await?;
-        match change {
-            ListChange::Add {
-                values,
-                expires_us,
-                max,
-            } => {
-                // Renewed values count as new here: a list near its bound may refuse a renewal that would fit.
-                let held = integer(&self.command(list, "ZCARD", Vec::new()).await?);
-                if held as usize + values.len() > max {
-                    return Ok(None);
-                }
-                let score = expires_us.map_or_else(|| "+inf".to_string(), |e| e.to_string());
-                let mut args = Vec::with_capacity(values.len() * 2);
-                for value in values {
-                    args.push(Value::from(score.as_str()));
-                    args.push(Value::from(value.as_str()));
-                }
-                Ok(Some(integer(&self.command(list, "ZADD", args).await?)))
-            }
-            ListChange::Remove { values } => {
-                let args = values.iter().map(|v| Value::from(v.as_str())).collect();
-                Ok(Some(integer(&self.command(list, "ZREM", args).await?)))
-            }
+    fn failure_domain(&self, hit: &Hit) -> u64 {
+        let Some(cluster) = &self.cluster else { return 0 };
+        let key = hit
+            .tiers
+            .first()
+            .map(|t| &t.key)
+            .or(hit.record.as_ref().map(|r| &r.key))
+            .or(hit.reservation.as_ref().map(|r| &r.key));
+        key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
+    }
+
+    async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
+        self.per_key("DEL", keys, None).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        if let Some(cluster) = &self.cluster {
+            // The message names the node that did not answer.
+            return cluster
+                .ping()
+                .await
+                .map_err(|e| StoreError::Connection(e.details().to_string()));
         }
+        let _: Value = self.pool.next().ping(None).await.map_err(|e| self.classify(e))?;
+        Ok(())
     }
+}
 
-    async fn tally(&self, now_us: u64, tallies: &[Tally], kept: usize) -> Result<(), StoreError> {
-        // Per bucket: an increment per value, the smallest past `kept` removed (lowest score first, then lowest
-        // value, as the memory store trims), the bucket's life renewed. fred pipelines the commands of one
-        // connection, so a tally costs about one round trip.
-        let mut calls = Vec::new();
-        for tally in tallies {
-            for span in [Span::Minute, Span::Hour] {
-                let (width, _) = span.buckets();
-                let bucket = tally.set.bucket(span, now_us - now_us % width);
-                calls.push(async move {
-                    let adds = tally.counts.iter().map(|(value, n)| {
-                        self.command(
-                            &bucket,
-                            "ZINCRBY",
-                            vec![Value::from(n.to_string()), Value::from(value.as_str())],
-                        )
-                    });
-                    futures::future::try_join_all(adds).await?;
-                    let trim = vec![Value::from(0), Value::from(-(kept as i64) - 1)];
-                    self.command(&bucket, "ZREMRANGEBYRANK", trim).await?;
-                    let ttl = Value::from((TOP_BUCKET_TTL_US / 1_000).to_string());
-                    self.command(&bucket, "PEXPIRE", vec![ttl]).await
-                });
-            }
-        }
-        futures::future::try_join_all(calls).await.map(|_| ())
-    }
-
-    async fn top(&self, now_us: u64, set: &CounterKey, span: Span) -> Result<Vec<(String, u64)>, StoreError> {
-        let keys = span.keys(set, now_us);
-        let reads = keys.iter().map(|key| {
-            let args = vec![Value::from(0), Value::from(-1), Value::from("WITHSCORES")];
-            self.command(key, "ZRANGE", args)
-        });
-        let mut sums = std::collections::HashMap::new();
-        for reply in futures::future::try_join_all(reads).await? {
-            for (value, score) in scored(reply) {
-                *sums.entry(value).or_default() += score as u64;
-            }
-        }
-        Ok(ranked(sums))
-    }
-
-    async fn series_add(&self, set: &CounterKey, counts: &[(u64, String, u64)]) -> Result<(), StoreError> {
-        let mut by_second: std::collections::BTreeMap<u64, Vec<Value>> = std::collections::BTreeMap::new();
-        for (second, field, n) in counts {
-            by_second
-                .entry(*second)
-                .or_default()
-                .extend([Value::from(field.as_str()), Value::from(n.to_string())]);
-        }
-        let calls = by_second.into_iter().map(|(second, fields)| async move {
-            let key = set.second(second);
-            // HINCRBY per field: a hash per second, renewed for SERIES_TTL_US.
-            let adds = fields
-                .chunks(2)
-                .map(|pair| self.command(&key, "HINCRBY", pair.to_vec()));
-            futures::future::try_join_all(adds).await?;
-            let ttl = Value::from((SERIES_TTL_US / 1_000).to_string());
-            self.command(&key, "PEXPIRE", vec![ttl]).await
-        });
-        futures::future::try_join_all(calls).await.map(|_| ())
-    }
-
-    async fn series_read(
-        &self,
-        set: &CounterKey,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<std::collections::HashMap<String, u64>>, StoreError> {
-        let keys: Vec<CounterKey> = (from..=to).map(|s| set.second(s)).collect();
-        let reads = keys.iter().map(|key| self.command(key, "HGETALL", Vec::new()));
-        let replies = futures::future::try_join_all(reads).await?;
-        Ok(replies
-            .into_iter()
-            .map(|reply| {
-                let flat: Vec<Value> = match reply {
-                    Value::Array(items) => items,
-                    Value::Map(map) => map.inner().into_iter().flat_map(|(k, v)| [Value::from(k), v]).collect(),
-                    _ => Vec::new(),
-                };
-                flat.chunks_exact(2)
-                    .filter_map(|p| Some((p[0].as_string()?, p[1].as_u64().unwrap_or(0))))
-                    .collect()
-            })
-            .collect())
-    }
-
-    async fn list_entries(&self, now_us: u64, list: &CounterKey) -> Result<Vec<ListEntry>, StoreError> {
-        let args = vec![
-            Value::from(format!("({now_us}")),
-            Value::from("+inf"),
-            Value::from("WITHSCORES"),
-        ];
-        let reply = self.command(list, "ZRANGEBYSCORE", args).await?;
-        Ok(scored(reply)
-            .into_iter()
-            .map(|(value, score)| ListEntry {
-                value,
-                expires_us: score.is_finite().then_some(score as u64),
-            })
-            .collect())
-    }
-
+impl Releases for RedisStore {
     async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {
         self.per_key("ZREM", keys, Some(lease)).await
     }
 
+    async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
+        reset_idle_streams(self, keys).await
+    }
+}
+
+impl Reservations for RedisStore {
     async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
         // A settlement whose hit has a tier that does not count never reaches Redis.
         let counted: Vec<usize> = (0..settlements.len())
@@ -696,7 +521,9 @@ impl Store for RedisStore {
         }
         answers
     }
+}
 
+impl Grants for RedisStore {
     async fn grant(&self, now_us: u64, grants: &[Grant]) -> Vec<Result<Granted, StoreError>> {
         if grants.is_empty() {
             return Vec::new();
@@ -705,53 +532,9 @@ impl Store for RedisStore {
         self.run_calls(grants, |g| Call::grant(now, g), |value, _| parse_granted(value))
             .await
     }
+}
 
-    async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
-        self.per_key("DEL", keys, None).await
-    }
-
-    async fn window_counts(&self, _now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
-        // One EVAL of counts.lua per slot and MERGE_BATCH windows (one per batch on a single server).
-        let keys: Vec<CounterKey> = windows.iter().map(|w| w.key.window(w.start_us)).collect();
-        let mut counts = vec![0; keys.len()];
-        let groups = self.by_slot(&keys);
-        let calls = groups.iter().map(|group| {
-            let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
-            self.eval(COUNTS, &keys[group[0]], chunk, Vec::new())
-        });
-        for (group, reply) in groups.iter().zip(futures::future::try_join_all(calls).await?) {
-            let Value::Array(values) = reply else {
-                return Err(StoreError::Other(format!("counts.lua answered {reply:?}")));
-            };
-            for (&i, value) in group.iter().zip(values) {
-                counts[i] = integer(&value);
-            }
-        }
-        Ok(counts)
-    }
-
-    async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
-        // One EVAL of merge.lua per slot and MERGE_BATCH windows (one per batch on a single server).
-        let keys: Vec<CounterKey> = counts.iter().map(|c| c.window.key.regions(c.window.start_us)).collect();
-        let calls = self.by_slot(&keys).into_iter().map(|group| {
-            let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
-            let mut args = vec![Value::from(region)];
-            for &i in &group {
-                let c = &counts[i];
-                let ttl_ms = c.window.expires_us().saturating_sub(now_us).div_ceil(1_000).max(1);
-                args.push(Value::Integer(c.count.min(i64::MAX as u64) as i64));
-                args.push(Value::Integer(ttl_ms as i64));
-            }
-            let first = keys[group[0]].clone();
-            async move { self.eval(MERGE, &first, chunk, args).await }
-        });
-        futures::future::try_join_all(calls).await.map(|_| ())
-    }
-
-    async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
-        reset_idle_streams(self, keys).await
-    }
-
+impl Announcements for RedisStore {
     async fn announce(&self, notice: Notice) {
         let message = notices::encode(&notice);
         let sent: Result<Value, FredError> = self.pool.next().publish(NOTICE_CHANNEL, message).await;
@@ -769,29 +552,29 @@ impl Store for RedisStore {
     fn hearing(&self) -> bool {
         self.notices.hearing()
     }
+}
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        if let Some(cluster) = &self.cluster {
-            // The message names the node that did not answer.
-            return cluster
-                .ping()
-                .await
-                .map_err(|e| StoreError::Connection(e.details().to_string()));
-        }
-        let _: Value = self.pool.next().ping(None).await.map_err(|e| self.classify(e))?;
-        Ok(())
-    }
+/// The members and scores of a sorted-set reply WITHSCORES: RESP2 answers [value, score, …], RESP3 [[value, score],
+/// …]. A score that does not parse reads as infinite.
+fn scored(reply: Value) -> Vec<(String, f64)> {
+    let flat: Vec<Value> = match reply {
+        Value::Array(items) => items
+            .into_iter()
+            .flat_map(|item| match item {
+                Value::Array(pair) => pair,
+                other => vec![other],
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    flat.chunks_exact(2)
+        .filter_map(|pair| Some((pair[0].as_string()?, pair[1].as_f64().unwrap_or(f64::INFINITY))))
+        .collect()
+}
 
-    fn failure_domain(&self, hit: &Hit) -> u64 {
-        let Some(cluster) = &self.cluster else { return 0 };
-        let key = hit
-            .tiers
-            .first()
-            .map(|t| &t.key)
-            .or(hit.record.as_ref().map(|r| &r.key))
-            .or(hit.reservation.as_ref().map(|r| &r.key));
-        key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
-    }
+/// An integer answer, 0 when it is none.
+fn integer(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::lone::{Lone, LoneTier};
+use super::compact::{Compact, CompactTier};
 use crate::rules::Algorithm;
 use crate::store::{
     CounterKey, Grant, Granted, Hit, MAX_LEDGER_AMOUNT, Outcome, RecordSpec, Settled, Settlement, StoreError,
@@ -36,8 +36,8 @@ pub(super) enum Form {
 pub(super) struct Call {
     keys: Vec<Value>,
     args: Vec<Value>,
-    /// A lone call's compact form (`store/redis/lone.rs`): what sluice needs to decide from the integer it gets.
-    lone: Option<Lone>,
+    /// The call's compact form (`store/redis/compact.rs`): what sluice needs to decide from the integers it gets.
+    compact: Option<Compact>,
     /// The cluster slot of its keys, which share one hash tag.
     pub(super) slot: Option<u16>,
     /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
@@ -126,16 +126,16 @@ impl Call {
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         // A global tier reads the other regions' counts (`lua/global.lua`): never a compact form.
         if let ("hit", None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
-            let lone = match &hit.tiers[..] {
-                [tier] => Lone::of(now_us, tier, hit.cost, &hit.lease),
-                tiers => Lone::windows(now_us, tiers, hit.cost),
+            let compact = match &hit.tiers[..] {
+                [tier] => Compact::of(now_us, tier, hit.cost, &hit.lease),
+                tiers => Compact::windows(now_us, tiers, hit.cost),
             };
-            if let Some(lone) = lone {
-                // Its key and arguments are written when the script call is assembled (see `Lone::parts`).
+            if let Some(compact) = compact {
+                // Its key and arguments are written when the script call is assembled (see `Compact::parts`).
                 return Call {
                     keys: Vec::new(),
                     args: Vec::new(),
-                    lone: Some(lone),
+                    compact: Some(compact),
                     slot,
                     probe: None,
                 };
@@ -144,7 +144,7 @@ impl Call {
         let tail = extra.map(|r| r.1).unwrap_or_default();
         let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + tail.len();
         let mut args: Vec<Value> = Vec::with_capacity(2 + count);
-        // Minus the key count: what tells this form from a lone fixed window's, headed by its (positive) window.
+        // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
         args.push(Value::Integer(-(keys.len() as i64)));
         args.push(Value::Integer(count as i64));
         args.push(Value::from(mode));
@@ -185,7 +185,7 @@ impl Call {
         Call {
             keys,
             args,
-            lone: None,
+            compact: None,
             slot,
             probe: None,
         }
@@ -197,7 +197,7 @@ impl Call {
     /// no hash tag or another key does not start with the same prefix and tag (the script's probe would not vouch
     /// for its slot).
     pub(super) fn probe(&mut self) -> bool {
-        if self.lone.is_some() {
+        if self.compact.is_some() {
             // Its own key's command is refused where a probe's read would be (see `lua/batch.lua`).
             return true;
         }
@@ -230,30 +230,30 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
     now - now % window_us.max(1)
 }
 
-/// Calls on the same counter in one script call share one: a lone fixed window's count is the same whichever hit
+/// Calls on the same counter in one script call share one: a compact fixed window's count is the same whichever hit
 /// comes first, so `k` hits on one window's key are one INCRBY of their summed counted costs, and each hit's count
 /// before it is the shared count before plus the counted costs of the hits ahead of it in the call: exactly the
 /// counts serial hits would see. Returns the calls to send and, per call given, the index of the call sent for it
 /// and what its count is ahead of that call's.
 fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     mark_shared(&mut calls);
-    // Which earlier call each lone fixed window shares its counter with, found by borrowing the keys (no map at all
+    // Which earlier call each compact fixed window shares its counter with, found by borrowing the keys (no map at all
     // when fewer than two calls could share).
     let window = |c: &Call| {
         matches!(
-            c.lone,
-            Some(Lone {
-                tier: LoneTier::Window(_),
+            c.compact,
+            Some(Compact {
+                tier: CompactTier::Window(_),
                 ..
             })
         )
     };
-    let lone = calls.iter().filter(|c| window(c)).count();
+    let compact = calls.iter().filter(|c| window(c)).count();
     let mut shares: Vec<Option<usize>> = vec![None; calls.len()];
-    if lone > 1 {
-        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(lone);
+    if compact > 1 {
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(compact);
         for (i, call) in calls.iter().enumerate() {
-            if let (true, Some(l)) = (window(call), &call.lone) {
+            if let (true, Some(l)) = (window(call), &call.compact) {
                 let j = *first.entry(l.key.as_str()).or_insert(i);
                 shares[i] = (j != i).then_some(j);
             }
@@ -263,13 +263,13 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut sent_at: Vec<usize> = Vec::with_capacity(calls.len());
     let mut plan = Vec::with_capacity(calls.len());
     for (call, share) in calls.into_iter().zip(shares) {
-        let own = call.lone.as_ref().map(|l| l.tier.clone());
+        let own = call.compact.as_ref().map(|l| l.tier.clone());
         match (share, own) {
-            (Some(first), Some(LoneTier::Window(own))) => {
+            (Some(first), Some(CompactTier::Window(own))) => {
                 let j = sent_at[first];
-                let ahead = match sent[j].lone.as_mut() {
-                    Some(Lone {
-                        tier: LoneTier::Window(w),
+                let ahead = match sent[j].compact.as_mut() {
+                    Some(Compact {
+                        tier: CompactTier::Window(w),
                         ..
                     }) => {
                         let ahead = w.counted;
@@ -282,7 +282,7 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
                 plan.push(Planned {
                     sent: j,
                     ahead,
-                    own: Some(LoneTier::Window(own)),
+                    own: Some(CompactTier::Window(own)),
                 });
             }
             (_, own) => {
@@ -299,11 +299,11 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     (sent, plan)
 }
 
-/// Marks the lone buckets and sliding windows whose counter another lone call of the batch hits ([`Lone::share`]),
+/// Marks the compact buckets and sliding windows whose counter another compact call of the batch hits ([`Compact::share`]),
 /// when all of them see it in one window (a sliding window's calls given times across an edge are left unshared).
 fn mark_shared(calls: &mut [Call]) {
     fn key(c: &Call) -> Option<(&str, u64)> {
-        c.lone.as_ref().and_then(Lone::share_key)
+        c.compact.as_ref().and_then(Compact::share_key)
     }
     if calls.iter().filter_map(key).nth(1).is_none() {
         return;
@@ -322,7 +322,7 @@ fn mark_shared(calls: &mut [Call]) {
             .collect()
     };
     for (call, shared) in calls.iter_mut().zip(shared) {
-        if let (true, Some(l)) = (shared, call.lone.as_mut()) {
+        if let (true, Some(l)) = (shared, call.compact.as_mut()) {
             l.share();
         }
     }
@@ -332,10 +332,18 @@ fn mark_shared(calls: &mut [Call]) {
 struct Planned {
     /// The call sent for it.
     sent: usize,
-    /// For a lone fixed window: the counted costs of the hits ahead of it in the shared call.
+    /// For a compact fixed window: the counted costs of the hits ahead of it in the shared call.
     ahead: u64,
-    /// For a lone call: what it is decided by.
-    own: Option<LoneTier>,
+    /// For a compact call: what it is decided by.
+    own: Option<CompactTier>,
+}
+
+/// One descriptor's answer from a script call: decided by sluice from a compact form's integers, or the script's own
+/// answer (the driver's, an error, or nil: not decided there).
+#[derive(Debug, Clone)]
+pub(super) enum Reply {
+    Decided(Outcome),
+    Script(Value),
 }
 
 /// One EVALSHA deciding `calls` (`lua/batch.lua`) in `form`, routed in a cluster to the slot of the first call's
@@ -348,18 +356,21 @@ pub(super) async fn eval(
     calls: Vec<Call>,
     form: Form,
     asking: bool,
-) -> Result<Vec<Value>, FredError> {
+) -> Result<Vec<Reply>, FredError> {
     let (calls, plan) = coalesce(calls);
-    let widths: Vec<usize> = calls.iter().map(|c| c.lone.as_ref().map_or(1, Lone::width)).collect();
+    let widths: Vec<usize> = calls
+        .iter()
+        .map(|c| c.compact.as_ref().map_or(1, Compact::width))
+        .collect();
     let places = widths.iter().sum::<usize>();
     let route = calls
         .first()
         .and_then(|c| c.slot)
         .map_or(ClusterHash::Random, ClusterHash::Custom);
-    // Decided by the server's clock: the lone fixed windows' keys are built for this host's time, sent along.
+    // Decided by the server's clock: the compact fixed windows' keys are built for this host's time, sent along.
     let guess = calls
         .iter()
-        .any(|c| c.lone.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
+        .any(|c| c.compact.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
         .then(host_now_us);
     let command = match form {
         Form::Declared => declared(sha, calls, guess),
@@ -391,10 +402,10 @@ pub(super) async fn eval(
     Ok(plan
         .into_iter()
         .map(|p| match (p.own, &values[p.sent]) {
-            (Some(lone), value) => lone
-                .answer(value, p.ahead, lone.now_us().unwrap_or(server_now))
-                .unwrap_or_else(|| value.clone()),
-            (None, _) => std::mem::replace(&mut values[p.sent], Value::Null),
+            (Some(compact), value) => compact
+                .answer(value, p.ahead, compact.now_us().unwrap_or(server_now))
+                .map_or_else(|| Reply::Script(value.clone()), Reply::Decided),
+            (None, _) => Reply::Script(std::mem::replace(&mut values[p.sent], Value::Null)),
         })
         .collect())
 }
@@ -420,7 +431,7 @@ fn gather(values: Vec<Value>, widths: &[usize]) -> Vec<Value> {
         .collect()
 }
 
-/// The header argument that says how lone fixed windows are timed: `guess`, this host's time the keys were built
+/// The header argument that says how compact fixed windows are timed: `guess`, this host's time the keys were built
 /// for, when they are decided by the server's clock; '' when each carries its time.
 fn timing(guess: Option<u64>) -> Value {
     guess.map_or(Value::from(""), |g| Value::Integer(g as i64))
@@ -431,30 +442,30 @@ fn timing(guess: Option<u64>) -> Value {
 fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
     let keys: usize = calls
         .iter()
-        .map(|c| c.lone.as_ref().map_or(c.keys.len(), Lone::key_count))
+        .map(|c| c.compact.as_ref().map_or(c.keys.len(), Compact::key_count))
         .sum();
     let args: usize = calls.iter().map(|c| c.args.len().max(3)).sum();
     let mut command = Vec::with_capacity(4 + keys + args);
     command.push(sha);
     command.push(Value::Integer(keys as i64));
     for call in &mut calls {
-        match &call.lone {
-            Some(lone) => lone.push_keys(guess.unwrap_or(0), &mut command),
+        match &call.compact {
+            Some(compact) => compact.push_keys(guess.unwrap_or(0), &mut command),
             None => command.append(&mut call.keys),
         }
     }
     command.push(Value::Integer(calls.len() as i64));
     command.push(timing(guess));
     for call in calls {
-        match &call.lone {
-            Some(lone) => lone.push_args(&mut command),
+        match &call.compact {
+            Some(compact) => compact.push_args(&mut command),
             None => command.extend(call.args),
         }
     }
     command
 }
 
-/// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a lone fixed window's
+/// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact fixed window's
 /// arguments and its key, or the driver form's two counts, its probe key ('' when it has none: the script then
 /// decides nothing of it), its keys and the rest of its arguments.
 fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
@@ -466,9 +477,9 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
     command.push(Value::Integer(calls.len() as i64));
     command.push(timing(guess));
     for call in calls {
-        if let Some(lone) = &call.lone {
-            lone.push_args(&mut command);
-            lone.push_keys(guess.unwrap_or(0), &mut command);
+        if let Some(compact) = &call.compact {
+            compact.push_args(&mut command);
+            compact.push_keys(guess.unwrap_or(0), &mut command);
             continue;
         }
         let mut args = call.args.into_iter();
@@ -482,32 +493,35 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
 
 /// Whether a descriptor's answer in a node's batch says it was not decided there, nothing of it written: its slot is
 /// served elsewhere or migrating (see `lua/batch.lua`).
-pub(super) fn unserved(value: &Value) -> bool {
-    matches!(value, Value::Null)
+pub(super) fn unserved(reply: &Reply) -> bool {
+    matches!(reply, Reply::Script(Value::Null))
 }
 
 fn bad() -> StoreError {
     StoreError::Script("unexpected script answer".into())
 }
 
-/// The items of one descriptor's answer, or the error that stopped it alone (see `lua/batch.lua`).
-fn items(value: Value) -> Result<Vec<Value>, StoreError> {
-    match value {
-        Value::Array(items) => Ok(items),
-        Value::String(error) => Err(StoreError::Script(error.to_string())),
+/// The items of one descriptor's answer from the script, or the error that stopped it alone (see `lua/batch.lua`).
+fn items(reply: Reply) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Reply::Script(Value::Array(items)) => Ok(items),
+        Reply::Script(Value::String(error)) => Err(StoreError::Script(error.to_string())),
         _ => Err(bad()),
     }
 }
 
-/// Reads `decide.lua`'s answer.
-pub(super) fn parse(value: Value, tiers: usize) -> Result<Outcome, StoreError> {
-    outcome(items(value)?, tiers)
+/// Reads a hit's answer: decided from a compact form, or `decide.lua`'s.
+pub(super) fn parse(reply: Reply, tiers: usize) -> Result<Outcome, StoreError> {
+    match reply {
+        Reply::Decided(outcome) => Ok(outcome),
+        reply => outcome(items(reply)?, tiers),
+    }
 }
 
 /// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
 /// refunded), then an outcome.
-pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, StoreError> {
-    let mut items = items(value)?;
+pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, StoreError> {
+    let mut items = items(reply)?;
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
     match items.first().and_then(Value::as_i64) {
         Some(0) => Ok(Settled::Unknown),
@@ -534,8 +548,8 @@ pub(super) fn parse_settled(value: Value, tiers: usize) -> Result<Settled, Store
 }
 
 /// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
-pub(super) fn parse_granted(value: Value) -> Result<Granted, StoreError> {
-    let items = items(value)?;
+pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
+    let items = items(reply)?;
     let count = |i: usize| {
         items
             .get(i)
@@ -669,11 +683,11 @@ mod tests {
     #[test]
     fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
         let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
-        // A forced hit goes through the driver's form, which has a probe (a lone fixed window needs none).
+        // A forced hit goes through the driver's form, which has a probe (a compact fixed window needs none).
         let mut hit = fixed_window_hit(&id);
         hit.force = true;
-        let mut lone = Call::new(Mode::Hit, None, &fixed_window_hit(&id));
-        assert!(lone.probe() && lone.probe.is_none());
+        let mut compact = Call::new(Mode::Hit, None, &fixed_window_hit(&id));
+        assert!(compact.probe() && compact.probe.is_none());
         let mut call = Call::new(Mode::Hit, None, &hit);
         assert!(call.probe());
         let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
@@ -688,7 +702,7 @@ mod tests {
         let mut untagged = Call {
             keys: vec![Value::from("plain")],
             args: Vec::new(),
-            lone: None,
+            compact: None,
             slot: Some(fred::util::redis_keyslot(b"plain")),
             probe: None,
         };
@@ -728,7 +742,7 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        // A lone fixed window travels in its compact form: window, cost counted, now; its key is the window's.
+        // A compact fixed window travels in its compact form: window, cost counted, now; its key is the window's.
         let keys: Vec<String> = ids
             .iter()
             .map(|id| fixed_window_hit(id).tiers[0].key.window(0).as_str().to_string())
@@ -794,7 +808,9 @@ mod tests {
             assert!(!refused_by_topology(&e(other)), "{other}");
         }
         assert!(is_tryagain(&e("TRYAGAIN Multiple keys")) && !is_tryagain(&e("MOVED 1 h:1")));
-        assert!(unserved(&Value::Null) && !unserved(&Value::Integer(0)) && !unserved(&Value::Array(Vec::new())));
+        let script = Reply::Script;
+        assert!(unserved(&script(Value::Null)) && !unserved(&script(Value::Integer(0))));
+        assert!(!unserved(&script(Value::Array(Vec::new()))));
     }
 
     #[test]

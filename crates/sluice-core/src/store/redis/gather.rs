@@ -11,7 +11,7 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::call::{Call, Form, eval};
+use super::call::{Call, Form, Reply, eval};
 
 /// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
 /// holds Redis, where each descriptor costs a few microseconds.
@@ -37,7 +37,7 @@ impl Batches {
     /// Queues one request's `calls` and waits for their answers, one per call, in order. The calls go out whether or
     /// not this future is still awaited (a request dropped meanwhile is decided all the same, its answer unread); a
     /// request that waits longer than the store's timeout to be taken fails without going out.
-    pub(super) async fn send(&self, calls: Vec<Call>) -> Result<Vec<Value>, FredError> {
+    pub(super) async fn send(&self, calls: Vec<Call>) -> Result<Vec<Reply>, FredError> {
         let (reply, answer) = oneshot::channel();
         let gone = || FredError::new(ErrorKind::Canceled, "the redis store is shutting down");
         self.waiting.fetch_add(1, Ordering::Relaxed);
@@ -59,7 +59,7 @@ struct Job {
     calls: Vec<Call>,
     /// When it was queued: a request that waited longer than the store's timeout fails instead of going out.
     queued: Instant,
-    reply: oneshot::Sender<Result<Vec<Value>, FredError>>,
+    reply: oneshot::Sender<Result<Vec<Reply>, FredError>>,
 }
 
 /// The task that gathers waiting requests into script calls of at most [`MAX_BATCH`] descriptors each, with as many

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 
-use super::call::{Call, Form, eval, is_tryagain, redirection, refused_by_topology, unserved};
+use super::call::{Call, Form, Reply, eval, is_tryagain, redirection, refused_by_topology, unserved};
 use super::cluster::{Cluster, Node};
 
 /// One descriptor's answer, or the error that stopped it with the node that gave it (where a NOSCRIPT reloads).
-pub(super) type Answer = Result<Value, (FredError, Option<Node>)>;
+pub(super) type Answer = Result<Reply, (FredError, Option<Node>)>;
 
 /// The first pause before a call that met TRYAGAIN is tried again; each pause doubles the last.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(1);
@@ -137,7 +137,7 @@ async fn to_slot_once(cluster: &Cluster, sha: &Value, make: &impl Fn() -> Call) 
     };
     let first = eval(node.pool.next(), sha.clone(), vec![call], Form::Declared, false).await;
     let e = match first {
-        Ok(mut values) => return Ok(values.pop().unwrap_or(Value::Null)),
+        Ok(mut values) => return Ok(values.pop().unwrap_or(Reply::Script(Value::Null))),
         Err(e) => e,
     };
     let redirect = redirection(&e);
@@ -150,6 +150,6 @@ async fn to_slot_once(cluster: &Cluster, sha: &Value, make: &impl Fn() -> Call) 
     };
     eval(target.pool.next(), sha.clone(), vec![make()], Form::Declared, asking)
         .await
-        .map(|mut values| values.pop().unwrap_or(Value::Null))
+        .map(|mut values| values.pop().unwrap_or(Reply::Script(Value::Null)))
         .map_err(|e| (e, Some(target)))
 }

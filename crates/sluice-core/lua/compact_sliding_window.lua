@@ -1,4 +1,4 @@
--- lone_sliding_window.lua: a hit on a descriptor with one sliding window and nothing else to write, in the fewest
+-- compact_sliding_window.lua: a hit on a descriptor with one sliding window and nothing else to write, in the fewest
 -- Redis commands and arguments: its two windows' keys, four or five arguments, a GET of each window's count and,
 -- when the hit fits, one INCRBY, and two integers back. The decision itself (what is left, when to retry) is made by
 -- sluice from those counts, exactly as sliding_window.lua's check would make it; the differential test holds the two
@@ -11,8 +11,8 @@
 --
 -- Returns c, p: the counts of the current window and of the previous one the hit found.
 --
--- As a lone bucket, a counter that several lone calls of one script call hit is read once and written once
--- (lone_bucket.lua); a hit of such a counter in another window than the one read (the calls' times straddle an edge)
+-- As a lone bucket, a counter that several compact calls of one script call hit is read once and written once
+-- (compact_bucket.lua); a hit of such a counter in another window than the one read (the calls' times straddle an edge)
 -- writes what the earlier hits counted and reads again.
 
 -- Per counter read in this call (by its current window's key as sluice sent it: sluice shares a counter only among
@@ -28,10 +28,10 @@ local function sliding_write(key)
   sliding_states[key], sliding_movers[key] = nil, nil
   if movers == nil then return end
   local ok, err = pcall(sw_add, s.written, s.added, s.now, s.window)
-  if not ok then lone_failed(movers, err) end
+  if not ok then compact_failed(movers, err) end
 end
 
-local function lone_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
+local function compact_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
   local start = now - now % window
   local key = cur
   if guess ~= nil and start ~= guess - guess % window then
@@ -60,7 +60,7 @@ local function lone_sliding_window(cur, prev, window, limit, cost, text, now, gu
       sw_add(s, cost, now, window, text)
     else
       s.c, s.added, s.now = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost, now
-      lone_moved(sliding_movers, key, pos)
+      compact_moved(sliding_movers, key, pos)
     end
   end
   return c, p

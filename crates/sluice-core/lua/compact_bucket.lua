@@ -1,4 +1,4 @@
--- lone_bucket.lua: a hit on a descriptor with one token or leaky bucket and nothing else to write, in the fewest
+-- compact_bucket.lua: a hit on a descriptor with one token or leaky bucket and nothing else to write, in the fewest
 -- Redis commands and arguments: four or five arguments and an integer back. The decision itself (what is left, when
 -- to retry) is made by sluice from that integer, exactly as token_bucket.lua's check would make it; the differential
 -- test holds the two paths to the same answers.
@@ -8,8 +8,8 @@
 --
 -- Returns the arrival time the hit found: the stored one, or `now` when it is earlier or there is none.
 --
--- A bucket that several lone calls of one script call hit (`shared`: a hot tenant) is read once and written once, at
--- the end (or before a descriptor of the driver's form, which may read it; batch.lua's flush_lone): the hits are
+-- A bucket that several compact calls of one script call hit (`shared`: a hot tenant) is read once and written once, at
+-- the end (or before a descriptor of the driver's form, which may read it; batch.lua's flush_compact): the hits are
 -- decided one after the other on the arrival time the previous one left, exactly as serial hits, for one GET and one
 -- SET in all. A write that fails turns the answers of the hits it carried into its error: they were not counted. A
 -- bucket hit once is read and written at once, with nothing to remember.
@@ -22,7 +22,7 @@ local bucket_writes, bucket_movers = {}, {}
 
 -- Notes that the hit whose answer is at `pos` moved the shared counter `key`: its answer stands only if the write at
 -- the end succeeds.
-local function lone_moved(movers, key, pos)
+local function compact_moved(movers, key, pos)
   local list = movers[key]
   if list == nil then
     movers[key] = { pos }
@@ -31,7 +31,7 @@ local function lone_moved(movers, key, pos)
   end
 end
 
-local function lone_bucket(key, interval, burst, cost, now, pos, shared)
+local function compact_bucket(key, interval, burst, cost, now, pos, shared)
   local stored
   if shared then stored = bucket_tats[key] end
   if stored == nil then stored = tonumber(redis.call('GET', key)) or -1 end
@@ -45,7 +45,7 @@ local function lone_bucket(key, interval, burst, cost, now, pos, shared)
         redis.call('SET', key, string.format('%d', reach), 'PX', string.format('%d', ceil_ms(reach - now)))
       else
         bucket_writes[key] = now
-        lone_moved(bucket_movers, key, pos)
+        compact_moved(bucket_movers, key, pos)
       end
     end
   end
@@ -54,7 +54,7 @@ local function lone_bucket(key, interval, burst, cost, now, pos, shared)
 end
 
 -- Turns the answers of the hits a failed write carried into its error (in their first place): they were not counted.
-local function lone_failed(movers, err)
+local function compact_failed(movers, err)
   if type(err) == 'table' then err = err.err end
   for _, pos in ipairs(movers) do answers[pos] = tostring(err) end
 end

@@ -1,27 +1,38 @@
-//! The sliding window in memory, the twin of `lua/sliding_window.lua`: the two-window weighted counter, in a
-//! [`Sliding`] state that expires two windows after its start. The estimate is the script's floating-point
+//! The sliding window, the twin of `lua/sliding_window.lua`: the two-window weighted counter, in a [`Sliding`]
+//! state that expires two windows after its start (in Redis, one integer per window, as the fixed window keeps). The estimate is the script's floating-point
 //! expression, evaluated in the same order, so both round alike. A settlement's refund lowers the count of the window
-//! the reservation was counted in (the current or the previous one), never below 0, and keeps the expiry.
+//! the reservation was counted in (the current or the previous one), never below 0, and keeps the expiry. The compact
+//! form (`lua/compact_sliding_window.lua`) returns the two windows' counts, and the same [`check_counts`] decides from
+//! them.
 
-use super::prelude::{Check, Expiry, Keyspace, MAX_SLIDING_COUNT, Refund, Sliding, State, Write, ceil_ms_us};
+use super::{Check, Counter, Expiry, Keyspace, MAX_SLIDING_COUNT, Refund, Write, ceil_ms_us};
 use crate::store::TierSpec;
+
+/// A sliding window's counts: the current window's first microsecond `w`, its count `c` and the previous window's
+/// count `p`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Sliding {
+    pub(crate) w: u64,
+    pub(crate) c: u64,
+    pub(crate) p: u64,
+}
 
 /// What a hit of `cost` would find at `now`: the counts of the current window and the previous one, read from a
 /// state of this window or of the one before.
-pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+pub(crate) fn check(state: Option<&Sliding>, t: &TierSpec, now: u64, cost: u64) -> Check {
     let (limit, window) = (t.limit, t.window_us);
     let start = now - now % window;
     let (mut c, mut p) = (0, 0);
     match state {
-        Some(State::Sliding(Sliding { w, c: sc, p: sp })) if *w == start => (c, p) = (*sc, *sp),
-        Some(State::Sliding(Sliding { w, c: sc, .. })) if *w + window == start => (c, p) = (0, *sc),
+        Some(Sliding { w, c: sc, p: sp }) if *w == start => (c, p) = (*sc, *sp),
+        Some(Sliding { w, c: sc, .. }) if *w + window == start => (c, p) = (0, *sc),
         _ => {}
     }
     check_counts(limit, window, now, cost, c, p)
 }
 
 /// [`check`] on the counts `c` of the current window and `p` of the previous one at `now`.
-pub(super) fn check_counts(limit: u64, window: u64, now: u64, cost: u64, c: u64, p: u64) -> Check {
+pub(crate) fn check_counts(limit: u64, window: u64, now: u64, cost: u64, c: u64, p: u64) -> Check {
     let start = now - now % window;
     let elapsed = now - start;
     let est = sw_estimate(p, c, elapsed, window);
@@ -62,7 +73,7 @@ pub(super) fn check_counts(limit: u64, window: u64, now: u64, cost: u64, c: u64,
 
 /// Adds a hit of `cost` to the current window's count `c`, next to the previous window's `p`. A forced hit may take
 /// `c` past the limit; it stops at [`MAX_SLIDING_COUNT`].
-pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, c: u64, p: u64) {
+pub(crate) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64, start: u64, c: u64, p: u64) {
     let expiry = Expiry::Always(now + ceil_ms_us(start + 2 * t.window_us - now));
     keys.upsert(t.key.as_str(), now, expiry, |state: &mut Sliding| {
         *state = Sliding {
@@ -76,13 +87,11 @@ pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64
 /// Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's if it was
 /// counted in the current window, the previous window's if in that one (which the state holds as `c` while it has not
 /// rolled over, as `p` after). The state keeps its expiry. `None`: nothing to write.
-pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
+pub(crate) fn refund(state: Option<&Sliding>, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
     let window = t.window_us;
     let start = now - now % window;
     let from = at - at % window;
-    let Some(State::Sliding(s)) = state else {
-        return None;
-    };
+    let s = state?;
     let mut s = s.clone();
     let count = if from == start && s.w == start {
         &mut s.c
@@ -96,7 +105,7 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amo
     let given = amount.min(*count);
     *count -= given;
     Some(Refund {
-        state: State::Sliding(s),
+        state: Counter::Sliding(s),
         given,
         expires_at_us: None,
     })
@@ -105,7 +114,7 @@ pub(super) fn refund(state: Option<&State>, t: &TierSpec, now: u64, at: u64, amo
 /// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
 /// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
 /// same order, as `lua/sliding_window.lua`, so both round alike.
-pub(super) fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
+pub(crate) fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
     (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
 }
 

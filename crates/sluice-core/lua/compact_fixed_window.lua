@@ -1,4 +1,4 @@
--- lone_fixed_window.lua: the most common call, a hit on a descriptor with one fixed-window limit and nothing else to
+-- compact_fixed_window.lua: the most common call, a hit on a descriptor with one fixed-window limit and nothing else to
 -- write, in the fewest Redis commands and arguments: one INCRBY of the window's count (a GET for a cost that is not
 -- counted), one PEXPIRE on the window's first count, two or three arguments, and an integer back. The decision itself
 -- (whether the hit fits, what is left, when to retry) is made by sluice from that integer, the limit and the time,
@@ -15,7 +15,7 @@
 -- Returns the window's count before the hit. Denials are counted as the reference counts them: sluice sends the cost
 -- whether or not it will fit. A count past MAX_COUNT stays there.
 
-local function lone_fixed_window(key, window, cost, text, now, guess)
+local function compact_fixed_window(key, window, cost, text, now, guess)
   local start = now - now % window
   if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
   if cost == 0 then
@@ -47,7 +47,7 @@ end
 -- Writes the windows' counts before the hit into answers[pos] to answers[pos + t - 1]; sluice decides from them: the
 -- hit fits when every window's count plus its cost is at most its limit, and was counted when it fits and some cost
 -- is positive. Denials count nothing.
-local function lone_windows(keys, a, now, guess, pos)
+local function compact_windows(keys, a, now, guess, pos)
   local t = number(ARGV[a])
   local fits, positive, fresh = true, false, nil
   for j = 1, t do

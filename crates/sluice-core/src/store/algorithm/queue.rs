@@ -1,24 +1,33 @@
-//! The queue in memory, the twin of `lua/queue.lua`: at most `limit` entries waiting, each stale `window` after its
-//! id's millisecond, in a [`Queue`] state (the stream's ids) that expires `window` after the last append. Ids are
+//! The queue, the twin of `lua/queue.lua`: at most `limit` entries waiting, each stale `window` after its id's
+//! millisecond, in a [`Queue`] state (the Redis stream's ids) that expires `window` after the last append. Ids are
 //! generated as XADD `<ms>-*` generates them.
 
-use super::prelude::{Check, Expiry, Keyspace, Queue, State, Write, ceil_ms_us};
+use std::collections::VecDeque;
+
+use super::{Check, Expiry, Keyspace, Write, ceil_ms_us};
 use crate::store::TierSpec;
 
+/// Entry ids (ms, seq), oldest first, and the last id generated.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Queue {
+    pub(crate) entries: VecDeque<(u64, u64)>,
+    pub(crate) last: (u64, u64),
+}
+
 /// What a hit would find at `now`: the entries still waiting. Any positive cost appends one entry.
-pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) -> Check {
+pub(crate) fn check(state: Option<&Queue>, t: &TierSpec, now: u64, cost: u64) -> Check {
     let (limit, window) = (t.limit, t.window_us);
     let cutoff = queue_cutoff(now, window);
     // Newest first, as XREVRANGE reads them, at most limit + 1.
     let waiting: Vec<u64> = match state {
-        Some(State::Queue(Queue { entries, .. })) => entries
+        Some(Queue { entries, .. }) => entries
             .iter()
             .rev()
             .map(|e| e.0)
             .take_while(|&ms| ms >= cutoff)
             .take(usize::try_from(limit).unwrap_or(usize::MAX).saturating_add(1))
             .collect(),
-        _ => Vec::new(),
+        None => Vec::new(),
     };
     let len = waiting.len() as u64;
     let slots = u64::from(cost > 0);
@@ -46,7 +55,7 @@ pub(super) fn check(state: Option<&State>, t: &TierSpec, now: u64, cost: u64) ->
 }
 
 /// Appends one entry at `now`, trimming the stale ones; returns its id, `<ms>-<seq>`.
-pub(super) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64) -> String {
+pub(crate) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64) -> String {
     let window = t.window_us;
     let expiry = Expiry::Always(now + ceil_ms_us(window));
     let id = keys.upsert(t.key.as_str(), now, expiry, |queue: &mut Queue| {

@@ -1,4 +1,4 @@
--- lone_sorted_set.lua: a hit on a descriptor with one sliding log or one concurrency limit and nothing else to write,
+-- compact_sorted_set.lua: a hit on a descriptor with one sliding log or one concurrency limit and nothing else to write,
 -- both a sorted set of places (a log's hit times, a concurrency limit's lease deadlines), in the fewest Redis commands
 -- and arguments: a ZCOUNT of the live places and, when the hit fits, the expired ones dropped and its places added
 -- (as the driver's commit does); when it does not, the newest place and the one that must leave before it fits. Three
@@ -12,7 +12,7 @@
 -- and there is one) and the score of the place that must leave before the hit fits (-1 unless it does not fit but
 -- could).
 
-local function lone_sorted_set(key, log, window, limit, cost, lease, now, pos)
+local function compact_sorted_set(key, log, window, limit, cost, lease, now, pos)
   -- A log's places live until their time + window, a lease's until its deadline; any positive cost takes one lease.
   local since, slots = now, 1
   if log then since, slots = now - window, cost elseif cost == 0 then slots = 0 end

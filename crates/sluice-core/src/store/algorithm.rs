@@ -1,0 +1,241 @@
+//! Each algorithm's arithmetic, written once in Rust: a file per algorithm (`algorithm/<name>.rs`, named as its
+//! script `lua/<name>.lua`) holds the state it keeps, the check that decides a hit against that state, the commit
+//! that writes it and, for the counting algorithms, the refund of a settlement. Both stores call it: the memory store
+//! over the states it keeps, the Redis store's compact forms over the integers their scripts return (a window's
+//! count, a bucket's arrival time, a sorted set's count and places). The scripts are the twins, step by step, and the
+//! differential test holds the two to identical answers.
+//!
+//! This file is where the algorithms meet: what a check finds ([`Check`]) and how it becomes a tier's answer
+//! ([`Check::outcome`]), the state of one counter ([`Counter`]), the keyspace a commit writes to ([`Keyspace`]), and
+//! the dispatch by algorithm ([`check`], [`commit`], [`refund`]). Adding an algorithm adds an arm to each of them.
+
+pub(crate) mod concurrency;
+pub(crate) mod fixed_window;
+pub(crate) mod queue;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
+pub(crate) mod token_bucket;
+
+use super::{TierOutcome, TierSpec};
+use crate::rules::Algorithm;
+
+use concurrency::Leases;
+use fixed_window::Fixed;
+use queue::Queue;
+use sliding_log::Log;
+use sliding_window::Sliding;
+use token_bucket::Tat;
+
+/// The most a fixed window's count holds (`MAX_COUNT` in `lua/prelude.lua`): a lone fixed window counts its
+/// denials, so hits of up to `u32::MAX` each could otherwise push it past 2^53, where the scripts' doubles stop
+/// being exact. Any count above a limit answers the same.
+pub(crate) const MAX_COUNT: u64 = 1 << 52;
+
+/// The most a sliding window's current count holds (`MAX_SLIDING_COUNT` in `lua/prelude.lua`): only forced hits
+/// take it past its limit, and with the previous window's count (at most as much) and a cost added, the estimate
+/// stays below 2^53.
+pub(crate) const MAX_SLIDING_COUNT: u64 = 1 << 51;
+
+/// The most a bucket's arrival time is ever past an empty bucket's, `now + tolerance` (`MAX_DEBT_US` in
+/// `lua/prelude.lua`): about 9 years of debt, which only forced hits run up. Times stay below 2^53 with the largest
+/// bucket the configuration accepts (100 years) priced on top.
+pub(crate) const MAX_DEBT_US: u64 = 1 << 48;
+
+/// The state one counter keeps, shaped like the Redis value its script keeps.
+#[derive(Debug, Clone)]
+pub(crate) enum Counter {
+    Fixed(Fixed),
+    Sliding(Sliding),
+    Log(Log),
+    Tat(Tat),
+    Leases(Leases),
+    Queue(Queue),
+}
+
+/// One shape of [`Counter`]: what [`Keyspace::upsert`] finds in, or makes into, a counter's state.
+pub(crate) trait CounterState: Default + Into<Counter> {
+    /// The state as this shape, if it has it.
+    fn of(counter: &Counter) -> Option<&Self>;
+    fn of_mut(counter: &mut Counter) -> Option<&mut Self>;
+}
+
+macro_rules! counter_states {
+    ($($shape:ident),*) => {$(
+        impl From<$shape> for Counter {
+            fn from(shape: $shape) -> Counter {
+                Counter::$shape(shape)
+            }
+        }
+
+        impl CounterState for $shape {
+            fn of(counter: &Counter) -> Option<&$shape> {
+                match counter {
+                    Counter::$shape(shape) => Some(shape),
+                    _ => None,
+                }
+            }
+
+            fn of_mut(counter: &mut Counter) -> Option<&mut $shape> {
+                match counter {
+                    Counter::$shape(shape) => Some(shape),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+counter_states!(Fixed, Sliding, Log, Tat, Leases, Queue);
+
+/// When a committed state expires: the script's PEXPIRE.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expiry {
+    /// At this time, whether the write created the state or updated it.
+    Always(u64),
+    /// At this time when the write creates the state; a state it updates keeps its expiry (a fixed window's TTL is
+    /// set by its first hit and never extended).
+    OnCreate(u64),
+}
+
+/// The keys a commit writes, as a script writes Redis keys: the memory store's shard.
+pub(crate) trait Keyspace {
+    /// The step every commit shares: the live state of `key`, updated in place by `update` when it has the shape
+    /// `T`; otherwise (no state, an expired one, another shape) a new one, `T::default()` updated, that replaces
+    /// it. Either way the state then expires as `expiry` says. Returns what `update` returns.
+    fn upsert<T: CounterState, R>(
+        &mut self,
+        key: &str,
+        now: u64,
+        expiry: Expiry,
+        update: impl FnOnce(&mut T) -> R,
+    ) -> R;
+}
+
+/// What a tier's check found, as the scripts' `check` returns it.
+#[derive(Debug, Clone)]
+pub(crate) struct Check {
+    pub(crate) ok: bool,
+    pub(crate) used0: u64,
+    pub(crate) used: u64,
+    pub(crate) rem0: u64,
+    pub(crate) rem1: u64,
+    pub(crate) reset0: u64,
+    pub(crate) reset1: u64,
+    /// `None`: never.
+    pub(crate) retry: Option<u64>,
+    /// What commit writes.
+    pub(crate) write: Write,
+}
+
+/// What a commit writes, as its check found it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Write {
+    Fixed { start: u64, n: u64, reset: u64 },
+    Sliding { start: u64, c: u64, p: u64 },
+    Log,
+    Tat(u64),
+    Lease,
+    Queue,
+}
+
+impl Check {
+    /// The tier's answer (`lua/decide.lua`'s six values): `written` when the hit was committed with a positive cost
+    /// (what is left and the reset are then those after it), `peek` for a report that changes nothing (the count
+    /// now), `force` for a hit counted whether it fits or not (what it leaves is reported even where it did not fit);
+    /// otherwise a tier the hit does not fit has nothing left. `id` is what a commit created (a lease, a queue entry).
+    pub(crate) fn outcome(&self, written: bool, peek: bool, force: bool, id: Option<String>) -> TierOutcome {
+        let (mut remaining, reset) = if written {
+            (self.rem1, self.reset1)
+        } else {
+            (self.rem0, self.reset0)
+        };
+        if !peek && !force && !self.ok {
+            remaining = 0;
+        }
+        TierOutcome {
+            ok: self.ok,
+            used: if peek { self.used0 } else { self.used },
+            remaining,
+            reset_after_us: reset,
+            retry_after_us: self.retry,
+            id,
+        }
+    }
+}
+
+/// What a settlement's refund writes to one tier, as the function a script's `refund` returns: the counter's new
+/// state, and its new expiry (`None`: it keeps its own). Written only over a live state, never creating one.
+#[derive(Debug, Clone)]
+pub(crate) struct Refund {
+    pub(crate) state: Counter,
+    /// What came back: at most the amount asked, less when the state held less.
+    pub(crate) given: u64,
+    pub(crate) expires_at_us: Option<u64>,
+}
+
+/// What a tier's hit of `cost` would find in `state` (its live state, if any) at `now`, by its algorithm's check;
+/// `force`: what a forced hit would leave (only a bucket's check needs to know: the counts' commits take a cost that
+/// does not fit as it is).
+pub(crate) fn check(t: &TierSpec, state: Option<&Counter>, now: u64, cost: u64, force: bool) -> Check {
+    fn shape<T: CounterState>(state: Option<&Counter>) -> Option<&T> {
+        state.and_then(T::of)
+    }
+    match t.algorithm {
+        Algorithm::FixedWindow => fixed_window::check(shape(state), t, now, cost),
+        Algorithm::SlidingWindow => sliding_window::check(shape(state), t, now, cost),
+        Algorithm::SlidingLog => sliding_log::check(shape(state), t, now, cost),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::check(shape(state), t, now, cost, force),
+        Algorithm::Concurrency => concurrency::check(shape(state), t, now, cost),
+        Algorithm::Queue => queue::check(shape(state), t, now, cost),
+    }
+}
+
+/// Applies a hit of `cost` (the bounded one) that `check` found, by its algorithm's commit; returns what it created
+/// (a concurrency tier's lease, a queue's entry id).
+pub(crate) fn commit(
+    keys: &mut impl Keyspace,
+    t: &TierSpec,
+    check: &Check,
+    now: u64,
+    cost: u64,
+    lease: &str,
+) -> Option<String> {
+    match check.write {
+        Write::Fixed { start, n, reset } => fixed_window::commit(keys, t, now, cost, start, n, reset),
+        Write::Sliding { start, c, p } => sliding_window::commit(keys, t, now, cost, start, c, p),
+        Write::Log => sliding_log::commit(keys, t, now, cost),
+        Write::Tat(new) => token_bucket::commit(keys, t, now, new),
+        Write::Lease => return Some(concurrency::commit(keys, t, now, lease)),
+        Write::Queue => return Some(queue::commit(keys, t, now)),
+    }
+    None
+}
+
+/// What a settlement's refund of `amount`, charged at `at`, would write to a counting tier, by its algorithm's
+/// refund; `None` for nothing (and for the algorithms that do not count, which a settlement never reaches).
+pub(crate) fn refund(t: &TierSpec, state: Option<&Counter>, now: u64, at: u64, amount: u64) -> Option<Refund> {
+    match t.algorithm {
+        Algorithm::FixedWindow => fixed_window::refund(state.and_then(Fixed::of), t, now, at, amount),
+        Algorithm::SlidingWindow => sliding_window::refund(state.and_then(Sliding::of), t, now, at, amount),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            token_bucket::refund(state.and_then(Tat::of), t, now, at, amount)
+        }
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Queue => None,
+    }
+}
+
+/// `ceil_ms` of `lua/prelude.lua`, in microseconds: a TTL rounded up to whole milliseconds, at least one.
+pub(crate) fn ceil_ms_us(us: u64) -> u64 {
+    us.div_ceil(1_000).max(1) * 1_000
+}
+
+/// The retry time of a check: `None` when the cost can never fit, 0 when it fits now, else `wait`.
+pub(crate) fn retry(never: bool, ok: bool, wait: u64) -> Option<u64> {
+    if never {
+        None
+    } else if ok {
+        Some(0)
+    } else {
+        Some(wait)
+    }
+}

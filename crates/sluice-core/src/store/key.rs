@@ -1,0 +1,308 @@
+//! Key encoding: every key a store writes is built here, by [`CounterKey`], [`KeyBuilder`] and [`Identity`], in one
+//! documented encoding, so that counters written by one version are found by the next.
+
+use super::Span;
+use crate::rules::Algorithm;
+
+/// The name of one counter in a store.
+///
+/// Encoding: `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`, `<prefix>{<tag>}<identity>|records` for
+/// hit records, `<prefix>{<tag>}<identity>|grants` for the grant ledger of an RLQS bucket, and
+/// `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as the caller gives it, last
+/// in the key, after a name no algorithm has). In Redis a fixed window keeps each window's count under its own key,
+/// the counter's key then `:<start>`, the window's first microsecond in decimal ([`CounterKey::window`]). `<identity>` is `<domain>`
+/// then, per descriptor entry, `|<key>=<value>`, every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and
+/// `a`+`b_c` can never collide, whatever bytes the request carries); an RLQS bucket's identity is `rlqs|` then the
+/// same, with its entries in key order.
+/// `<tag>` is 16 hex digits of a 64-bit FNV-1a hash of `<identity>`: a Redis hash tag that keeps every key of one
+/// descriptor on one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    key: String,
+    tag: u64,
+}
+
+impl From<CounterKey> for String {
+    fn from(key: CounterKey) -> String {
+        key.key
+    }
+}
+
+impl CounterKey {
+    /// The key of the run-time entries of the list `name` in `domain`: `<prefix>{<tag>}list|<domain>|<name>=`, every
+    /// piece with its length, an identity no descriptor or bucket can have (theirs start with a length or `rlqs|`).
+    pub fn list(prefix: &str, domain: &str, name: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "list|", domain).entry(name, "").finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
+    /// The set of top values `kind` (`hits`, `denied`) of the rule `rule` in `domain`:
+    /// `<prefix>{<tag>}top|<domain>|<rule>=<kind>`, every piece with its length.
+    pub fn top(prefix: &str, domain: &str, rule: &str, kind: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "top|", domain).entry(rule, kind).finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
+    /// The per-second outcome counts of `domain` (see [`Series::series_add`](crate::store::Series::series_add)): `<prefix>{<tag>}series|<domain>`, and
+    /// `:<second>` per second.
+    pub fn series(prefix: &str, domain: &str) -> CounterKey {
+        let identity = KeyBuilder::start(prefix, "series|", domain).finish();
+        CounterKey {
+            key: identity.base,
+            tag: identity.tag,
+        }
+    }
+
+    /// One second of a set of per-second counts.
+    pub fn second(&self, second: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 12);
+        key.push_str(&self.key);
+        key.push(':');
+        push_decimal(&mut key, second);
+        CounterKey { key, tag: self.tag }
+    }
+
+    /// One bucket of a set of top values: the set's key, `:s` (ten seconds) or `:m` (a minute), and the bucket's
+    /// first microsecond.
+    pub fn bucket(&self, span: Span, start_us: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 20);
+        key.push_str(&self.key);
+        key.push_str(if span == Span::Minute { ":s" } else { ":m" });
+        push_decimal(&mut key, start_us);
+        CounterKey { key, tag: self.tag }
+    }
+
+    /// Starts the identity of a descriptor in `domain`, with the configured prefix.
+    pub fn builder(prefix: &str, domain: &str) -> KeyBuilder {
+        KeyBuilder::start(prefix, "", domain)
+    }
+
+    /// Starts the identity of an RLQS bucket in `domain`. Its counters never meet a descriptor's: the identity
+    /// starts with `rlqs|`, where a descriptor's starts with a length.
+    pub fn bucket_builder(prefix: &str, domain: &str) -> KeyBuilder {
+        KeyBuilder::start(prefix, "rlqs|", domain)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+
+    /// The hash of the identity: equal for every key of one descriptor.
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// The key of one window of a fixed or sliding window's counter in Redis: this key, `:`, and the window's first
+    /// microsecond (`lua/fixed_window.lua`'s `window_of`, `lua/sliding_window.lua`'s `sw_read`).
+    pub fn window(&self, start_us: u64) -> CounterKey {
+        let mut key = String::with_capacity(self.key.len() + 18);
+        key.push_str(&self.key);
+        key.push(':');
+        push_decimal(&mut key, start_us);
+        CounterKey { key, tag: self.tag }
+    }
+
+    /// The key of what the other regions counted in one window of a global limit ([`CounterKey::window`] then
+    /// `@regions`): a hash, one field per region, each that region's own count (`lua/global.lua`).
+    pub fn regions(&self, start_us: u64) -> CounterKey {
+        let mut key = self.window(start_us);
+        key.key.push_str(REGIONS_SUFFIX);
+        key
+    }
+}
+
+/// What [`CounterKey::regions`] appends to a window's key (`lua/global.lua` knows it too).
+const REGIONS_SUFFIX: &str = "@regions";
+
+/// Appends entries to an identity.
+#[derive(Debug)]
+pub struct KeyBuilder {
+    /// The whole key so far: the prefix, the tag's place, then the identity.
+    out: String,
+    /// Where the tag's 16 hex digits go, once the identity is complete.
+    tag_at: usize,
+}
+
+impl KeyBuilder {
+    /// The key is built in one string, the tag's digits written in place at the end: a key costs one allocation
+    /// and no formatting, on every hit.
+    fn start(prefix: &str, kind: &str, domain: &str) -> KeyBuilder {
+        let mut out = String::with_capacity(prefix.len() + 18 + kind.len() + domain.len() + 64);
+        out.push_str(prefix);
+        out.push('{');
+        let tag_at = out.len();
+        out.push_str("0000000000000000}");
+        out.push_str(kind);
+        piece(&mut out, domain);
+        KeyBuilder { out, tag_at }
+    }
+
+    pub fn entry(mut self, key: &str, value: &str) -> KeyBuilder {
+        self.out.push('|');
+        piece(&mut self.out, key);
+        self.out.push('=');
+        piece(&mut self.out, value);
+        self
+    }
+
+    /// Finishes the identity.
+    pub fn finish(mut self) -> Identity {
+        let digits = self.tag_at..self.tag_at + 16;
+        let tag = fnv1a(&self.out.as_bytes()[digits.end + 1..]);
+        let mut hex = [0u8; 16];
+        for (i, d) in hex.iter_mut().enumerate() {
+            *d = b"0123456789abcdef"[((tag >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        self.out
+            .replace_range(digits, std::str::from_utf8(&hex).unwrap_or_default());
+        Identity { base: self.out, tag }
+    }
+}
+
+/// The identity of one descriptor, from which its counters' keys are derived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    base: String,
+    tag: u64,
+}
+
+impl Identity {
+    /// The key of one limit's state.
+    pub fn tier(&self, algorithm: Algorithm, window_us: u64) -> CounterKey {
+        let name = algorithm.name();
+        let mut key = String::with_capacity(self.base.len() + name.len() + 22);
+        key.push_str(&self.base);
+        key.push('|');
+        key.push_str(name);
+        key.push('/');
+        push_decimal(&mut key, window_us / 1_000_000);
+        CounterKey { key, tag: self.tag }
+    }
+
+    /// The key of a limit that counts a cost of its own (see `rules::TierCost`): `label` names it, so that two limits
+    /// with the same algorithm and window (input and output tokens per minute) keep separate counters.
+    pub fn tier_costing(&self, algorithm: Algorithm, window_us: u64, label: &str) -> CounterKey {
+        let mut key = format!("{}|{}/{}/", self.base, algorithm.name(), window_us / 1_000_000);
+        piece(&mut key, label);
+        CounterKey { key, tag: self.tag }
+    }
+
+    /// The grant ledger of an RLQS bucket's quota ([`Grant`](super::Grant)): `<base>|grants`.
+    pub fn grants(&self) -> CounterKey {
+        CounterKey {
+            key: format!("{}|grants", self.base),
+            tag: self.tag,
+        }
+    }
+
+    /// The key of the record of the reservation `id` ([`ReservationSpec`](super::ReservationSpec)): `<base>|reservation/<id>`, with the
+    /// descriptor's hash tag.
+    pub fn reservation(&self, id: &str) -> CounterKey {
+        CounterKey {
+            key: format!("{}|reservation/{id}", self.base),
+            tag: self.tag,
+        }
+    }
+
+    /// The key of the hit-record list.
+    pub fn records(&self) -> CounterKey {
+        CounterKey {
+            key: format!("{}|records", self.base),
+            tag: self.tag,
+        }
+    }
+}
+
+fn piece(out: &mut String, s: &str) {
+    push_decimal(out, s.len() as u64);
+    out.push(':');
+    out.push_str(s);
+}
+
+/// Appends `n` in decimal, without going through `fmt` (keys are built on every hit).
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+}
+
+/// 64-bit FNV-1a: stable across processes and versions, which a hash tag must be.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Checks a key prefix: it may not contain hash-tag braces.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!("key prefix '{prefix}' may not contain '{{' or '}}'"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(entries: &[(&str, &str)]) -> String {
+        let mut b = CounterKey::builder("p:", "d");
+        for (k, v) in entries {
+            b = b.entry(k, v);
+        }
+        b.finish().tier(Algorithm::FixedWindow, 60_000_000).key
+    }
+
+    #[test]
+    fn encoding_is_unambiguous() {
+        assert_ne!(key(&[("a_b", "c")]), key(&[("a", "b_c")]));
+        assert_ne!(key(&[("a", "b|c=d")]), key(&[("a", "b"), ("c", "d")]));
+        assert_ne!(key(&[("a", "")]), key(&[("a", "}")]));
+    }
+
+    #[test]
+    fn layout_and_hash_tag() {
+        let k = key(&[("user", "{x}")]);
+        assert!(k.starts_with("p:{"), "{k}");
+        let tag_end = k.find('}').unwrap();
+        assert_eq!(tag_end, 3 + 16, "{k}");
+        assert!(k[3..tag_end].chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(k.ends_with("1:d|4:user=3:{x}|fixed_window/60"), "{k}");
+        // Byte for byte: counters written by one version are found by the next.
+        assert_eq!(k, "p:{424ad63badd19887}1:d|4:user=3:{x}|fixed_window/60");
+    }
+
+    #[test]
+    fn every_key_of_a_descriptor_shares_the_tag() {
+        let id = CounterKey::builder("", "d").entry("k", "v").finish();
+        let a = id.tier(Algorithm::FixedWindow, 1_000_000);
+        let b = id.tier(Algorithm::TokenBucket, 1_000_000);
+        let r = id.records();
+        let v = id.reservation("req-1");
+        assert!(v.key.ends_with("1:k=1:v|reservation/req-1"), "{}", v.key);
+        assert_eq!(v.tag(), a.tag());
+        assert_eq!(v.key[..18], a.key[..18]);
+        assert_ne!(a, b);
+        assert_eq!(a.key[..18], b.key[..18]);
+        assert_eq!(a.key[..18], r.key[..18]);
+        assert_eq!((a.tag(), b.tag()), (r.tag(), r.tag()));
+        assert!(check_prefix("a{").is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! The memory store's driver, the twin of `lua/decide.lua` and `lua/ledger.lua`: one descriptor decided against all
+//! its tiers under its shard's lock, atomically (each tier by its algorithm's check and commit, in
+//! `store/algorithm/`), the hit records, the reservations and their settlement, and the RLQS grants.
+
+use super::shard::{Ledger, Records, Reservation, Shard, State};
+use super::{MemoryStore, lock};
+use crate::rules::Algorithm;
+use crate::store::algorithm::{self, Check, Expiry, Refund, ceil_ms_us};
+use crate::store::{
+    Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, fair_shares,
+    granted_amount,
+};
+
+/// What a tier's hit of `cost` would find in the shard at `now`, by its algorithm's check.
+fn check(shard: &Shard, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
+    algorithm::check(t, shard.counter(t.key.as_str(), now), now, cost, force)
+}
+
+/// What a settlement's refund of `amount`, charged at `at`, would write to a counting tier.
+fn refund(shard: &Shard, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option<Refund> {
+    algorithm::refund(t, shard.counter(t.key.as_str(), now), now, at, amount)
+}
+
+impl MemoryStore {
+    pub(super) fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
+        let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
+        let mut shard = self.shard(tag, now);
+        // Each tier's own cost, bounded by its capacity + 1 (`TierSpec::bounded_cost`); the hit is written at all only
+        // if one of them is positive.
+        let cost = |t: &TierSpec| t.bounded_cost(hit.cost);
+        let positive = hit.tiers.iter().any(|t| cost(t) > 0);
+        // A forced hit is counted by every tier, fitting or not; what it leaves is reported, even where it did not fit.
+        let force = !peek && positive && hit.forced();
+        let checks: Vec<Check> = hit
+            .tiers
+            .iter()
+            .map(|t| self.check_tier(&shard, t, now, cost(t), force))
+            .collect();
+        let admitted = checks.iter().all(|c| c.ok);
+        // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
+        // Not when reserving: a refused reservation holds nothing. Nor a global one (`lua/global.lua`).
+        let compact_fixed = match hit.tiers.as_slice() {
+            [t] => {
+                t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation.is_none()
+            }
+            _ => false,
+        };
+        let commit = !peek && positive && (admitted || compact_fixed || force);
+        // The reservation record, written as `lua/decide.lua` writes it: for a hit admitted and committed, or forced.
+        if let Some(r) = hit.reserves().filter(|_| commit && (admitted || force)) {
+            let expires_at = now + ceil_ms_us(r.bounded_ttl_us());
+            let expiry = Expiry::Always(expires_at + RESERVATION_GRACE_US);
+            let estimates = hit.tier_costs();
+            shard.upsert(r.key.as_str(), now, expiry, |state: &mut Reservation| {
+                *state = Reservation {
+                    estimates,
+                    at: now,
+                    expires_at,
+                }
+            });
+        }
+        let mut longest = 0;
+        let mut tiers = Vec::with_capacity(checks.len());
+        for (spec, check) in hit.tiers.iter().zip(checks) {
+            // A tier whose cost is 0 is checked, never written (it takes no lease, appends no entry).
+            let cost = cost(spec);
+            let written = commit && cost > 0;
+            let id = written
+                .then(|| algorithm::commit(&mut *shard, spec, &check, now, cost, &hit.lease))
+                .flatten();
+            let tier = check.outcome(written, peek, force, id);
+            longest = longest.max(tier.reset_after_us);
+            tiers.push(tier);
+        }
+        let mut records = Vec::new();
+        if let Some(record) = &hit.record {
+            let key = record.key.as_str();
+            if let (true, Some(value)) = (commit, &record.value) {
+                let expiry = Expiry::Always(now + ceil_ms_us(longest.max(1)));
+                shard.upsert(key, now, expiry, |Records(list): &mut Records| {
+                    list.push_front(value.clone());
+                    list.truncate(record.size as usize);
+                });
+            } else if peek {
+                if let Some(State::Records(Records(list))) = shard.live(key, now) {
+                    records = list.iter().take(record.size as usize).cloned().collect();
+                }
+            }
+        }
+        Outcome {
+            admitted,
+            tiers,
+            records,
+        }
+    }
+
+    /// A tier's check; a global one's against its limit less what the other regions counted, reporting the sum, as
+    /// `lua/global.lua` decides it.
+    fn check_tier(&self, shard: &Shard, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
+        if !t.global {
+            return check(shard, t, now, cost, force);
+        }
+        let window = t.window_us.max(1);
+        let start = now - now % window;
+        let regions = lock(&self.regions);
+        let count = |s: u64| {
+            regions
+                .get(t.key.regions(s).as_str())
+                .filter(|(expires, _)| *expires > now)
+                .map_or(0, |(_, counts)| counts.values().sum::<u64>())
+        };
+        let others = match t.algorithm {
+            Algorithm::SlidingWindow => algorithm::sliding_window::sw_estimate(
+                count(start.saturating_sub(window)),
+                count(start),
+                now - start,
+                window,
+            ),
+            _ => count(start),
+        };
+        drop(regions);
+        let reduced = TierSpec {
+            limit: t.limit.saturating_sub(others),
+            ..t.clone()
+        };
+        let mut check = check(shard, &reduced, now, cost, force);
+        check.used0 = check.used0.saturating_add(others);
+        check.used = check.used.saturating_add(others);
+        if check.retry.is_none() && cost <= t.limit {
+            check.retry = Some(start + window - now);
+        }
+        check
+    }
+
+    /// Settles one reservation under its descriptor's shard lock, as `settle` in `lua/decide.lua` does.
+    pub(super) fn settle_one(&self, now: u64, settlement: &Settlement) -> Settled {
+        let hit = &settlement.hit;
+        if !hit.counts() {
+            return Settled::Unknown;
+        }
+        let key = settlement.reservation.as_str();
+        // The shard `decide` wrote the record in: its tiers' (the record shares their hash tag).
+        let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
+        let mut shard = self.shard(tag, now);
+        let (estimates, at) = match shard.live(key, now) {
+            // One estimate per tier, or the settlement names other tiers than the reservation: left as it is. A
+            // settlement finds only a live reservation, a reaping only an expired one.
+            Some(State::Reservation(r))
+                if r.estimates.len() == hit.tiers.len() && (r.expires_at <= now) == settlement.reap =>
+            {
+                (r.estimates.clone(), r.at)
+            }
+            _ => return Settled::Unknown,
+        };
+        // Reaped: settled at the estimates, which changes no tier.
+        let actuals = if settlement.reap {
+            estimates.clone()
+        } else {
+            hit.tier_costs()
+        };
+        let mut settled: Vec<TierSettled> = estimates
+            .iter()
+            .zip(actuals)
+            .map(|(&estimate, actual)| TierSettled::new(estimate, actual))
+            .collect();
+        // Every tier is read before any is written, as the script does (there a key of the wrong type stops the
+        // settlement before it changes anything): a tier charged more is counted as a forced hit of the difference,
+        // a tier charged less gives the difference back.
+        let checks: Vec<Option<Check>> = hit
+            .tiers
+            .iter()
+            .zip(&settled)
+            .map(|(t, s)| (s.charged > 0).then(|| check(&shard, t, now, s.charged, true)))
+            .collect();
+        let refunds: Vec<Option<Refund>> = hit
+            .tiers
+            .iter()
+            .zip(&settled)
+            .map(|(t, s)| {
+                (s.refunded > 0)
+                    .then(|| refund(&shard, t, now, at, s.refunded))
+                    .flatten()
+            })
+            .collect();
+        // What is reported as refunded is what came back to a window still in force.
+        for (s, refund) in settled.iter_mut().zip(&refunds) {
+            s.refunded = refund.as_ref().map_or(0, |r| r.given);
+        }
+        shard.entries.remove(key);
+        for (((spec, s), check), refund) in hit.tiers.iter().zip(&settled).zip(&checks).zip(refunds) {
+            if let Some(check) = check {
+                algorithm::commit(&mut *shard, spec, check, now, s.charged, &hit.lease);
+            }
+            if let Some(refund) = refund {
+                shard.give_back(spec.key.as_str(), now, refund);
+            }
+        }
+        // Each tier as a peek of cost 1 reports it.
+        let checks: Vec<Check> = hit.tiers.iter().map(|t| check(&shard, t, now, 1, false)).collect();
+        let outcome = Outcome {
+            admitted: checks.iter().all(|c| c.ok),
+            tiers: checks.iter().map(|c| c.outcome(false, true, false, None)).collect(),
+            records: Vec::new(),
+        };
+        Settled::Done {
+            tiers: settled,
+            outcome,
+        }
+    }
+
+    /// One grant under its bucket's shard lock, as `grant` in `lua/ledger.lua` does: what is left is read and the
+    /// ledger updated in one step.
+    pub(super) fn grant_one(&self, now: u64, grant: &Grant) -> Granted {
+        let mut shard = self.shard(grant.ledger.tag(), now);
+        let left = grant
+            .tiers
+            .iter()
+            .map(|t| check(&shard, t, now, 0, false).rem0)
+            .min()
+            .unwrap_or(0);
+        let key = grant.ledger.as_str();
+        let mut entries = match shard.live(key, now) {
+            Some(State::Ledger(Ledger(entries))) => entries.clone(),
+            _ => Default::default(),
+        };
+        entries.retain(|_, e| e.2 > now);
+        let previous = entries.remove(&grant.holder).map_or(0, |e| e.0);
+        // A holder holds at most what its entry says it was granted.
+        let (held, want) = (grant.held.min(previous), grant.want);
+        let mut granted = Granted {
+            left,
+            holders: entries.len() as u64,
+            total_held: entries.values().map(|e| e.0).sum(),
+            ..Granted::default()
+        };
+        if want > 0 {
+            let mut wants: Vec<(&str, u64)> = entries.iter().map(|(h, e)| (h.as_str(), e.1)).collect();
+            wants.push((&grant.holder, want));
+            let shares = fair_shares(left, &wants);
+            let others: Vec<(u64, u64)> = entries.values().zip(&shares).map(|(e, &s)| (e.0, s)).collect();
+            let share = shares[shares.len() - 1];
+            let amount = granted_amount(left, held, share, &others);
+            // Tokens handed out are not taken back before the holder reports them unspent.
+            let entry = amount.max(held);
+            granted = Granted {
+                held: amount,
+                share,
+                entry,
+                holders: granted.holders + 1,
+                total_held: granted.total_held + entry,
+                ..granted
+            };
+            entries.insert(grant.holder.clone(), (entry, want, now + grant.ttl_us));
+        }
+        let until = entries.values().map(|e| e.2).max().unwrap_or(now);
+        shard.upsert(key, now, Expiry::Always(until), |Ledger(ledger): &mut Ledger| {
+            *ledger = entries;
+        });
+        granted
+    }
+}

@@ -1,0 +1,398 @@
+//! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
+//! window (`lua/compact_fixed_window.lua`), a token or leaky bucket (`lua/compact_bucket.lua`), a sliding window
+//! (`lua/compact_sliding_window.lua`), a sliding log or a concurrency limit (`lua/compact_sorted_set.lua`), or with
+//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`). Each
+//! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
+//! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
+//! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
+//! check, in `store/algorithm/`, the one the memory store decides by, makes the [`Outcome`] (the differential test
+//! holds the compact forms, the driver and the memory store to the same answers).
+
+use fred::types::Value;
+
+use crate::rules::Algorithm;
+use crate::store::algorithm::{concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
+use crate::store::{CounterKey, Outcome, TierSpec};
+
+/// A call in its compact form: its counter's key (a fixed window's key is built from it when the call is assembled; for several
+/// windows, the first's) and what sluice decides it by.
+#[derive(Debug, Clone)]
+pub(super) struct Compact {
+    pub(super) key: CounterKey,
+    pub(super) tier: CompactTier,
+}
+
+/// What sluice decides a compact call by.
+#[derive(Debug, Clone)]
+pub(super) enum CompactTier {
+    Window(WindowTier),
+    Bucket(BucketTier),
+    Sliding(SlidingTier),
+    /// Several fixed windows, each with its counter's key, decided together.
+    Windows(Vec<(CounterKey, WindowTier)>),
+    /// A sliding log or a concurrency limit.
+    Set(SetTier),
+}
+
+/// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
+/// place that must leave first (`lua/compact_sorted_set.lua`), as `lua/sliding_log.lua`'s or `lua/concurrency.lua`'s
+/// check decides it.
+#[derive(Debug, Clone)]
+pub(super) struct SetTier {
+    /// A sliding log (places are hit times, live for a window); else a concurrency limit (places are lease
+    /// deadlines, and any positive cost takes one).
+    log: bool,
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    /// A concurrency limit's lease id.
+    lease: String,
+    now_us: Option<u64>,
+}
+
+/// What sluice needs to decide a lone sliding window from the counts the hit found, as `lua/sliding_window.lua`'s
+/// check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SlidingTier {
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    now_us: Option<u64>,
+    /// Another compact call of the same script call hits the same counter (see [`Compact::share`]).
+    shared: bool,
+}
+
+/// What sluice needs to decide a lone fixed window from the window's count before the hit, as
+/// `lua/fixed_window.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WindowTier {
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    /// The cost counted: `cost`, or 0 for a cost that is not (0 itself, or one above the limit, which never fits).
+    pub(super) counted: u64,
+    /// The decision's time, or `None` for the server's (which the call's answer carries).
+    now_us: Option<u64>,
+}
+
+/// What sluice needs to decide a lone token or leaky bucket from the arrival time before the hit, as
+/// `lua/token_bucket.lua`'s check decides it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BucketTier {
+    /// The emission interval, `ceil(window / limit)`, at least 1.
+    interval: u64,
+    burst: u64,
+    /// The hit's cost, bounded by the burst + 1.
+    cost: u64,
+    now_us: Option<u64>,
+    /// Another compact call of the same script call hits the same bucket (see [`Compact::share`]).
+    shared: bool,
+}
+
+impl Compact {
+    /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
+    /// does not apply: another algorithm, a window of 0, a time past i64.
+    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64, lease: &str) -> Option<Compact> {
+        if !compact(now_us, tier) {
+            return None;
+        }
+        let cost = tier.bounded_cost(cost);
+        let tier_of = match tier.algorithm {
+            Algorithm::FixedWindow => CompactTier::Window(WindowTier::of(now_us, tier, cost)),
+            Algorithm::SlidingWindow => CompactTier::Sliding(SlidingTier {
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                now_us,
+                shared: false,
+            }),
+            Algorithm::SlidingLog | Algorithm::Concurrency => CompactTier::Set(SetTier {
+                log: tier.algorithm == Algorithm::SlidingLog,
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                lease: lease.to_string(),
+                now_us,
+            }),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => CompactTier::Bucket(BucketTier {
+                interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
+                burst: tier.burst,
+                cost,
+                now_us,
+                shared: false,
+            }),
+            _ => return None,
+        };
+        Some(Compact {
+            key: tier.key.clone(),
+            tier: tier_of,
+        })
+    }
+
+    /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
+    /// apply: another algorithm among them, a window of 0, a time past i64, fewer than two tiers.
+    pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Compact> {
+        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && compact(now_us, t);
+        if tiers.len() < 2 || !tiers.iter().all(fits) {
+            return None;
+        }
+        let windows = tiers
+            .iter()
+            .map(|t| (t.key.clone(), WindowTier::of(now_us, t, t.bounded_cost(cost))))
+            .collect();
+        Some(Compact {
+            key: tiers[0].key.clone(),
+            tier: CompactTier::Windows(windows),
+        })
+    }
+
+    /// Marks a bucket or sliding window that another compact call of the same script call hits too: the script then
+    /// reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit once is written
+    /// at once, with nothing to remember.
+    pub(super) fn share(&mut self) {
+        match &mut self.tier {
+            CompactTier::Bucket(t) => t.shared = true,
+            CompactTier::Sliding(t) => t.shared = true,
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => {}
+        }
+    }
+
+    /// For a counter the script may read and write once for several compact calls of one script call (a bucket, a
+    /// sliding window: [`Compact::share`]): its key, and the start of the window its call sees (a sliding window's by
+    /// the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
+    pub(super) fn share_key(&self) -> Option<(&str, u64)> {
+        match &self.tier {
+            CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
+            CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => None,
+        }
+    }
+
+    /// How many keys [`Compact::push_keys`] pushes.
+    pub(super) fn key_count(&self) -> usize {
+        match &self.tier {
+            CompactTier::Windows(tiers) => tiers.len(),
+            CompactTier::Sliding(_) => 2,
+            CompactTier::Window(_) | CompactTier::Bucket(_) | CompactTier::Set(_) => 1,
+        }
+    }
+
+    /// How many places its answer takes in the script's answers (`lua/batch.lua`).
+    pub(super) fn width(&self) -> usize {
+        match &self.tier {
+            CompactTier::Set(_) => 3,
+            _ => self.key_count(),
+        }
+    }
+
+    /// The keys, in the script's form: a fixed window's is its window's key, by the server's clock the window's at
+    /// `guess`, this host's time when the call is assembled, which the script checks against the server's; several
+    /// windows' are theirs; a sliding window's are its window's and the previous one's, built alike; a bucket's is
+    /// its counter's.
+    pub(super) fn push_keys(&self, guess: u64, out: &mut Vec<Value>) {
+        let start = |now_us: Option<u64>, window_us: u64| {
+            let now = now_us.unwrap_or(guess);
+            now - now % window_us
+        };
+        let window = |key: &CounterKey, start: u64| Value::from(String::from(key.window(start)));
+        match &self.tier {
+            CompactTier::Window(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
+            CompactTier::Windows(tiers) => {
+                out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
+            }
+            CompactTier::Sliding(t) => {
+                let start = start(t.now_us, t.window_us);
+                out.push(window(&self.key, start));
+                out.push(window(&self.key, start.saturating_sub(t.window_us)));
+            }
+            CompactTier::Bucket(_) | CompactTier::Set(_) => out.push(Value::from(self.key.as_str())),
+        }
+    }
+
+    /// The arguments, in the script's form. A fixed window: the window and the cost counted. A bucket: 'b' ('B'
+    /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
+    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. Then the
+    /// decision's time, when it is given.
+    pub(super) fn push_args(&self, out: &mut Vec<Value>) {
+        let int = |n: u64| Value::Integer(n as i64);
+        match &self.tier {
+            CompactTier::Window(t) => out.extend([int(t.window_us), int(t.counted)]),
+            CompactTier::Bucket(t) => out.extend([
+                Value::from(if t.shared { "B" } else { "b" }),
+                int(t.interval),
+                int(t.burst),
+                int(t.cost),
+            ]),
+            CompactTier::Sliding(t) => out.extend([
+                Value::from(if t.shared { "S" } else { "s" }),
+                int(t.window_us),
+                int(t.limit),
+                int(t.cost),
+            ]),
+            CompactTier::Set(t) => {
+                out.extend([
+                    Value::from(if t.log { "l" } else { "c" }),
+                    int(t.window_us),
+                    int(t.limit),
+                    int(t.cost),
+                ]);
+                if !t.log {
+                    out.push(Value::from(t.lease.as_str()));
+                }
+            }
+            CompactTier::Windows(tiers) => {
+                out.extend([Value::from("w"), int(tiers.len() as u64)]);
+                for (_, t) in tiers {
+                    out.extend([int(t.window_us), int(t.limit), int(t.cost)]);
+                }
+            }
+        }
+        out.extend(self.tier.now_us().map(int));
+    }
+}
+
+/// Whether a tier's numbers fit a compact form: a window, and a time and window within i64.
+fn compact(now_us: Option<u64>, tier: &TierSpec) -> bool {
+    tier.window_us > 0 && tier.window_us <= i64::MAX as u64 && now_us.is_none_or(|now| now <= i64::MAX as u64)
+}
+
+impl CompactTier {
+    /// The decision's time, or `None` for the server's.
+    pub(super) fn now_us(&self) -> Option<u64> {
+        match self {
+            CompactTier::Window(t) => t.now_us,
+            CompactTier::Bucket(t) => t.now_us,
+            CompactTier::Sliding(t) => t.now_us,
+            CompactTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
+            CompactTier::Set(t) => t.now_us,
+        }
+    }
+
+    /// The decision from the script's answer at `now_us` (a fixed window's count plus `ahead`, the counted costs of
+    /// the hits ahead of it in a shared count); `None` when the answer is not of the call's shape (an error, which the
+    /// caller passes on).
+    pub(super) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Outcome> {
+        let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
+        match (self, value) {
+            (CompactTier::Window(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64 + ahead, now_us)),
+            (CompactTier::Bucket(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64, now_us)),
+            (CompactTier::Sliding(t), Value::Array(counts)) => match &counts[..] {
+                [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
+                _ => None,
+            },
+            (CompactTier::Set(t), Value::Array(values)) => match &values[..] {
+                [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
+                _ => None,
+            },
+            (CompactTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
+                let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
+                Some(windows_answer(tiers, &counts, now_us))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An ordinary hit's outcome on one tier, from its algorithm's check: a hit that fits and costs something was
+/// written.
+fn single(check: &crate::store::algorithm::Check, cost: u64, id: Option<String>) -> Outcome {
+    let written = check.ok && cost > 0;
+    Outcome {
+        admitted: check.ok,
+        tiers: vec![check.outcome(written, false, false, id.filter(|_| written))],
+        records: Vec::new(),
+    }
+}
+
+/// The decision on several fixed windows from their counts before the hit: admitted when every window takes its
+/// cost, and then counted in each (`lua/compact_fixed_window.lua`'s compact_windows).
+fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u64) -> Outcome {
+    let checks: Vec<_> = tiers
+        .iter()
+        .zip(counts)
+        .map(|((_, t), &n)| fixed_window::check_count(t.limit, t.window_us, now_us, t.cost, n))
+        .collect();
+    let admitted = checks.iter().all(|c| c.ok);
+    let counted = admitted && tiers.iter().any(|(_, t)| t.cost > 0);
+    Outcome {
+        admitted,
+        tiers: tiers
+            .iter()
+            .zip(&checks)
+            .map(|((_, t), c)| c.outcome(counted && t.cost > 0, false, false, None))
+            .collect(),
+        records: Vec::new(),
+    }
+}
+
+impl WindowTier {
+    fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> WindowTier {
+        WindowTier {
+            limit: tier.limit,
+            window_us: tier.window_us,
+            cost,
+            counted: if cost <= tier.limit { cost } else { 0 },
+            now_us,
+        }
+    }
+
+    /// The decision from the count `n` before the hit.
+    fn answer(&self, n: u64, now_us: u64) -> Outcome {
+        single(
+            &fixed_window::check_count(self.limit, self.window_us, now_us, self.cost, n),
+            self.cost,
+            None,
+        )
+    }
+}
+
+impl BucketTier {
+    /// The decision from the arrival time `tat` the hit found (at least its time).
+    fn answer(&self, tat: u64, now_us: u64) -> Outcome {
+        let check = token_bucket::check_tat(self.interval, self.burst, now_us, self.cost, false, tat);
+        single(&check, self.cost, None)
+    }
+}
+
+impl SlidingTier {
+    /// The decision from the counts of the current window `c` and the previous one `p` the hit found.
+    fn answer(&self, c: u64, p: u64, now_us: u64) -> Outcome {
+        let check = sliding_window::check_counts(self.limit, self.window_us, now_us, self.cost, c, p);
+        single(&check, self.cost, None)
+    }
+}
+
+impl SetTier {
+    /// The decision from the live count, the newest place (-1: not read) and the place that must leave before the
+    /// hit fits (-1: none). A concurrency limit's hit that was counted took the call's lease.
+    fn answer(&self, count: u64, newest: i64, first: i64, now_us: u64) -> Outcome {
+        let place = |score: i64| score.max(0) as u64;
+        let leaving = (first >= 0).then(|| place(first));
+        if self.log {
+            let check = sliding_log::check_view(
+                self.limit,
+                self.window_us,
+                now_us,
+                self.cost,
+                count,
+                place(newest),
+                leaving,
+            );
+            single(&check, self.cost, None)
+        } else {
+            let check = concurrency::check_view(
+                self.limit,
+                self.window_us,
+                now_us,
+                self.cost,
+                count,
+                place(newest),
+                leaving,
+            );
+            single(&check, self.cost, Some(self.lease.clone()))
+        }
+    }
+}

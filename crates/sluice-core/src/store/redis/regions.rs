@@ -1,0 +1,96 @@
+//! The counts of global limits' windows in Redis: this region's own counts read (`lua/counts.lua`), and the other
+//! regions' counts merged in (`lua/merge.lua`), each by EVAL on the slot of its keys, at most a batch at a time.
+
+use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use super::{RedisStore, integer};
+use crate::store::{CounterKey, RegionCount, RegionCounts, StoreError, WindowRef};
+
+/// The script that takes a region's shipped counts (`lua/merge.lua`).
+const MERGE: &str = include_str!("../../../lua/merge.lua");
+
+/// The script that reads this region's counts of global windows (`lua/counts.lua`).
+const COUNTS: &str = include_str!("../../../lua/counts.lua");
+
+/// The most windows one EVAL of [`MERGE`] or [`COUNTS`] carries.
+const MERGE_BATCH: usize = 512;
+
+impl RedisStore {
+    /// The positions of `keys` grouped by cluster slot (one group on a single server), at most MERGE_BATCH each.
+    fn by_slot(&self, keys: &[CounterKey]) -> Vec<Vec<usize>> {
+        let mut by_slot: std::collections::BTreeMap<Option<u16>, Vec<usize>> = Default::default();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = self
+                .cluster
+                .as_ref()
+                .map(|_| fred::util::redis_keyslot(key.as_str().as_bytes()));
+            by_slot.entry(slot).or_default().push(i);
+        }
+        by_slot
+            .into_values()
+            .flat_map(|group| group.chunks(MERGE_BATCH).map(<[usize]>::to_vec).collect::<Vec<_>>())
+            .collect()
+    }
+
+    /// Runs `script` by EVAL on the server of `first` (whose slot every key shares), with `keys` and `args`.
+    async fn eval(
+        &self,
+        script: &'static str,
+        first: &CounterKey,
+        keys: Vec<Value>,
+        args: Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        let slot = fred::util::redis_keyslot(first.as_str().as_bytes());
+        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+        let mut all = Vec::with_capacity(2 + keys.len() + args.len());
+        all.push(Value::from(script));
+        all.push(Value::Integer(keys.len() as i64));
+        all.extend(keys);
+        all.extend(args);
+        self.client_for(first)?
+            .custom::<Value, _>(command, all)
+            .await
+            .map_err(|e| self.classify(e))
+    }
+}
+
+impl RegionCounts for RedisStore {
+    async fn window_counts(&self, _now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
+        // One EVAL of counts.lua per slot and MERGE_BATCH windows (one per batch on a single server).
+        let keys: Vec<CounterKey> = windows.iter().map(|w| w.key.window(w.start_us)).collect();
+        let mut counts = vec![0; keys.len()];
+        let groups = self.by_slot(&keys);
+        let calls = groups.iter().map(|group| {
+            let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
+            self.eval(COUNTS, &keys[group[0]], chunk, Vec::new())
+        });
+        for (group, reply) in groups.iter().zip(futures::future::try_join_all(calls).await?) {
+            let Value::Array(values) = reply else {
+                return Err(StoreError::Other(format!("counts.lua answered {reply:?}")));
+            };
+            for (&i, value) in group.iter().zip(values) {
+                counts[i] = integer(&value);
+            }
+        }
+        Ok(counts)
+    }
+
+    async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
+        // One EVAL of merge.lua per slot and MERGE_BATCH windows (one per batch on a single server).
+        let keys: Vec<CounterKey> = counts.iter().map(|c| c.window.key.regions(c.window.start_us)).collect();
+        let calls = self.by_slot(&keys).into_iter().map(|group| {
+            let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
+            let mut args = vec![Value::from(region)];
+            for &i in &group {
+                let c = &counts[i];
+                let ttl_ms = c.window.expires_us().saturating_sub(now_us).div_ceil(1_000).max(1);
+                args.push(Value::Integer(c.count.min(i64::MAX as u64) as i64));
+                args.push(Value::Integer(ttl_ms as i64));
+            }
+            let first = keys[group[0]].clone();
+            async move { self.eval(MERGE, &first, chunk, args).await }
+        });
+        futures::future::try_join_all(calls).await.map(|_| ())
+    }
+}

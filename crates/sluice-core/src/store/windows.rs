@@ -1,0 +1,45 @@
+//! The windows of global limits, counted in every region ([`crate::regions`]): which window of a counter
+//! ([`WindowRef`]) and one region's count in it ([`RegionCount`]).
+
+use super::{CounterKey, TierSpec};
+use crate::rules::Algorithm;
+
+/// One window of a global limit's counter (a `fixed_window` or `sliding_window` tier whose
+/// [`global`](TierSpec::global) is set): the tier's key, its window and the window's first microsecond.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WindowRef {
+    pub key: CounterKey,
+    pub algorithm: Algorithm,
+    pub window_us: u64,
+    pub start_us: u64,
+}
+
+impl WindowRef {
+    /// The window of `tier` that `now_us` falls in.
+    pub fn of(tier: &TierSpec, now_us: u64) -> WindowRef {
+        WindowRef {
+            key: tier.key.clone(),
+            algorithm: tier.algorithm,
+            window_us: tier.window_us,
+            start_us: now_us - now_us % tier.window_us.max(1),
+        }
+    }
+
+    /// Until when its count still weighs in decisions: the window's end, and a sliding window's next window too
+    /// (it is the previous one there), plus a second's grace as the counters' own keys have.
+    pub fn expires_us(&self) -> u64 {
+        let windows = if self.algorithm == Algorithm::SlidingWindow {
+            2
+        } else {
+            1
+        };
+        self.start_us + windows * self.window_us + 1_000_000
+    }
+}
+
+/// One region's own count in one window, as shipped to the others ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionCount {
+    pub window: WindowRef,
+    pub count: u64,
+}
