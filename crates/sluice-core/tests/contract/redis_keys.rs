@@ -1,0 +1,195 @@
+//! Where Redis keeps its counts: counters and sliding windows of the previous form are found and folded into the
+//! windows' keys, and a lone window is counted in the window of the server's clock, not the one sluice guessed.
+
+use sluice_core::rules::Algorithm;
+
+use super::{MINUTE, apply, hit, one, peek};
+use crate::harness::{RedisServer, T0, memory, redis_store, tier};
+
+/// A counter of the previous form in Redis (a hash {w, n} at the counter's own key) is found and folded into the
+/// window's key at its first write, so an upgrade admits no burst; one of another window counts nothing.
+#[tokio::test]
+async fn redis_counters_of_the_previous_form_are_folded_in() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let start = T0 - T0 % MINUTE;
+    for (name, lone) in [("legacy-lone", true), ("legacy-driver", false)] {
+        let mut h = one(name, Algorithm::FixedWindow, 6, MINUTE, 1);
+        if lone {
+            h.fields.clear();
+            h.lease.clear();
+        }
+        let base = h.tiers[0].key.as_str().to_string();
+        redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
+        redis.cli(&["PEXPIRE", &base, "60000"]);
+        let mut read = h.clone();
+        read.cost = 0;
+        assert_eq!(
+            peek(&store, T0, &read).await.tiers[0].used,
+            5,
+            "{name}: found before any write"
+        );
+        let o = apply(&store, T0, &h).await;
+        assert_eq!(
+            (o.admitted, o.tiers[0].used, o.tiers[0].remaining),
+            (true, 6, 0),
+            "{name}"
+        );
+        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
+        assert_eq!(
+            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            "0",
+            "{name}: folded and deleted"
+        );
+        let window = h.tiers[0].key.window(start);
+        assert_eq!(
+            redis.cli(&["--raw", "GET", window.as_str()]).trim(),
+            "7",
+            "{name}: the denial counted too"
+        );
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
+        assert!(
+            ttl > 50_000 && ttl <= 51_000,
+            "{name}: expires a second after its window: {ttl}"
+        );
+    }
+    // Several windows on one descriptor: each window's hash is folded in at its first write; a denial counts nothing.
+    let h = hit(
+        vec![
+            tier("legacy-windows", Algorithm::FixedWindow, 6, MINUTE, 6),
+            tier("legacy-windows", Algorithm::FixedWindow, 100, 60 * MINUTE, 100),
+        ],
+        1,
+    );
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
+    let o = apply(&store, T0, &h).await;
+    assert_eq!((o.admitted, o.tiers[0].used, o.tiers[1].used), (true, 6, 1));
+    assert!(!apply(&store, T0, &h).await.admitted, "no burst");
+    assert_eq!(redis.cli(&["--raw", "EXISTS", &base]).trim(), "0", "folded and deleted");
+    let window = h.tiers[0].key.window(start);
+    assert_eq!(redis.cli(&["--raw", "GET", window.as_str()]).trim(), "6");
+    let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
+    assert_eq!(
+        redis.cli(&["--raw", "GET", hour.as_str()]).trim(),
+        "1",
+        "the denial counted nothing"
+    );
+    // A hash of a window that has passed counts nothing.
+    let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
+    assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
+}
+
+/// A sliding window of the previous form in Redis (a hash {w, c, p} at the counter's own key) counts as the same hits
+/// would in the memory store until the counter's first write, which folds it into the two windows' keys: an upgrade
+/// admits no burst. A hash of the window before counts as the previous window.
+#[tokio::test]
+async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let start = T0 - T0 % MINUTE;
+    // The hash's window, its counts, and the hits that leave the memory store with the same counts.
+    let cases: [(&str, bool, u64, u64, u64); 4] = [
+        ("sw-legacy-lone", true, start, 2, 6),
+        ("sw-legacy-driver", false, start, 2, 6),
+        ("sw-legacy-rolled-lone", true, start - MINUTE, 5, 0),
+        ("sw-legacy-rolled-driver", false, start - MINUTE, 5, 0),
+    ];
+    for (name, lone, w, c, p) in cases {
+        let mut h = one(name, Algorithm::SlidingWindow, 10, MINUTE, 1);
+        if lone {
+            h.fields.clear();
+            h.lease.clear();
+        }
+        let base = h.tiers[0].key.as_str().to_string();
+        redis.cli(&[
+            "HSET",
+            &base,
+            "w",
+            &w.to_string(),
+            "c",
+            &c.to_string(),
+            "p",
+            &p.to_string(),
+        ]);
+        redis.cli(&["PEXPIRE", &base, "120000"]);
+        // The memory store, brought to the same counts by hits: `p` in the window before `w`, `c` in `w`.
+        let serial = memory();
+        let mut seed = h.clone();
+        seed.cost = p;
+        if p > 0 {
+            apply(&serial, w - MINUTE, &seed).await;
+        }
+        seed.cost = c;
+        apply(&serial, w, &seed).await;
+        let mut read = h.clone();
+        read.cost = 0;
+        assert_eq!(
+            peek(&store, T0, &read).await,
+            peek(&serial, T0, &read).await,
+            "{name}: found before any write"
+        );
+        for _ in 0..12 {
+            assert_eq!(
+                apply(&store, T0, &h).await,
+                apply(&serial, T0, &h).await,
+                "{name}: no burst"
+            );
+        }
+        assert_eq!(
+            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            "0",
+            "{name}: folded and deleted"
+        );
+        let current = h.tiers[0].key.window(start);
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", current.as_str()]).trim().parse().unwrap();
+        // Read as the previous window all through the next one, and a second more.
+        assert!(ttl > 110_000 && ttl <= 111_000, "{name}: {ttl}");
+        let previous = h.tiers[0].key.window(start - MINUTE);
+        let before = if w == start { p } else { c };
+        let kept = redis.cli(&["--raw", "GET", previous.as_str()]);
+        assert_eq!(kept.trim(), before.to_string(), "{name}: the previous window's count");
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", previous.as_str()]).trim().parse().unwrap();
+        assert!(ttl > 50_000 && ttl <= 51_000, "{name}: {ttl}");
+    }
+}
+
+/// Decided by the server's clock, a lone fixed window's key is built by sluice for its own time; when the server's
+/// time is in another window (the clocks straddle an edge), the script counts in the server's window, not the one
+/// sluice guessed.
+#[tokio::test]
+async fn redis_a_window_guessed_across_an_edge_is_counted_in_the_servers() {
+    let redis = RedisServer::start();
+    let h = one("guess", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let now: u64 = {
+        let t = redis.cli(&["--raw", "TIME"]);
+        let parts: Vec<u64> = t.lines().map(|l| l.trim().parse().unwrap()).collect();
+        parts[0] * 1_000_000 + parts[1]
+    };
+    let guess = now - 5 * MINUTE;
+    let guessed = h.tiers[0].key.window(guess - guess % MINUTE);
+    let script = sluice_core::store::redis::SCRIPT;
+    let minute = MINUTE.to_string();
+    let guess_arg = guess.to_string();
+    // One descriptor, declared: its key, n = 1, the timing (the guess), then the window and the cost counted.
+    let answer = redis.cli(&[
+        "--raw",
+        "EVAL",
+        script,
+        "1",
+        guessed.as_str(),
+        "1",
+        &guess_arg,
+        &minute,
+        "1",
+    ]);
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines[0].trim(), "0", "the count before the hit: {answer}");
+    let server_now: u64 = lines[1].trim().parse().unwrap();
+    assert!(server_now >= now, "the call's time is the server's: {answer}");
+    let server = h.tiers[0].key.window(server_now - server_now % MINUTE);
+    assert_eq!(redis.cli(&["--raw", "GET", server.as_str()]).trim(), "1");
+    assert_eq!(redis.cli(&["--raw", "EXISTS", guessed.as_str()]).trim(), "0");
+}
