@@ -121,6 +121,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
 end
 
 local function decide(k, nk, a)
+  decision = decision + 1
   local function arg(i) return ARGV[a + i - 1] end
   local mode = arg(1)
   local reaping = mode == 'reap'

@@ -36,6 +36,10 @@ local L, loaded = {}, {}
 -- batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the arguments.
 local K = KEYS
 
+-- The number of the descriptor's decision under way in this call (decide.lua counts them): tiers that share a
+-- counter (bucketed_window.lua) write it once per decision.
+local decision = 0
+
 -- The algorithm named `name`, or nil if there is none.
 local function algorithm(name)
   local a = loaded[name]

@@ -33,8 +33,8 @@ pub use lists::{
 };
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
-    Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,
-    Tier, TierCost, Unit,
+    Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_BUCKETS, MAX_LOG_LIMIT, MAX_RECORDS,
+    Metadata, Record, Tier, TierCost, Unit,
 };
 
 /// Every domain's rules, compiled. Immutable; a reload builds a new one.

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use sluice_core::rules::{Algorithm, MAX_LOG_LIMIT};
+use sluice_core::rules::{Algorithm, MAX_BUCKETS, MAX_LOG_LIMIT};
 use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, TierSpec};
 
@@ -59,6 +59,11 @@ impl TierShape {
     fn is_valid(&self) -> bool {
         match self.algorithm {
             Algorithm::SlidingLog => self.limit <= u64::from(MAX_LOG_LIMIT),
+            // Whole seconds per sub-window, at most MAX_BUCKETS of them.
+            Algorithm::BucketedWindow => {
+                let width = self.window_us / self.burst.max(1);
+                width % SECOND == 0 && self.burst * width == self.window_us && self.burst <= u64::from(MAX_BUCKETS)
+            }
             _ if self.is_bucket() => {
                 let fill = self.burst.checked_mul(self.window_us.div_ceil(self.limit));
                 fill.is_some_and(|us| us <= 100 * 365 * 86_400 * SECOND)
@@ -113,13 +118,20 @@ enum Kind {
 /// The tiers' own costs, by position (`None`, or past the end: the hit's cost).
 type TierCosts = Vec<Option<Cost>>;
 
-/// `tiers`, each with its own cost from `costs`, resolved at its own edges.
+/// `tiers`, each with its own cost from `costs`, resolved at its own edges. A bucketed window keeps the hit's: the
+/// tiers here share their counts by sub-window, as only tiers without a cost of their own do (the limiter names a
+/// tier with its own cost apart, see `Identity::tier_costing`).
 fn with_costs(tiers: &[TierSpec], costs: &TierCosts, shapes: &[TierShape]) -> Vec<TierSpec> {
     tiers
         .iter()
         .enumerate()
         .map(|(i, t)| TierSpec {
-            cost: costs.get(i).copied().flatten().map(|c| c.resolve_at(shapes, i)),
+            cost: costs
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|_| t.algorithm != Algorithm::BucketedWindow)
+                .map(|c| c.resolve_at(shapes, i)),
             ..t.clone()
         })
         .collect()
@@ -161,15 +173,21 @@ fn tier_shape(algorithms: &[Algorithm]) -> impl Strategy<Value = TierShape> {
             31_536_000 * SECOND,
         ]),
         prop_oneof![4 => 1u64..6, 1 => limit()],
+        prop::sample::select(vec![SECOND, 2 * SECOND, 3 * SECOND, 60 * SECOND, 86_400 * SECOND]),
     )
-        .prop_map(|(algorithm, limit, window_us, burst)| {
+        .prop_map(|(algorithm, limit, window_us, burst, width)| {
             let bucket = matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
             TierShape {
                 algorithm,
                 // Buckets refill at `limit` per window, so they need at least 1, and hold at least 1.
                 limit: if bucket { limit.max(1) } else { limit },
                 window_us,
-                burst: if bucket { burst.max(1) } else { limit },
+                // A bucketed window's number of sub-windows of `width`.
+                burst: match algorithm {
+                    _ if bucket => burst.max(1),
+                    Algorithm::BucketedWindow => (window_us / width).max(1),
+                    _ => limit,
+                },
             }
         })
         .prop_filter("the configuration refuses it", TierShape::is_valid)
@@ -323,6 +341,31 @@ fn reservations_agree() {
     );
 }
 
+/// Bucketed windows of one descriptor sharing their one-second counts (a second, a few seconds, a minute), with a
+/// fixed window beside them now and then: each hit is one increment of the shared count, whatever the tiers.
+#[test]
+fn shared_bucketed_windows_agree() {
+    let bucketed = (
+        prop::sample::select(vec![1u64, 2, 3, 5, 10, 15, 60]),
+        prop_oneof![4 => 0u64..12, 1 => 12u64..200],
+    )
+        .prop_map(|(seconds, limit)| TierShape {
+            algorithm: Algorithm::BucketedWindow,
+            limit,
+            window_us: seconds * SECOND,
+            burst: seconds,
+        });
+    agree(
+        On::Server,
+        "diff-buckets:",
+        (
+            prop::collection::vec(bucketed, 1..=3),
+            prop::collection::vec(op(3, 0.2, 0.3), 1..40),
+        ),
+        128,
+    );
+}
+
 /// Every algorithm and reservations, fewer cases, through a cluster's node batches.
 #[test]
 fn cluster_node_batches_and_memory_store_agree() {
@@ -375,7 +418,16 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                 let tiers: Vec<TierSpec> = shapes
                     .iter()
                     .map(|s| TierSpec {
-                        key: id.tier(s.algorithm, s.window_us),
+                        // A bucketed window's counts are named by its sub-window, which tiers of one descriptor share.
+                        key: id.tier(
+                            s.algorithm,
+                            s.window_us
+                                / if s.algorithm == Algorithm::BucketedWindow {
+                                    s.burst
+                                } else {
+                                    1
+                                },
+                        ),
                         algorithm: s.algorithm,
                         limit: s.limit,
                         window_us: s.window_us,

@@ -91,10 +91,13 @@ pub enum Algorithm {
     Concurrency,
     /// At most N waiting entries in a Redis Stream that workers drain.
     Queue,
+    /// A window split into sub-windows (`buckets`), exact to one sub-window; limits of one descriptor with the same
+    /// sub-window share its counts.
+    BucketedWindow,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
@@ -102,6 +105,7 @@ impl Algorithm {
         Algorithm::LeakyBucket,
         Algorithm::Concurrency,
         Algorithm::Queue,
+        Algorithm::BucketedWindow,
     ];
 
     pub fn from_name(name: &str) -> Option<Algorithm> {
@@ -117,6 +121,7 @@ impl Algorithm {
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
             Algorithm::Queue => "queue",
+            Algorithm::BucketedWindow => "bucketed_window",
         }
     }
 
@@ -155,6 +160,9 @@ impl FailurePolicy {
 
 /// The most hits a `sliding_log` limit may allow per window: each admitted hit is one sorted-set member.
 pub const MAX_LOG_LIMIT: u32 = 10_000;
+
+/// The most sub-windows a `bucketed_window` limit may have: a decision reads every one of them.
+pub const MAX_BUCKETS: u32 = 3_600;
 
 /// The most values `record` may keep per counter.
 pub const MAX_RECORDS: u32 = 1_000;

@@ -9,6 +9,7 @@
 //! ([`Check::outcome`]), the state of one counter ([`Counter`]), the keyspace a commit writes to ([`Keyspace`]), and
 //! the dispatch by algorithm ([`check`], [`commit`], [`refund`]). Adding an algorithm adds an arm to each of them.
 
+pub(crate) mod bucketed_window;
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod queue;
@@ -19,6 +20,7 @@ pub(crate) mod token_bucket;
 use super::{TierOutcome, TierSpec};
 use crate::rules::Algorithm;
 
+use bucketed_window::Buckets;
 use concurrency::Leases;
 use fixed_window::Fixed;
 use queue::Queue;
@@ -50,6 +52,7 @@ pub(crate) enum Counter {
     Tat(Tat),
     Leases(Leases),
     Queue(Queue),
+    Buckets(Buckets),
 }
 
 /// One shape of [`Counter`]: what [`Keyspace::upsert`] finds in, or makes into, a counter's state.
@@ -85,7 +88,7 @@ macro_rules! counter_states {
     )*};
 }
 
-counter_states!(Fixed, Sliding, Log, Tat, Leases, Queue);
+counter_states!(Fixed, Sliding, Log, Tat, Leases, Queue, Buckets);
 
 /// When a committed state expires: the script's PEXPIRE.
 #[derive(Debug, Clone, Copy)]
@@ -95,6 +98,9 @@ pub(crate) enum Expiry {
     /// At this time when the write creates the state; a state it updates keeps its expiry (a fixed window's TTL is
     /// set by its first hit and never extended).
     OnCreate(u64),
+    /// At this time at the earliest: a state it updates keeps a later expiry (counts that several tiers share live as
+    /// long as the longest of them needs).
+    AtLeast(u64),
 }
 
 /// The keys a commit writes, as a script writes Redis keys: the memory store's shard.
@@ -109,6 +115,10 @@ pub(crate) trait Keyspace {
         expiry: Expiry,
         update: impl FnOnce(&mut T) -> R,
     ) -> R;
+
+    /// The number of the decision under way: tiers that share a counter write it once per decision (`decision` in
+    /// `lua/prelude.lua`).
+    fn decision(&self) -> u64;
 }
 
 /// What a tier's check found, as the scripts' `check` returns it.
@@ -136,6 +146,7 @@ pub(crate) enum Write {
     Tat(u64),
     Lease,
     Queue,
+    Buckets,
 }
 
 impl Check {
@@ -187,6 +198,7 @@ pub(crate) fn check(t: &TierSpec, state: Option<&Counter>, now: u64, cost: u64, 
         Algorithm::TokenBucket | Algorithm::LeakyBucket => token_bucket::check(shape(state), t, now, cost, force),
         Algorithm::Concurrency => concurrency::check(shape(state), t, now, cost),
         Algorithm::Queue => queue::check(shape(state), t, now, cost),
+        Algorithm::BucketedWindow => bucketed_window::check(shape(state), t, now, cost),
     }
 }
 
@@ -205,6 +217,7 @@ pub(crate) fn commit(
         Write::Sliding { start, c, p } => sliding_window::commit(keys, t, now, cost, start, c, p),
         Write::Log => sliding_log::commit(keys, t, now, cost),
         Write::Tat(new) => token_bucket::commit(keys, t, now, new),
+        Write::Buckets => bucketed_window::commit(keys, t, now, cost),
         Write::Lease => return Some(concurrency::commit(keys, t, now, lease)),
         Write::Queue => return Some(queue::commit(keys, t, now)),
     }
@@ -220,7 +233,7 @@ pub(crate) fn refund(t: &TierSpec, state: Option<&Counter>, now: u64, at: u64, a
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             token_bucket::refund(state.and_then(Tat::of), t, now, at, amount)
         }
-        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Queue => None,
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Queue | Algorithm::BucketedWindow => None,
     }
 }
 

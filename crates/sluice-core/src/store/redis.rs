@@ -85,6 +85,7 @@ macro_rules! decision_script {
             include_str!("../../lua/token_bucket.lua"),
             include_str!("../../lua/concurrency.lua"),
             include_str!("../../lua/queue.lua"),
+            include_str!("../../lua/bucketed_window.lua"),
             include_str!("../../lua/global.lua"),
             include_str!("../../lua/compact_fixed_window.lua"),
             include_str!("../../lua/compact_bucket.lua"),

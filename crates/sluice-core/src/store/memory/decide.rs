@@ -25,6 +25,7 @@ impl MemoryStore {
     pub(super) fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
+        shard.decisions += 1;
         // Each tier's own cost, bounded by its capacity + 1 (`TierSpec::bounded_cost`); the hit is written at all only
         // if one of them is positive.
         let cost = |t: &TierSpec| t.bounded_cost(hit.cost);

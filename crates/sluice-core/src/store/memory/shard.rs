@@ -92,6 +92,8 @@ pub(super) struct Shard {
     /// clock step back, a bucket's refund) is evicted at the later time, and is invisible from its expiry on either
     /// way.
     pub(super) schedule: BinaryHeap<Reverse<(u64, Arc<str>)>>,
+    /// The decisions made on this shard so far: the number of the one under way ([`Keyspace::decision`]).
+    pub(super) decisions: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -170,14 +172,16 @@ impl Shard {
             && let Some(state) = T::of(&mut entry.state)
         {
             let out = update(state);
-            if let Expiry::Always(at) = expiry {
-                entry.expires_at_us = at;
+            match expiry {
+                Expiry::Always(at) => entry.expires_at_us = at,
+                Expiry::AtLeast(at) => entry.expires_at_us = entry.expires_at_us.max(at),
+                Expiry::OnCreate(_) => {}
             }
             return out;
         }
         let mut state = T::default();
         let out = update(&mut state);
-        let (Expiry::Always(at) | Expiry::OnCreate(at)) = expiry;
+        let (Expiry::Always(at) | Expiry::OnCreate(at) | Expiry::AtLeast(at)) = expiry;
         self.set(key, state.into_state(), at);
         out
     }
@@ -202,6 +206,10 @@ impl Keyspace for Shard {
         update: impl FnOnce(&mut T) -> R,
     ) -> R {
         Shard::upsert(self, key, now, expiry, update)
+    }
+
+    fn decision(&self) -> u64 {
+        self.decisions
     }
 }
 

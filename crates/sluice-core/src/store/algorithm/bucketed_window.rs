@@ -1,0 +1,121 @@
+//! The bucketed sliding window, the twin of `lua/bucketed_window.lua`: a window of `window` split into `buckets`
+//! sub-windows of `window / buckets` each (the tier's `burst` carries the number), epoch-aligned, one count per
+//! sub-window. A window's count is the sum of the sub-windows it spans, the current one included, so it is exact to
+//! one sub-window: a sub-window stops counting `window` after it starts. In Redis each sub-window is an integer
+//! under `<counter>:<start>`, all under the descriptor's hash tag; in memory a [`Buckets`] state holds them.
+//!
+//! The counters are named by the sub-window's length, not the window's (see `rules::Limit::counter_span_us`), so
+//! several limits of one descriptor with the same sub-window share them: 1 000 a second, 5 000 per 10 s and 7 000
+//! per 15 s read the same one-second counts, and a hit is one increment for all of them. Within one decision a
+//! shared counter is written once (by the first of its tiers) and lives as long as the longest window needs it.
+//! Forced hits, reservations and settlements do not apply (it is not one of the counting algorithms).
+
+use std::collections::VecDeque;
+
+use super::{Check, Expiry, Keyspace, Write, ceil_ms_us};
+use crate::store::TierSpec;
+
+/// The sub-windows' counts, oldest first: (first microsecond, count, when it stops being kept), and the decision that
+/// last wrote them (a shared counter is written once per decision).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Buckets {
+    pub(crate) subs: VecDeque<(u64, u64, u64)>,
+    pub(crate) decision: u64,
+}
+
+/// The length of one sub-window of a tier: its window over its number of sub-windows, at least 1.
+pub(crate) fn width(t: &TierSpec) -> u64 {
+    (t.window_us / t.burst.max(1)).max(1)
+}
+
+/// The sub-windows' first microseconds a window of `t` spans at `now`, oldest first: the current one and the
+/// `buckets - 1` before it.
+pub(crate) fn starts(t: &TierSpec, now: u64) -> impl Iterator<Item = u64> {
+    let (width, buckets) = (width(t), t.burst.max(1));
+    let current = now - now % width;
+    (0..buckets)
+        .rev()
+        .filter_map(move |back| back.checked_mul(width).and_then(|d| current.checked_sub(d)))
+}
+
+/// What a hit of `cost` would find at `now`: the counts of the sub-windows the window spans.
+pub(crate) fn check(state: Option<&Buckets>, t: &TierSpec, now: u64, cost: u64) -> Check {
+    let counts: Vec<u64> = starts(t, now)
+        .map(|start| {
+            state.map_or(0, |b| {
+                b.subs.iter().find(|s| s.0 == start && s.2 > now).map_or(0, |s| s.1)
+            })
+        })
+        .collect();
+    check_counts(t.limit, width(t), t.window_us, now, cost, &counts)
+}
+
+/// What a hit of `cost` would find at `now` in sub-windows of `width` holding `counts`, oldest first, the last the
+/// current one, in a window of `window`. A sub-window starting at `s` stops counting at `s + window`.
+pub(crate) fn check_counts(limit: u64, width: u64, window: u64, now: u64, cost: u64, counts: &[u64]) -> Check {
+    let current = now - now % width;
+    let n = counts.iter().fold(0u64, |sum, &c| sum.saturating_add(c));
+    let used = n.saturating_add(cost);
+    let ok = used <= limit;
+    // The start of the `i`-th sub-window given, and when it leaves the window.
+    let last = counts.len().saturating_sub(1) as u64;
+    let start = |i: usize| current.saturating_sub((last - i as u64) * width);
+    let leaves = |i: usize| (start(i) + window).saturating_sub(now);
+    let reset0 = counts.iter().rposition(|&c| c > 0).map_or(0, leaves);
+    let retry = if cost > limit {
+        None
+    } else if ok {
+        Some(0)
+    } else {
+        // The first sub-window whose leaving brings the count low enough for the cost.
+        let mut left = n;
+        let mut wait = None;
+        for (i, &c) in counts.iter().enumerate() {
+            left -= c.min(left);
+            if left.saturating_add(cost) <= limit {
+                wait = Some(leaves(i));
+                break;
+            }
+        }
+        wait.or(Some((current + window).saturating_sub(now)))
+    };
+    Check {
+        ok,
+        used0: n,
+        used,
+        rem0: limit.saturating_sub(n),
+        rem1: limit.saturating_sub(used),
+        reset0,
+        reset1: if cost > 0 {
+            (current + window).saturating_sub(now)
+        } else {
+            reset0
+        },
+        retry,
+        write: Write::Buckets,
+    }
+}
+
+/// Counts a hit of `cost` in the current sub-window, unless a tier of the same decision did already, and keeps the
+/// sub-window until the longest window of its tiers no longer counts it.
+pub(crate) fn commit(keys: &mut impl Keyspace, t: &TierSpec, now: u64, cost: u64) {
+    let current = now - now % width(t);
+    let until = now + ceil_ms_us((current + t.window_us).saturating_sub(now));
+    let decision = keys.decision();
+    keys.upsert(t.key.as_str(), now, Expiry::AtLeast(until), |b: &mut Buckets| {
+        b.subs.retain(|s| s.2 > now);
+        match b.subs.iter_mut().find(|s| s.0 == current) {
+            Some(sub) => {
+                if b.decision != decision {
+                    sub.1 = sub.1.saturating_add(cost);
+                }
+                sub.2 = sub.2.max(until);
+            }
+            None => {
+                let at = b.subs.partition_point(|s| s.0 < current);
+                b.subs.insert(at, (current, cost, until));
+            }
+        }
+        b.decision = decision;
+    });
+}
