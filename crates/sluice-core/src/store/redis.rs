@@ -61,15 +61,17 @@ mod gather;
 mod lists;
 mod notices;
 mod regions;
+mod reply;
 mod route;
 mod settings;
 mod tallies;
 
-use call::{Call, Form, Mode, Reply, is_noscript, parse, parse_granted, parse_settled};
+use call::{Call, Form, Mode};
 use cluster::{Cluster, Node};
 use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
 use notices::Notices;
+use reply::{Reply, is_noscript, parse, parse_granted, parse_settled};
 use settings::build_pool;
 pub use settings::{RedisSettings, RedisTls};
 

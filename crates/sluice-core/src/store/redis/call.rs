@@ -8,16 +8,52 @@ use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::compact::{Compact, CompactTier};
+use super::reply::Reply;
 use crate::rules::Algorithm;
-use crate::store::{
-    CounterKey, Grant, Granted, Hit, MAX_LEDGER_AMOUNT, Outcome, RecordSpec, Settled, Settlement, StoreError,
-    TierOutcome, TierSettled, TierSpec,
-};
+use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
+/// What a store call asks of a hit: to apply it, or only to report on it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
     Hit,
     Peek,
+}
+
+/// The driver's mode (`lua/decide.lua`'s ARGV[1]): what the script does with one descriptor.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ScriptMode {
+    /// Apply the hit.
+    Hit,
+    /// Report only, and return the hit records.
+    Peek,
+    /// A forced hit: every tier counts it whether it fits or not.
+    Report,
+    /// A hit that also writes its reservation's record when counted.
+    Reserve,
+    /// A forced hit that also writes its reservation's record.
+    ReserveReport,
+    /// Settle a reservation with the actual costs.
+    Settle,
+    /// Settle an expired reservation at its estimates.
+    Reap,
+    /// Grant from an RLQS bucket's quota.
+    Grant,
+}
+
+impl ScriptMode {
+    /// The name the script knows the mode by.
+    fn as_str(self) -> &'static str {
+        match self {
+            ScriptMode::Hit => "hit",
+            ScriptMode::Peek => "peek",
+            ScriptMode::Report => "report",
+            ScriptMode::Reserve => "reserve",
+            ScriptMode::ReserveReport => "reserve_report",
+            ScriptMode::Settle => "settle",
+            ScriptMode::Reap => "reap",
+            ScriptMode::Grant => "grant",
+        }
+    }
 }
 
 /// How a script call carries its descriptors' keys (`lua/batch.lua`).
@@ -51,11 +87,11 @@ impl Call {
         // A peek never writes a reservation.
         let reservation = hit.reserves().filter(|_| mode == Mode::Hit);
         let mode = match (mode, reservation.is_some()) {
-            (Mode::Hit, false) if hit.forced() => "report",
-            (Mode::Hit, false) => "hit",
-            (Mode::Hit, true) if hit.forced() => "reserve_report",
-            (Mode::Hit, true) => "reserve",
-            (Mode::Peek, _) => "peek",
+            (Mode::Hit, false) if hit.forced() => ScriptMode::Report,
+            (Mode::Hit, false) => ScriptMode::Hit,
+            (Mode::Hit, true) if hit.forced() => ScriptMode::ReserveReport,
+            (Mode::Hit, true) => ScriptMode::Reserve,
+            (Mode::Peek, _) => ScriptMode::Peek,
         };
         // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
         let reservation = reservation.map(|r| (&r.key, vec![Value::Integer(r.bounded_ttl_us() as i64)]));
@@ -65,7 +101,11 @@ impl Call {
     /// One settlement's keys and arguments: decide.lua's mode 'settle', with the record as the last key.
     pub(super) fn settle(now_us: Option<u64>, settlement: &Settlement) -> Call {
         Call::build(
-            if settlement.reap { "reap" } else { "settle" },
+            if settlement.reap {
+                ScriptMode::Reap
+            } else {
+                ScriptMode::Settle
+            },
             now_us,
             &settlement.hit,
             None,
@@ -87,20 +127,20 @@ impl Call {
             amount(grant.want),
             amount(grant.ttl_us),
         ];
-        Call::build("grant", now_us, &hit, None, Some((&grant.ledger, tail)))
+        Call::build(ScriptMode::Grant, now_us, &hit, None, Some((&grant.ledger, tail)))
     }
 
     /// The call in `mode`; `extra`: the key after the tiers' (a reservation's record, a grant's ledger), and the
     /// arguments after theirs (the record's TTL when the mode writes it, a grant's entry).
     fn build(
-        mode: &'static str,
+        mode: ScriptMode,
         now_us: Option<u64>,
         hit: &Hit,
         record: Option<&RecordSpec>,
         extra: Option<(&CounterKey, Vec<Value>)>,
     ) -> Call {
         // A settlement carries no queue fields: its tiers all count.
-        let fields: &[(String, String)] = if mode == "settle" || mode == "reap" {
+        let fields: &[(String, String)] = if matches!(mode, ScriptMode::Settle | ScriptMode::Reap) {
             &[]
         } else {
             &hit.fields
@@ -125,7 +165,7 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         // A global tier reads the other regions' counts (`lua/global.lua`): never a compact form.
-        if let ("hit", None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
+        if let (ScriptMode::Hit, None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
             let compact = match &hit.tiers[..] {
                 [tier] => Compact::of(now_us, tier, hit.cost, &hit.lease),
                 tiers => Compact::windows(now_us, tiers, hit.cost),
@@ -147,7 +187,7 @@ impl Call {
         // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
         args.push(Value::Integer(-(keys.len() as i64)));
         args.push(Value::Integer(count as i64));
-        args.push(Value::from(mode));
+        args.push(Value::from(mode.as_str()));
         args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
         // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
         // doubles. It is the cost of every tier that sends '' for its own.
@@ -338,14 +378,6 @@ struct Planned {
     own: Option<CompactTier>,
 }
 
-/// One descriptor's answer from a script call: decided by sluice from a compact form's integers, or the script's own
-/// answer (the driver's, an error, or nil: not decided there).
-#[derive(Debug, Clone)]
-pub(super) enum Reply {
-    Decided(Outcome),
-    Script(Value),
-}
-
 /// One EVALSHA deciding `calls` (`lua/batch.lua`) in `form`, routed in a cluster to the slot of the first call's
 /// keys; its answer, one value per call. The slot is given explicitly: fred 10.1 honours only `ClusterHash::Custom`
 /// on a custom command and otherwise hashes the first string argument, here the script's SHA. (EVALSHA is sent as a
@@ -489,141 +521,6 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
         command.extend(args);
     }
     command
-}
-
-/// Whether a descriptor's answer in a node's batch says it was not decided there, nothing of it written: its slot is
-/// served elsewhere or migrating (see `lua/batch.lua`).
-pub(super) fn unserved(reply: &Reply) -> bool {
-    matches!(reply, Reply::Script(Value::Null))
-}
-
-fn bad() -> StoreError {
-    StoreError::Script("unexpected script answer".into())
-}
-
-/// The items of one descriptor's answer from the script, or the error that stopped it alone (see `lua/batch.lua`).
-fn items(reply: Reply) -> Result<Vec<Value>, StoreError> {
-    match reply {
-        Reply::Script(Value::Array(items)) => Ok(items),
-        Reply::Script(Value::String(error)) => Err(StoreError::Script(error.to_string())),
-        _ => Err(bad()),
-    }
-}
-
-/// Reads a hit's answer: decided from a compact form, or `decide.lua`'s.
-pub(super) fn parse(reply: Reply, tiers: usize) -> Result<Outcome, StoreError> {
-    match reply {
-        Reply::Decided(outcome) => Ok(outcome),
-        reply => outcome(items(reply)?, tiers),
-    }
-}
-
-/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
-/// refunded), then an outcome.
-pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, StoreError> {
-    let mut items = items(reply)?;
-    let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
-    match items.first().and_then(Value::as_i64) {
-        Some(0) => Ok(Settled::Unknown),
-        Some(1) if items.len() > 4 * tiers => {
-            let settled = items[1..1 + 4 * tiers]
-                .chunks_exact(4)
-                .map(|t| {
-                    Ok(TierSettled {
-                        estimate: count(&t[0])?,
-                        actual: count(&t[1])?,
-                        charged: count(&t[2])?,
-                        refunded: count(&t[3])?,
-                    })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            let outcome = outcome(items.split_off(1 + 4 * tiers), tiers)?;
-            Ok(Settled::Done {
-                tiers: settled,
-                outcome,
-            })
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
-pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
-    let items = items(reply)?;
-    let count = |i: usize| {
-        items
-            .get(i)
-            .and_then(Value::as_i64)
-            .map(|n| n.max(0) as u64)
-            .ok_or_else(bad)
-    };
-    Ok(Granted {
-        held: count(0)?,
-        share: count(1)?,
-        left: count(2)?,
-        holders: count(3)?,
-        total_held: count(4)?,
-        entry: count(5)?,
-    })
-}
-
-fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {
-    if items.len() < 1 + 6 * tiers {
-        return Err(bad());
-    }
-    let int = |v: &Value| v.as_i64().ok_or_else(bad);
-    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
-    let admitted = int(&items[0])? == 1;
-    let mut outcomes = Vec::with_capacity(tiers);
-    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
-        let retry = int(&t[4])?;
-        let id = t[5].as_string().filter(|s| !s.is_empty());
-        outcomes.push(TierOutcome {
-            ok: int(&t[0])? == 1,
-            used: count(&t[1])?,
-            remaining: count(&t[2])?,
-            reset_after_us: count(&t[3])?,
-            retry_after_us: u64::try_from(retry).ok(),
-            id,
-        });
-    }
-    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
-    Ok(Outcome {
-        admitted,
-        tiers: outcomes,
-        records,
-    })
-}
-
-pub(super) fn is_noscript(e: &FredError) -> bool {
-    e.details().starts_with("NOSCRIPT")
-}
-
-/// Whether a cluster node refused a whole call before running any of it because of where slots are: a redirection
-/// (MOVED, ASK), a multi-key call during a slot's migration (TRYAGAIN), keys of several slots (CROSSSLOT), or a node
-/// that is a replica now (READONLY, after a failover the slot map has not caught up with). The call ran nothing and
-/// may be sent again, each descriptor to its own slot.
-pub(super) fn refused_by_topology(e: &FredError) -> bool {
-    let first = e.details().split_whitespace().next().unwrap_or_default();
-    matches!(first, "MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT" | "READONLY")
-}
-
-/// Whether a cluster node asked for the call again later: a multi-key call while the keys of its slot are split
-/// between two nodes by a migration. The call ran nothing.
-pub(super) fn is_tryagain(e: &FredError) -> bool {
-    e.details().starts_with("TRYAGAIN")
-}
-
-/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
-pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
-    let mut parts = e.details().split_whitespace();
-    let ask = match parts.next()? {
-        "MOVED" => false,
-        "ASK" => true,
-        _ => return None,
-    };
-    let _slot = parts.next()?;
-    Some((ask, parts.next()?.to_string()))
 }
 
 /// The name the script knows a tier's algorithm by: a global window's is `global:` and its algorithm's
@@ -785,32 +682,6 @@ mod tests {
 
     fn probes_of(key: &str) -> String {
         key[..key.find('}').unwrap_or(0) + 1].to_string()
-    }
-
-    #[test]
-    fn refusals_before_running_are_told_from_failures_that_may_have_run() {
-        let e = |details: &str| FredError::new(ErrorKind::Unknown, details.to_string());
-        for refused in [
-            "MOVED 3300 127.0.0.1:7001",
-            "ASK 3300 127.0.0.1:7001",
-            "TRYAGAIN Multiple keys request during rehashing of slot",
-            "CROSSSLOT Keys in request don't hash to the same slot",
-            "READONLY You can't write against a read only replica.",
-        ] {
-            assert!(refused_by_topology(&e(refused)), "{refused}");
-        }
-        for other in [
-            "ERR unknown",
-            "NOSCRIPT No matching script",
-            "WRONGTYPE Operation",
-            "LOADING",
-        ] {
-            assert!(!refused_by_topology(&e(other)), "{other}");
-        }
-        assert!(is_tryagain(&e("TRYAGAIN Multiple keys")) && !is_tryagain(&e("MOVED 1 h:1")));
-        let script = Reply::Script;
-        assert!(unserved(&script(Value::Null)) && !unserved(&script(Value::Integer(0))));
-        assert!(!unserved(&script(Value::Array(Vec::new()))));
     }
 
     #[test]

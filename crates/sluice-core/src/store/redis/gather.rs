@@ -11,7 +11,8 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::call::{Call, Form, Reply, eval};
+use super::call::{Call, Form, eval};
+use super::reply::Reply;
 
 /// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
 /// holds Redis, where each descriptor costs a few microseconds.

@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
 
-use super::call::{Call, Form, Reply, eval, is_tryagain, redirection, refused_by_topology, unserved};
+use super::call::{Call, Form, eval};
 use super::cluster::{Cluster, Node};
+use super::reply::{Reply, is_tryagain, redirection, refused_by_topology, unserved};
 
 /// One descriptor's answer, or the error that stopped it with the node that gave it (where a NOSCRIPT reloads).
 pub(super) type Answer = Result<Reply, (FredError, Option<Node>)>;

@@ -1,0 +1,183 @@
+//! What comes back from a script call: each descriptor's [`Reply`] (decided by sluice from a compact form's integers,
+//! or the script's own answer), read into outcomes, settlements and grants, and Redis's errors told apart (a missing
+//! script, a refusal by the cluster's topology, a redirection).
+
+use fred::error::Error as FredError;
+use fred::types::Value;
+
+use crate::store::{Granted, Outcome, Settled, StoreError, TierOutcome, TierSettled};
+
+/// One descriptor's answer from a script call: decided by sluice from a compact form's integers, or the script's own
+/// answer (the driver's, an error, or nil: not decided there).
+#[derive(Debug, Clone)]
+pub(super) enum Reply {
+    Decided(Outcome),
+    Script(Value),
+}
+
+/// Whether a descriptor's answer in a node's batch says it was not decided there, nothing of it written: its slot is
+/// served elsewhere or migrating (see `lua/batch.lua`).
+pub(super) fn unserved(reply: &Reply) -> bool {
+    matches!(reply, Reply::Script(Value::Null))
+}
+
+fn bad() -> StoreError {
+    StoreError::Script("unexpected script answer".into())
+}
+
+/// The items of one descriptor's answer from the script, or the error that stopped it alone (see `lua/batch.lua`).
+fn items(reply: Reply) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Reply::Script(Value::Array(items)) => Ok(items),
+        Reply::Script(Value::String(error)) => Err(StoreError::Script(error.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+/// Reads a hit's answer: decided from a compact form, or `decide.lua`'s.
+pub(super) fn parse(reply: Reply, tiers: usize) -> Result<Outcome, StoreError> {
+    match reply {
+        Reply::Decided(outcome) => Ok(outcome),
+        reply => outcome(items(reply)?, tiers),
+    }
+}
+
+/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
+/// refunded), then an outcome.
+pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, StoreError> {
+    let mut items = items(reply)?;
+    let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
+    match items.first().and_then(Value::as_i64) {
+        Some(0) => Ok(Settled::Unknown),
+        Some(1) if items.len() > 4 * tiers => {
+            let settled = items[1..1 + 4 * tiers]
+                .chunks_exact(4)
+                .map(|t| {
+                    Ok(TierSettled {
+                        estimate: count(&t[0])?,
+                        actual: count(&t[1])?,
+                        charged: count(&t[2])?,
+                        refunded: count(&t[3])?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let outcome = outcome(items.split_off(1 + 4 * tiers), tiers)?;
+            Ok(Settled::Done {
+                tiers: settled,
+                outcome,
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
+pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
+    let items = items(reply)?;
+    let count = |i: usize| {
+        items
+            .get(i)
+            .and_then(Value::as_i64)
+            .map(|n| n.max(0) as u64)
+            .ok_or_else(bad)
+    };
+    Ok(Granted {
+        held: count(0)?,
+        share: count(1)?,
+        left: count(2)?,
+        holders: count(3)?,
+        total_held: count(4)?,
+        entry: count(5)?,
+    })
+}
+
+fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {
+    if items.len() < 1 + 6 * tiers {
+        return Err(bad());
+    }
+    let int = |v: &Value| v.as_i64().ok_or_else(bad);
+    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
+    let admitted = int(&items[0])? == 1;
+    let mut outcomes = Vec::with_capacity(tiers);
+    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
+        let retry = int(&t[4])?;
+        let id = t[5].as_string().filter(|s| !s.is_empty());
+        outcomes.push(TierOutcome {
+            ok: int(&t[0])? == 1,
+            used: count(&t[1])?,
+            remaining: count(&t[2])?,
+            reset_after_us: count(&t[3])?,
+            retry_after_us: u64::try_from(retry).ok(),
+            id,
+        });
+    }
+    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
+    Ok(Outcome {
+        admitted,
+        tiers: outcomes,
+        records,
+    })
+}
+
+pub(super) fn is_noscript(e: &FredError) -> bool {
+    e.details().starts_with("NOSCRIPT")
+}
+
+/// Whether a cluster node refused a whole call before running any of it because of where slots are: a redirection
+/// (MOVED, ASK), a multi-key call during a slot's migration (TRYAGAIN), keys of several slots (CROSSSLOT), or a node
+/// that is a replica now (READONLY, after a failover the slot map has not caught up with). The call ran nothing and
+/// may be sent again, each descriptor to its own slot.
+pub(super) fn refused_by_topology(e: &FredError) -> bool {
+    let first = e.details().split_whitespace().next().unwrap_or_default();
+    matches!(first, "MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT" | "READONLY")
+}
+
+/// Whether a cluster node asked for the call again later: a multi-key call while the keys of its slot are split
+/// between two nodes by a migration. The call ran nothing.
+pub(super) fn is_tryagain(e: &FredError) -> bool {
+    e.details().starts_with("TRYAGAIN")
+}
+
+/// A cluster redirection: whether it is ASK (else MOVED), and the `host:port` it names.
+pub(super) fn redirection(e: &FredError) -> Option<(bool, String)> {
+    let mut parts = e.details().split_whitespace();
+    let ask = match parts.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = parts.next()?;
+    Some((ask, parts.next()?.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fred::error::ErrorKind;
+
+    #[test]
+    fn refusals_before_running_are_told_from_failures_that_may_have_run() {
+        let e = |details: &str| FredError::new(ErrorKind::Unknown, details.to_string());
+        for refused in [
+            "MOVED 3300 127.0.0.1:7001",
+            "ASK 3300 127.0.0.1:7001",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(refused_by_topology(&e(refused)), "{refused}");
+        }
+        for other in [
+            "ERR unknown",
+            "NOSCRIPT No matching script",
+            "WRONGTYPE Operation",
+            "LOADING",
+        ] {
+            assert!(!refused_by_topology(&e(other)), "{other}");
+        }
+        assert!(is_tryagain(&e("TRYAGAIN Multiple keys")) && !is_tryagain(&e("MOVED 1 h:1")));
+        let script = Reply::Script;
+        assert!(unserved(&script(Value::Null)) && !unserved(&script(Value::Integer(0))));
+        assert!(!unserved(&script(Value::Array(Vec::new()))));
+    }
+}
