@@ -19,7 +19,8 @@
 //! - [`proto`]: the generated protobuf types, which the tools crate uses too.
 //!
 //! Outer modules import inner ones: the server imports the faces, the sources and the operations; the faces import
-//! the operations (TLS) and each other's conversions; nothing imports the server.
+//! the operations (TLS) and what they share ([`faces::wire`], [`faces::errors`], [`faces::auth`]), never each other;
+//! nothing imports the server.
 
 #![forbid(unsafe_code)]
 
