@@ -158,3 +158,15 @@ fn check(config: &Path, domains: Domains) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own checks over every command: the flags a flag requires or conflicts with exist, whatever group they
+    /// are in, and no two flags share a name.
+    #[test]
+    fn the_flags_are_consistent_across_groups() {
+        super::Cli::command().debug_assert();
+    }
+}
