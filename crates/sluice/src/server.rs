@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::server::HealthReporter;
 
 use crate::clock::SystemClock;
 use crate::config::{self, ConfigError};
 use crate::faces::grpc::{EnvoyService, SluiceService};
-use crate::faces::http::RulesReady;
+use crate::faces::http::{self, JsonListener, RulesReady};
 use crate::faces::rlqs::QuotaService;
 use crate::limiter::{Limiter, LimiterSettings};
 use crate::metrics::Metrics;
@@ -337,9 +340,51 @@ async fn serve_gated<S: Store>(
     options: &ServeOptions,
     ready: RulesReady,
 ) -> Result<(), ServerError> {
-    let grace = options.grace_period;
-    let admin_token = options.admin_token.as_deref().map(Arc::from);
     let (health, health_service) = tonic_health::server::health_reporter();
+    let health_gate = report_health(&health, ready.clone()).await;
+    let (stop, stopped) = watch::channel(false);
+    let cx = Context {
+        quotas: Quotas::new(limiter.clone(), options.quota_caps),
+        limiter,
+        options,
+        admin_token: options.admin_token.as_deref().map(Arc::from),
+        stopped,
+    };
+    let mut servers = Servers::start(&cx, grpc, http.into(), health_service, ready)?;
+    let background = Background::spawn(&cx.limiter, health_gate);
+
+    servers.until(shutdown, options.grace_period).await?;
+    let _ = stop.send(true);
+    background.abort();
+    for service in SERVICES {
+        health.set_service_status(service, ServingStatus::NotServing).await;
+    }
+    servers.drain(options.grace_period).await;
+    // What this instance counted since its last flushes still counts.
+    cx.limiter.flush_series().await;
+    cx.limiter.flush_offenders().await;
+    Ok(())
+}
+
+/// What every server is built over.
+struct Context<'a, S> {
+    limiter: Arc<Limiter<S>>,
+    /// The RLQS streams, which the dashboard shows too.
+    quotas: Arc<Quotas<S>>,
+    options: &'a ServeOptions,
+    admin_token: Option<Arc<str>>,
+    /// Turns true when the servers are to stop accepting.
+    stopped: watch::Receiver<bool>,
+}
+
+/// Resolves when `stopped` turns true (or its sender is gone).
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Reports every service NOT_SERVING until `ready` says the rules are in force (at once, when they already are), then
+/// SERVING; the task that waits for it is returned.
+async fn report_health(health: &HealthReporter, ready: RulesReady) -> JoinHandle<()> {
     let initial = if ready.is_ready() {
         ServingStatus::Serving
     } else {
@@ -348,15 +393,117 @@ async fn serve_gated<S: Store>(
     for service in SERVICES {
         health.set_service_status(service, initial).await;
     }
-    let health_gate = tokio::spawn({
-        let (health, mut ready) = (health.clone(), ready.clone());
+    tokio::spawn({
+        let (health, mut ready) = (health.clone(), ready);
         async move {
             ready.wait().await;
             for service in SERVICES {
                 health.set_service_status(service, ServingStatus::Serving).await;
             }
         }
-    });
+    })
+}
+
+/// The servers' tasks, one per listener; the JSON API's and the metrics listener's end at once when they have no
+/// listener.
+struct Servers {
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    http: JoinHandle<std::io::Result<()>>,
+    json: JoinHandle<std::io::Result<()>>,
+    metrics: JoinHandle<std::io::Result<()>>,
+    json_on: bool,
+    metrics_on: bool,
+}
+
+impl Servers {
+    /// Starts a server on each listener: gRPC (with `health`), the admin endpoints (their `/readyz` waiting for
+    /// `ready`), and the JSON API and the metrics when they have listeners. Nothing is started when a listener's TLS
+    /// cannot be set up.
+    fn start<S: Store>(
+        cx: &Context<'_, S>,
+        grpc: TcpListener,
+        http: HttpListeners,
+        health: HealthServer<impl Health>,
+        ready: RulesReady,
+    ) -> Result<Servers, ServerError> {
+        let HttpListeners { admin, json, metrics } = http;
+        let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
+        let grpc_addr = grpc.local_addr().ok();
+        let http_addr = admin.local_addr().ok();
+        let json_addr = json.as_ref().and_then(|j| j.local_addr().ok());
+        let json = match json {
+            Some(listener) => Some(
+                JsonListener::new(listener, cx.options.tls.as_ref()).map_err(|e| ServerError::Serve(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let grpc = spawn_grpc(cx, grpc, health)?;
+        let (json_on, metrics_on) = (json.is_some(), metrics.is_some());
+        let headers = || cx.options.response_headers.clone();
+        let json = spawn_maybe(json.map(|listener| {
+            axum::serve(
+                listener,
+                http::json_router(cx.limiter.clone(), headers(), ready.clone()),
+            )
+            .with_graceful_shutdown(until_stopped(cx.stopped.clone()))
+        }));
+        let metrics = spawn_maybe(metrics.map(|(listener, path)| {
+            axum::serve(listener, http::metrics_router(cx.limiter.clone(), &path))
+                .with_graceful_shutdown(until_stopped(cx.stopped.clone()))
+        }));
+        let token = cx.admin_token.clone();
+        let routes = http::gated_router(cx.limiter.clone(), ready)
+            .merge(http::offenders_router(cx.limiter.clone(), token.clone()))
+            .merge(crate::faces::ui::router(cx.limiter.clone(), cx.quotas.clone(), token));
+        let http = tokio::spawn(
+            axum::serve(admin, routes)
+                .with_graceful_shutdown(until_stopped(cx.stopped.clone()))
+                .into_future(),
+        );
+        tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, metrics = ?metrics_addr, "serving");
+        Ok(Servers {
+            grpc,
+            http,
+            json,
+            metrics,
+            json_on,
+            metrics_on,
+        })
+    }
+
+    /// Resolves when `shutdown` does; an error when a server stopped before.
+    async fn until(&mut self, shutdown: impl Future<Output = ()> + Send, grace: Duration) -> Result<(), ServerError> {
+        tokio::select! {
+            () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
+            r = &mut self.grpc => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
+            r = &mut self.http => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
+            r = &mut self.json, if self.json_on => return Err(ServerError::Serve(format!("json server stopped: {r:?}"))),
+            r = &mut self.metrics, if self.metrics_on => {
+                return Err(ServerError::Serve(format!("metrics server stopped: {r:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the servers, told to stop, `grace` to finish their in-flight calls.
+    async fn drain(self, grace: Duration) {
+        let finished = async { (self.grpc.await, self.http.await, self.json.await, self.metrics.await) };
+        match tokio::time::timeout(grace, finished).await {
+            Ok(_) => tracing::info!("drained; stopped"),
+            Err(_) => {
+                tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
+            }
+        }
+    }
+}
+
+/// Spawns the gRPC server on `listener`, with the listeners' TLS: the rate limit services, the rate limit quota
+/// service, `health` and reflection, until the servers are told to stop.
+fn spawn_grpc<S: Store>(
+    cx: &Context<'_, S>,
+    listener: TcpListener,
+    health: HealthServer<impl Health>,
+) -> Result<JoinHandle<Result<(), tonic::transport::Error>>, ServerError> {
     fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -367,128 +514,70 @@ async fn serve_gated<S: Store>(
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
-
-    let (stop, stopped) = watch::channel(false);
-    let signal = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let HttpListeners {
-        admin: http,
-        json,
-        metrics,
-    } = http.into();
-    let metrics_addr = metrics.as_ref().and_then(|(m, _)| m.local_addr().ok());
-    let grpc_addr = grpc.local_addr().ok();
-    let http_addr = http.local_addr().ok();
-    let json_addr = json.as_ref().and_then(|j| j.local_addr().ok());
-    let json_on = json.is_some();
-    let json = match json {
-        Some(listener) => Some(
-            crate::faces::http::JsonListener::new(listener, options.tls.as_ref())
-                .map_err(|e| ServerError::Serve(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let quotas = Quotas::new(limiter.clone(), options.quota_caps);
-    let grpc_server = tonic::transport::Server::builder()
+    let (limiter, headers) = (&cx.limiter, &cx.options.response_headers);
+    let server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .layer(crate::operations::telemetry::GrpcTraceLayer)
         .add_service(RateLimitServiceServer::new(EnvoyService::new(
             limiter.clone(),
-            options.response_headers.clone(),
+            headers.clone(),
         )))
         .add_service(RateLimiterServer::new(SluiceService::new(
             limiter.clone(),
-            options.response_headers.clone(),
-            admin_token.clone(),
+            headers.clone(),
+            cx.admin_token.clone(),
         )))
         .add_service(
             // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
-            RateLimitQuotaServiceServer::new(QuotaService::new(quotas.clone(), stopped.clone()))
+            RateLimitQuotaServiceServer::new(QuotaService::new(cx.quotas.clone(), cx.stopped.clone()))
                 .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
         )
-        .add_service(health_service)
+        .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
-            crate::operations::tls::incoming(grpc, options.tls.as_ref())
+            crate::operations::tls::incoming(listener, cx.options.tls.as_ref())
                 .map_err(|e| ServerError::Serve(e.to_string()))?,
-            signal(stopped.clone()),
+            until_stopped(cx.stopped.clone()),
         );
-    let limiter_metrics = limiter.metrics().clone();
-    let json_server = json.map(|listener| {
-        axum::serve(
-            listener,
-            crate::faces::http::json_router(limiter.clone(), options.response_headers.clone(), ready.clone()),
-        )
-        .with_graceful_shutdown(signal(stopped.clone()))
-    });
-    let metrics_server = metrics.map(|(listener, path)| {
-        axum::serve(listener, crate::faces::http::metrics_router(limiter.clone(), &path))
-            .with_graceful_shutdown(signal(stopped.clone()))
-    });
-    let reaped = limiter.clone();
-    let lists = tokio::spawn(limiter.clone().keep_lists());
-    let fetcher = tokio::spawn(crate::sources::lists::keep_fetching(limiter.clone()));
-    let tallies = tokio::spawn(limiter.clone().keep_tallies());
-    let last_flush = limiter.clone();
-    let admin = crate::faces::http::gated_router(limiter.clone(), ready)
-        .merge(crate::faces::http::offenders_router(
-            limiter.clone(),
-            admin_token.clone(),
-        ))
-        .merge(crate::faces::ui::router(limiter, quotas, admin_token.clone()));
-    let http_server = axum::serve(http, admin).with_graceful_shutdown(signal(stopped));
-    let mut grpc_task = tokio::spawn(grpc_server);
-    let mut http_task = tokio::spawn(async move { http_server.await });
-    let mut json_task = tokio::spawn(async move {
-        match json_server {
-            Some(server) => server.await,
-            None => Ok(()),
-        }
-    });
-    let metrics_on = metrics_server.is_some();
-    let mut metrics_task = tokio::spawn(async move {
-        match metrics_server {
-            Some(server) => server.await,
-            None => Ok(()),
-        }
-    });
-    let upkeep = tokio::spawn(upkeep(limiter_metrics));
-    let reaper = tokio::spawn(reap_reservations(reaped));
-    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, json = ?json_addr, metrics = ?metrics_addr, "serving");
+    Ok(tokio::spawn(server))
+}
 
-    tokio::select! {
-        () = shutdown => tracing::info!(grace = ?grace, "shutting down: no new connections, draining in-flight calls"),
-        r = &mut grpc_task => return Err(ServerError::Serve(format!("grpc server stopped: {r:?}"))),
-        r = &mut http_task => return Err(ServerError::Serve(format!("http server stopped: {r:?}"))),
-        r = &mut json_task, if json_on => return Err(ServerError::Serve(format!("json server stopped: {r:?}"))),
-        r = &mut metrics_task, if metrics_on => {
-            return Err(ServerError::Serve(format!("metrics server stopped: {r:?}")));
+/// Spawns a server that may not be served: without one, the task ends at once.
+fn spawn_maybe<F>(server: Option<F>) -> JoinHandle<std::io::Result<()>>
+where
+    F: IntoFuture<Output = std::io::Result<()>> + Send + 'static,
+    F::IntoFuture: Send,
+{
+    tokio::spawn(async move {
+        match server {
+            Some(server) => server.await,
+            None => Ok(()),
         }
-    }
-    let _ = stop.send(true);
-    health_gate.abort();
-    upkeep.abort();
-    reaper.abort();
-    lists.abort();
-    fetcher.abort();
-    tallies.abort();
-    for service in SERVICES {
-        health.set_service_status(service, ServingStatus::NotServing).await;
-    }
-    match tokio::time::timeout(grace, async {
-        (grpc_task.await, http_task.await, json_task.await, metrics_task.await)
     })
-    .await
-    {
-        Ok(_) => tracing::info!("drained; stopped"),
-        Err(_) => {
-            tracing::warn!(grace = ?grace, "grace period over; closing the connections still open")
+}
+
+/// The tasks that run beside the servers: the health gate, the lists kept in step across instances and fetched
+/// from their URLs, the per-second tallies, the metrics' upkeep and the reaping of expired reservations.
+struct Background(Vec<JoinHandle<()>>);
+
+impl Background {
+    /// Spawns them (the health gate is spawned already).
+    fn spawn<S: Store>(limiter: &Arc<Limiter<S>>, health_gate: JoinHandle<()>) -> Background {
+        Background(vec![
+            health_gate,
+            tokio::spawn(limiter.clone().keep_lists()),
+            tokio::spawn(crate::sources::lists::keep_fetching(limiter.clone())),
+            tokio::spawn(limiter.clone().keep_tallies()),
+            tokio::spawn(upkeep(limiter.metrics().clone())),
+            tokio::spawn(reap_reservations(limiter.clone())),
+        ])
+    }
+
+    /// Stops them all.
+    fn abort(self) {
+        for task in self.0 {
+            task.abort();
         }
     }
-    // What this instance counted since its last flushes still counts.
-    last_flush.flush_series().await;
-    last_flush.flush_offenders().await;
-    Ok(())
 }

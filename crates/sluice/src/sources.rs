@@ -4,10 +4,7 @@
 //! - [`reload`]: configuration files, watched (symlinks followed) and reloaded on change or SIGHUP.
 //! - [`xds`]: an xDS management server (Envoy Gateway) pushing `RateLimitConfig` snapshots, ACKed or NACKed.
 //! - [`lists`]: the values of lists that name a URL, fetched at start and again on their interval.
-//! - [`compat`]: envoyproxy/ratelimit's environment variables, turned into `serve` flags (`--compat
-//!   envoy-ratelimit`).
 
-pub mod compat;
 pub mod lists;
 pub mod reload;
 pub mod xds;

@@ -99,7 +99,7 @@ descriptors:
     };
     let (l, _) = limiter_with(yaml, memory(), settings);
     let d = decide(&l, &req("md", vec![desc(&[("a", "1")])])).await;
-    let response = sluice::faces::grpc::to_response(d, &ResponseHeaders::OFF);
+    let response = sluice::faces::wire::to_response(d, &ResponseHeaders::OFF);
     let fields = response.dynamic_metadata.expect("metadata set").fields;
     assert!(fields.contains_key("team") && fields.contains_key("tier") && fields.contains_key("nested"));
 }

@@ -323,7 +323,7 @@ async fn caps_on_hostile_requests_are_invalid_argument_naming_the_cap() {
         // The core names the setting; the service maps it onto the flag that sets it.
         match l.should_rate_limit(&r).await {
             Err(LimitError::OverCap { cap, message }) => {
-                assert_eq!(sluice::faces::grpc::over_cap(cap, &message), want);
+                assert_eq!(sluice::faces::errors::over_cap(cap, &message), want);
                 let setting = format!("({})", cap.setting());
                 let core = LimitError::OverCap { cap, message }.to_string();
                 assert!(core.ends_with(&setting), "{core}");

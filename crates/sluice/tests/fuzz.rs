@@ -71,7 +71,7 @@ fn arbitrary_requests_never_panic() {
     });
     runner
         .run(&strategy, |(domain, descriptors, hits_addend, cost)| {
-            let request = sluice::faces::grpc::to_core(domain, descriptors, hits_addend);
+            let request = sluice::faces::wire::to_core(domain, descriptors, hits_addend);
             runtime.block_on(async {
                 for result in [
                     l.should_rate_limit(&request).await.map(|_| ()),

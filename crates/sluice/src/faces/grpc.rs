@@ -1,21 +1,19 @@
 //! The gRPC face: Envoy's `RateLimitService` and `sluice.v1.RateLimiter`, both thin conversions between protobuf
-//! messages and the decision core's types. Errors become gRPC statuses here and nowhere else.
+//! messages and the decision core's types (through [`crate::faces::wire`]); the core's errors become statuses in
+//! [`crate::faces::errors`].
 
 use std::sync::Arc;
 
-use prost_types::{ListValue, Struct, Value, value::Kind};
 use tonic::{Request, Response, Status};
 
+use crate::faces::auth::authorize_call;
+use crate::faces::errors::to_status;
 use crate::faces::headers::ResponseHeaders;
-use crate::limiter::{self, AppliedLimit, Cap, Code, Decision, LimitError, Limiter, QueuedWork, Report};
-use crate::proto::envoy::config::core::v3::HeaderValue;
-use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::faces::wire::{check_request_bytes, to_core, to_response, unit};
+use crate::limiter::{self, Limiter, QueuedWork, Report};
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::proto::sluice::v1 as sluice;
-use crate::rules::{Metadata, Unit};
-use crate::store::{Span, Store, StoreError};
-
-use rls::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
+use crate::store::{Span, Store};
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 pub struct EnvoyService<S> {
@@ -47,26 +45,9 @@ impl<S> SluiceService<S> {
         }
     }
 
-    /// Checks the admin token in the call's metadata, comparing in constant time; `rpc` names the call in errors.
+    /// Checks the admin token in the call's metadata; `rpc` names the call in errors.
     fn authorize<T>(&self, request: &Request<T>, rpc: &str) -> Result<(), Status> {
-        let Some(token) = &self.admin_token else {
-            return Err(Status::permission_denied(format!(
-                "{rpc} is disabled: the server has no admin token"
-            )));
-        };
-        let given = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if same_token(given, token) {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated(format!(
-                "{rpc} needs the admin token as 'authorization: Bearer <token>'"
-            )))
-        }
+        authorize_call(self.admin_token.as_deref(), request.metadata(), rpc)
     }
 }
 
@@ -362,11 +343,6 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     }
 }
 
-/// Whether `given` is the admin `token`, compared in constant time.
-pub fn same_token(given: &str, token: &str) -> bool {
-    given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
 /// How long a reservation holds when the request does not say: five minutes.
 pub const DEFAULT_RESERVATION_TTL_US: u64 = 300_000_000;
 
@@ -393,182 +369,6 @@ async fn should_rate_limit<S: Store>(
 /// Refuses a request whose encoding is over `--max-request-bytes`.
 fn check_size<S: Store, M: prost::Message>(limiter: &Limiter<S>, request: &M) -> Result<(), Status> {
     check_request_bytes(limiter, request.encoded_len()).map_err(to_status)
-}
-
-/// The byte cap every face applies to a request (`--max-request-bytes`): gRPC to the encoded message, the JSON API to
-/// the body. A request over it is counted as invalid and refused, naming the cap.
-pub fn check_request_bytes<S: Store>(limiter: &Limiter<S>, len: usize) -> Result<(), LimitError> {
-    let cap = limiter.settings().caps.max_request_bytes;
-    if len > cap {
-        limiter.metrics().invalid_request("any");
-        return Err(LimitError::OverCap {
-            cap: Cap::RequestBytes,
-            message: format!("request is {len} bytes, over the cap of {cap}"),
-        });
-    }
-    Ok(())
-}
-
-/// An over-cap message naming the flag that sets the cap.
-pub fn over_cap(cap: Cap, message: &str) -> String {
-    let flag = match cap {
-        Cap::Descriptors => "--max-descriptors",
-        Cap::Entries => "--max-entries",
-        Cap::ValueBytes => "--max-value-bytes",
-        Cap::RequestBytes => "--max-request-bytes",
-    };
-    format!("{message} ({flag})")
-}
-
-/// The one place where errors become gRPC statuses. Store details stay in the logs.
-pub fn to_status(error: LimitError) -> Status {
-    match error {
-        LimitError::InvalidArgument(message) => Status::invalid_argument(message),
-        LimitError::OverCap { cap, message } => Status::invalid_argument(over_cap(cap, &message)),
-        LimitError::Store(StoreError::Timeout(after)) => {
-            Status::unavailable(format!("rate limit store timed out after {after:?}"))
-        }
-        LimitError::Store(_) => Status::unavailable("rate limit store unavailable"),
-        LimitError::Busy(message) => Status::resource_exhausted(message),
-        LimitError::NotFound(message) => Status::not_found(message),
-    }
-}
-
-/// Moves the request's strings into the core's types without copying them.
-pub fn to_core(domain: String, descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> limiter::Request {
-    limiter::Request {
-        domain,
-        hits_addend,
-        descriptors: descriptors
-            .into_iter()
-            .map(|d| limiter::Descriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-                limit_override: d.limit.map(|o| limiter::Override {
-                    requests_per_unit: o.requests_per_unit,
-                    unit: o.unit,
-                }),
-                hits_addend: d.hits_addend,
-            })
-            .collect(),
-    }
-}
-
-/// The protobuf response for a decision, with the rate limit headers `headers` asks for.
-pub fn to_response(decision: Decision, headers: &ResponseHeaders) -> rls::RateLimitResponse {
-    let dynamic_metadata = dynamic_metadata(&decision);
-    let response_headers_to_add = crate::faces::headers::for_decision(headers, &decision)
-        .into_iter()
-        .map(|(key, value)| HeaderValue {
-            key: key.to_string(),
-            value,
-            raw_value: Vec::new(),
-        })
-        .collect();
-    rls::RateLimitResponse {
-        overall_code: code(decision.overall) as i32,
-        statuses: decision
-            .statuses
-            .into_iter()
-            .map(|s| DescriptorStatus {
-                code: code(s.code) as i32,
-                current_limit: s.limit.map(current_limit),
-                limit_remaining: s.remaining,
-                duration_until_reset: s.reset_after_us.map(whole_seconds),
-                quota: None,
-            })
-            .collect(),
-        dynamic_metadata,
-        response_headers_to_add,
-        ..Default::default()
-    }
-}
-
-/// The response's `dynamic_metadata`: the passing rules' `metadata` (when switched on), and under `sluice` what the
-/// caller needs to hand back or to find its work: `lease_id` for `Release`, and `queued` entries
-/// (`{descriptor, stream, entry_id}`) appended to `queue` limits.
-fn dynamic_metadata(decision: &Decision) -> Option<Struct> {
-    let mut merged = merge_metadata(&decision.metadata);
-    if decision.lease.is_none() && decision.queued.is_empty() {
-        return merged;
-    }
-    let text = |s: &str| Value {
-        kind: Some(Kind::StringValue(s.to_string())),
-    };
-    let mut fields = std::collections::BTreeMap::new();
-    if let Some(lease) = &decision.lease {
-        fields.insert("lease_id".to_string(), text(lease));
-    }
-    if !decision.queued.is_empty() {
-        let entries = decision
-            .queued
-            .iter()
-            .map(|q| Value {
-                kind: Some(Kind::StructValue(Struct {
-                    fields: [
-                        (
-                            "descriptor".to_string(),
-                            Value {
-                                kind: Some(Kind::NumberValue(q.descriptor as f64)),
-                            },
-                        ),
-                        ("stream".to_string(), text(&q.stream)),
-                        ("entry_id".to_string(), text(&q.entry_id)),
-                    ]
-                    .into_iter()
-                    .collect(),
-                })),
-            })
-            .collect();
-        fields.insert(
-            "queued".to_string(),
-            Value {
-                kind: Some(Kind::ListValue(ListValue { values: entries })),
-            },
-        );
-    }
-    let sluice = Value {
-        kind: Some(Kind::StructValue(Struct { fields })),
-    };
-    merged
-        .get_or_insert_with(Struct::default)
-        .fields
-        .insert("sluice".to_string(), sluice);
-    merged
-}
-
-fn code(code: Code) -> PbCode {
-    match code {
-        Code::Ok => PbCode::Ok,
-        Code::OverLimit => PbCode::OverLimit,
-    }
-}
-
-fn unit(unit: Unit) -> PbUnit {
-    match unit {
-        Unit::Second => PbUnit::Second,
-        Unit::Minute => PbUnit::Minute,
-        Unit::Hour => PbUnit::Hour,
-        Unit::Day => PbUnit::Day,
-        Unit::Week => PbUnit::Week,
-        Unit::Month => PbUnit::Month,
-        Unit::Year => PbUnit::Year,
-    }
-}
-
-fn current_limit(applied: AppliedLimit) -> RateLimit {
-    RateLimit {
-        name: applied.name.as_deref().unwrap_or_default().to_string(),
-        requests_per_unit: applied.limit.requests,
-        unit: unit(applied.limit.unit) as i32,
-    }
-}
-
-/// Envoy's status reports whole seconds, rounded up, so a live window never reads as 0 (as the reference does).
-fn whole_seconds(us: u64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: us.div_ceil(1_000_000).max(1) as i64,
-        nanos: 0,
-    }
 }
 
 /// The longest a WaitForPermit call may wait.
@@ -646,38 +446,5 @@ fn to_remaining(report: Report) -> sluice::DescriptorRemaining {
             never: retry_after_us.is_none(),
             records,
         },
-    }
-}
-
-/// Merges rule metadata maps into one `Struct`; a later rule's key wins.
-fn merge_metadata(maps: &[Arc<Metadata>]) -> Option<Struct> {
-    if maps.is_empty() {
-        return None;
-    }
-    let mut merged = Struct::default();
-    for map in maps {
-        merged
-            .fields
-            .extend(map.iter().map(|(k, v)| (k.clone(), Value { kind: Some(kind(v)) })));
-    }
-    Some(merged)
-}
-
-fn kind(v: &serde_json::Value) -> Kind {
-    use serde_json::Value as J;
-    match v {
-        J::Null => Kind::NullValue(0),
-        J::Bool(b) => Kind::BoolValue(*b),
-        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        J::String(s) => Kind::StringValue(s.clone()),
-        J::Array(items) => Kind::ListValue(ListValue {
-            values: items.iter().map(|i| Value { kind: Some(kind(i)) }).collect(),
-        }),
-        J::Object(map) => Kind::StructValue(Struct {
-            fields: map
-                .iter()
-                .map(|(k, v)| (k.clone(), Value { kind: Some(kind(v)) }))
-                .collect(),
-        }),
     }
 }

@@ -19,9 +19,11 @@ use axum::routing::{get, post};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
-use crate::faces::grpc::{check_request_bytes, over_cap, to_core, to_response};
+use crate::faces::auth::allowed;
+use crate::faces::errors::{self, plain};
 use crate::faces::headers::ResponseHeaders;
-use crate::limiter::{Code, LimitError, Limiter};
+use crate::faces::wire::{check_request_bytes, to_core, to_response};
+use crate::limiter::{Code, Limiter};
 use crate::store::{Span, Store};
 
 /// The admin routes over a limiter: metrics, health, readiness and the rules in force. Nothing here decides.
@@ -180,17 +182,17 @@ async fn offenders<S: Store>(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let (limiter, token) = &*state;
-    if let Err(refused) = crate::faces::ui::allowed(token.as_deref(), &request_headers, &query) {
+    if let Err(refused) = allowed(token.as_deref(), &request_headers, &query) {
         return refused.into_response();
     }
     let Some(domain) = query.get("domain").filter(|d| !d.is_empty()) else {
-        return error(StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)".into());
+        return plain(StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)");
     };
     let span = match query.get("span").map(String::as_str) {
         None | Some("minute") => Span::Minute,
         Some("hour") => Span::Hour,
         Some(other) => {
-            return error(
+            return plain(
                 StatusCode::BAD_REQUEST,
                 format!("span: '{other}' is neither minute nor hour"),
             );
@@ -199,12 +201,11 @@ async fn offenders<S: Store>(
     let limit = match query.get("limit").map(|l| l.parse::<usize>()) {
         None => 10,
         Some(Ok(n @ 1..=1_000)) => n,
-        Some(_) => return error(StatusCode::BAD_REQUEST, "limit: a number from 1 to 1000".into()),
+        Some(_) => return plain(StatusCode::BAD_REQUEST, "limit: a number from 1 to 1000"),
     };
     let rules = match limiter.top_offenders(domain, span, limit).await {
         Ok(rules) => rules,
-        Err(LimitError::NotFound(m)) => return error(StatusCode::NOT_FOUND, m),
-        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable".into()),
+        Err(e) => return errors::read_failed(e),
     };
     let list = |l: &[(String, u64)]| -> serde_json::Value {
         l.iter()
@@ -225,11 +226,6 @@ async fn offenders<S: Store>(
         body.to_string(),
     )
         .into_response()
-}
-
-/// A plain-text error answer.
-fn error(status: StatusCode, message: String) -> Response {
-    (status, format!("{message}\n")).into_response()
 }
 
 /// The JSON API's state: the limiter, the headers to add, and whether the rules are in force; shared, as axum clones
@@ -256,7 +252,7 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
     let (limiter, headers, _) = &*state;
     let invalid = |status: StatusCode, message: String| {
         limiter.metrics().invalid_request("should_rate_limit");
-        error(status, message)
+        plain(status, message)
     };
     let cap = limiter.settings().caps.max_request_bytes;
     let body = match body {
@@ -269,8 +265,8 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
         }
         Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("cannot read the request body: {e}")),
     };
-    if let Err(LimitError::OverCap { cap, message }) = check_request_bytes(limiter, body.len()) {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, over_cap(cap, &message));
+    if let Err(e) = check_request_bytes(limiter, body.len()) {
+        return errors::too_large(e);
     }
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -290,10 +286,6 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
             let body = crate::faces::json::response(&to_response(decision, headers));
             (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
         }
-        Err(LimitError::InvalidArgument(m)) => error(StatusCode::BAD_REQUEST, m),
-        Err(LimitError::OverCap { cap, message }) => error(StatusCode::BAD_REQUEST, over_cap(cap, &message)),
-        Err(LimitError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable".into()),
-        Err(LimitError::Busy(m)) => error(StatusCode::SERVICE_UNAVAILABLE, m),
-        Err(LimitError::NotFound(m)) => error(StatusCode::NOT_FOUND, m),
+        Err(e) => errors::decision_failed(e),
     }
 }

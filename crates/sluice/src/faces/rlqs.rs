@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::faces::errors::quota_status;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     self, AbandonAction, QuotaAssignmentAction,
@@ -24,7 +25,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use crate::proto::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
-use crate::quota::{Action, QuotaError, Quotas, Report, ReportedUsage, Strategy};
+use crate::quota::{Action, Quotas, Report, ReportedUsage, Strategy};
 use crate::store::Store;
 
 /// How often each stream looks for due work when nothing else wakes it.
@@ -58,7 +59,7 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
-        let mut stream = self.quotas.open().map_err(status)?;
+        let mut stream = self.quotas.open().map_err(quota_status)?;
         let mut inbound = request.into_inner();
         let quotas = self.quotas.clone();
         let mut stop = self.stop.clone();
@@ -101,7 +102,7 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
                     Ok(actions) => tx.send(Ok(response(actions))).await,
                     Err(e) => {
                         tracing::debug!(error = %e, "RLQS stream ended");
-                        let _ = tx.send(Err(status(e))).await;
+                        let _ = tx.send(Err(quota_status(e))).await;
                         break;
                     }
                 };
@@ -111,14 +112,6 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-fn status(e: QuotaError) -> Status {
-    match e {
-        QuotaError::Invalid(m) => Status::invalid_argument(m),
-        QuotaError::OverCap(m) => Status::resource_exhausted(m),
-        QuotaError::Unavailable(m) => Status::unavailable(m),
     }
 }
 

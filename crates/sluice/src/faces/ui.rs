@@ -20,7 +20,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::charts::{Series, line_chart};
-use crate::limiter::{LimitError, Limiter};
+use crate::faces::auth::{Refused, allowed};
+use crate::faces::errors::dashboard_read_failed;
+use crate::limiter::Limiter;
 use crate::quota::{Quotas, Strategy};
 use crate::store::{Span, Store};
 
@@ -48,35 +50,6 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>, quotas: Arc<Quotas<S>>, token:
         .route("/ui/api/overview", get(overview::<S>))
         .route("/ui/chart.svg", get(chart::<S>))
         .with_state(Arc::new(View { limiter, quotas, token }))
-}
-
-/// Whether the request carries the token (when one is needed): 401 otherwise.
-/// Why a request was refused: a status and a message.
-pub(crate) type Refused = (StatusCode, String);
-
-/// Whether an admin request carries the token (when the server has one), as `Authorization: Bearer <token>` or
-/// `?token=<token>` (a browser opening the dashboard): 401 otherwise. `/offenders` checks with it too.
-pub(crate) fn allowed(
-    token: Option<&str>,
-    headers: &HeaderMap,
-    query: &HashMap<String, String>,
-) -> Result<(), Refused> {
-    let Some(token) = token else { return Ok(()) };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or(query.get("token").map(String::as_str))
-        .unwrap_or_default();
-    if crate::faces::grpc::same_token(given, token) {
-        Ok(())
-    } else {
-        Err((
-            StatusCode::UNAUTHORIZED,
-            "needs the admin token: 'Authorization: Bearer <token>', or ?token=<token> (the dashboard: /ui?token=...)\n"
-                .into(),
-        ))
-    }
 }
 
 /// The domain a request names, known to the rules in force: 400 when missing, 404 when unknown.
@@ -123,13 +96,6 @@ fn json(value: serde_json::Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
 }
 
-fn unavailable(e: LimitError) -> Response {
-    match e {
-        LimitError::NotFound(m) => (StatusCode::NOT_FOUND, m).into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable\n").into_response(),
-    }
-}
-
 async fn chart<S: Store>(
     State(state): State<Dashboard<S>>,
     headers: HeaderMap,
@@ -142,7 +108,7 @@ async fn chart<S: Store>(
     };
     let series = match limiter.series(&domain, WINDOW_SECONDS).await {
         Ok(s) => s,
-        Err(e) => return unavailable(e),
+        Err(e) => return dashboard_read_failed(e),
     };
     // The busiest rules, allowed and denied each; seconds counted back from now (0 is now).
     let mut rules: Vec<_> = series.rules.iter().collect();
@@ -202,14 +168,14 @@ async fn overview<S: Store>(
     let offenders = if limiter.settings().top_offenders > 0 {
         match limiter.top_offenders(&domain, Span::Minute, 10).await {
             Ok(rules) => rules,
-            Err(e) => return unavailable(e),
+            Err(e) => return dashboard_read_failed(e),
         }
     } else {
         Vec::new()
     };
     let series = match limiter.series(&domain, 60).await {
         Ok(s) => s,
-        Err(e) => return unavailable(e),
+        Err(e) => return dashboard_read_failed(e),
     };
     let last_minute: serde_json::Value = series
         .rules

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::traffic::Traffic;
 use crate::clock::ManualClock;
 use crate::config::{ConfigFile, RawDescriptor};
-use crate::limiter::{Code, Descriptor, Limiter, LimiterSettings, Request};
+use crate::limiter::{Code, Decision, Descriptor, Limiter, LimiterSettings, Request};
 use crate::metrics::Metrics;
 use crate::rules::{Algorithm, Limit, RuleSet};
 use crate::store::memory::MemoryStore;
@@ -73,19 +73,7 @@ pub fn with_algorithm(files: &[ConfigFile], domain: &str, algorithm: Algorithm, 
 
 /// Replays `traffic` against `rules`.
 pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool) -> Result<Run, String> {
-    let domain = rules
-        .domain(&traffic.domain)
-        .ok_or_else(|| format!("domain '{}': no configuration file defines it", traffic.domain))?;
-    let first = [(traffic.key.as_str(), traffic.keys[0].as_str())];
-    let rule = domain
-        .find(&first)
-        .map(|m| m.rule)
-        .ok_or_else(|| format!("domain '{}' has no rule for key '{}'", traffic.domain, traffic.key))?;
-    let limit = rule
-        .tiers
-        .first()
-        .map(|t| t.limit)
-        .ok_or_else(|| format!("the rule '{}' is unlimited: nothing to simulate", rule.path))?;
+    let limit = first_limit(&rules, traffic)?;
     let clock = Arc::new(ManualClock::new(START_US));
     let settings = LimiterSettings {
         local_cache_size: 0,
@@ -99,32 +87,9 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
         Metrics::discarded(0.8),
         settings,
     );
-    let requests: Vec<Request> = traffic
-        .keys
-        .iter()
-        .map(|k| Request {
-            domain: traffic.domain.clone(),
-            descriptors: vec![Descriptor {
-                entries: vec![(traffic.key.clone(), k.clone())],
-                ..Descriptor::default()
-            }],
-            hits_addend: 0,
-        })
-        .collect();
+    let requests = requests(traffic);
     let ticks = (traffic.seconds * 1_000_000).div_ceil(TICK_US) as usize + 1;
-    // The busiest keys, and where each one's counts go.
-    let mut demand: Vec<(u64, usize)> = vec![(0, 0); traffic.keys.len()];
-    for (i, d) in demand.iter_mut().enumerate() {
-        d.1 = i;
-    }
-    for &(_, k) in &traffic.arrivals {
-        demand[k as usize].0 += 1;
-    }
-    demand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut tracked = vec![usize::MAX; traffic.keys.len()];
-    for (slot, &(_, k)) in demand.iter().take(TRACKED_KEYS).enumerate() {
-        tracked[k] = slot;
-    }
+    let tracked = tracked(traffic);
     let mut run = Run {
         algorithm,
         own,
@@ -149,25 +114,83 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
                 .await
                 .map_err(|e| format!("the limiter refused a request: {e}"))?;
             let tick = (t / TICK_US) as usize;
-            let key = &mut run.per_key[k as usize];
-            key.0 += 1;
-            if decision.overall == Code::Ok {
-                run.admitted[tick] += 1;
-                key.1 += 1;
-                if let Some(counts) = run.admitted_by_key.get_mut(tracked[k as usize]) {
-                    counts[tick] += 1;
-                }
-                if algorithm == Algorithm::LeakyBucket {
-                    let status = &decision.statuses[0];
-                    let used = u64::from(limit.burst).saturating_sub(u64::from(status.remaining));
-                    run.delays_us.push(used.saturating_sub(1) * interval_us);
-                }
-            } else {
-                run.denied[tick] += 1;
-            }
+            run.record(&decision, tick, k as usize, tracked[k as usize], interval_us);
         }
         Ok::<(), String>(())
     })?;
     run.elapsed = start.elapsed();
     Ok(run)
+}
+
+/// The limit the traffic's descriptor meets first: the first tier of the rule its first key matches.
+fn first_limit(rules: &RuleSet, traffic: &Traffic) -> Result<Limit, String> {
+    let domain = rules
+        .domain(&traffic.domain)
+        .ok_or_else(|| format!("domain '{}': no configuration file defines it", traffic.domain))?;
+    let first = [(traffic.key.as_str(), traffic.keys[0].as_str())];
+    let rule = domain
+        .find(&first)
+        .map(|m| m.rule)
+        .ok_or_else(|| format!("domain '{}' has no rule for key '{}'", traffic.domain, traffic.key))?;
+    rule.tiers
+        .first()
+        .map(|t| t.limit)
+        .ok_or_else(|| format!("the rule '{}' is unlimited: nothing to simulate", rule.path))
+}
+
+/// One request per key, each carrying the traffic's descriptor with that key's value.
+fn requests(traffic: &Traffic) -> Vec<Request> {
+    traffic
+        .keys
+        .iter()
+        .map(|k| Request {
+            domain: traffic.domain.clone(),
+            descriptors: vec![Descriptor {
+                entries: vec![(traffic.key.clone(), k.clone())],
+                ..Descriptor::default()
+            }],
+            hits_addend: 0,
+        })
+        .collect()
+}
+
+/// Per key, its slot among the busiest keys (the first [`TRACKED_KEYS`] by requests, ties to the lower index), or
+/// `usize::MAX` when it is not among them.
+fn tracked(traffic: &Traffic) -> Vec<usize> {
+    let mut demand: Vec<(u64, usize)> = vec![(0, 0); traffic.keys.len()];
+    for (i, d) in demand.iter_mut().enumerate() {
+        d.1 = i;
+    }
+    for &(_, k) in &traffic.arrivals {
+        demand[k as usize].0 += 1;
+    }
+    demand.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut tracked = vec![usize::MAX; traffic.keys.len()];
+    for (slot, &(_, k)) in demand.iter().take(TRACKED_KEYS).enumerate() {
+        tracked[k] = slot;
+    }
+    tracked
+}
+
+impl Run {
+    /// Counts a decision on key `key` (tracked in `slot`, if any) in 100 ms interval `tick`; for the leaky bucket,
+    /// also the wait its place in the bucket stands for, `interval_us` per request ahead of it.
+    fn record(&mut self, decision: &Decision, tick: usize, key: usize, slot: usize, interval_us: u64) {
+        let counts = &mut self.per_key[key];
+        counts.0 += 1;
+        if decision.overall == Code::Ok {
+            self.admitted[tick] += 1;
+            counts.1 += 1;
+            if let Some(counts) = self.admitted_by_key.get_mut(slot) {
+                counts[tick] += 1;
+            }
+            if self.algorithm == Algorithm::LeakyBucket {
+                let status = &decision.statuses[0];
+                let used = u64::from(self.limit.burst).saturating_sub(u64::from(status.remaining));
+                self.delays_us.push(used.saturating_sub(1) * interval_us);
+            }
+        } else {
+            self.denied[tick] += 1;
+        }
+    }
 }

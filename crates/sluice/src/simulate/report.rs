@@ -157,6 +157,36 @@ pub fn summary_csv(figures: &[Figures]) -> String {
 
 /// The HTML report: the traffic, a chart of what every candidate admitted, one chart per candidate, the figures.
 pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, traffic_file: &str) -> String {
+    let mut page = String::new();
+    let _ = write!(
+        page,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>sluice simulate: {title}</title>\n<style>body{{font-family:sans-serif;margin:2em;max-width:1000px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f4f4f4}}td:first-child{{text-align:left}}figure{{margin:1em 0}}</style></head><body>\n<h1>What each algorithm does to the traffic</h1>\n<p>Rules <code>{config}</code>, traffic <code>{traffic_file}</code>: {requests} requests over {seconds} s in domain <code>{domain}</code>, key <code>{key}</code> ({keys} distinct values). Limit: {limit} per {window} s. Each candidate replays the same requests through the decision core (in-memory store, time injected).</p>\n",
+        title = escape(traffic_file),
+        config = escape(config),
+        traffic_file = escape(traffic_file),
+        requests = traffic.arrivals.len(),
+        seconds = traffic.seconds,
+        domain = escape(&traffic.domain),
+        key = escape(&traffic.key),
+        keys = traffic.keys.len(),
+        limit = figures.first().map_or(0, |f| f.limit),
+        window = figures.first().map_or(0.0, |f| f.window_seconds),
+    );
+    let _ = writeln!(page, "<figure id=\"admitted\">{}</figure>", admitted_chart(runs));
+    page.push_str("<h2>Figures</h2>\n<table id=\"figures\"><tr><th>algorithm</th><th>requests</th><th>admitted</th><th>denied</th><th>worst window</th><th>worst window / limit</th><th>burst at window edges</th><th>fairness (Jain)</th><th>queue delay mean / p99 (ms)</th></tr>\n");
+    for f in figures {
+        figure_row(&mut page, f);
+    }
+    page.push_str("</table>\n<p>Worst window: for one key (the worst of the 20 busiest), the most admitted in any span of one window's length (100 ms resolution), and that over the limit. Burst at window edges: for one key, the most admitted in a window's length centred on a window boundary (a fixed window lets up to twice its limit through there). Fairness: Jain's index of each key's admitted share of its requests. Queue delay: for the leaky bucket, how long an admitted request waits in a queue served at the limit's rate (its place in the bucket), as a stream-coupled leaky bucket holds it.</p>\n<h2>Each algorithm</h2>\n");
+    for run in runs {
+        algorithm_figure(&mut page, run);
+    }
+    page.push_str("<p>The same figures as CSV: <a href=\"summary.csv\">summary.csv</a>, <a href=\"per_second.csv\">per_second.csv</a>.</p>\n</body></html>\n");
+    page
+}
+
+/// The chart of what every candidate admitted per second, beside what was offered.
+fn admitted_chart(runs: &[Run]) -> String {
     let offered = runs.first().map(|r| {
         let (a, d) = (per_second(&r.admitted), per_second(&r.denied));
         a.iter()
@@ -179,77 +209,58 @@ pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, 
                 .collect(),
         });
     }
-    let mut page = String::new();
-    let _ = write!(
-        page,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>sluice simulate: {title}</title>\n<style>body{{font-family:sans-serif;margin:2em;max-width:1000px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th{{background:#f4f4f4}}td:first-child{{text-align:left}}figure{{margin:1em 0}}</style></head><body>\n<h1>What each algorithm does to the traffic</h1>\n<p>Rules <code>{config}</code>, traffic <code>{traffic_file}</code>: {requests} requests over {seconds} s in domain <code>{domain}</code>, key <code>{key}</code> ({keys} distinct values). Limit: {limit} per {window} s. Each candidate replays the same requests through the decision core (in-memory store, time injected).</p>\n",
-        title = escape(traffic_file),
-        config = escape(config),
-        traffic_file = escape(traffic_file),
-        requests = traffic.arrivals.len(),
-        seconds = traffic.seconds,
-        domain = escape(&traffic.domain),
-        key = escape(&traffic.key),
-        keys = traffic.keys.len(),
-        limit = figures.first().map_or(0, |f| f.limit),
-        window = figures.first().map_or(0.0, |f| f.window_seconds),
-    );
+    line_chart(
+        "Admitted per second, by algorithm",
+        "second",
+        "requests / s",
+        &all,
+        (960, 420),
+    )
+}
+
+/// A candidate's row in the table of figures.
+fn figure_row(page: &mut String, f: &Figures) {
+    let delay = f.delay_ms.map_or("-".to_string(), |(m, p)| format!("{m:.1} / {p:.1}"));
     let _ = writeln!(
         page,
-        "<figure id=\"admitted\">{}</figure>",
-        line_chart(
-            "Admitted per second, by algorithm",
-            "second",
-            "requests / s",
-            &all,
-            (960, 420)
-        )
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{:.3}</td><td>{delay}</td></tr>",
+        escape(&f.algorithm),
+        f.requests,
+        f.admitted,
+        f.denied,
+        f.worst_window,
+        f.overshoot,
+        f.edge_burst,
+        f.fairness
     );
-    page.push_str("<h2>Figures</h2>\n<table id=\"figures\"><tr><th>algorithm</th><th>requests</th><th>admitted</th><th>denied</th><th>worst window</th><th>worst window / limit</th><th>burst at window edges</th><th>fairness (Jain)</th><th>queue delay mean / p99 (ms)</th></tr>\n");
-    for f in figures {
-        let delay = f.delay_ms.map_or("-".to_string(), |(m, p)| format!("{m:.1} / {p:.1}"));
-        let _ = writeln!(
-            page,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{:.3}</td><td>{delay}</td></tr>",
-            escape(&f.algorithm),
-            f.requests,
-            f.admitted,
-            f.denied,
-            f.worst_window,
-            f.overshoot,
-            f.edge_burst,
-            f.fairness
-        );
-    }
-    page.push_str("</table>\n<p>Worst window: for one key (the worst of the 20 busiest), the most admitted in any span of one window's length (100 ms resolution), and that over the limit. Burst at window edges: for one key, the most admitted in a window's length centred on a window boundary (a fixed window lets up to twice its limit through there). Fairness: Jain's index of each key's admitted share of its requests. Queue delay: for the leaky bucket, how long an admitted request waits in a queue served at the limit's rate (its place in the bucket), as a stream-coupled leaky bucket holds it.</p>\n<h2>Each algorithm</h2>\n");
-    for run in runs {
-        let admitted: Vec<(f64, f64)> = per_second(&run.admitted)
-            .iter()
-            .enumerate()
-            .map(|(s, &n)| (s as f64, n as f64))
-            .collect();
-        let denied: Vec<(f64, f64)> = per_second(&run.denied)
-            .iter()
-            .enumerate()
-            .map(|(s, &n)| (s as f64, n as f64))
-            .collect();
-        let series = [
-            Series {
-                name: "admitted".into(),
-                points: admitted,
-            },
-            Series {
-                name: "denied".into(),
-                points: denied,
-            },
-        ];
-        let _ = writeln!(
-            page,
-            "<figure class=\"algorithm\" data-algorithm=\"{}\">{}</figure>",
-            run.algorithm.name(),
-            line_chart(&label(run), "second", "requests / s", &series, (960, 300))
-        );
-    }
-    page.push_str("<p>The same figures as CSV: <a href=\"summary.csv\">summary.csv</a>, <a href=\"per_second.csv\">per_second.csv</a>.</p>\n</body></html>\n");
-    page
+}
+
+/// A candidate's own chart: what it admitted and denied per second.
+fn algorithm_figure(page: &mut String, run: &Run) {
+    let admitted: Vec<(f64, f64)> = per_second(&run.admitted)
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| (s as f64, n as f64))
+        .collect();
+    let denied: Vec<(f64, f64)> = per_second(&run.denied)
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| (s as f64, n as f64))
+        .collect();
+    let series = [
+        Series {
+            name: "admitted".into(),
+            points: admitted,
+        },
+        Series {
+            name: "denied".into(),
+            points: denied,
+        },
+    ];
+    let _ = writeln!(
+        page,
+        "<figure class=\"algorithm\" data-algorithm=\"{}\">{}</figure>",
+        run.algorithm.name(),
+        line_chart(&label(run), "second", "requests / s", &series, (960, 300))
+    );
 }

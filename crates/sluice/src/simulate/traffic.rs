@@ -100,18 +100,13 @@ pub const MAX_REQUESTS: usize = 200_000_000;
 /// Reads a traffic file; an error names the file, and the line and field at fault.
 pub fn load(path: &Path) -> Result<Traffic, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("traffic '{}': cannot read: {e}", path.display()))?;
-    // The line a top-level field is on, when the file has it.
-    let line_of = |field: &str| {
-        let top = field.split('.').next().unwrap_or(field);
-        text.lines()
-            .position(|l| {
-                l.strip_prefix(top)
-                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
-            })
-            .map(|i| format!(" line {}", i + 1))
-            .unwrap_or_default()
+    let at = |field: &str, message: &str| {
+        format!(
+            "traffic '{}'{}: {field}: {message}",
+            path.display(),
+            line_of(&text, field)
+        )
     };
-    let at = |field: &str, message: &str| format!("traffic '{}'{}: {field}: {message}", path.display(), line_of(field));
     let spec: Spec = serde_yaml_ng::from_str(&text).map_err(|e| format!("traffic '{}': {e}", path.display()))?;
     if spec.domain.is_empty() {
         return Err(at("domain", "empty"));
@@ -156,7 +151,32 @@ pub fn load(path: &Path) -> Result<Traffic, String> {
     if !(0.0..=5.0).contains(&keys.zipf) {
         return Err(at("keys.zipf", "from 0 to 5"));
     }
-    let shape = match spec.shape.as_deref().unwrap_or("steady") {
+    let shape = shape(&spec, at)?;
+    let arrivals = generate(&shape, rate, seconds, keys, spec.seed).map_err(|m| at("rate", &m))?;
+    Ok(Traffic {
+        domain: spec.domain,
+        key: spec.key,
+        keys: (0..keys.count).map(|i| format!("{}{i}", keys.prefix)).collect(),
+        arrivals,
+        seconds,
+    })
+}
+
+/// The line a top-level field is on in `text`, as " line N", when the file has it.
+fn line_of(text: &str, field: &str) -> String {
+    let top = field.split('.').next().unwrap_or(field);
+    text.lines()
+        .position(|l| {
+            l.strip_prefix(top)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|i| format!(" line {}", i + 1))
+        .unwrap_or_default()
+}
+
+/// The shape a traffic file describes, its parameters checked; `at` words an error about a field.
+fn shape(spec: &Spec, at: impl Fn(&str, &str) -> String) -> Result<Shape, String> {
+    Ok(match spec.shape.as_deref().unwrap_or("steady") {
         "steady" => Shape::Steady,
         "bursts" => {
             let b = spec
@@ -198,14 +218,6 @@ pub fn load(path: &Path) -> Result<Traffic, String> {
                 &format!("unknown shape '{other}' (expected steady, bursts, ramp or diurnal)"),
             ));
         }
-    };
-    let arrivals = generate(&shape, rate, seconds, keys, spec.seed).map_err(|m| at("rate", &m))?;
-    Ok(Traffic {
-        domain: spec.domain,
-        key: spec.key,
-        keys: (0..keys.count).map(|i| format!("{}{i}", keys.prefix)).collect(),
-        arrivals,
-        seconds,
     })
 }
 

@@ -310,68 +310,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         let url = self.read_or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
         let tls = self.bool("REDIS_TLS")? == Some(true);
         let auth = self.read("REDIS_AUTH").map(|a| userinfo(&a)).unwrap_or_default();
-        let s = if tls { "s" } else { "" };
-        let nodes = |list: &[&str]| -> String {
-            list.iter()
-                .map(|n| format!("node={}", n.trim()))
-                .collect::<Vec<_>>()
-                .join("&")
-        };
-        let redis_url = match (socket.to_ascii_lowercase().as_str(), kind.to_ascii_lowercase().as_str()) {
-            ("unix", "single") => {
-                if tls {
-                    return Err(CompatError::Unsupported {
-                        var: "REDIS_TLS",
-                        value: "true".into(),
-                        why: "TLS over a unix socket",
-                    });
-                }
-                // fred wants a host before the path when the URL carries credentials.
-                let host = if auth.is_empty() { "" } else { "localhost" };
-                format!("redis+unix://{auth}{host}{}", url.trim())
-            }
-            ("unix", _) => {
-                return Err(CompatError::Unsupported {
-                    var: "REDIS_SOCKET_TYPE",
-                    value: socket,
-                    why: "a sentinel or cluster is reached over tcp (REDIS_SOCKET_TYPE=tcp)",
-                });
-            }
-            ("tcp", "single") => format!("redis{s}://{auth}{}", url.trim()),
-            ("tcp", "cluster") => {
-                let list: Vec<&str> = url.split(',').collect();
-                let rest = if list.len() > 1 {
-                    format!("?{}", nodes(&list[1..]))
-                } else {
-                    String::new()
-                };
-                format!("redis{s}-cluster://{auth}{}{rest}", list[0].trim())
-            }
-            ("tcp", "sentinel") => {
-                let list: Vec<&str> = url.split(',').collect();
-                if list.len() < 2 {
-                    return Err(invalid(
-                        "REDIS_URL",
-                        &url,
-                        "a sentinel URL is the master's name then the sentinels: name,host:port[,host:port...]",
-                    ));
-                }
-                let mut query = format!("sentinelServiceName={}", list[0].trim());
-                if list.len() > 2 {
-                    query = format!("{query}&{}", nodes(&list[2..]));
-                }
-                if let Some(sentinel) = self.read("REDIS_SENTINEL_AUTH") {
-                    let (user, pass) = sentinel.split_once(':').unwrap_or(("", &sentinel));
-                    if !user.is_empty() {
-                        query = format!("{query}&sentinelUsername={}", encode(user));
-                    }
-                    query = format!("{query}&sentinelPassword={}", encode(pass));
-                }
-                format!("redis{s}-sentinel://{auth}{}?{query}", list[1].trim())
-            }
-            ("tcp", _) => return Err(invalid("REDIS_TYPE", &kind, "expected SINGLE, SENTINEL or CLUSTER")),
-            _ => return Err(invalid("REDIS_SOCKET_TYPE", &socket, "expected tcp or unix")),
-        };
+        let redis_url = self.redis_url(socket, &kind, &url, tls, &auth)?;
         self.flag("--redis-url", redis_url);
         if tls {
             self.pass(&[
@@ -388,6 +327,76 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
             self.flag("--redis-timeout-ms", ms.to_string());
         }
         Ok(())
+    }
+
+    /// The URL of the Redis the reference's variables name: `REDIS_SOCKET_TYPE` and `REDIS_TYPE` say how `url` (a
+    /// socket path, host:port, or a list of them) is to be read; `auth` is the userinfo of `REDIS_AUTH`.
+    fn redis_url(
+        &mut self,
+        socket: String,
+        kind: &str,
+        url: &str,
+        tls: bool,
+        auth: &str,
+    ) -> Result<String, CompatError> {
+        let s = if tls { "s" } else { "" };
+        match (socket.to_ascii_lowercase().as_str(), kind.to_ascii_lowercase().as_str()) {
+            ("unix", "single") => {
+                if tls {
+                    return Err(CompatError::Unsupported {
+                        var: "REDIS_TLS",
+                        value: "true".into(),
+                        why: "TLS over a unix socket",
+                    });
+                }
+                // fred wants a host before the path when the URL carries credentials.
+                let host = if auth.is_empty() { "" } else { "localhost" };
+                Ok(format!("redis+unix://{auth}{host}{}", url.trim()))
+            }
+            ("unix", _) => Err(CompatError::Unsupported {
+                var: "REDIS_SOCKET_TYPE",
+                value: socket,
+                why: "a sentinel or cluster is reached over tcp (REDIS_SOCKET_TYPE=tcp)",
+            }),
+            ("tcp", "single") => Ok(format!("redis{s}://{auth}{}", url.trim())),
+            ("tcp", "cluster") => {
+                let list: Vec<&str> = url.split(',').collect();
+                let rest = if list.len() > 1 {
+                    format!("?{}", nodes(&list[1..]))
+                } else {
+                    String::new()
+                };
+                Ok(format!("redis{s}-cluster://{auth}{}{rest}", list[0].trim()))
+            }
+            ("tcp", "sentinel") => self.sentinel_url(s, url, auth),
+            ("tcp", _) => Err(invalid("REDIS_TYPE", kind, "expected SINGLE, SENTINEL or CLUSTER")),
+            _ => Err(invalid("REDIS_SOCKET_TYPE", &socket, "expected tcp or unix")),
+        }
+    }
+
+    /// A sentinel's URL from `url`, the master's name then the sentinels, and `REDIS_SENTINEL_AUTH`; `s` is "s" for
+    /// TLS.
+    fn sentinel_url(&mut self, s: &str, url: &str, auth: &str) -> Result<String, CompatError> {
+        let list: Vec<&str> = url.split(',').collect();
+        if list.len() < 2 {
+            return Err(invalid(
+                "REDIS_URL",
+                url,
+                "a sentinel URL is the master's name then the sentinels: name,host:port[,host:port...]",
+            ));
+        }
+        let mut query = format!("sentinelServiceName={}", list[0].trim());
+        if list.len() > 2 {
+            query = format!("{query}&{}", nodes(&list[2..]));
+        }
+        if let Some(sentinel) = self.read("REDIS_SENTINEL_AUTH") {
+            let (user, pass) = sentinel.split_once(':').unwrap_or(("", &sentinel));
+            if !user.is_empty() {
+                query = format!("{query}&sentinelUsername={}", encode(user));
+            }
+            query = format!("{query}&sentinelPassword={}", encode(pass));
+        }
+        Ok(format!("redis{s}-sentinel://{auth}{}?{query}", list[1].trim()))
     }
 
     /// The decision's settings: cache, prefix, near-limit ratio, shadow mode, metadata, response headers.
@@ -490,6 +499,14 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         }
         Ok(())
     }
+}
+
+/// Redis nodes as a URL's query: `node=host:port&node=...`.
+fn nodes(list: &[&str]) -> String {
+    list.iter()
+        .map(|n| format!("node={}", n.trim()))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 fn invalid(var: &'static str, value: &str, message: &str) -> CompatError {
