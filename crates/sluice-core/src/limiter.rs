@@ -231,7 +231,7 @@ impl<S: Store> Limiter<S> {
                     if !lists.iter().any(|(_, name)| *name == list.name) {
                         lists.push((list.action, list.name.clone()));
                         if let Some(domain) = domain {
-                            self.metrics.listed(&domain.name, &list.name, list.action);
+                            self.metrics.listed(&domain.name, &list.name, list.action.name());
                         }
                     }
                     if list.action == ListAction::Deny {
