@@ -9,10 +9,11 @@
 //!
 //! - `rules/vocabulary.rs`: what a rule can say: [`Unit`], [`Algorithm`], [`Limit`], [`Tier`], [`Record`],
 //!   [`FailurePolicy`], [`Metadata`], and the bounds the compiler enforces ([`MAX_LOG_LIMIT`], [`MAX_RECORDS`]).
+//! - `rules/pattern.rs`: a value with `*` wildcards, as rules and lists hold it.
+//! - `rules/lists.rs`: a domain's deny and allow `lists` of descriptor values (exact, wildcards, CIDR ranges).
 //! - `rules/tree.rs`: the compiled [`Rule`] and the match tree of a [`Domain`]; how a descriptor finds its rule.
 //! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error.
 //! - `rules/buckets.rs`: the RLQS `quota_buckets` of a domain, compiled into a tree of their own.
-//! - `rules/lists.rs`: a domain's deny and allow `lists` of descriptor values (exact, wildcards, CIDR ranges).
 //! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
 //! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
@@ -21,6 +22,7 @@
 mod buckets;
 mod compile;
 mod lists;
+mod pattern;
 mod summary;
 mod tree;
 mod vocabulary;
@@ -28,9 +30,7 @@ mod vocabulary;
 use std::collections::HashMap;
 
 pub use compile::Domains;
-pub use lists::{
-    DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value, list_lines,
-};
+pub use lists::{DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value};
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_LOG_LIMIT, MAX_RECORDS, Metadata, Record,

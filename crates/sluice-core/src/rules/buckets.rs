@@ -11,7 +11,8 @@ use std::sync::Arc;
 use crate::config::{ConfigError, RawDescriptor, RawQuotaBucket};
 
 use super::compile::Compiler;
-use super::tree::{Node, Pattern};
+use super::pattern::Pattern;
+use super::tree::Node;
 use super::vocabulary::{Algorithm, BucketSettings, InitialAssignment};
 
 /// The longest assignment TTL a rule may ask for: a day.

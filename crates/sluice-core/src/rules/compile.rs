@@ -14,7 +14,8 @@ use crate::config::{ConfigError, ConfigFile, RawDescriptor, RawRateLimit};
 use crate::metrics::Metrics;
 
 use super::RuleSet;
-use super::tree::{Domain, Node, Pattern, Rule};
+use super::pattern::Pattern;
+use super::tree::{Domain, Node, Rule};
 use super::vocabulary::{
     Algorithm, FailurePolicy, Limit, MAX_LOG_LIMIT, MAX_RECORDS, MAX_WINDOW_SECONDS, Record, Tier, TierCost, Unit,
 };
@@ -138,7 +139,10 @@ impl RuleSet {
             if !raw.lists.is_empty() {
                 let mut keys = std::collections::HashSet::new();
                 domain.root.keys(&mut keys);
-                compiler.lists(&raw.lists, &keys, &mut domain.lists)?;
+                domain
+                    .lists
+                    .compile(&raw.lists, &keys, &raw.domain)
+                    .map_err(|(at, message)| compiler.err(&at, message))?;
             }
             rules += compiler.rules;
         }
