@@ -7,12 +7,14 @@
 //!
 //! Its parts: `request` (what a request is, and the checks it passes), `resolve` (which rule each descriptor
 //! meets), `decision` (what the core answers), `settings` (the core's switches and caps), `guard` (the
-//! breakers, local cache and timing around every store call), `usage` (RLQS usage charged to bucket quotas),
+//! breakers, local cache and timing around every store call), `global` (what is shared with the shipping of global
+//! limits' counts to other regions), `usage` (RLQS usage charged to bucket quotas),
 //! `wait` (calls held until their hit would pass), `lists` (what the lists hold at run time), `offenders`
 //! (the values hit and denied most per rule) and `series` (outcomes per rule and second).
 
 mod budget;
 mod decision;
+mod global;
 mod guard;
 mod lists;
 mod offenders;
@@ -33,6 +35,7 @@ pub use budget::{Costs, MAX_TRACKED, Reserved, SettledDescriptor};
 use budget::{How, hit_costs};
 use decision::fallback_status;
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
+pub use global::{LinkState, Regions};
 use guard::{Guard, constraining};
 pub use lists::{MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
 pub use offenders::{FLUSH_EVERY, RuleOffenders};
@@ -121,10 +124,10 @@ impl<S: Store> Limiter<S> {
         self.guard.cache().len()
     }
 
-    /// Makes this instance one region of several ([`crate::regions`]): its global limits count what the other
-    /// regions shipped, and the windows it counts in are noted for shipping. Once; a second call changes nothing.
-    pub fn join_regions(&self, shared: Arc<crate::regions::Shared>) {
-        self.guard.join_regions(shared);
+    /// Makes this instance one region of several: its global limits count what the other regions shipped, and the
+    /// windows it counts in are noted in `regions`, for shipping. Once; a second call changes nothing.
+    pub fn join_regions(&self, regions: Arc<Regions>) {
+        self.guard.join_regions(regions);
     }
 
     /// One line per other region for `/readyz`: linked or not, and what waits for it.
@@ -138,6 +141,11 @@ impl<S: Store> Limiter<S> {
     /// The time by the limiter's clock, in microseconds since the Unix epoch.
     pub fn now_us(&self) -> u64 {
         self.clock.now_us()
+    }
+
+    /// The limiter's clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     /// The rule set in force.
