@@ -7,6 +7,7 @@
 //! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
 //! bucket's ledger in the same store ([`Store::grant`]), so that every instance shares out the same quota.
 
+use super::hits::identity_of;
 use super::{LimitError, Limiter};
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
 use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Store, StoreError, TierSpec};
@@ -257,7 +258,7 @@ impl<S: Store> Limiter<S> {
 
     fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
         let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name);
-        super::identity_of(key, &usage.bucket, shared)
+        identity_of(key, &usage.bucket, shared)
     }
 }
 
