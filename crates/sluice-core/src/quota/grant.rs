@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
+use super::Quotas;
 use super::holding::Change;
 use super::stream::{QuotaStream, Watch};
-use super::{Action, BucketId, NO_REFILL_S, Quotas, Strategy};
+use super::vocabulary::{Action, BucketId, NO_REFILL_S, Strategy};
 use crate::limiter::{Charged, Claim, QuotaState};
 use crate::rules::BucketSettings;
 use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice, Store};

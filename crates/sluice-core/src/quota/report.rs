@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::Quotas;
 use super::grant::{Due, settings_of};
 use super::stream::{QuotaStream, Watch};
-use super::{Action, BucketId, QuotaError, Quotas, Report, ReportedUsage, Strategy};
+use super::vocabulary::{Action, BucketId, QuotaError, Report, ReportedUsage, Strategy};
 use crate::limiter::{Charged, LimitError, Usage};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::InitialAssignment;

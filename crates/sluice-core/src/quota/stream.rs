@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::demand::Demand;
 use super::holding::Holding;
-use super::{BucketId, Strategy, TICK_US};
+use super::vocabulary::{BucketId, Strategy, TICK_US};
 use crate::rules::BucketSettings;
 
 /// Where other streams leave the ledgers a stream should look at again.

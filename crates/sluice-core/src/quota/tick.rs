@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::grant::Due;
 use super::stream::QuotaStream;
-use super::{Action, BucketId, QuotaError, Quotas, lock};
+use super::vocabulary::{Action, BucketId, QuotaError};
+use super::{Quotas, lock};
 use crate::limiter::{Claim, Usage};
 use crate::store::Store;
 
