@@ -16,8 +16,8 @@
 //! - `rules/buckets.rs`: the RLQS `quota_buckets` of a domain, compiled into a tree of their own.
 //! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
-//! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
-//! to name it.
+//! This file owns [`RuleSet`] itself, and [`Domains`] (how files of one domain combine), and re-exports every
+//! public item, so `sluice_core::rules::X` stays the one path to name it.
 
 mod buckets;
 mod compile;
@@ -29,7 +29,6 @@ mod vocabulary;
 
 use std::collections::HashMap;
 
-pub use compile::Domains;
 pub use lists::{DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value};
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
@@ -61,6 +60,17 @@ impl RuleSet {
     pub fn digest(&self) -> u64 {
         self.digest
     }
+}
+
+/// What two files of one domain mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Domains {
+    /// Each domain is defined by one file; a second file of the domain is an error naming both.
+    #[default]
+    OnePerFile,
+    /// Files of one domain merge (the reference's `MERGE_DOMAIN_CONFIG`): their top-level descriptors and quota
+    /// buckets join one tree, and a top-level descriptor defined in two files is an error naming both.
+    Merged,
 }
 
 #[cfg(test)]

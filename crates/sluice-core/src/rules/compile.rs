@@ -16,26 +16,15 @@ use std::sync::Arc;
 use crate::config::{ConfigError, ConfigFile, RawDescriptor, RawDomain};
 use crate::metrics::Metrics;
 
-use super::RuleSet;
 use super::pattern::Pattern;
 use super::tree::{Domain, Node};
 use super::vocabulary::FailurePolicy;
+use super::{Domains, RuleSet};
 
 mod rule;
 #[cfg(test)]
 mod tests;
 mod tier;
-
-/// What two files of one domain mean.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Domains {
-    /// Each domain is defined by one file; a second file of the domain is an error naming both.
-    #[default]
-    OnePerFile,
-    /// Files of one domain merge (the reference's `MERGE_DOMAIN_CONFIG`): their top-level descriptors and quota
-    /// buckets join one tree, and a top-level descriptor defined in two files is an error naming both.
-    Merged,
-}
 
 impl RuleSet {
     /// Compiles shape-checked files, one file per domain, rejecting what the reference rejects at load time.
