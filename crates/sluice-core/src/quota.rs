@@ -17,8 +17,8 @@
 //!   next report says what it did not spend. With nothing for it, an Envoy gets DENY_ALL until a request fits again
 //!   or another Envoy gives tokens back;
 //! - when an Envoy joins a bucket or its demand changes (by half or double), when it gives tokens back, and when a
-//!   report finds it short of its share, every stream of the bucket on every instance is told ([`Notice::Quota`],
-//!   through the store) and sizes its grant again at once;
+//!   report finds it short of its share, every stream of the bucket on every instance is told
+//!   ([`Notice::Quota`](crate::store::Notice::Quota), through the store) and sizes its grant again at once;
 //! - assignments carry a TTL and are refreshed before it lapses (a third of it, and at least two seconds plus one
 //!   tick, before); buckets reported with no requests for `abandon_after_seconds` are abandoned, and their grants
 //!   given back.

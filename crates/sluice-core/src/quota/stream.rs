@@ -67,7 +67,7 @@ pub(super) struct Watch {
 }
 
 impl QuotaStream {
-    /// Fires when another stream left work for this one: call [`Quotas::tick`].
+    /// Fires when another stream left work for this one: call [`Quotas::tick`](super::Quotas::tick).
     pub async fn wake(&self) {
         self.inbox.wake.notified().await;
     }
