@@ -2,15 +2,15 @@
 //! (a `fixed_window` or `sliding_window`) is counted per region and decided against the sum of every region's count
 //! of its window, as this region knows it.
 //!
-//! What a region knows of the others is what they ship. Every instance notes the windows of global limits it
-//! counted in (in the limiter's [`Regions`]); every `interval` it reads this region's own count of each
-//! ([`Store::window_counts`]) and hands them to one [`Link`] per other region, which keeps them in a backlog (one
-//! entry per window, the larger count kept) and ships it to that region's store ([`Store::merge_counts`]), where each
-//! region's count of a window is kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a
-//! batch applied twice, late or out of order counts once, and a link that comes back after a cut ships what its
-//! backlog kept. The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and
-//! counted (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh
-//! in any decision).
+//! What a region knows of the others is what they ship. Every instance notes the windows of global limits it counted in
+//! (in the limiter's [`Regions`]); every `interval` it reads this region's own count of each ([`Store::window_counts`])
+//! and hands them to one [`Link`] per other region, which keeps them in a backlog (one entry per window, the larger
+//! count kept) and ships it to that region's store ([`Store::merge_counts`]), where each region's count of a window is
+//! kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a batch
+//! applied twice, late or out of order counts once, and a link that comes back after a cut ships what its backlog kept.
+//! The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and counted
+//! (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh in any
+//! decision).
 //!
 //! Local decisions never wait for a link: shipping runs in tasks of its own, each link's calls bounded by a timeout.
 //!

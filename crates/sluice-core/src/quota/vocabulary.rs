@@ -5,8 +5,8 @@
 /// Envoy's bucket holds what it was granted and nothing more.
 pub const NO_REFILL_S: u32 = 1_000_000_000;
 
-/// How often a face calls [`Quotas::tick`](super::Quotas::tick) at most apart: refreshes are due one tick early, so that they still go
-/// out two seconds before a TTL lapses.
+/// How often a face calls [`Quotas::tick`](super::Quotas::tick) at most apart: refreshes are due one tick early,
+/// so that they still go out two seconds before a TTL lapses.
 pub const TICK_US: u64 = 1_000_000;
 
 /// A bucket id: its entries sorted by key.
