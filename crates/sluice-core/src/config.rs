@@ -271,12 +271,18 @@ fn read_list_files(config: &mut ConfigFile) -> Result<(), ConfigError> {
         let text =
             std::fs::read_to_string(&path).map_err(|e| invalid(format!("cannot read '{}': {e}", path.display())))?;
         std::hash::Hash::hash(&(name, &text), &mut hasher);
-        list.file_values = crate::rules::list_lines(&text)
-            .map(|(n, value)| (n, value.to_string()))
-            .collect();
+        list.file_values = list_lines(&text).map(|(n, value)| (n, value.to_string())).collect();
     }
     config.digest = std::hash::Hasher::finish(&hasher);
     Ok(())
+}
+
+/// The values of a list's text with their line numbers: one per line, `#` starting a comment, blanks skipped.
+pub fn list_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines().enumerate().filter_map(|(n, line)| {
+        let value = line.split('#').next().unwrap_or("").trim();
+        (!value.is_empty()).then_some((n + 1, value))
+    })
 }
 
 /// Shape-checks the text of one file; `file` only names it in errors.

@@ -321,12 +321,13 @@ impl Metrics {
         self.counter(REQUESTS, labels).increment(1);
     }
 
-    /// Counts a request that the list `list` of `domain` decided (`action`: deny or allow).
-    pub fn listed(&self, domain: &str, list: &str, action: crate::rules::ListAction) {
+    /// Counts a request that the list `list` of `domain` decided (`action`: `deny` or `allow`, the list's action
+    /// by its name).
+    pub fn listed(&self, domain: &str, list: &str, action: &'static str) {
         let labels = vec![
             Label::new("domain", domain.to_string()),
             Label::new("list", list.to_string()),
-            Label::from_static_parts("action", action.name()),
+            Label::from_static_parts("action", action),
         ];
         self.counter(LISTED, labels).increment(1);
     }

@@ -2,15 +2,15 @@
 //! (a `fixed_window` or `sliding_window`) is counted per region and decided against the sum of every region's count
 //! of its window, as this region knows it.
 //!
-//! What a region knows of the others is what they ship. Every instance notes the windows of global limits it
-//! counted in (`Shared::note`); every `interval` it reads this region's own count of each ([`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts))
+//! What a region knows of the others is what they ship. Every instance notes the windows of global limits it counted in
+//! (in the limiter's [`Regions`]); every `interval` it reads this region's own count of each ([`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts))
 //! and hands them to one [`Link`] per other region, which keeps them in a backlog (one entry per window, the larger
-//! count kept) and ships it to that region's store ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window
-//! is kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a
-//! batch applied twice, late or out of order counts once, and a link that comes back after a cut ships what its
-//! backlog kept. The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and
-//! counted (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh
-//! in any decision).
+//! count kept) and ships it to that region's store ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window is
+//! kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a batch
+//! applied twice, late or out of order counts once, and a link that comes back after a cut ships what its backlog kept.
+//! The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and counted
+//! (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh in any
+//! decision).
 //!
 //! Local decisions never wait for a link: shipping runs in tasks of its own, each link's calls bounded by a timeout.
 //!
@@ -20,12 +20,15 @@
 //! staleness of the last admission (README, "Several regions").
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::limiter::Limiter;
-use crate::store::{Answers, Hit, RegionCount, Store, StoreError, WindowRef};
+use crate::clock::Clock;
+use crate::limiter::Regions;
+// The state shared with the limiter is the limiter's (its decisions note windows there), named here too.
+pub use crate::limiter::{LinkState, Regions as Shared};
+use crate::metrics::Metrics;
+use crate::store::{RegionCount, Store, StoreError, WindowRef};
 
 /// How often counts are read and shipped, unless told otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
@@ -49,123 +52,6 @@ pub struct RegionSettings {
     pub timeout: Duration,
 }
 
-/// What the decision path and the readiness check share with the links: the windows counted in since the last
-/// read, and each link's state.
-#[derive(Debug)]
-pub struct Shared {
-    name: Arc<str>,
-    touched: Mutex<HashSet<WindowRef>>,
-    links: Vec<Arc<LinkState>>,
-}
-
-/// What is known of one link, for readiness and metrics.
-#[derive(Debug)]
-pub struct LinkState {
-    pub name: Arc<str>,
-    linked: AtomicBool,
-    backlog: AtomicUsize,
-    dropped: AtomicU64,
-    shipped: AtomicU64,
-    error: Mutex<Option<String>>,
-}
-
-impl LinkState {
-    fn new(name: &str) -> LinkState {
-        LinkState {
-            name: Arc::from(name),
-            linked: AtomicBool::new(false),
-            backlog: AtomicUsize::new(0),
-            dropped: AtomicU64::new(0),
-            shipped: AtomicU64::new(0),
-            error: Mutex::new(Some("not reached yet".into())),
-        }
-    }
-
-    /// Whether the last shipment reached the region.
-    pub fn linked(&self) -> bool {
-        self.linked.load(Ordering::Acquire)
-    }
-
-    /// Windows waiting to be shipped.
-    pub fn backlog(&self) -> usize {
-        self.backlog.load(Ordering::Relaxed)
-    }
-
-    /// Windows dropped because the backlog was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Window counts shipped and taken by the region.
-    pub fn shipped(&self) -> u64 {
-        self.shipped.load(Ordering::Relaxed)
-    }
-
-    /// A line for `/readyz`.
-    pub fn line(&self) -> String {
-        if self.linked() {
-            format!("region {}: linked, {} windows waiting", self.name, self.backlog())
-        } else {
-            let why = lock(&self.error).clone().unwrap_or_default();
-            format!(
-                "region {}: not linked ({why}), {} windows waiting, {} dropped",
-                self.name,
-                self.backlog(),
-                self.dropped()
-            )
-        }
-    }
-}
-
-impl Shared {
-    /// This region `name`, linked to `others`.
-    pub fn new(name: &str, others: &[String]) -> Shared {
-        Shared {
-            name: Arc::from(name),
-            touched: Mutex::default(),
-            links: others.iter().map(|o| Arc::new(LinkState::new(o))).collect(),
-        }
-    }
-
-    /// This region's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The links, in the order given.
-    pub fn links(&self) -> &[Arc<LinkState>] {
-        &self.links
-    }
-
-    /// Notes the windows of global tiers that the answered hits counted in: an admitted hit's (or a forced one's)
-    /// tiers with a positive cost.
-    pub(crate) fn note(&self, now_us: u64, hits: &[Hit], answers: &Answers) {
-        let mut touched = None;
-        for (hit, answer) in hits.iter().zip(answers) {
-            if !hit.tiers.iter().any(|t| t.global) {
-                continue;
-            }
-            let Ok(outcome) = answer else { continue };
-            if !(outcome.admitted || hit.forced()) {
-                continue;
-            }
-            for tier in hit.tiers.iter().filter(|t| t.global && t.bounded_cost(hit.cost) > 0) {
-                touched
-                    .get_or_insert_with(|| lock(&self.touched))
-                    .insert(WindowRef::of(tier, now_us));
-            }
-        }
-    }
-
-    fn take(&self) -> Vec<WindowRef> {
-        lock(&self.touched).drain().collect()
-    }
-
-    fn restore(&self, windows: Vec<WindowRef>) {
-        lock(&self.touched).extend(windows);
-    }
-}
-
 /// One other region: its store, and the counts waiting to reach it.
 pub struct Link<R> {
     state: Arc<LinkState>,
@@ -177,7 +63,7 @@ pub struct Link<R> {
 
 /// Ships this region's counts of global windows to the other regions ([module docs](self)).
 pub struct Replicator<R> {
-    shared: Arc<Shared>,
+    shared: Arc<Regions>,
     links: Vec<Arc<Link<R>>>,
     settings: RegionSettings,
 }
@@ -186,7 +72,7 @@ impl<R: Store + 'static> Replicator<R> {
     /// Ships to `others` (name, store), in that order.
     pub fn new(settings: RegionSettings, others: Vec<(String, R)>) -> Replicator<R> {
         let names: Vec<String> = others.iter().map(|(n, _)| n.clone()).collect();
-        let shared = Arc::new(Shared::new(&settings.name, &names));
+        let shared = Arc::new(Regions::new(&settings.name, &names));
         let links = others
             .into_iter()
             .zip(shared.links())
@@ -206,8 +92,8 @@ impl<R: Store + 'static> Replicator<R> {
         }
     }
 
-    /// What the limiter shares with it ([`crate::limiter::Limiter::join_regions`]).
-    pub fn shared(&self) -> Arc<Shared> {
+    /// What the limiter shares with it ([`Limiter::join_regions`](crate::limiter::Limiter::join_regions)).
+    pub fn shared(&self) -> Arc<Regions> {
         self.shared.clone()
     }
 
@@ -238,7 +124,7 @@ impl<R: Store + 'static> Replicator<R> {
         let shipments = self
             .links
             .iter()
-            .map(|link| link.ship(now_us, &self.shared.name, self.settings.timeout));
+            .map(|link| link.ship(now_us, self.shared.name(), self.settings.timeout));
         futures::future::join_all(shipments)
             .await
             .into_iter()
@@ -246,19 +132,19 @@ impl<R: Store + 'static> Replicator<R> {
             .count()
     }
 
-    /// Runs until dropped: every interval, collects from the limiter's store at the limiter's time, and ships each
-    /// link in a task of its own (a slow region delays only itself).
-    pub async fn run<S: Store>(self: Arc<Self>, limiter: Arc<Limiter<S>>) {
+    /// Runs until dropped: every interval, collects from this region's `store` at the time `clock` reads, ships
+    /// each link in a task of its own (a slow region delays only itself), and records the links in `metrics`.
+    pub async fn run<S: Store>(self: Arc<Self>, store: &S, clock: Arc<dyn Clock>, metrics: &Metrics) {
         let interval = self.settings.interval.max(Duration::from_millis(1));
         let shippers: Vec<_> = self
             .links
             .iter()
             .map(|link| {
-                let (link, name, timeout, limiter) = (
+                let (link, name, timeout, clock) = (
                     link.clone(),
-                    self.shared.name.clone(),
+                    Arc::<str>::from(self.shared.name()),
                     self.settings.timeout,
-                    limiter.clone(),
+                    clock.clone(),
                 );
                 tokio::spawn(async move {
                     // Ships as soon as counts are queued, and every interval while a backlog waits (a region that
@@ -270,7 +156,7 @@ impl<R: Store + 'static> Replicator<R> {
                             () = tokio::time::sleep(interval) => {}
                         }
                         if link.state.backlog() > 0 || idle >= PING_EVERY {
-                            link.ship(limiter.now_us(), &name, timeout).await;
+                            link.ship(clock.now_us(), &name, timeout).await;
                             idle = Duration::ZERO;
                         } else {
                             idle += interval;
@@ -285,12 +171,12 @@ impl<R: Store + 'static> Replicator<R> {
         let mut reported: Vec<(u64, u64)> = vec![(0, 0); self.links.len()];
         loop {
             every.tick().await;
-            if let Err(e) = self.collect(limiter.store(), limiter.now_us()).await {
+            if let Err(e) = self.collect(store, clock.now_us()).await {
                 tracing::warn!(error = %e, "global windows' counts not read this time; read again next time");
             }
-            for (link, (shipped, dropped)) in self.shared.links.iter().zip(&mut reported) {
+            for (link, (shipped, dropped)) in self.shared.links().iter().zip(&mut reported) {
                 let (now_shipped, now_dropped) = (link.shipped(), link.dropped());
-                limiter.metrics().region_link(
+                metrics.region_link(
                     &link.name,
                     link.linked(),
                     link.backlog(),
@@ -319,9 +205,9 @@ impl<R: Store> Link<R> {
                 dropped += 1;
             }
         }
-        self.state.backlog.store(backlog.len(), Ordering::Relaxed);
+        self.state.set_backlog(backlog.len());
         if dropped > 0 {
-            self.state.dropped.fetch_add(dropped, Ordering::Relaxed);
+            self.state.count_dropped(dropped);
             tracing::warn!(region = %self.state.name, dropped, bound, "backlog full: window counts dropped");
         }
     }
@@ -331,7 +217,7 @@ impl<R: Store> Link<R> {
         let batch: Vec<RegionCount> = {
             let mut backlog = lock(&self.backlog);
             backlog.retain(|w, _| w.expires_us() > now_us);
-            self.state.backlog.store(backlog.len(), Ordering::Relaxed);
+            self.state.set_backlog(backlog.len());
             backlog
                 .iter()
                 .map(|(window, &count)| RegionCount {
@@ -359,19 +245,19 @@ impl<R: Store> Link<R> {
                         backlog.remove(&sent.window);
                     }
                 }
-                self.state.backlog.store(backlog.len(), Ordering::Relaxed);
-                self.state.shipped.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                *lock(&self.state.error) = None;
-                if !self.state.linked.swap(true, Ordering::AcqRel) {
+                self.state.set_backlog(backlog.len());
+                self.state.count_shipped(batch.len() as u64);
+                self.state.set_error(None);
+                if !self.state.set_linked(true) {
                     tracing::info!(region = %self.state.name, "region linked");
                 }
                 true
             }
             Err(e) => {
-                if self.state.linked.swap(false, Ordering::AcqRel) {
+                if self.state.set_linked(false) {
                     tracing::warn!(region = %self.state.name, error = %e, "region not reached; its backlog waits");
                 }
-                *lock(&self.state.error) = Some(e.to_string());
+                self.state.set_error(Some(e.to_string()));
                 false
             }
         }
@@ -415,7 +301,7 @@ pub fn check_names(own: &str, others: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// A poisoned lock's data is still whole here: every update is one insert, remove or store.
+/// A poisoned lock's data is still whole here: every update is one insert, remove or retain.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -9,28 +9,27 @@
 //!
 //! - `rules/vocabulary.rs`: what a rule can say: [`Unit`], [`Algorithm`], [`Limit`], [`Tier`], [`Record`],
 //!   [`FailurePolicy`], [`Metadata`], and the bounds the compiler enforces ([`MAX_LOG_LIMIT`], [`MAX_RECORDS`]).
+//! - `rules/pattern.rs`: a value with `*` wildcards, as rules and lists hold it.
+//! - `rules/lists.rs`: a domain's deny and allow `lists` of descriptor values (exact, wildcards, CIDR ranges).
 //! - `rules/tree.rs`: the compiled [`Rule`] and the match tree of a [`Domain`]; how a descriptor finds its rule.
 //! - `rules/compile.rs`: [`RuleSet::compile`], from raw files to trees, with every load-time error.
 //! - `rules/buckets.rs`: the RLQS `quota_buckets` of a domain, compiled into a tree of their own.
-//! - `rules/lists.rs`: a domain's deny and allow `lists` of descriptor values (exact, wildcards, CIDR ranges).
 //! - `rules/summary.rs`: the text of [`RuleSet::summary`] for `sluice check` and logs.
 //!
-//! This file owns [`RuleSet`] itself and re-exports every public item, so `sluice_core::rules::X` stays the one path
-//! to name it.
+//! This file owns [`RuleSet`] itself, and [`Domains`] (how files of one domain combine), and re-exports every
+//! public item, so `sluice_core::rules::X` stays the one path to name it.
 
 mod buckets;
 mod compile;
 mod lists;
+mod pattern;
 mod summary;
 mod tree;
 mod vocabulary;
 
 use std::collections::HashMap;
 
-pub use compile::Domains;
-pub use lists::{
-    DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value, list_lines,
-};
+pub use lists::{DEFAULT_REFRESH, List, ListAction, ListSource, Lists, LiveList, LiveLists, Matcher, check_value};
 pub use tree::{Domain, Match, Rule};
 pub use vocabulary::{
     Algorithm, BucketSettings, FailurePolicy, InitialAssignment, Limit, MAX_BUCKETS, MAX_LOG_LIMIT, MAX_RECORDS,
@@ -61,6 +60,17 @@ impl RuleSet {
     pub fn digest(&self) -> u64 {
         self.digest
     }
+}
+
+/// What two files of one domain mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Domains {
+    /// Each domain is defined by one file; a second file of the domain is an error naming both.
+    #[default]
+    OnePerFile,
+    /// Files of one domain merge (the reference's `MERGE_DOMAIN_CONFIG`): their top-level descriptors and quota
+    /// buckets join one tree, and a top-level descriptor defined in two files is an error naming both.
+    Merged,
 }
 
 #[cfg(test)]

@@ -251,7 +251,13 @@ async fn start<S: Store>(
     // Shipping stops when this returns.
     let _shipping = replicator.map(|replicator| {
         limiter.join_regions(replicator.shared());
-        AbortOnDrop(tokio::spawn(Arc::new(replicator).run(limiter.clone())))
+        let limiter = limiter.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            let replicator = Arc::new(replicator);
+            replicator
+                .run(limiter.store(), limiter.clock(), limiter.metrics())
+                .await
+        }))
     });
     if !limiter.fetched_lists().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;

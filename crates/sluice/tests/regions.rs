@@ -85,7 +85,14 @@ impl World {
                     others,
                 );
                 limiter.join_regions(replicator.shared());
-                let shipping = tokio::spawn(Arc::new(replicator).run(limiter.clone()));
+                let shipping = tokio::spawn({
+                    let (replicator, limiter) = (Arc::new(replicator), limiter.clone());
+                    async move {
+                        replicator
+                            .run(limiter.store(), limiter.clock(), limiter.metrics())
+                            .await
+                    }
+                });
                 instances.push(Instance {
                     server: TestServer::start(limiter).await,
                     region,

@@ -10,10 +10,12 @@
 //! (`price: {input_tokens: 3, output_tokens: 12}`): several limits of one descriptor, each counting its own cost,
 //! are still decided together.
 
+use std::sync::Arc;
+
 use super::request::{Descriptor, Request, cost as request_cost, validate};
 use super::resolve::{Target, resolve};
 use super::{Code, Decision, LimitError, Limiter};
-use crate::store::{Hit, Settled, Settlement, Store};
+use crate::store::{Hit, Settled, Settlement, Store, StoreError};
 
 /// The costs of a cost-budget call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -246,7 +248,7 @@ impl<S: Store> Limiter<S> {
         let how = How::Report(costs);
         let mut settlements = Vec::new();
         let mut index = Vec::new();
-        let mut labels = Vec::new();
+        let mut labels: Vec<SettleLabel> = Vec::new();
         for (i, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
                 let cost = how.cost(request, descriptor);
@@ -283,10 +285,23 @@ impl<S: Store> Limiter<S> {
                 .collect();
             self.guard.freed(freed).await;
         }
+        self.tally_settled(request, (&index, &labels), answers, reap)
+    }
+
+    /// Each descriptor's settlement, summed over its limits, from the store's `answers` (one per settled descriptor,
+    /// at `index` in the request, its rule's metric label and limit names in `labels`), counted in the cost metrics;
+    /// `None` when the store knew none of them.
+    fn tally_settled(
+        &self,
+        request: &Request,
+        (index, labels): (&[usize], &[SettleLabel]),
+        answers: Vec<Result<Settled, StoreError>>,
+        reap: bool,
+    ) -> Result<Option<Vec<SettledDescriptor>>, LimitError> {
         let mut out = vec![SettledDescriptor::default(); request.descriptors.len()];
         let mut found = false;
         let domain = request.domain.as_str();
-        for ((&i, answer), label) in index.iter().zip(answers).zip(&labels) {
+        for ((&i, answer), label) in index.iter().zip(answers).zip(labels) {
             match answer? {
                 Settled::Unknown => {}
                 Settled::Done { tiers, .. } => {
@@ -315,6 +330,10 @@ impl<S: Store> Limiter<S> {
         Ok(found.then_some(out))
     }
 }
+
+/// A settled descriptor's rule in the cost metrics: its label, and the name of each of its limits (its index when
+/// unnamed); `None` for limits the request carried (an override).
+type SettleLabel = Option<(Arc<str>, Vec<String>)>;
 
 /// How long after a reservation's expiry it is reaped: its record then is certainly expired by the store's clock too
 /// (a record expires on a whole millisecond).

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
+use super::global::Regions;
 use crate::breaker::Breakers;
 use crate::cache::{Denial, LocalCache};
 use crate::metrics::Metrics;
@@ -35,7 +36,7 @@ pub struct Guard<S> {
     metrics: Metrics,
     /// Set when this instance is one region of several: the windows of global limits its hits count in are noted
     /// there, to be shipped.
-    regions: OnceLock<Arc<crate::regions::Shared>>,
+    regions: OnceLock<Arc<Regions>>,
 }
 
 impl<S: Store> Guard<S> {
@@ -56,12 +57,12 @@ impl<S: Store> Guard<S> {
     }
 
     /// Makes this instance one region of several (once; a second call changes nothing).
-    pub fn join_regions(&self, shared: Arc<crate::regions::Shared>) {
+    pub fn join_regions(&self, shared: Arc<Regions>) {
         let _ = self.regions.set(shared);
     }
 
     /// The regions this instance is one of, if any.
-    pub fn regions(&self) -> Option<&Arc<crate::regions::Shared>> {
+    pub fn regions(&self) -> Option<&Arc<Regions>> {
         self.regions.get()
     }
 

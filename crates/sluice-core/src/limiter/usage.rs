@@ -7,9 +7,10 @@
 //! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
 //! bucket's ledger in the same store ([`Grants::grant`](crate::store::Grants::grant)), so that every instance shares out the same quota.
 
+use super::hits::identity_of;
 use super::{LimitError, Limiter};
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
-use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Store, StoreError, TierSpec};
+use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Outcome, Store, StoreError, TierSpec};
 
 /// One bucket's report: its id (entries sorted by key, no two keys equal) and the requests since the last one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,20 +71,7 @@ impl<S: Store> Limiter<S> {
                 Some((found.rule, self.bucket_identity(domain?, usage, &found.shared)))
             })
             .collect();
-        let mut hits = Vec::new();
-        for (usage, found) in usages.iter().zip(&matched) {
-            let Some((rule, id)) = found else { continue };
-            if rule.tiers.is_empty() {
-                continue;
-            }
-            let tiers = rule.tiers.iter().map(|t| quota_tier(id, t)).collect();
-            hits.push(Hit {
-                tiers,
-                cost: usage.allowed,
-                force: true,
-                ..Hit::default()
-            });
-        }
+        let hits = quota_hits(usages, &matched);
         let mut answers = if hits.is_empty() {
             Vec::new()
         } else {
@@ -91,14 +79,12 @@ impl<S: Store> Limiter<S> {
         }
         .into_iter();
 
-        let ratio = self.metrics.near_limit_ratio();
         let mut out = Vec::with_capacity(usages.len());
         for (usage, found) in usages.iter().zip(&matched) {
             let Some((rule, id)) = found else {
                 out.push(Ok(Charged::NoRule));
                 continue;
             };
-            let settings = rule.bucket.as_deref().copied().unwrap_or_default();
             if rule.tiers.is_empty() {
                 out.push(Ok(Charged::Unlimited));
                 continue;
@@ -114,48 +100,50 @@ impl<S: Store> Limiter<S> {
                     continue;
                 }
             };
-            if usage.allowed > 0 {
-                let (used, limit) = quota
-                    .tiers
-                    .iter()
-                    .zip(rule.tiers.iter())
-                    .map(|(t, spec)| (t.used, spec.limit.capacity()))
-                    .max_by_key(|(used, limit)| used.saturating_mul(1000) / u64::from((*limit).max(1)))
-                    .unwrap_or((0, 0));
-                rule.stats(&self.metrics, domain_name).record(
-                    usage.allowed,
-                    limit,
-                    used,
-                    true,
-                    rule.shadow_mode,
-                    ratio,
-                );
-            }
-            if usage.denied > 0 {
-                rule.stats(&self.metrics, domain_name)
-                    .record(usage.denied, 0, 0, false, false, ratio);
-            }
-            let tiers = quota
-                .tiers
-                .iter()
-                .zip(rule.tiers.iter())
-                .map(|(t, spec)| TierState {
-                    algorithm: spec.limit.algorithm,
-                    limit: u64::from(spec.limit.requests),
-                    window_us: spec.limit.window_us(),
-                    remaining: t.remaining,
-                    retry_after_us: 0,
-                })
-                .collect();
-            out.push(Ok(Charged::Limited(QuotaState {
-                settings,
-                shadow: rule.shadow_mode,
-                tiers,
-                ledger: id.grants(),
-            })));
+            let state = self.charged(domain_name, usage, (rule, id), &quota);
+            out.push(Ok(Charged::Limited(state)));
         }
         self.retry_times(now_us, &hits, &mut out).await;
         Ok(out)
+    }
+
+    /// A limited bucket's quota after its usage was charged (`quota`: what the store answered), the usage counted in
+    /// its rule's metrics.
+    fn charged(&self, domain: &str, usage: &Usage, (rule, id): (&Rule, &Identity), quota: &Outcome) -> QuotaState {
+        let ratio = self.metrics.near_limit_ratio();
+        if usage.allowed > 0 {
+            let (used, limit) = quota
+                .tiers
+                .iter()
+                .zip(rule.tiers.iter())
+                .map(|(t, spec)| (t.used, spec.limit.capacity()))
+                .max_by_key(|(used, limit)| used.saturating_mul(1000) / u64::from((*limit).max(1)))
+                .unwrap_or((0, 0));
+            rule.stats(&self.metrics, domain)
+                .record(usage.allowed, limit, used, true, rule.shadow_mode, ratio);
+        }
+        if usage.denied > 0 {
+            rule.stats(&self.metrics, domain)
+                .record(usage.denied, 0, 0, false, false, ratio);
+        }
+        let tiers = quota
+            .tiers
+            .iter()
+            .zip(rule.tiers.iter())
+            .map(|(t, spec)| TierState {
+                algorithm: spec.limit.algorithm,
+                limit: u64::from(spec.limit.requests),
+                window_us: spec.limit.window_us(),
+                remaining: t.remaining,
+                retry_after_us: 0,
+            })
+            .collect();
+        QuotaState {
+            settings: rule.bucket.as_deref().copied().unwrap_or_default(),
+            shadow: rule.shadow_mode,
+            tiers,
+            ledger: id.grants(),
+        }
     }
 
     /// For each bucket with nothing left, when one more request would fit (one more read, only for those).
@@ -257,7 +245,7 @@ impl<S: Store> Limiter<S> {
 
     fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
         let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name);
-        super::identity_of(key, &usage.bucket, shared)
+        identity_of(key, &usage.bucket, shared)
     }
 }
 
@@ -270,6 +258,26 @@ pub struct Claim<'a> {
     pub held: u64,
     pub want: u64,
     pub ttl_us: u64,
+}
+
+/// The store's hits of the limited buckets among `matched`: each usage's allowed requests, counted whatever the
+/// limits say (they were served).
+fn quota_hits(usages: &[Usage], matched: &[Option<(&Rule, Identity)>]) -> Vec<Hit> {
+    let mut hits = Vec::new();
+    for (usage, found) in usages.iter().zip(matched) {
+        let Some((rule, id)) = found else { continue };
+        if rule.tiers.is_empty() {
+            continue;
+        }
+        let tiers = rule.tiers.iter().map(|t| quota_tier(id, t)).collect();
+        hits.push(Hit {
+            tiers,
+            cost: usage.allowed,
+            force: true,
+            ..Hit::default()
+        });
+    }
+    hits
 }
 
 /// A quota rule's limit as the store counts it.

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use crate::config::{ConfigError, RawDescriptor, RawQuotaBucket};
 
 use super::compile::Compiler;
-use super::tree::{Node, Pattern};
+use super::pattern::Pattern;
+use super::tree::{Node, Rule};
 use super::vocabulary::{Algorithm, BucketSettings, InitialAssignment};
 
 /// The longest assignment TTL a rule may ask for: a day.
@@ -44,80 +45,9 @@ impl Compiler<'_> {
                 }))
                 .collect::<Vec<_>>()
                 .join(".");
-            let limits = RawDescriptor {
-                key: Box::default(),
-                value: None,
-                rate_limit: raw.rate_limit.clone().map(Box::new),
-                rate_limits: raw.rate_limits.clone(),
-                descriptors: Vec::new(),
-                shadow_mode: raw.shadow_mode,
-                detailed_metric: false,
-                value_to_metric: false,
-                share_threshold: false,
-                quota_mode: false,
-                cost_reports: false,
-                metadata: None,
-            };
-            let Some(mut rule) = self.rule(&limits, &here, &Arc::from(label.as_str()), false)? else {
-                return Err(self.err(&here, "a quota bucket needs rate_limit or rate_limits"));
-            };
-            if rule.record.is_some() {
-                return Err(self.err(&here, "a quota bucket cannot keep records"));
-            }
-            for (j, tier) in rule.tiers.iter().enumerate() {
-                let counting = matches!(
-                    tier.limit.algorithm,
-                    Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket
-                );
-                if !counting {
-                    let limit = if raw.rate_limits.is_some() {
-                        format!("rate_limits[{j}]")
-                    } else {
-                        "rate_limit".to_string()
-                    };
-                    return Err(self.err(
-                        &at(&format!("{limit}.algorithm")),
-                        format!(
-                            "'{}' cannot share a quota among Envoys (use fixed_window, sliding_window or token_bucket)",
-                            tier.limit.algorithm.name()
-                        ),
-                    ));
-                }
-            }
+            let mut rule = self.bucket_rule(raw, &here, &label)?;
             rule.bucket = Some(Box::new(settings));
-
-            let mut node = &mut *root;
-            for (key, value) in &raw.bucket {
-                let branches = node.branches_mut(key.as_str().into());
-                let fresh = |segment: String, shared: Option<&str>| Node {
-                    shared_value: shared.map(Arc::from),
-                    ..Node::new(None, &segment)
-                };
-                node = match value.as_deref() {
-                    None | Some("") => branches.any.get_or_insert_with(|| Box::new(fresh(key.clone(), None))),
-                    Some(v) if v.contains('*') => {
-                        let shared = raw.share_threshold.then_some(v);
-                        let segment = format!("{key}_{v}");
-                        match branches.wildcards.iter().position(|(_, n)| n.segment() == segment) {
-                            Some(p) if branches.wildcards[p].1.shared_value.as_deref() != shared => {
-                                return Err(self.err(
-                                    &at("share_threshold"),
-                                    format!("'{key}: {v}' is shared in one quota bucket and not in another"),
-                                ));
-                            }
-                            Some(p) => &mut branches.wildcards[p].1,
-                            None => {
-                                branches.wildcards.push((Pattern::new(v), fresh(segment, shared)));
-                                &mut branches.wildcards.last_mut().expect("just pushed").1
-                            }
-                        }
-                    }
-                    Some(v) => match branches.exact.entry(v.into()) {
-                        MapEntry::Occupied(slot) => slot.into_mut(),
-                        MapEntry::Vacant(slot) => slot.insert(fresh(format!("{key}_{v}"), None)),
-                    },
-                };
-            }
+            let node = self.bucket_node(root, raw, &here)?;
             if node.rule.is_some() {
                 return Err(self.err(
                     &at("bucket"),
@@ -128,6 +58,95 @@ impl Compiler<'_> {
             self.rules += 1;
         }
         Ok(())
+    }
+
+    /// The rule of the quota bucket `raw` at `here` (metric label `label`): its limits, each of an algorithm that
+    /// can share a quota among Envoys, keeping no records.
+    fn bucket_rule(&self, raw: &RawQuotaBucket, here: &str, label: &str) -> Result<Rule, ConfigError> {
+        let limits = RawDescriptor {
+            key: Box::default(),
+            value: None,
+            rate_limit: raw.rate_limit.clone().map(Box::new),
+            rate_limits: raw.rate_limits.clone(),
+            descriptors: Vec::new(),
+            shadow_mode: raw.shadow_mode,
+            detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: false,
+            quota_mode: false,
+            cost_reports: false,
+            metadata: None,
+        };
+        let Some(rule) = self.rule(&limits, here, &Arc::from(label), false)? else {
+            return Err(self.err(here, "a quota bucket needs rate_limit or rate_limits"));
+        };
+        if rule.record.is_some() {
+            return Err(self.err(here, "a quota bucket cannot keep records"));
+        }
+        for (j, tier) in rule.tiers.iter().enumerate() {
+            let counting = matches!(
+                tier.limit.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket
+            );
+            if !counting {
+                let limit = if raw.rate_limits.is_some() {
+                    format!("rate_limits[{j}]")
+                } else {
+                    "rate_limit".to_string()
+                };
+                return Err(self.err(
+                    &format!("{here}.{limit}.algorithm"),
+                    format!(
+                        "'{}' cannot share a quota among Envoys (use fixed_window, sliding_window or token_bucket)",
+                        tier.limit.algorithm.name()
+                    ),
+                ));
+            }
+        }
+        Ok(rule)
+    }
+
+    /// The node of the quota bucket `raw` at `here`, one level per entry in key order under `root`, made where it
+    /// is missing. A wildcard level is shared (`share_threshold`) in every bucket or in none.
+    fn bucket_node<'n>(
+        &self,
+        root: &'n mut Node,
+        raw: &RawQuotaBucket,
+        here: &str,
+    ) -> Result<&'n mut Node, ConfigError> {
+        let mut node = root;
+        for (key, value) in &raw.bucket {
+            let branches = node.branches_mut(key.as_str().into());
+            let fresh = |segment: String, shared: Option<&str>| Node {
+                shared_value: shared.map(Arc::from),
+                ..Node::new(None, &segment)
+            };
+            node = match value.as_deref() {
+                None | Some("") => branches.any.get_or_insert_with(|| Box::new(fresh(key.clone(), None))),
+                Some(v) if v.contains('*') => {
+                    let shared = raw.share_threshold.then_some(v);
+                    let segment = format!("{key}_{v}");
+                    match branches.wildcards.iter().position(|(_, n)| n.segment() == segment) {
+                        Some(p) if branches.wildcards[p].1.shared_value.as_deref() != shared => {
+                            return Err(self.err(
+                                &format!("{here}.share_threshold"),
+                                format!("'{key}: {v}' is shared in one quota bucket and not in another"),
+                            ));
+                        }
+                        Some(p) => &mut branches.wildcards[p].1,
+                        None => {
+                            branches.wildcards.push((Pattern::new(v), fresh(segment, shared)));
+                            &mut branches.wildcards.last_mut().expect("just pushed").1
+                        }
+                    }
+                }
+                Some(v) => match branches.exact.entry(v.into()) {
+                    MapEntry::Occupied(slot) => slot.into_mut(),
+                    MapEntry::Vacant(slot) => slot.insert(fresh(format!("{key}_{v}"), None)),
+                },
+            };
+        }
+        Ok(node)
     }
 
     fn bucket_settings(&self, raw: &RawQuotaBucket, here: &str) -> Result<BucketSettings, ConfigError> {

@@ -9,9 +9,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::compile::Compiler;
-use super::tree::Pattern;
-use crate::config::{ConfigError, RawList};
+use super::pattern::Pattern;
+use crate::config::{RawList, list_lines};
 
 /// What a list does to a request one of whose descriptors it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,14 +152,6 @@ impl Matcher {
     }
 }
 
-/// The values of a list's text with their line numbers: one per line, `#` starting a comment, blanks skipped.
-pub fn list_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines().enumerate().filter_map(|(n, line)| {
-        let value = line.split('#').next().unwrap_or("").trim();
-        (!value.is_empty()).then_some((n + 1, value))
-    })
-}
-
 /// Whether `value` can be a list entry: the error says why not.
 pub fn check_value(value: &str) -> Result<(), String> {
     Entries::default().add(value)
@@ -272,67 +263,70 @@ impl Lists {
     }
 }
 
-impl Compiler<'_> {
-    /// Compiles the domain's `lists`; `keys` are the descriptor keys its rules use (a list of another key could
-    /// never apply).
-    pub(super) fn lists(&self, raw: &[RawList], keys: &HashSet<String>, lists: &mut Lists) -> Result<(), ConfigError> {
-        let mut names: HashSet<String> = lists.iter().map(|l| l.name.to_string()).collect();
+impl Lists {
+    /// Compiles the `lists` of the domain `domain` into these; `keys` are the descriptor keys its rules use (a list
+    /// of another key could never apply). An error is the path of the offending key and what is wrong with it.
+    pub(super) fn compile(
+        &mut self,
+        raw: &[RawList],
+        keys: &HashSet<String>,
+        domain: &str,
+    ) -> Result<(), (String, String)> {
+        let mut names: HashSet<String> = self.iter().map(|l| l.name.to_string()).collect();
         for (i, r) in raw.iter().enumerate() {
-            let at = format!("lists[{i}]");
+            let at = |field: &str| format!("lists[{i}].{field}");
             if r.name.is_empty() {
-                return Err(self.err(&format!("{at}.name"), "a list needs a name"));
+                return Err((at("name"), "a list needs a name".into()));
             }
             if !names.insert(r.name.clone()) {
-                return Err(self.err(&format!("{at}.name"), format!("duplicate list name '{}'", r.name)));
+                return Err((at("name"), format!("duplicate list name '{}'", r.name)));
             }
             if r.key.is_empty() {
-                return Err(self.err(
-                    &format!("{at}.key"),
-                    "a list needs the descriptor key whose values it holds",
+                return Err((
+                    at("key"),
+                    "a list needs the descriptor key whose values it holds".into(),
                 ));
             }
             if !keys.contains(&r.key) {
-                return Err(self.err(
-                    &format!("{at}.key"),
-                    format!("'{}' is not a descriptor key of domain '{}'", r.key, self.domain),
+                return Err((
+                    at("key"),
+                    format!("'{}' is not a descriptor key of domain '{domain}'", r.key),
                 ));
             }
             let action = match r.action.as_deref() {
                 None | Some("deny") => ListAction::Deny,
                 Some("allow") => ListAction::Allow,
                 Some(other) => {
-                    return Err(self.err(
-                        &format!("{at}.action"),
+                    return Err((
+                        at("action"),
                         format!("unknown action '{other}' (expected deny or allow)"),
                     ));
                 }
             };
             let mut list = Entries::default();
             for (j, v) in r.values.iter().enumerate() {
-                list.add(v).map_err(|m| self.err(&format!("{at}.values[{j}]"), m))?;
+                list.add(v).map_err(|m| (at(&format!("values[{j}]")), m))?;
             }
             let file = r.file.as_deref().unwrap_or_default();
             for (line, v) in &r.file_values {
                 list.add(v)
-                    .map_err(|m| self.err(&format!("{at}.file"), format!("'{file}' line {line}: {m}")))?;
+                    .map_err(|m| (at("file"), format!("'{file}' line {line}: {m}")))?;
             }
             let source = match &r.url {
                 None if r.refresh_seconds.is_some() => {
-                    return Err(self.err(&format!("{at}.refresh_seconds"), "only a list with a url is refreshed"));
+                    return Err((at("refresh_seconds"), "only a list with a url is refreshed".into()));
                 }
                 None => None,
                 Some(url) => Some(ListSource {
-                    url: check_url(url).map_err(|m| self.err(&format!("{at}.url"), m))?,
+                    url: check_url(url).map_err(|m| (at("url"), m))?,
                     refresh: match r.refresh_seconds {
                         None => DEFAULT_REFRESH,
-                        Some(0) => {
-                            return Err(self.err(&format!("{at}.refresh_seconds"), "must be at least 1"));
-                        }
+                        Some(0) => return Err((at("refresh_seconds"), "must be at least 1".into())),
                         Some(s) => Duration::from_secs(s),
                     },
                 }),
             };
-            lists.by_key.entry(r.key.as_str().into()).or_default().push(List {
+            self.by_key.entry(r.key.as_str().into()).or_default().push(List {
                 name: Arc::from(r.name.as_str()),
                 action,
                 key: Arc::from(r.key.as_str()),

@@ -1,0 +1,75 @@
+//! The read-only report of a request's limits ([`Limiter::get_remaining`]): what is left of each descriptor's most
+//! constrained limit, and when a hit of a given cost would pass, from one peek of the store.
+
+use super::Limiter;
+use super::decision::{AppliedLimit, LimitError, Report};
+use super::request::{Request, validate};
+use super::resolve::{Target, resolve};
+use crate::store::{Hit, Outcome, Store, StoreError};
+
+impl<S: Store> Limiter<S> {
+    /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
+    /// every limit. Read-only.
+    pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
+        let now_us = self.clock.now_us();
+        let rules = self.rules.load();
+        let domain = rules.domain(&request.domain);
+        let stats = self.domain_stats(domain);
+        let targets = resolve(domain, request);
+        let hits: Vec<Hit> = request
+            .descriptors
+            .iter()
+            .zip(&targets)
+            .filter_map(|(descriptor, target)| match target {
+                Target::Limited { tiers, rule, shared } => {
+                    let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
+                    Some(self.hit(request, descriptor, (tiers, *rule, shared), cost.min(capacity + 1), &[]))
+                }
+                _ => None,
+            })
+            .collect();
+        let outcomes: Result<Vec<Outcome>, StoreError> = if hits.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.guard.call("peek", now_us, &hits).await.into_iter().collect()
+        };
+        let mut outcomes = outcomes
+            .inspect_err(|_| stats.remaining_unavailable.increment(1))?
+            .into_iter();
+        stats.remaining_ok.increment(1);
+        targets
+            .into_iter()
+            .map(|target| {
+                Ok(match target {
+                    // GetRemaining reports the limits; lists decide only hits.
+                    Target::NoRule | Target::Listed(_) => Report::NoRule,
+                    Target::Unlimited(_) => Report::Unlimited,
+                    Target::Limited { tiers, .. } => {
+                        let outcome = outcomes.next().ok_or_else(|| {
+                            LimitError::Store(StoreError::Other("store returned too few states".into()))
+                        })?;
+                        let (i, tier) = outcome
+                            .tiers
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, t)| (t.remaining, std::cmp::Reverse(t.reset_after_us)))
+                            .ok_or_else(|| LimitError::Store(StoreError::Other("no tier state".into())))?;
+                        let never = outcome.tiers.iter().any(|t| t.retry_after_us.is_none());
+                        Report::Limited {
+                            limit: AppliedLimit::from(&tiers[i]),
+                            remaining: tier.remaining,
+                            reset_after_us: tier.reset_after_us,
+                            retry_after_us: if never {
+                                None
+                            } else {
+                                outcome.tiers.iter().filter_map(|t| t.retry_after_us).max()
+                            },
+                            records: outcome.records,
+                        }
+                    }
+                })
+            })
+            .collect()
+    }
+}

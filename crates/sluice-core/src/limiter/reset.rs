@@ -1,0 +1,103 @@
+//! Ending leases and deleting state: [`Limiter::release`] ends a lease in the `concurrency` limits a request maps
+//! to, [`Limiter::reset`] deletes the counters (and hit records) of exactly the limits it maps to.
+
+use super::Limiter;
+use super::decision::{LimitError, QueuedWork, ResetReport};
+use super::hits::tier_key;
+use super::request::{Request, validate};
+use super::resolve::{Target, resolve};
+use super::settings::Cap;
+use crate::rules::{Algorithm, Tier};
+use crate::store::{CounterKey, Store, StreamReset};
+
+impl<S: Store> Limiter<S> {
+    /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.
+    pub async fn release(&self, request: &Request, lease: &str) -> Result<u64, LimitError> {
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("release"))?;
+        if lease.is_empty() {
+            self.metrics.invalid_request("release");
+            return Err(LimitError::InvalidArgument("lease_id is empty".into()));
+        }
+        if lease.len() > self.settings.caps.max_value_bytes {
+            self.metrics.invalid_request("release");
+            return Err(LimitError::OverCap {
+                cap: Cap::ValueBytes,
+                message: format!(
+                    "lease_id is {} bytes, over the cap of {}",
+                    lease.len(),
+                    self.settings.caps.max_value_bytes
+                ),
+            });
+        }
+        let keys = self.keys(request, |t| t.limit.algorithm == Algorithm::Concurrency, false);
+        Ok(self.guard.store().release(&keys, lease).await?)
+    }
+
+    /// Deletes the state of exactly the limits (and hit records) the request's descriptors map to. A `queue`
+    /// limit's stream that still holds entries is work waiting for a worker: it is kept, and named in the report,
+    /// unless `queued` says to drop it.
+    pub async fn reset(&self, request: &Request, queued: QueuedWork) -> Result<ResetReport, LimitError> {
+        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("reset"))?;
+        let keep_streams = queued == QueuedWork::Keep;
+        let is_stream = |t: &Tier| keep_streams && t.limit.algorithm == Algorithm::Queue;
+        let keys = self.keys(request, |t| !is_stream(t), true);
+        let streams = self.keys(request, is_stream, false);
+        let deleted = self.guard.store().reset(&keys).await;
+        // Freed once the counters are gone (or may be, when the call failed): a denial decided before is dropped,
+        // and one decided across the reset is never stored (freeing moves the cache's generation on).
+        self.guard
+            .freed(keys.iter().chain(&streams).map(|k| String::from(k.clone())).collect())
+            .await;
+        let deleted = deleted?;
+        let streams = if streams.is_empty() {
+            StreamReset::default()
+        } else {
+            self.guard
+                .store()
+                .reset_idle_streams(self.clock.now_us(), &streams)
+                .await?
+        };
+        Ok(ResetReport {
+            deleted: deleted + streams.deleted,
+            kept_streams: streams.kept.iter().map(|k| k.as_str().to_string()).collect(),
+        })
+    }
+
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed or sliding
+    /// window's counter in Redis is a key per window ([`CounterKey::window`]): the keys of this window and the next
+    /// (the store may decide by its own clock, a little ahead of this one), and a sliding window's previous one, come
+    /// with it, as does the counter's own key, which the memory store and the previous form of the Redis counter use.
+    fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
+        let rules = self.rules.load();
+        let targets = resolve(rules.domain(&request.domain), request);
+        let now_us = self.clock.now_us();
+        let mut keys = Vec::new();
+        for (descriptor, target) in request.descriptors.iter().zip(&targets) {
+            if let Target::Limited { tiers, rule, shared } = target {
+                let id = self.identity(&request.domain, descriptor, shared);
+                for tier in tiers.iter().filter(|t| select(t)) {
+                    let key = tier_key(&id, tier);
+                    let window = tier.limit.window_us();
+                    if window > 0 {
+                        let start = now_us - now_us % window;
+                        // The next window too: the store's clock may already be in it. A sliding window reads the
+                        // previous one's count as well; a fixed window never reads it again.
+                        let windows: &[u64] = match tier.limit.algorithm {
+                            Algorithm::FixedWindow => &[start, start.saturating_add(window)],
+                            Algorithm::SlidingWindow => {
+                                &[start.saturating_sub(window), start, start.saturating_add(window)]
+                            }
+                            _ => &[],
+                        };
+                        keys.extend(windows.iter().map(|&s| key.window(s)));
+                    }
+                    keys.push(key);
+                }
+                if records && rule.is_some_and(|r| r.record.is_some()) {
+                    keys.push(id.records());
+                }
+            }
+        }
+        keys
+    }
+}

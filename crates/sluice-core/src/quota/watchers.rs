@@ -1,0 +1,83 @@
+//! Which streams of this instance watch which ledger (a bucket's quota), and the task that hands them the store's
+//! notices: a stream told that a ledger changed sizes its grant of that bucket again on its next tick.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use super::stream::Inbox;
+use super::{Quotas, lock};
+use crate::store::{Notice, Store};
+
+impl<S: Store> Quotas<S> {
+    /// Starts, once and inside a runtime, the task that hands the store's notices to the streams that watch the
+    /// ledgers they name.
+    pub(super) fn listen(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() || self.listening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut notices = self.limiter.store().notices();
+        let quotas = Arc::downgrade(self);
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let notice = notices.recv().await;
+                let Some(quotas) = quotas.upgrade() else { return };
+                match notice {
+                    Ok(Notice::Quota(ledgers)) => {
+                        for ledger in &ledgers {
+                            quotas.notify(ledger, None);
+                        }
+                    }
+                    Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => quotas.notify_all(),
+                    Ok(Notice::Freed(_) | Notice::Lists(_)) => {}
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
+    /// Notes that the stream of `inbox` reports the ledger.
+    pub(super) fn watch(&self, ledger: &str, inbox: &Arc<Inbox>) {
+        lock(&self.watchers)
+            .entry(ledger.to_string())
+            .or_default()
+            .push(Arc::downgrade(inbox));
+        self.watched.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends one stream's watch of a ledger (each stream removes only its own, so the count stays exact).
+    pub(super) fn unwatch(&self, ledger: &str, inbox: &Arc<Inbox>) {
+        let mut watchers = lock(&self.watchers);
+        if let Some(list) = watchers.get_mut(ledger) {
+            let before = list.len();
+            list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inbox)));
+            self.watched.fetch_sub(before - list.len(), Ordering::Relaxed);
+            if list.is_empty() {
+                watchers.remove(ledger);
+            }
+        }
+    }
+
+    /// Asks every stream of this instance that watches the ledger, but `except`, to size its grant again.
+    pub(super) fn notify(&self, ledger: &str, except: Option<&Arc<Inbox>>) {
+        let watchers = lock(&self.watchers);
+        let Some(list) = watchers.get(ledger) else {
+            return;
+        };
+        for other in list.iter().filter_map(Weak::upgrade) {
+            if except.is_none_or(|e| !Arc::ptr_eq(&other, e)) {
+                lock(&other.dirty).ledgers.insert(ledger.to_string());
+                other.wake.notify_one();
+            }
+        }
+    }
+
+    /// Asks every stream of this instance to size all its grants again (notices may have been missed).
+    fn notify_all(&self) {
+        let watchers = lock(&self.watchers);
+        for inbox in watchers.values().flatten().filter_map(Weak::upgrade) {
+            lock(&inbox.dirty).all = true;
+            inbox.wake.notify_one();
+        }
+    }
+}
