@@ -136,6 +136,8 @@ pub struct RawRateLimit {
     pub unit_multiplier: Option<u32>,
     /// sluice extension: bucket capacity of `token_bucket` and `leaky_bucket`.
     pub burst: Option<u32>,
+    /// sluice extension: how many sub-windows a `bucketed_window` splits its window into.
+    pub buckets: Option<u32>,
     /// sluice extension: keep the last values of a request entry that hit this limit.
     pub record: Option<Box<RawRecord>>,
     /// sluice extension: the named cost this limit counts (e.g. `input_tokens`), instead of the request's cost.

@@ -5,6 +5,7 @@
 mod harness;
 
 mod algorithms;
+mod bucketed;
 mod budget;
 mod cache;
 mod cluster;

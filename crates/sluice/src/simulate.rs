@@ -43,8 +43,8 @@ struct Candidate {
     own: bool,
 }
 
-/// The candidates: the rule's own algorithm, then each named one (`NAME` or, for the buckets, `NAME:BURST`), once,
-/// each checked before anything runs.
+/// The candidates: the rule's own algorithm, then each named one (`NAME`; for the buckets `NAME:BURST`, for a
+/// bucketed window `bucketed_window:SUB_WINDOWS`), once, each checked before anything runs.
 fn candidates(own: Algorithm, named: &[String]) -> Result<Vec<Candidate>, String> {
     let mut out = vec![Candidate {
         algorithm: own,
@@ -72,9 +72,10 @@ fn candidates(own: Algorithm, named: &[String]) -> Result<Vec<Candidate>, String
                 "--algorithm '{spec}': not simulated (its state is ended by clients: leases released, entries drained); a leaky_bucket with a burst is the same meter"
             ));
         }
-        if burst.is_some() && !algorithm.is_bucket() {
+        if burst.is_some() && !algorithm.is_bucket() && algorithm != Algorithm::BucketedWindow {
             return Err(format!(
-                "--algorithm '{spec}': only token_bucket and leaky_bucket take a burst"
+                "--algorithm '{spec}': only token_bucket and leaky_bucket take a burst (and bucketed_window a number \
+                 of sub-windows)"
             ));
         }
         let candidate = Candidate {

@@ -83,7 +83,7 @@ pub(super) fn identity_of(mut key: KeyBuilder, entries: &[(String, String)], sha
 /// The counter key of one limit of a descriptor.
 pub(super) fn tier_key(id: &Identity, tier: &Tier) -> CounterKey {
     match tier.cost.label() {
-        None => id.tier(tier.limit.algorithm, tier.limit.window_us()),
+        None => id.tier(tier.limit.algorithm, tier.limit.counter_span_us()),
         Some(label) => id.tier_costing(tier.limit.algorithm, tier.limit.window_us(), &label),
     }
 }

@@ -8,7 +8,7 @@ use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
 use super::settings::Cap;
 use crate::rules::{Algorithm, Tier};
-use crate::store::{CounterKey, Store, StreamReset};
+use crate::store::{CounterKey, Store, StreamReset, algorithm};
 
 impl<S: Store> Limiter<S> {
     /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.
@@ -63,10 +63,10 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A fixed or sliding
-    /// window's counter in Redis is a key per window ([`CounterKey::window`]): the keys of this window and the next
-    /// (the store may decide by its own clock, a little ahead of this one), and a sliding window's previous one, come
-    /// with it, as does the counter's own key, which the memory store and the previous form of the Redis counter use.
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A counter kept in
+    /// Redis as a key per window ([`CounterKey::window`]: the fixed, sliding and bucketed windows) comes with the keys
+    /// of every window it may hold now (`algorithm::window_starts`), as does the counter's own key, which the memory
+    /// store and the previous form of the Redis counter use.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);
@@ -77,20 +77,9 @@ impl<S: Store> Limiter<S> {
                 let id = self.identity(&request.domain, descriptor, shared);
                 for tier in tiers.iter().filter(|t| select(t)) {
                     let key = tier_key(&id, tier);
-                    let window = tier.limit.window_us();
-                    if window > 0 {
-                        let start = now_us - now_us % window;
-                        // The next window too: the store's clock may already be in it. A sliding window reads the
-                        // previous one's count as well; a fixed window never reads it again.
-                        let windows: &[u64] = match tier.limit.algorithm {
-                            Algorithm::FixedWindow => &[start, start.saturating_add(window)],
-                            Algorithm::SlidingWindow => {
-                                &[start.saturating_sub(window), start, start.saturating_add(window)]
-                            }
-                            _ => &[],
-                        };
-                        keys.extend(windows.iter().map(|&s| key.window(s)));
-                    }
+                    let (window, burst) = (tier.limit.window_us(), u64::from(tier.limit.burst));
+                    let windows = algorithm::window_starts(tier.limit.algorithm, window, burst, now_us);
+                    keys.extend(windows.map(|s| key.window(s)));
                     keys.push(key);
                 }
                 if records && rule.is_some_and(|r| r.record.is_some()) {

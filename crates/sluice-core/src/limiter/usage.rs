@@ -283,7 +283,7 @@ fn quota_hits(usages: &[Usage], matched: &[Option<(&Rule, Identity)>]) -> Vec<Hi
 /// A quota rule's limit as the store counts it.
 fn quota_tier(id: &Identity, t: &crate::rules::Tier) -> TierSpec {
     TierSpec {
-        key: id.tier(t.limit.algorithm, t.limit.window_us()),
+        key: id.tier(t.limit.algorithm, t.limit.counter_span_us()),
         algorithm: t.limit.algorithm,
         limit: u64::from(t.limit.requests),
         window_us: t.limit.window_us(),

@@ -174,7 +174,8 @@ pub struct Limit {
     pub unit: Unit,
     pub multiplier: u32,
     pub algorithm: Algorithm,
-    /// Bucket capacity (`token_bucket`, `leaky_bucket`); equals `requests` for the other algorithms.
+    /// Bucket capacity (`token_bucket`, `leaky_bucket`); the number of sub-windows of a `bucketed_window`; equals
+    /// `requests` for the other algorithms.
     pub burst: u32,
 }
 
@@ -193,6 +194,15 @@ impl Limit {
     /// The window length in microseconds.
     pub fn window_us(&self) -> u64 {
         self.unit.seconds() * u64::from(self.multiplier) * 1_000_000
+    }
+
+    /// The span its counter is named by: the window, but a `bucketed_window`'s sub-window, so that the limits of one
+    /// descriptor with the same sub-window share their counts.
+    pub fn counter_span_us(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::BucketedWindow => self.window_us() / u64::from(self.burst.max(1)),
+            _ => self.window_us(),
+        }
     }
 
     /// The most hits that can ever pass at once: the bucket for buckets, the limit otherwise.

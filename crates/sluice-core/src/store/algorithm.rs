@@ -237,6 +237,24 @@ pub(crate) fn refund(t: &TierSpec, state: Option<&Counter>, now: u64, at: u64, a
     }
 }
 
+/// The first microseconds of the windows a counter of `algorithm` (over `window_us`, with `burst`) may hold a key
+/// for at `now` in Redis ([`CounterKey::window`](crate::store::CounterKey::window)), so that a reset deletes every
+/// one: the current window and the next (the store may decide by its own clock, a little ahead of this one); a
+/// sliding window's previous one too; a bucketed window's every sub-window its window spans. None for the algorithms
+/// that keep one key.
+pub(crate) fn window_starts(algorithm: Algorithm, window_us: u64, burst: u64, now: u64) -> impl Iterator<Item = u64> {
+    let (span, before) = match algorithm {
+        Algorithm::FixedWindow => (window_us, 0),
+        Algorithm::SlidingWindow => (window_us, 1),
+        Algorithm::BucketedWindow => (window_us / burst.max(1), burst.max(1) - 1),
+        _ => (0, 0),
+    };
+    let start = if span > 0 { now - now % span } else { 0 };
+    let first = start.saturating_sub(before.saturating_mul(span));
+    let count = if span > 0 { before + 2 } else { 0 };
+    (0..count).map(move |i| first.saturating_add(i * span))
+}
+
 /// `ceil_ms` of `lua/prelude.lua`, in microseconds: a TTL rounded up to whole milliseconds, at least one.
 pub(crate) fn ceil_ms_us(us: u64) -> u64 {
     us.div_ceil(1_000).max(1) * 1_000

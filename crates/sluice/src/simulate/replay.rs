@@ -42,8 +42,8 @@ pub struct Run {
 /// The most keys whose windows are measured one by one.
 pub const TRACKED_KEYS: usize = 20;
 
-/// The configuration with every limit of `domain` counted by `algorithm`: a bucket's `burst` is `burst` when given,
-/// the limit's own otherwise; other algorithms have none.
+/// The configuration with every limit of `domain` counted by `algorithm`: a bucket's `burst` (a bucketed window's
+/// `buckets`) is `burst` when given, the limit's own otherwise; other algorithms have none.
 pub fn with_algorithm(files: &[ConfigFile], domain: &str, algorithm: Algorithm, burst: Option<u32>) -> Vec<ConfigFile> {
     fn rewrite(d: &mut RawDescriptor, algorithm: Algorithm, burst: Option<u32>) {
         let limits = d
@@ -55,6 +55,12 @@ pub fn with_algorithm(files: &[ConfigFile], domain: &str, algorithm: Algorithm, 
             rl.algorithm = Some(algorithm.name().into());
             rl.burst = if algorithm.is_bucket() {
                 burst.or(rl.burst)
+            } else {
+                None
+            };
+            // A bucketed window's number after ':' is its sub-windows', the default when it has none.
+            rl.buckets = if algorithm == Algorithm::BucketedWindow {
+                burst.or(rl.buckets)
             } else {
                 None
             };

@@ -471,6 +471,7 @@ fn policy(file: &std::path::Path, p: &RateLimitPolicy, at: &str) -> Result<RawRa
         algorithm: None,
         unit_multiplier: None,
         burst: None,
+        buckets: None,
         record: None,
         cost: None,
         price: None,

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use super::Compiler;
 use crate::config::{ConfigError, RawRateLimit};
-use crate::rules::vocabulary::{Algorithm, Limit, MAX_LOG_LIMIT, MAX_WINDOW_SECONDS, Tier, TierCost, Unit};
+use crate::rules::vocabulary::{
+    Algorithm, Limit, MAX_BUCKETS, MAX_LOG_LIMIT, MAX_WINDOW_SECONDS, Tier, TierCost, Unit,
+};
 
 impl Compiler<'_> {
     /// One limit; `None` for `unlimited: true`.
@@ -46,7 +48,16 @@ impl Compiler<'_> {
             ));
         }
         let requests = rl.requests_per_unit;
-        let burst = self.burst(rl, algorithm, window_s, base)?;
+        let burst = match algorithm {
+            Algorithm::BucketedWindow => self.sub_windows(rl, window_s, base)?,
+            _ => self.burst(rl, algorithm, window_s, base)?,
+        };
+        if rl.buckets.is_some() && algorithm != Algorithm::BucketedWindow {
+            return Err(self.err(
+                &at("buckets"),
+                format!("buckets applies to bucketed_window, not {}", algorithm.name()),
+            ));
+        }
         self.algorithm_fits(rl, algorithm, base)?;
         Ok(Some(Tier {
             limit: Limit {
@@ -76,6 +87,7 @@ impl Compiler<'_> {
             ("algorithm", rl.algorithm.is_some()),
             ("unit_multiplier", rl.unit_multiplier.is_some()),
             ("burst", rl.burst.is_some()),
+            ("buckets", rl.buckets.is_some()),
             ("record", rl.record.is_some()),
             ("cost", rl.cost.is_some()),
             ("price", rl.price.is_some()),
@@ -121,6 +133,33 @@ impl Compiler<'_> {
             }
         }
         Ok(burst)
+    }
+
+    /// The number of sub-windows of a `bucketed_window` over `window_s` seconds (carried as its burst): `buckets`,
+    /// which must split the window into whole seconds, at most [`MAX_BUCKETS`]; by default the most whole-second
+    /// sub-windows up to 60.
+    fn sub_windows(&self, rl: &RawRateLimit, window_s: u64, base: &str) -> Result<u32, ConfigError> {
+        let at = |field: &str| format!("{base}.{field}");
+        if rl.burst.is_some() {
+            return Err(self.err(
+                &at("burst"),
+                "burst applies to token_bucket and leaky_bucket, not bucketed_window",
+            ));
+        }
+        let Some(buckets) = rl.buckets else {
+            let most = (1..=window_s.min(60)).rev().find(|n| window_s % n == 0).unwrap_or(1);
+            return Ok(u32::try_from(most).unwrap_or(1));
+        };
+        if buckets == 0 || buckets > MAX_BUCKETS {
+            return Err(self.err(&at("buckets"), format!("must be between 1 and {MAX_BUCKETS}")));
+        }
+        if window_s % u64::from(buckets) != 0 {
+            return Err(self.err(
+                &at("buckets"),
+                format!("{buckets} sub-windows do not split a window of {window_s} s into whole seconds"),
+            ));
+        }
+        Ok(buckets)
     }
 
     /// Refuses what `algorithm` cannot do: a sliding log of more hits than it may store, and counting across regions
