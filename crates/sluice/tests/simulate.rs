@@ -81,6 +81,33 @@ fn the_example_compares_four_strategies() {
     assert!(out.contains("decisions/s; report in"), "{out}");
 }
 
+/// The bucketed window's sub-windows come after its name; each run holds the window to the limit plus one
+/// sub-window's count (here, ten sub-windows of one second).
+#[test]
+fn a_bucketed_window_is_simulated_with_its_sub_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = EXAMPLE.to_vec();
+    args[5] = "bucketed_window:5,bucketed_window:10";
+    let (code, out) = simulate(&args, dir.path());
+    assert_eq!(code, Some(0), "{out}");
+    let summary = std::fs::read_to_string(dir.path().join("summary.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = summary.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(
+        names,
+        [
+            "fixed_window (the rule's)",
+            "bucketed_window 5 sub-windows",
+            "bucketed_window 10 sub-windows"
+        ]
+    );
+    let worst = |i: usize| -> u64 { rows[i][6].parse().unwrap() };
+    assert!(
+        worst(2) <= worst(1) && worst(1) < worst(0),
+        "finer sub-windows, closer to the limit: {summary}"
+    );
+}
+
 #[test]
 fn mistakes_are_refused_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::replay::{Run, START_US, TICK_US};
 use super::traffic::Traffic;
 use crate::charts::{Series, escape, line_chart};
+use crate::rules::Algorithm;
 
 /// The figures of one run.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +101,8 @@ pub fn label(run: &Run) -> String {
     let mut label = run.algorithm.name().to_string();
     if run.algorithm.is_bucket() {
         label += &format!(" burst {}", run.limit.burst);
+    } else if run.algorithm == Algorithm::BucketedWindow {
+        label += &format!(" {} sub-windows", run.limit.burst);
     }
     if run.own {
         label += " (the rule's)";
