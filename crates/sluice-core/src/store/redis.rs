@@ -80,22 +80,22 @@ macro_rules! decision_script {
     ($($head:literal)?) => {
         concat!(
             $($head,)?
-            include_str!("../lua/prelude.lua"),
-            include_str!("../lua/fixed_window.lua"),
-            include_str!("../lua/sliding_window.lua"),
-            include_str!("../lua/sliding_log.lua"),
-            include_str!("../lua/token_bucket.lua"),
-            include_str!("../lua/concurrency.lua"),
-            include_str!("../lua/queue.lua"),
-            include_str!("../lua/bucketed_window.lua"),
-            include_str!("../lua/global.lua"),
-            include_str!("../lua/compact_fixed_window.lua"),
-            include_str!("../lua/compact_bucket.lua"),
-            include_str!("../lua/compact_sliding_window.lua"),
-            include_str!("../lua/compact_sorted_set.lua"),
-            include_str!("../lua/ledger.lua"),
-            include_str!("../lua/decide.lua"),
-            include_str!("../lua/batch.lua"),
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window.lua"),
+            include_str!("lua/sliding_log.lua"),
+            include_str!("lua/token_bucket.lua"),
+            include_str!("lua/concurrency.lua"),
+            include_str!("lua/queue.lua"),
+            include_str!("lua/bucketed_window.lua"),
+            include_str!("lua/global.lua"),
+            include_str!("lua/compact_fixed_window.lua"),
+            include_str!("lua/compact_bucket.lua"),
+            include_str!("lua/compact_sliding_window.lua"),
+            include_str!("lua/compact_sorted_set.lua"),
+            include_str!("lua/ledger.lua"),
+            include_str!("lua/decide.lua"),
+            include_str!("lua/batch.lua"),
         )
     };
 }
@@ -401,7 +401,7 @@ fn redact(url: &str) -> String {
 }
 
 /// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.
-const RESET_IDLE_STREAM: &str = include_str!("../lua/reset_idle_stream.lua");
+const RESET_IDLE_STREAM: &str = include_str!("lua/reset_idle_stream.lua");
 
 /// Runs [`RESET_IDLE_STREAM`] by EVAL (a rare admin call, not worth a cached SHA) on each stream, each routed to its
 /// own slot, all written before any answer is awaited.

@@ -8,10 +8,10 @@ use super::{RedisStore, integer};
 use crate::store::{CounterKey, RegionCount, RegionCounts, StoreError, WindowRef};
 
 /// The script that takes a region's shipped counts (`lua/merge.lua`).
-const MERGE: &str = include_str!("../../lua/merge.lua");
+const MERGE: &str = include_str!("../lua/merge.lua");
 
 /// The script that reads this region's counts of global windows (`lua/counts.lua`).
-const COUNTS: &str = include_str!("../../lua/counts.lua");
+const COUNTS: &str = include_str!("../lua/counts.lua");
 
 /// The most windows one EVAL of [`MERGE`] or [`COUNTS`] carries.
 const MERGE_BATCH: usize = 512;
