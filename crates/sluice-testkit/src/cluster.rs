@@ -4,8 +4,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::harness::{free_port, info_field, poll_until, redis_cli};
 use crate::redis::{RedisProcess, server_args};
-use crate::{free_port, info_field, poll_until, redis_cli};
 
 /// A Redis Cluster of three primaries with one replica each, on free ports in a temporary directory, with a node
 /// timeout of one second so that a replica takes over quickly. Every node is killed when dropped.

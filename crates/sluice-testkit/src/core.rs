@@ -14,7 +14,7 @@ use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::redis::{RedisSettings, RedisStore};
 use sluice_core::store::{Answers, CounterKey, Outcome, Store, TierSpec};
 
-use crate::T0;
+use crate::harness::T0;
 
 /// One limit of the descriptor `k=<name>` in domain `d`, as the store receives it.
 pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst: u64) -> TierSpec {

@@ -4,11 +4,9 @@
 //! ([`link`]); and the decision core over them ([`core`]). Every process is killed by its PID when its
 //! handle is dropped. Shared by the core's, the service's and the tools' tests.
 
-use std::process::Command;
-use std::time::{Duration, Instant};
-
 pub mod cluster;
 pub mod core;
+pub mod harness;
 pub mod link;
 pub mod redis;
 pub mod sentinel;
@@ -16,98 +14,8 @@ pub mod tls;
 
 pub use cluster::{RedisCluster, keys, node_id, own_slots, reshard};
 pub use core::{decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
+pub use harness::*;
 pub use link::Link;
 pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
 pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};
 pub use tls::{Pem, TestCa, redis_tls_server, write_file};
-
-/// A time far from any window edge of every unit: 2024-01-01T00:00:00Z plus ten seconds.
-pub const T0: u64 = 1_704_067_210_000_000;
-
-/// The password the tests give the documented ACL user.
-pub const ACL_PASSWORD: &str = "s3cret-pw";
-
-/// The rules of the documented least-privilege ACL user, as `ACL SETUSER` (or `redis-server --user`) takes them,
-/// parsed from the `ACL SETUSER sluice ...` line of the docs' storage page (`docs/src/storage.md`) with [`ACL_PASSWORD`] for its `>PASSWORD` and, as the
-/// docs say to do for another `--key-prefix`, `key_prefix` for the `sluice:` of `~sluice:*`.
-pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
-    let readme = include_str!("../../../docs/src/storage.md");
-    let line = readme
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("ACL SETUSER sluice "))
-        .expect("docs/src/storage.md has an `ACL SETUSER sluice ...` line");
-    std::iter::once("sluice")
-        .chain(line.split_whitespace())
-        .map(|rule| match rule {
-            ">PASSWORD" => format!(">{ACL_PASSWORD}"),
-            "~sluice:*" => format!("~{key_prefix}*"),
-            other => other.to_string(),
-        })
-        .collect()
-}
-
-/// A port nobody listens on right now, for a process the test starts to listen on.
-///
-/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where neither outgoing connections nor
-/// listeners on port 0 are given ports: a port taken from inside that range could be handed to one of the test's
-/// own connections before the process it was meant for binds it. Each call in a process tries the next port, from a
-/// start that differs per process.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1));
-    let start = std::process::id().wrapping_mul(7_919);
-    for _ in 0..span {
-        let port = first + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
-            return port as u16;
-        }
-    }
-    panic!("no free port on 127.0.0.1 below {low}")
-}
-
-/// Runs `redis-cli` against a plain port and returns its raw (`--raw`) output.
-pub fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--raw"])
-        .args(args)
-        .output()
-        .expect("redis-cli must be installed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// One field of `INFO` output (`INFO <section>`), e.g. `role` or `master_link_status`.
-pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
-    let prefix = format!("{field}:");
-    redis_cli(port, &["INFO", section])
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
-}
-
-/// How many EVALSHA calls a server has run.
-pub fn evalsha_count(port: u16) -> u64 {
-    redis_cli(port, &["INFO", "commandstats"])
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(['=', ',']).nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Polls `check` every 50 ms until it holds or `limit` passes; says whether it held.
-pub fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}

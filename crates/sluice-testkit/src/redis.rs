@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{ACL_PASSWORD, free_port, poll_until, readme_acl_user};
+use crate::harness::{ACL_PASSWORD, free_port, poll_until, readme_acl_user};
 
 /// A `redis-server` process on a free port, killed when dropped.
 pub struct RedisServer {

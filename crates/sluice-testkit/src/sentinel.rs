@@ -3,8 +3,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use crate::harness::{free_port, poll_until, redis_cli};
 use crate::redis::{RedisProcess, server_args};
-use crate::{free_port, poll_until, redis_cli};
 
 /// One primary with one replica and one Sentinel watching them as `mymaster` (quorum 1, down after 500 ms), on
 /// free ports in a temporary directory. The data servers require the password [`SENTINEL_REDIS_PASSWORD`]; the

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::free_port;
+use crate::harness::free_port;
 use crate::redis::RedisProcess;
 
 /// A certificate and its private key, PEM-encoded.
