@@ -336,7 +336,7 @@ mod tests {
     use crate::store::TierSpec;
     use crate::store::algorithm::{MAX_COUNT, MAX_SLIDING_COUNT};
 
-    /// The twin of `redis_forced_counts_stop_at_their_bounds` in `tests/contract.rs`: the same seeded counts, the same
+    /// The twin of `redis_forced_counts_stop_at_their_bounds` in `tests/contract/forced.rs`: the same seeded counts, the same
     /// answers.
     #[test]
     fn forced_counts_stop_at_their_bounds() {

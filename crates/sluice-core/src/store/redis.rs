@@ -1,8 +1,8 @@
-//! The Redis store: state kept by the Lua scripts in `lua/`, run by EVALSHA through fred.
+//! The Redis store: state kept by the Lua scripts in `store/lua/`, run by EVALSHA through fred.
 //!
 //! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
 //! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua` and `compact_sorted_set.lua` (compact forms of
-//! the commonest calls, `redis/lone.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
+//! the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
 //! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
@@ -145,26 +145,7 @@ impl RedisStore {
     /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
     /// reconnecting and `/readyz` says unready until it answers.
     pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
-        let mut config = Config::from_url(&settings.url).map_err(|e| {
-            StoreError::Other(format!(
-                "invalid redis url '{}': {}",
-                redact(&settings.url),
-                e.details()
-            ))
-        })?;
-        if settings.tls.is_set() {
-            if !config.uses_tls() {
-                return Err(StoreError::Other(format!(
-                    "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
-                    redact(&settings.url)
-                )));
-            }
-            let client = settings
-                .tls
-                .client_config()
-                .map_err(|e| StoreError::Other(e.to_string()))?;
-            config.tls = Some(TlsConnector::from(client).into());
-        }
+        let config = config_of(settings)?;
         let timeout = settings.timeout;
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
         let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
@@ -381,6 +362,31 @@ impl RedisStore {
             .map(|node| node.pool.next().clone())
             .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
     }
+}
+
+/// fred's configuration of `settings`: the URL, and the TLS files when given (which need a TLS URL).
+fn config_of(settings: &RedisSettings) -> Result<Config, StoreError> {
+    let mut config = Config::from_url(&settings.url).map_err(|e| {
+        StoreError::Other(format!(
+            "invalid redis url '{}': {}",
+            redact(&settings.url),
+            e.details()
+        ))
+    })?;
+    if settings.tls.is_set() {
+        if !config.uses_tls() {
+            return Err(StoreError::Other(format!(
+                "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
+                redact(&settings.url)
+            )));
+        }
+        let client = settings
+            .tls
+            .client_config()
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        config.tls = Some(TlsConnector::from(client).into());
+    }
+    Ok(config)
 }
 
 /// The URL with its password, if any, replaced by `***`.

@@ -182,46 +182,7 @@ impl Call {
             }
         }
         let tail = extra.map(|r| r.1).unwrap_or_default();
-        let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + tail.len();
-        let mut args: Vec<Value> = Vec::with_capacity(2 + count);
-        // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
-        args.push(Value::Integer(-(keys.len() as i64)));
-        args.push(Value::Integer(count as i64));
-        args.push(Value::from(mode.as_str()));
-        args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
-        // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
-        // doubles. It is the cost of every tier that sends '' for its own.
-        let capacity = hit.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
-        let cost = hit.cost.min(capacity.saturating_add(1));
-        args.push(Value::Integer(i64::try_from(cost).unwrap_or(i64::MAX)));
-        args.push(Value::from(hit.lease.as_str()));
-        match record {
-            Some(RecordSpec { size, value, .. }) => {
-                args.push(Value::Integer(i64::from(*size)));
-                args.push(Value::from(value.as_deref().unwrap_or_default()));
-            }
-            None => {
-                args.push(Value::Integer(0));
-                args.push(Value::from(""));
-            }
-        }
-        args.push(Value::Integer(2 * fields.len() as i64));
-        for (k, v) in fields {
-            args.push(Value::from(k.as_str()));
-            args.push(Value::from(v.as_str()));
-        }
-        for t in &hit.tiers {
-            args.push(Value::from(script_algorithm(t)));
-            args.push(Value::Integer(t.limit as i64));
-            args.push(Value::Integer(t.window_us as i64));
-            args.push(Value::Integer(t.burst as i64));
-            // The tier's cost, bounded by its capacity + 1 (at most 2^32), or '' when it is the hit's as sent.
-            match t.bounded_cost(hit.cost) {
-                c if c == cost => args.push(Value::from("")),
-                c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
-            }
-        }
-        args.extend(tail);
+        let args = driver_args(mode, now_us, hit, record, fields, keys.len(), tail);
         Call {
             keys,
             args,
@@ -255,6 +216,61 @@ impl Call {
         self.probe = probe.filter(shared).map(Value::from);
         self.probe.is_some()
     }
+}
+
+/// The driver's arguments for a call of `keys` keys (`lua/decide.lua`): headed by minus the key count and the count
+/// of what follows, then the mode, the time, the hit's cost, the lease, the record, the queue fields, each tier's
+/// five values and `tail`.
+fn driver_args(
+    mode: ScriptMode,
+    now_us: Option<u64>,
+    hit: &Hit,
+    record: Option<&RecordSpec>,
+    fields: &[(String, String)],
+    keys: usize,
+    tail: Vec<Value>,
+) -> Vec<Value> {
+    let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + tail.len();
+    let mut args: Vec<Value> = Vec::with_capacity(2 + count);
+    // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
+    args.push(Value::Integer(-(keys as i64)));
+    args.push(Value::Integer(count as i64));
+    args.push(Value::from(mode.as_str()));
+    args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
+    // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
+    // doubles. It is the cost of every tier that sends '' for its own.
+    let capacity = hit.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
+    let cost = hit.cost.min(capacity.saturating_add(1));
+    args.push(Value::Integer(i64::try_from(cost).unwrap_or(i64::MAX)));
+    args.push(Value::from(hit.lease.as_str()));
+    match record {
+        Some(RecordSpec { size, value, .. }) => {
+            args.push(Value::Integer(i64::from(*size)));
+            args.push(Value::from(value.as_deref().unwrap_or_default()));
+        }
+        None => {
+            args.push(Value::Integer(0));
+            args.push(Value::from(""));
+        }
+    }
+    args.push(Value::Integer(2 * fields.len() as i64));
+    for (k, v) in fields {
+        args.push(Value::from(k.as_str()));
+        args.push(Value::from(v.as_str()));
+    }
+    for t in &hit.tiers {
+        args.push(Value::from(script_algorithm(t)));
+        args.push(Value::Integer(t.limit as i64));
+        args.push(Value::Integer(t.window_us as i64));
+        args.push(Value::Integer(t.burst as i64));
+        // The tier's cost, bounded by its capacity + 1 (at most 2^32), or '' when it is the hit's as sent.
+        match t.bounded_cost(hit.cost) {
+            c if c == cost => args.push(Value::from("")),
+            c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
+        }
+    }
+    args.extend(tail);
+    args
 }
 
 /// This host's time in microseconds.

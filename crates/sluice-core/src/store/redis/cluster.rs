@@ -270,6 +270,25 @@ impl Inner {
     /// Reads `CLUSTER SLOTS` from every known node and installs the answer most of them give, a complete one first.
     /// Records whether the cluster looks settled: the map complete, and every primary in it answering.
     async fn refresh(&self) {
+        let answered = self.ask_slots().await;
+        let answers: Vec<Vec<Range>> = answered.iter().map(|(_, r)| r.clone()).collect();
+        let Some(best) = pick(&answers) else {
+            self.settled.store(false, Ordering::Relaxed);
+            return;
+        };
+        let (map, known) = self.map_of(best);
+        let settled = map.complete()
+            && map
+                .primaries
+                .iter()
+                .all(|p| answered.iter().any(|(addr, _)| *addr == p.addr));
+        self.settled.store(settled, Ordering::Relaxed);
+        self.install(map);
+        self.keep_connections(&known);
+    }
+
+    /// Every node's answer to `CLUSTER SLOTS`, asking the seeds and every node known: the ones that answered.
+    async fn ask_slots(&self) -> Vec<(Arc<str>, Vec<Range>)> {
         let mut asked: Vec<Server> = self.seeds.clone();
         {
             let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
@@ -295,13 +314,12 @@ impl Inner {
                     .and_then(|v| parse_slots(v, &host))
                     .map(|ranges| (node.addr, ranges))
             });
-        let answered: Vec<(Arc<str>, Vec<Range>)> =
-            futures::future::join_all(queries).await.into_iter().flatten().collect();
-        let answers: Vec<Vec<Range>> = answered.iter().map(|(_, r)| r.clone()).collect();
-        let Some(best) = pick(&answers) else {
-            self.settled.store(false, Ordering::Relaxed);
-            return;
-        };
+        futures::future::join_all(queries).await.into_iter().flatten().collect()
+    }
+
+    /// The slot map of the ranges `best`, with connections to its primaries, and every node it names (primaries and
+    /// replicas).
+    fn map_of(&self, best: &[Range]) -> (SlotMap, HashSet<Arc<str>>) {
         let mut map = SlotMap::empty();
         let mut index: HashMap<&str, u16> = HashMap::new();
         let mut known: HashSet<Arc<str>> = HashSet::new();
@@ -324,12 +342,11 @@ impl Inner {
             known.insert(Arc::from(range.primary.as_str()));
             known.extend(range.replicas.iter().map(|r| Arc::from(r.as_str())));
         }
-        let settled = map.complete()
-            && map
-                .primaries
-                .iter()
-                .all(|p| answered.iter().any(|(addr, _)| *addr == p.addr));
-        self.settled.store(settled, Ordering::Relaxed);
+        (map, known)
+    }
+
+    /// Installs `map`, logging when it differs from the one in use.
+    fn install(&self, map: SlotMap) {
         let old = self.map.load();
         if old.owner != map.owner
             || old
@@ -342,7 +359,11 @@ impl Inner {
             tracing::info!(?primaries, complete = map.complete(), "redis cluster: slot map changed");
         }
         self.map.store(Arc::new(map));
-        // Connections to nodes that are neither seeds nor named by the cluster any more are closed.
+    }
+
+    /// Closes the connections to nodes that are neither seeds nor `known` any more, and opens connections to every
+    /// `known` node, replicas too, so that a map can still be read after their primary dies.
+    fn keep_connections(&self, known: &HashSet<Arc<str>>) {
         let seeds: HashSet<String> = self.seeds.iter().map(|s| format!("{}:{}", s.host, s.port)).collect();
         let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         let gone: Vec<Arc<str>> = nodes
@@ -357,8 +378,7 @@ impl Inner {
                 });
             }
         }
-        // Replicas get connections too, so that a map can still be read after their primary dies.
-        for addr in &known {
+        for addr in known {
             if !nodes.contains_key(addr) {
                 drop(nodes);
                 if let Some(server) = split_addr(addr) {
