@@ -119,6 +119,30 @@ pub fn main(args: BenchArgs) -> ExitCode {
 
 /// Connects, runs the load for the warm-up and the measured duration, and reports what was measured.
 pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
+    let target = check_flags(&args)?;
+    let channels = connect(&args.target, &target, args.connections).await?;
+    let schedule = args.rate.map(|rate| Schedule::new(rate, args.warmup, args.duration));
+    let shape = Arc::new(request_shape(&args));
+    let tallies: Vec<Arc<Mutex<Tally>>> = channels.iter().map(|_| Arc::new(Mutex::new(Tally::new()))).collect();
+
+    let plan = start_plan(&args, schedule)?;
+    let progress = Progress::start(args.quiet, plan.clone(), tallies.clone());
+    let slots = spawn_slots(&args, &target, &channels, &shape, &tallies, &plan)?;
+    let stopped = join_slots(slots).await;
+    let elapsed = plan.measure_from.elapsed();
+    progress.finish();
+    stopped?;
+
+    let mut total = Tally::new();
+    for tally in &tallies {
+        total.merge(&load::lock(tally));
+    }
+    Ok(Report::new(setup(args, schedule), &total, elapsed))
+}
+
+/// Rejects flags that are valid alone but not together, before anything connects, and parses `--target` into the URI
+/// the connections and the request paths are built from.
+fn check_flags(args: &BenchArgs) -> Result<http::Uri, BenchError> {
     if args.concurrency < args.connections {
         return Err(BenchError::Flag {
             flag: "--concurrency",
@@ -128,13 +152,16 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
             ),
         });
     }
-    let target: http::Uri = args.target.parse().map_err(|e| BenchError::Flag {
+    args.target.parse().map_err(|e| BenchError::Flag {
         flag: "--target",
         message: format!("'{}' is not a URL: {e}", args.target),
-    })?;
-    let channels = connect(&args.target, &target, args.connections).await?;
-    let schedule = args.rate.map(|rate| Schedule::new(rate, args.warmup, args.duration));
-    let shape = Arc::new(Shape {
+    })
+}
+
+/// What every request looks like, shared by all slots: the domain, the fixed parent entries, and the key
+/// distribution the varying descriptor values are drawn from.
+fn request_shape(args: &BenchArgs) -> Shape {
+    Shape {
         domain: args.domain.clone(),
         parent_entries: args
             .parent_entries
@@ -148,28 +175,42 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         descriptors: args.descriptors as usize,
         hits_addend: args.hits_addend,
         keys: Keys::new(args.keys),
-    });
-    let tallies: Vec<Arc<Mutex<Tally>>> = channels.iter().map(|_| Arc::new(Mutex::new(Tally::new()))).collect();
+    }
+}
 
+/// Starts the clock: the run's phases from now on, and for a fixed rate the pacer thread that releases each request
+/// at its scheduled time. Done after connecting, so the handshakes do not eat into the warm-up.
+fn start_plan(args: &BenchArgs, schedule: Option<Schedule>) -> Result<Arc<Plan>, BenchError> {
     let start = Instant::now();
     let pacer = schedule
         .map(|s| Pacer::start(s, start, u64::from(args.concurrency)))
         .transpose()
         .map_err(BenchError::Runtime)?;
-    let plan = Arc::new(Plan {
+    Ok(Arc::new(Plan {
         start,
         measure_from: start + args.warmup,
         deadline: start + args.warmup + args.duration,
         pacer,
         timeout: args.timeout,
-    });
-    let progress = Progress::start(args.quiet, plan.clone(), tallies.clone());
+    }))
+}
+
+/// Spawns the `--concurrency` request slots, spread round-robin over the connections; each slot counts into its
+/// connection's tally, so slots on different connections never contend for one lock.
+fn spawn_slots(
+    args: &BenchArgs,
+    target: &http::Uri,
+    channels: &[wire::Connection],
+    shape: &Arc<Shape>,
+    tallies: &[Arc<Mutex<Tally>>],
+    plan: &Arc<Plan>,
+) -> Result<JoinSet<()>, BenchError> {
     let mut slots = JoinSet::new();
     for slot in 0..args.concurrency as usize {
         let connection = slot % channels.len();
         slots.spawn(load::drive(
             slot as u64,
-            Client::new(args.api, channels[connection].clone(), &target).map_err(|e| BenchError::Flag {
+            Client::new(args.api, channels[connection].clone(), target).map_err(|e| BenchError::Flag {
                 flag: "--target",
                 message: format!("'{}' cannot address a method: {e}", args.target),
             })?,
@@ -178,23 +219,24 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
             plan.clone(),
         ));
     }
+    Ok(slots)
+}
+
+/// Waits for every slot to reach the deadline. A slot that panicked is a bug in the generator: its reason (the first
+/// one, if several) fails the run rather than leaving a report with a hole in it.
+async fn join_slots(mut slots: JoinSet<()>) -> Result<(), BenchError> {
     let mut stopped = None;
     while let Some(joined) = slots.join_next().await {
         if let Err(e) = joined {
             stopped.get_or_insert(e.to_string());
         }
     }
-    let elapsed = plan.measure_from.elapsed();
-    progress.finish();
-    if let Some(reason) = stopped {
-        return Err(BenchError::Slot(reason));
-    }
+    stopped.map_or(Ok(()), |reason| Err(BenchError::Slot(reason)))
+}
 
-    let mut total = Tally::new();
-    for tally in &tallies {
-        total.merge(&load::lock(tally));
-    }
-    let setup = report::Setup {
+/// The run's settings as the report repeats them, so that a result can be read without the command that made it.
+fn setup(args: BenchArgs, schedule: Option<Schedule>) -> report::Setup {
+    report::Setup {
         target: args.target,
         api: args.api,
         domain: args.domain,
@@ -206,8 +248,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         rate: args.rate,
         scheduled: schedule.map(|s| s.measured()),
         warmup: args.warmup,
-    };
-    Ok(Report::new(setup, &total, elapsed))
+    }
 }
 
 /// Opens `connections` separate HTTP/2 connections, failing early if the target does not answer.

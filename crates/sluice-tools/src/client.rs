@@ -10,7 +10,10 @@
 //! entries, with `--add VALUE…` (and `--ttl SECONDS`) or `--remove VALUE…` it changes them; `--offenders minute|hour`
 //! prints each rule's values hit and denied most (`--limit N`).
 
+use std::collections::HashMap;
 use std::process::ExitCode;
+
+use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, rate_limit::Unit};
@@ -19,8 +22,8 @@ use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRes
 use crate::proto::sluice::v1::get_top_offenders_request::Span;
 use crate::proto::sluice::v1::rate_limiter_client::RateLimiterClient;
 use crate::proto::sluice::v1::{
-    CostRequest, GetListEntriesRequest, GetRemainingRequest, GetTopOffendersRequest, ListEntriesRequest,
-    ReleaseRequest, ReserveRequest, SettleRequest,
+    CostRequest, DescriptorRemaining, GetListEntriesRequest, GetRemainingRequest, GetTopOffendersRequest,
+    ListEntriesRequest, ReleaseRequest, ReserveRequest, SettleRequest,
 };
 
 /// The flags of `sluice-client`.
@@ -132,154 +135,215 @@ pub fn main(args: ClientArgs) -> ExitCode {
     }
 }
 
+/// The client of sluice's own gRPC API (everything but ShouldRateLimit), over the connection a call opens.
+type Limiter = RateLimiterClient<Channel>;
+
+/// Connects to `--target`, rejects `--ttl` without a flag it applies to, and makes the one call the flags ask for.
+/// Errors come back as the line `main` prints.
 async fn call(args: ClientArgs) -> Result<ExitCode, String> {
-    let channel = tonic::transport::Endpoint::from_shared(args.target.clone())
-        .map_err(|e| format!("--target '{}': {e}", args.target))?
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {}: {e}", args.target))?;
-    let rpc_error = |e: tonic::Status| format!("{:?}: {}", e.code(), e.message());
+    let channel = connect(&args.target).await?;
     if args.ttl.is_some() && args.reserve.is_none() && args.add.is_empty() {
         return Err("--ttl goes with --reserve or --add".into());
     }
+    dispatch(channel, args).await.map_err(rpc_error)
+}
+
+/// Opens the connection to `target`, naming the target when it is not a URL or does not answer.
+async fn connect(target: &str) -> Result<Channel, String> {
+    Endpoint::from_shared(target.to_string())
+        .map_err(|e| format!("--target '{target}': {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {target}: {e}"))
+}
+
+/// A failed call as its gRPC code and the server's message, e.g. `PermissionDenied: ...`.
+fn rpc_error(status: tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+/// Picks the call the flags ask for and makes it. clap rejects most combinations; for those it lets through (such as
+/// `--release` with `--check`) the order here decides: the admin calls, a lease's end, the cost-budget calls,
+/// GetRemaining, and, when no flag names a call, Envoy's ShouldRateLimit.
+async fn dispatch(channel: Channel, args: ClientArgs) -> Result<ExitCode, tonic::Status> {
+    let limiter = RateLimiterClient::new(channel.clone());
     if let Some(list) = args.list.clone() {
-        return lists(RateLimiterClient::new(channel), args, list)
-            .await
-            .map_err(rpc_error);
+        return lists(limiter, args, list).await;
     }
     if let Some(span) = args.offenders.clone() {
-        return offenders(RateLimiterClient::new(channel), args, &span)
-            .await
-            .map_err(rpc_error);
+        return offenders(limiter, args, &span).await;
     }
-    if let Some(lease_id) = args.release {
-        let request = ReleaseRequest {
-            domain: args.domain,
-            descriptors: args.descriptors,
-            lease_id,
-        };
-        let answer = RateLimiterClient::new(channel)
-            .release(request)
-            .await
-            .map_err(rpc_error)?;
-        println!("released {}", answer.into_inner().released);
-        return Ok(ExitCode::SUCCESS);
+    if let Some(lease_id) = args.release.clone() {
+        return release(limiter, args, lease_id).await;
     }
-    let mut limiter = RateLimiterClient::new(channel.clone());
-    let named: std::collections::HashMap<String, u64> = args.costs.iter().cloned().collect();
     if let Some(cost) = args.check.or(args.report) {
-        let request = CostRequest {
-            domain: args.domain,
-            descriptors: args.descriptors,
-            cost: Some(cost),
-            costs: named,
-        };
-        let answer = if args.check.is_some() {
-            limiter.check(request).await
-        } else {
-            limiter.report(request).await
-        }
-        .map_err(rpc_error)?
-        .into_inner();
-        print_decision(&answer);
-        return Ok(exit_code(answer.overall_code));
+        return check_or_report(limiter, args, cost).await;
     }
     if let Some(estimate) = args.reserve {
-        let request = ReserveRequest {
-            domain: args.domain,
-            descriptors: args.descriptors,
-            estimate: Some(estimate),
-            estimates: named,
-            ttl: args.ttl.map(|s| prost_types::Duration {
-                seconds: i64::from(s),
-                nanos: 0,
-            }),
-        };
-        let answer = limiter.reserve(request).await.map_err(rpc_error)?.into_inner();
-        print_decision(&RateLimitResponse {
-            overall_code: answer.overall_code,
-            statuses: answer.statuses,
-            ..Default::default()
-        });
-        if !answer.reservation_id.is_empty() {
-            let ttl = answer.ttl.map_or(0, |t| t.seconds);
-            println!("reservation {} for {ttl}s", answer.reservation_id);
-        }
-        return Ok(exit_code(answer.overall_code));
+        return reserve(limiter, args, estimate).await;
     }
-    if let Some(reservation_id) = args.settle {
-        let request = SettleRequest {
-            domain: args.domain,
-            descriptors: args.descriptors,
-            reservation_id,
-            actual: args.actual,
-            actuals: named,
-        };
-        let answer = limiter.settle(request).await.map_err(rpc_error)?.into_inner();
-        if !answer.settled {
-            println!("no such reservation (expired and charged at its estimate, settled already, or unknown)");
-            return Ok(ExitCode::from(2));
-        }
-        for (i, s) in answer.settlements.iter().enumerate() {
-            println!(
-                "descriptor {i}: estimate {}, actual {}, charged {}, refunded {}",
-                s.estimate, s.actual, s.charged, s.refunded
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+    if let Some(reservation_id) = args.settle.clone() {
+        return settle(limiter, args, reservation_id).await;
     }
     if let Some(cost) = args.remaining {
-        let request = GetRemainingRequest {
-            domain: args.domain,
-            descriptors: args.descriptors,
-            cost: Some(cost),
-        };
-        let answer = limiter.get_remaining(request).await.map_err(rpc_error)?;
-        for (i, d) in answer.into_inner().descriptors.iter().enumerate() {
-            let line = match (&d.limit, d.matched, d.unlimited) {
-                (_, false, _) => "no rule".to_string(),
-                (_, true, true) => "unlimited".to_string(),
-                (None, true, false) => "limited".to_string(),
-                (Some(l), true, false) => {
-                    let retry = match (&d.retry_after, d.never) {
-                        (_, true) => "never".to_string(),
-                        (Some(r), _) => format!("{:.3}s", r.seconds as f64 + f64::from(r.nanos) / 1e9),
-                        (None, _) => "?".to_string(),
-                    };
-                    let name = if l.name.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" {}", l.name)
-                    };
-                    format!(
-                        "{} of {} per {} {} ({}{name}), retry after {retry}{}",
-                        d.remaining,
-                        l.requests_per_unit,
-                        l.unit_multiplier,
-                        unit_name(l.unit),
-                        l.algorithm,
-                        if d.records.is_empty() {
-                            String::new()
-                        } else {
-                            format!(", records {:?}", d.records)
-                        },
-                    )
-                }
-            };
-            println!("descriptor {i}: {line}");
-        }
-        return Ok(ExitCode::SUCCESS);
+        return remaining(limiter, args, cost).await;
     }
+    should_rate_limit(RateLimitServiceClient::new(channel), args).await
+}
+
+/// The `--cost name=value` flags as the map the cost-budget requests carry; a name given twice keeps its last value.
+fn named_costs(costs: &[(String, u64)]) -> HashMap<String, u64> {
+    costs.iter().cloned().collect()
+}
+
+/// `--ttl` as the protobuf duration the reservation and list requests carry.
+fn ttl_duration(ttl: Option<u32>) -> Option<prost_types::Duration> {
+    ttl.map(|s| prost_types::Duration {
+        seconds: i64::from(s),
+        nanos: 0,
+    })
+}
+
+/// `--release`: ends a concurrency lease, so its slot frees now rather than when the lease would expire.
+async fn release(mut limiter: Limiter, args: ClientArgs, lease_id: String) -> Result<ExitCode, tonic::Status> {
+    let request = ReleaseRequest {
+        domain: args.domain,
+        descriptors: args.descriptors,
+        lease_id,
+    };
+    let answer = limiter.release(request).await?;
+    println!("released {}", answer.into_inner().released);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--check` (decide `cost` without counting it) or `--report` (count it whatever the limits say); prints the
+/// decision as ShouldRateLimit's is printed, and exits by it.
+async fn check_or_report(mut limiter: Limiter, args: ClientArgs, cost: u64) -> Result<ExitCode, tonic::Status> {
+    let check = args.check.is_some();
+    let request = CostRequest {
+        domain: args.domain,
+        descriptors: args.descriptors,
+        cost: Some(cost),
+        costs: named_costs(&args.costs),
+    };
+    let answer = if check {
+        limiter.check(request).await
+    } else {
+        limiter.report(request).await
+    }?
+    .into_inner();
+    print_decision(&answer);
+    Ok(exit_code(answer.overall_code))
+}
+
+/// `--reserve`: admits and holds an estimated cost; prints the decision and, when admitted, the reservation id that
+/// `--settle` takes and how long it holds.
+async fn reserve(mut limiter: Limiter, args: ClientArgs, estimate: u64) -> Result<ExitCode, tonic::Status> {
+    let request = ReserveRequest {
+        domain: args.domain,
+        descriptors: args.descriptors,
+        estimate: Some(estimate),
+        estimates: named_costs(&args.costs),
+        ttl: ttl_duration(args.ttl),
+    };
+    let answer = limiter.reserve(request).await?.into_inner();
+    print_decision(&RateLimitResponse {
+        overall_code: answer.overall_code,
+        statuses: answer.statuses,
+        ..Default::default()
+    });
+    if !answer.reservation_id.is_empty() {
+        let ttl = answer.ttl.map_or(0, |t| t.seconds);
+        println!("reservation {} for {ttl}s", answer.reservation_id);
+    }
+    Ok(exit_code(answer.overall_code))
+}
+
+/// `--settle`: replaces a reservation's estimate with `--actual` and prints, per descriptor, what was charged and
+/// refunded. Exits 2 when the reservation is gone, since the actual cost was then not applied.
+async fn settle(mut limiter: Limiter, args: ClientArgs, reservation_id: String) -> Result<ExitCode, tonic::Status> {
+    let request = SettleRequest {
+        domain: args.domain,
+        descriptors: args.descriptors,
+        reservation_id,
+        actual: args.actual,
+        actuals: named_costs(&args.costs),
+    };
+    let answer = limiter.settle(request).await?.into_inner();
+    if !answer.settled {
+        println!("no such reservation (expired and charged at its estimate, settled already, or unknown)");
+        return Ok(ExitCode::from(2));
+    }
+    for (i, s) in answer.settlements.iter().enumerate() {
+        println!(
+            "descriptor {i}: estimate {}, actual {}, charged {}, refunded {}",
+            s.estimate, s.actual, s.charged, s.refunded
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--remaining`: asks, without counting anything, what a hit of `cost` would leave; prints one line per descriptor.
+/// Exits 0 whatever the answer, since nothing was decided.
+async fn remaining(mut limiter: Limiter, args: ClientArgs, cost: u64) -> Result<ExitCode, tonic::Status> {
+    let request = GetRemainingRequest {
+        domain: args.domain,
+        descriptors: args.descriptors,
+        cost: Some(cost),
+    };
+    let answer = limiter.get_remaining(request).await?;
+    for (i, d) in answer.into_inner().descriptors.iter().enumerate() {
+        println!("descriptor {i}: {}", remaining_line(d));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One descriptor's GetRemaining answer in words: no rule, unlimited, or what is left of its limit and when a
+/// denied hit could retry.
+fn remaining_line(d: &DescriptorRemaining) -> String {
+    match (&d.limit, d.matched, d.unlimited) {
+        (_, false, _) => "no rule".to_string(),
+        (_, true, true) => "unlimited".to_string(),
+        (None, true, false) => "limited".to_string(),
+        (Some(l), true, false) => {
+            let retry = match (&d.retry_after, d.never) {
+                (_, true) => "never".to_string(),
+                (Some(r), _) => format!("{:.3}s", r.seconds as f64 + f64::from(r.nanos) / 1e9),
+                (None, _) => "?".to_string(),
+            };
+            let name = if l.name.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", l.name)
+            };
+            format!(
+                "{} of {} per {} {} ({}{name}), retry after {retry}{}",
+                d.remaining,
+                l.requests_per_unit,
+                l.unit_multiplier,
+                unit_name(l.unit),
+                l.algorithm,
+                if d.records.is_empty() {
+                    String::new()
+                } else {
+                    format!(", records {:?}", d.records)
+                },
+            )
+        }
+    }
+}
+
+/// Without a flag naming another call: Envoy's ShouldRateLimit, the counted decision a proxy would get.
+async fn should_rate_limit(
+    mut client: RateLimitServiceClient<Channel>,
+    args: ClientArgs,
+) -> Result<ExitCode, tonic::Status> {
     let request = RateLimitRequest {
         domain: args.domain,
         descriptors: args.descriptors,
         hits_addend: args.hits_addend,
     };
-    let answer = RateLimitServiceClient::new(channel)
-        .should_rate_limit(request)
-        .await
-        .map_err(rpc_error)?
-        .into_inner();
+    let answer = client.should_rate_limit(request).await?.into_inner();
     print_decision(&answer);
     Ok(exit_code(answer.overall_code))
 }
@@ -297,20 +361,13 @@ fn admin<T>(message: T, token: Option<&str>) -> Result<tonic::Request<T>, tonic:
 }
 
 /// `--list`: adds, removes, or prints a list's run-time entries.
-async fn lists(
-    mut client: RateLimiterClient<tonic::transport::Channel>,
-    args: ClientArgs,
-    list: String,
-) -> Result<ExitCode, tonic::Status> {
+async fn lists(mut client: Limiter, args: ClientArgs, list: String) -> Result<ExitCode, tonic::Status> {
     let token = args.admin_token.as_deref();
     let change = |values: Vec<String>| ListEntriesRequest {
         domain: args.domain.clone(),
         list: list.clone(),
         values,
-        ttl: args.ttl.map(|s| prost_types::Duration {
-            seconds: i64::from(s),
-            nanos: 0,
-        }),
+        ttl: ttl_duration(args.ttl),
     };
     if !args.add.is_empty() {
         let answer = client.add_list_entries(admin(change(args.add.clone()), token)?).await?;
@@ -343,11 +400,7 @@ async fn lists(
 }
 
 /// `--offenders`: each rule's values hit and denied most.
-async fn offenders(
-    mut client: RateLimiterClient<tonic::transport::Channel>,
-    args: ClientArgs,
-    span: &str,
-) -> Result<ExitCode, tonic::Status> {
+async fn offenders(mut client: Limiter, args: ClientArgs, span: &str) -> Result<ExitCode, tonic::Status> {
     let span = if span == "hour" { Span::Hour } else { Span::Minute };
     let request = GetTopOffendersRequest {
         domain: args.domain,
