@@ -1,0 +1,260 @@
+//! Unit tests of a script call.
+
+use super::*;
+
+#[test]
+fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
+    use crate::rules::Algorithm;
+    let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+    let key = id.tier(Algorithm::FixedWindow, 60_000_000);
+    let hit = Hit {
+        tiers: vec![crate::store::TierSpec {
+            key: key.clone(),
+            algorithm: Algorithm::FixedWindow,
+            limit: 1,
+            window_us: 60_000_000,
+            burst: 0,
+            cost: None,
+            global: false,
+        }],
+        ..Hit::default()
+    };
+    let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
+    assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
+    // Not the slot of the first argument (the SHA), which fred would hash by default.
+    assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+}
+
+fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
+    use crate::rules::Algorithm;
+    Hit {
+        tiers: vec![crate::store::TierSpec {
+            key: id.tier(Algorithm::FixedWindow, 60_000_000),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            window_us: 60_000_000,
+            burst: 0,
+            cost: None,
+            global: false,
+        }],
+        cost: 1,
+        ..Hit::default()
+    }
+}
+
+#[test]
+fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
+    let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
+    // A forced hit goes through the driver's form, which has a probe (a compact fixed window needs none).
+    let mut hit = fixed_window_hit(&id);
+    hit.force = true;
+    let mut compact = Call::new(Mode::Hit, None, &fixed_window_hit(&id));
+    assert!(compact.probe() && compact.probe.is_none());
+    let mut call = Call::new(Mode::Hit, None, &hit);
+    assert!(call.probe());
+    let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
+    let key = hit.tiers[0].key.as_str();
+    assert_eq!(probe, format!("p:{{{:016x}}}", hit.tiers[0].key.tag()));
+    assert_eq!(Some(fred::util::redis_keyslot(probe.as_bytes())), call.slot);
+    assert!(
+        key.starts_with(&probe) && key.len() > probe.len(),
+        "a counter's identity follows its tag"
+    );
+    assert_ne!(probe, id.records().as_str());
+    let mut untagged = Call {
+        keys: vec![Value::from("plain")],
+        args: Vec::new(),
+        compact: None,
+        slot: Some(fred::util::redis_keyslot(b"plain")),
+        probe: None,
+    };
+    assert!(
+        !untagged.probe(),
+        "a key without a hash tag has no probe: its call goes to its slot alone"
+    );
+    let other = CounterKey::builder("p:", "d").entry("k", "w").finish().records();
+    call.keys.push(Value::from(other.as_str()));
+    assert!(
+        !call.probe(),
+        "keys of two hash tags: the probe would vouch for one slot only"
+    );
+}
+
+#[test]
+fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
+    let text = |command: &[Value]| -> Vec<String> {
+        command
+            .iter()
+            .map(|v| {
+                v.as_i64()
+                    .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+            })
+            .collect()
+    };
+    let ids: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|v| CounterKey::builder("p:", "d").entry("k", v).finish())
+        .collect();
+    let calls = || {
+        ids.iter()
+            .map(|id| {
+                let mut call = Call::new(Mode::Hit, Some(7), &fixed_window_hit(id));
+                assert!(call.probe());
+                call
+            })
+            .collect::<Vec<_>>()
+    };
+    // A compact fixed window travels in its compact form: window, cost counted, now; its key is the window's.
+    let keys: Vec<String> = ids
+        .iter()
+        .map(|id| fixed_window_hit(id).tiers[0].key.window(0).as_str().to_string())
+        .collect();
+    let args = ["60000000", "1", "7"];
+    let batch = text(&node(Value::from("sha"), calls(), None));
+    let mut expected: Vec<String> = ["sha", "0", "node", "2", ""].map(String::from).to_vec();
+    for key in &keys {
+        expected.extend(args.map(String::from));
+        expected.push(key.clone());
+    }
+    assert_eq!(
+        batch, expected,
+        "no probe: its own key's command is refused where the probe's would be"
+    );
+    let declared = text(&declared(Value::from("sha"), calls(), None));
+    let mut expected: Vec<String> = vec![
+        "sha".into(),
+        "2".into(),
+        keys[0].clone(),
+        keys[1].clone(),
+        "2".into(),
+        "".into(),
+    ];
+    for _ in &keys {
+        expected.extend(args.map(String::from));
+    }
+    assert_eq!(declared, expected);
+    // The driver's form is headed by minus its key count, then a probe in a node's batch.
+    let mut reserve = fixed_window_hit(&ids[0]);
+    reserve.force = true;
+    let mut call = Call::new(Mode::Hit, Some(7), &reserve);
+    assert!(call.probe());
+    let forced = text(&super::node(Value::from("sha"), vec![call], None));
+    assert_eq!(
+        forced[5..9],
+        ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
+    );
+}
+
+fn probes_of(key: &str) -> String {
+    key[..key.find('}').unwrap_or(0) + 1].to_string()
+}
+
+#[test]
+fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
+    use crate::rules::Algorithm;
+    use crate::store::{ReservationSpec, TierSpec};
+    let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+    let tier = |algorithm| TierSpec {
+        key: id.tier(algorithm, 60_000_000),
+        algorithm,
+        limit: 1,
+        window_us: 60_000_000,
+        burst: 1,
+        cost: None,
+        global: false,
+    };
+    let hit = Hit {
+        tiers: vec![tier(Algorithm::FixedWindow)],
+        cost: 1,
+        reservation: Some(ReservationSpec {
+            key: id.reservation("r"),
+            ttl_us: u64::MAX,
+        }),
+        ..Hit::default()
+    };
+    let mode = |call: &Call| call.args[2].as_string();
+    let reserve = Call::new(Mode::Hit, None, &hit);
+    assert_eq!((reserve.keys.len(), mode(&reserve).as_deref()), (2, Some("reserve")));
+    assert_eq!(
+        reserve.args.last().and_then(Value::as_i64),
+        Some(1 << 48),
+        "the TTL, bounded"
+    );
+    let forced = Call::new(
+        Mode::Hit,
+        None,
+        &Hit {
+            force: true,
+            ..hit.clone()
+        },
+    );
+    assert_eq!(mode(&forced).as_deref(), Some("reserve_report"));
+    let peek = Call::new(Mode::Peek, None, &hit);
+    assert_eq!((peek.keys.len(), mode(&peek).as_deref()), (1, Some("peek")));
+    let mut mixed = hit.clone();
+    mixed.tiers.push(tier(Algorithm::Concurrency));
+    let mixed = Call::new(Mode::Hit, None, &mixed);
+    assert_eq!((mixed.keys.len(), mode(&mixed).as_deref()), (2, Some("hit")));
+    let settle = Call::settle(
+        None,
+        &Settlement {
+            hit: Hit {
+                fields: vec![("k".into(), "v".into())],
+                ..hit.clone()
+            },
+            reservation: id.reservation("r"),
+            reap: false,
+        },
+    );
+    assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
+    assert_eq!(settle.args.len(), 2 + 7 + 5, "no queue fields, no TTL");
+    assert_eq!(settle.slot, reserve.slot);
+    let alone = Call::settle(
+        None,
+        &Settlement {
+            hit: Hit::default(),
+            reservation: id.reservation("r"),
+            reap: false,
+        },
+    );
+    assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
+}
+
+#[test]
+fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
+    use crate::rules::Algorithm;
+    use crate::store::TierSpec;
+    let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+    let tier = |algorithm, limit, cost| TierSpec {
+        key: id.tier(algorithm, 60_000_000),
+        algorithm,
+        limit,
+        window_us: 60_000_000,
+        burst: 5,
+        cost,
+        global: false,
+    };
+    let hit = Hit {
+        tiers: vec![
+            tier(Algorithm::FixedWindow, 3, None),
+            tier(Algorithm::SlidingWindow, 1_000, None),
+            tier(Algorithm::TokenBucket, 1_000, Some(u64::MAX)),
+            tier(Algorithm::LeakyBucket, 1_000, Some(0)),
+        ],
+        cost: u64::MAX,
+        ..Hit::default()
+    };
+    let call = Call::new(Mode::Hit, Some(1), &hit);
+    let arg = |v: &Value| {
+        v.as_i64()
+            .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+    };
+    let args: Vec<String> = call.args.iter().map(arg).collect();
+    assert_eq!(args[..9], ["-4", "27", "hit", "1", "1001", "", "0", "", "0"]);
+    let costs: Vec<&str> = args[9..].chunks_exact(5).map(|t| t[4].as_str()).collect();
+    assert_eq!(
+        costs,
+        ["4", "", "6", "0"],
+        "each bounded by its tier's capacity + 1; '' where that is the hit's as sent"
+    );
+}
