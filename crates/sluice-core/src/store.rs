@@ -53,11 +53,8 @@ pub trait Counters: Send + Sync + 'static {
     /// A short name for metrics and logs: `memory` or `redis`.
     fn name(&self) -> &'static str;
 
-    /// Applies every hit of one request and answers each, in order.
+    /// Decides every hit of one request, each in its [`Mode`] (a peek changes nothing), and answers each, in order.
     fn hit(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Answers> + Send;
-
-    /// Reports on `hits` (their `cost` is hypothetical) without creating, changing or extending anything.
-    fn peek(&self, now_us: u64, hits: &[Hit]) -> impl Future<Output = Answers> + Send;
 
     /// The failure domain of a hit: which server holds its counters. Hits of one domain reach the store or fail
     /// together, and each domain has a circuit breaker of its own. A store on one server has one domain, 0.
@@ -87,7 +84,7 @@ pub trait Releases: Send + Sync + 'static {
     ) -> impl Future<Output = Result<StreamReset, StoreError>> + Send;
 }
 
-/// Cost budgets: the settlement of what a [reservation](Hit::reservation) held.
+/// Cost budgets: the settlement of what a [reservation](Mode::Reserve) held.
 pub trait Reservations: Send + Sync + 'static {
     /// Settles each reservation, in order, each atomically (it reads and deletes the record and charges or refunds
     /// every tier in one step), independently of the others: see [`Settled`]. A reservation settles once; a second

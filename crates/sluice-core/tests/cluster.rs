@@ -17,6 +17,7 @@ use crate::harness::{
     RedisCluster, T0, decided, evalsha_count, node_id, own_slots, redis_cli, redis_store_with, reshard,
 };
 use sluice_core::store::Counters;
+use sluice_core::store::Mode;
 
 const HOUR: u64 = 3_600_000_000;
 const DAY: u64 = 24 * HOUR;
@@ -85,7 +86,8 @@ fn counters(port: u16, prefix: &str) -> HashMap<String, u64> {
 async fn used(store: &RedisStore, id: &Identity) -> u64 {
     let mut peek = hit(id, 1);
     peek.cost = 0;
-    decided(store.peek(NOW, &[peek]).await)[0].tiers[0].used
+    peek.mode = Mode::Peek;
+    decided(store.hit(NOW, &[peek]).await)[0].tiers[0].used
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

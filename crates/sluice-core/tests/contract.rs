@@ -27,6 +27,7 @@ use sluice_core::store::{
 };
 
 use crate::harness::tier;
+use sluice_core::store::Mode;
 
 const SECOND: u64 = 1_000_000;
 const MINUTE: u64 = 60 * SECOND;
@@ -48,8 +49,7 @@ fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
         lease: "lease-1".into(),
         fields: vec![("k".into(), "v".into())],
         record: None,
-        force: false,
-        reservation: None,
+        mode: Mode::Hit,
     }
 }
 
@@ -66,12 +66,16 @@ async fn apply(store: &impl Store, now: u64, h: &Hit) -> Outcome {
 
 /// `h` alone, answered at `now` and not counted.
 async fn peek(store: &impl Store, now: u64, h: &Hit) -> Outcome {
-    crate::harness::decided(store.peek(now, std::slice::from_ref(h)).await).remove(0)
+    let peek = Hit {
+        mode: Mode::Peek,
+        ..h.clone()
+    };
+    crate::harness::decided(store.hit(now, std::slice::from_ref(&peek)).await).remove(0)
 }
 
 /// `h`, forced: a usage report, counted whatever the limits say.
 fn forced(mut h: Hit) -> Hit {
-    h.force = true;
+    h.mode = Mode::of(true, h.reservation().cloned());
     h
 }
 
@@ -101,10 +105,13 @@ fn reservation_key(name: &str, id: &str) -> CounterKey {
 
 /// `h` (on the descriptor `k=<name>`), holding the reservation `id` for `ttl_us` if it is counted.
 fn reserving(mut h: Hit, name: &str, id: &str, ttl_us: u64) -> Hit {
-    h.reservation = Some(ReservationSpec {
-        key: reservation_key(name, id),
-        ttl_us,
-    });
+    h.mode = Mode::of(
+        h.reports(),
+        Some(ReservationSpec {
+            key: reservation_key(name, id),
+            ttl_us,
+        }),
+    );
     h
 }
 
@@ -113,7 +120,7 @@ async fn settle(store: &impl Store, now: u64, h: &Hit, name: &str, id: &str, act
     let settlement = Settlement {
         hit: Hit {
             cost: actual,
-            reservation: None,
+            mode: Mode::Hit,
             ..h.clone()
         },
         reservation: reservation_key(name, id),

@@ -31,6 +31,7 @@ use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::{CounterKey, Hit, ReservationSpec, Settlement, TierSpec};
 
 use crate::harness::{RedisCluster, RedisServer, T0, redis_store};
+use sluice_core::store::Mode;
 use sluice_core::store::{Counters, Reservations};
 
 const SECOND: u64 = 1_000_000;
@@ -452,11 +453,13 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                         lease: format!("lease-{i}"),
                         fields: fields.clone(),
                         record: None,
-                        force: op.force,
-                        reservation: op.reserve.map(|(r, ttl_us)| ReservationSpec {
-                            key: id.reservation(&r.to_string()),
-                            ttl_us,
-                        }),
+                        mode: Mode::of(
+                            op.force,
+                            op.reserve.map(|(r, ttl_us)| ReservationSpec {
+                                key: id.reservation(&r.to_string()),
+                                ttl_us,
+                            }),
+                        ),
                     };
                     let hits = std::slice::from_ref(&hit);
                     if let Kind::Settle(settle) = &op.kind {
@@ -491,7 +494,11 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                         continue;
                     }
                     let (m, r) = if matches!(op.kind, Kind::Peek) {
-                        (memory.peek(now, hits).await, redis.peek(now, hits).await)
+                        let peek = [Hit {
+                            mode: Mode::Peek,
+                            ..hit.clone()
+                        }];
+                        (memory.hit(now, &peek).await, redis.hit(now, &peek).await)
                     } else {
                         (memory.hit(now, hits).await, redis.hit(now, hits).await)
                     };

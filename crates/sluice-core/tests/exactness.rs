@@ -10,6 +10,7 @@ use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::{Hit, Store, TierSpec};
 
 use crate::harness::{RedisServer, T0, redis_store, tier};
+use sluice_core::store::Mode;
 use sluice_core::store::{Counters, Releases};
 
 const SECOND: u64 = 1_000_000;
@@ -38,8 +39,7 @@ fn hit(tiers: &[TierSpec], cost: u64) -> Hit {
         lease: String::new(),
         fields: Vec::new(),
         record: None,
-        force: false,
-        reservation: None,
+        mode: Mode::Hit,
     }
 }
 

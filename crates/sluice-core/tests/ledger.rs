@@ -6,6 +6,7 @@ use sluice_core::rules::Algorithm;
 use sluice_core::store::{CounterKey, Grant, Granted, Hit, Store, TierSpec, fair_shares, granted_amount};
 
 use crate::harness::{T0, tier};
+use sluice_core::store::Mode;
 
 const MINUTE: u64 = 60_000_000;
 
@@ -41,8 +42,7 @@ async fn charge(store: &impl Store, now: u64, limit: u64, used: u64) {
         lease: "l".into(),
         fields: Vec::new(),
         record: None,
-        force: true,
-        reservation: None,
+        mode: Mode::Report,
     };
     crate::harness::decided(store.hit(now, std::slice::from_ref(&hit)).await);
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use sluice_core::rules::Algorithm;
 use sluice_core::store::Counters;
+use sluice_core::store::Mode;
 use sluice_core::store::redis::{RedisSettings, RedisStore};
 use sluice_core::store::{CounterKey, Hit, TierSpec};
 
@@ -109,8 +110,7 @@ fn hit(algorithm: Algorithm, i: usize) -> Hit {
         lease: format!("{i:032x}"),
         fields: vec![("user".into(), format!("user-{i}"))],
         record: None,
-        force: false,
-        reservation: None,
+        mode: Mode::Hit,
     }
 }
 

@@ -13,7 +13,7 @@ use super::resolve::{Target, listed, resolve};
 use super::{Limiter, new_lease};
 use crate::metrics::{DomainStats, RuleStats, UNKNOWN_DOMAIN};
 use crate::rules::{Algorithm, Domain, FailurePolicy, List, ListAction, Metadata, Rule, Tier};
-use crate::store::{Hit, Outcome, ReservationSpec, Store, StoreError, TierOutcome};
+use crate::store::{Hit, Mode, Outcome, ReservationSpec, Store, StoreError, TierOutcome};
 
 impl<S: Store> Limiter<S> {
     /// Decides a request the way `how` says: each descriptor's hit counted when it fits, only checked, counted
@@ -30,9 +30,9 @@ impl<S: Store> Limiter<S> {
             listed(domain, request, &mut targets, live.get(request.domain.as_str()));
         }
         let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
-        let (mut hits, peeks) = self.hits_of(request, &targets, how, lease.as_deref())?;
-        let decided = self.decide_hits(&mut hits, &peeks, now_us, domain, stats).await?;
-        let answers = decided.iter().zip(&hits).zip(&peeks);
+        let mut hits = self.hits_of(request, &targets, how, lease.as_deref())?;
+        let decided = self.decide_hits(&mut hits, now_us, domain, stats).await?;
+        let answers = decided.iter().zip(&hits);
         let shaped = self.shape(request, &targets, (domain, how, now_us), answers)?;
         let overall = if shaped.over() && !self.settings.shadow_mode {
             stats.should_over_limit.increment(1);
@@ -51,20 +51,18 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The store's hit of each limited descriptor, counted the way `how` says and holding `lease`, and per hit
-    /// whether a read-only peek decides it (a check) rather than a count. A reservation that a hit could not pay
-    /// for is refused here, before anything is counted.
+    /// The store's hit of each limited descriptor, in the mode `how` says (a check is a read-only peek, a report is
+    /// counted whatever the limits say, a reservation is held) and holding `lease`. A reservation that a hit could
+    /// not pay for is refused here, before anything is counted.
     fn hits_of(
         &self,
         request: &Request,
         targets: &[Target<'_>],
         how: How<'_>,
         lease: Option<&str>,
-    ) -> Result<(Vec<Hit>, Vec<bool>), LimitError> {
+    ) -> Result<Vec<Hit>, LimitError> {
         let named = how.named();
         let mut hits = Vec::with_capacity(targets.len());
-        // Per hit: decided by a read-only peek (a check) rather than counted.
-        let mut peeks = Vec::with_capacity(targets.len());
         for (index, (descriptor, target)) in request.descriptors.iter().zip(targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
                 let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
@@ -72,37 +70,29 @@ impl<S: Store> Limiter<S> {
                 let mut hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, named);
                 hit.lease = lease.map(str::to_string).unwrap_or_default();
                 let reports = rule.is_some_and(|r| r.cost_reports);
-                let peek = match how {
-                    How::Check(_) => true,
-                    How::Report(_) => {
-                        hit.force = true;
-                        false
-                    }
+                hit.mode = match how {
+                    How::Check(_) => Mode::Peek,
+                    How::Report(_) => Mode::Report,
                     How::Reserve { id, ttl_us, .. } => {
                         refuse_unpaid(&hit, index).inspect_err(|_| self.metrics.invalid_request(how.rpc()))?;
-                        hit.reservation = Some(ReservationSpec {
+                        Mode::Reserve(ReservationSpec {
                             key: self.identity(&request.domain, descriptor, shared).reservation(id),
                             ttl_us,
-                        });
-                        false
+                        })
                     }
                     // A rule of reported costs: a hit with a cost is a report, one without checks that one more
                     // unit is left.
-                    How::Decide if reports && hit_costs(&hit) => {
-                        hit.force = true;
-                        false
-                    }
+                    How::Decide if reports && hit_costs(&hit) => Mode::Report,
                     How::Decide if reports => {
                         hit.cost = 1;
-                        true
+                        Mode::Peek
                     }
-                    How::Decide => false,
+                    How::Decide => Mode::Hit,
                 };
                 hits.push(hit);
-                peeks.push(peek);
             }
         }
-        Ok((hits, peeks))
+        Ok(hits)
     }
 
     /// Decides every hit: from the local over-limit cache when a denial still holds, otherwise by one store call
@@ -111,7 +101,6 @@ impl<S: Store> Limiter<S> {
     async fn decide_hits(
         &self,
         hits: &mut [Hit],
-        peeks: &[bool],
         now_us: u64,
         domain: Option<&Domain>,
         stats: &DomainStats,
@@ -119,20 +108,20 @@ impl<S: Store> Limiter<S> {
         let generation = self.guard.cache().generation();
         let mut decided: Vec<Option<Outcome>> = hits
             .iter()
-            .zip(peeks)
-            .map(|(h, &peek)| if peek { None } else { self.guard.cached(h, now_us) })
+            .map(|h| if h.peeks() { None } else { self.guard.cached(h, now_us) })
             .collect();
         let mut failed = None;
-        for (op, as_peek) in [("hit", false), ("peek", true)] {
+        // Hits, then peeks, each in a store call of their own.
+        for as_peek in [false, true] {
             let pending: Vec<usize> = (0..hits.len())
-                .filter(|&i| decided[i].is_none() && peeks[i] == as_peek)
+                .filter(|&i| decided[i].is_none() && hits[i].peeks() == as_peek)
                 .collect();
             if pending.is_empty() {
                 continue;
             }
             // Lend the pending hits to the store call without copying them, then put them back.
             let mut sent: Vec<Hit> = pending.iter().map(|&i| std::mem::take(&mut hits[i])).collect();
-            let answers = self.guard.call(op, now_us, &sent).await;
+            let answers = self.guard.call(now_us, &sent).await;
             for (&i, hit) in pending.iter().zip(sent.drain(..)) {
                 hits[i] = hit;
             }
@@ -164,7 +153,7 @@ impl<S: Store> Limiter<S> {
         request: &Request,
         targets: &[Target<'_>],
         (domain, how, now_us): (Option<&Domain>, How<'_>, u64),
-        mut answers: impl Iterator<Item = ((&'a Option<Outcome>, &'a Hit), &'a bool)>,
+        mut answers: impl Iterator<Item = (&'a Option<Outcome>, &'a Hit)>,
     ) -> Result<Shaped, LimitError> {
         let mut shaped = Shaped {
             statuses: Vec::with_capacity(targets.len()),
@@ -176,7 +165,7 @@ impl<S: Store> Limiter<S> {
                 Target::Unlimited(_) => Status::UNLIMITED,
                 Target::Listed(list) => self.listed_status(list, domain, &mut shaped),
                 Target::Limited { tiers, rule, .. } => {
-                    let Some(((outcome, hit), &peek)) = answers.next() else {
+                    let Some((outcome, hit)) = answers.next() else {
                         return Err(StoreError::Other("store returned too few outcomes".into()).into());
                     };
                     let Some(outcome) = outcome else {
@@ -192,7 +181,7 @@ impl<S: Store> Limiter<S> {
                         rule: *rule,
                         hit,
                         outcome,
-                        peek,
+                        peek: hit.peeks(),
                     };
                     self.limited_status(&answered, (domain, how, now_us), &mut shaped)
                 }
@@ -257,7 +246,7 @@ impl<S: Store> Limiter<S> {
             self.record_outcome(answered, domain, now_us, (i, tier));
         }
         if let (Some(kind), Some(rule), Some(domain)) = (how.counted_kind(), rule, domain) {
-            if outcome.admitted || hit.force {
+            if outcome.admitted || hit.reports() {
                 for (i, (spec, tier)) in hit.tiers.iter().zip(tiers.iter()).enumerate() {
                     let limit = tier.name.as_deref().map_or_else(|| i.to_string(), str::to_string);
                     let amount = spec.cost.unwrap_or(hit.cost);
@@ -277,7 +266,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         // A report is never refused.
-        let code = if outcome.admitted || shadow || hit.force {
+        let code = if outcome.admitted || shadow || hit.reports() {
             Code::Ok
         } else {
             Code::OverLimit
@@ -286,7 +275,7 @@ impl<S: Store> Limiter<S> {
         Status {
             code,
             limit: Some(AppliedLimit::from(&tiers[i])),
-            remaining: if outcome.admitted || hit.force {
+            remaining: if outcome.admitted || hit.reports() {
                 u32::try_from(tier.remaining).unwrap_or(u32::MAX)
             } else {
                 0
@@ -318,7 +307,7 @@ impl<S: Store> Limiter<S> {
             ..
         } = *answered;
         if let (Some(rule), Some(domain)) = (rule, domain) {
-            let denied = !outcome.admitted && !hit.force;
+            let denied = !outcome.admitted && !hit.reports();
             self.outcomes.note(&domain.name, &rule.path, now_us, denied);
             if let kept @ 1.. = self.settings.top_offenders {
                 self.offenders

@@ -110,7 +110,13 @@ impl<S: Store> Guard<S> {
     /// One store call behind the circuit breakers of the hits' failure domains: the hits of a domain whose breaker
     /// is open are refused at once, the others go to the store together, and each domain's breaker then learns
     /// whether its server answered. One answer per hit, in order.
-    pub async fn call(&self, op: &'static str, now_us: u64, hits: &[Hit]) -> Answers {
+    pub async fn call(&self, now_us: u64, hits: &[Hit]) -> Answers {
+        // A call's hits are all peeks or none (each caller makes them so): timed, traced and logged as its kind.
+        let op = if hits.first().is_some_and(Hit::peeks) {
+            "peek"
+        } else {
+            "hit"
+        };
         if hits.iter().all(|h| self.store.failure_domain(h) == 0) {
             return self.call_one_domain(op, now_us, hits).await;
         }
@@ -192,7 +198,7 @@ impl<S: Store> Guard<S> {
         let answers = match op {
             "peek" => {
                 let span = tracing::debug_span!("store.peek", store, descriptors);
-                Box::pin(self.store.peek(now_us, hits)).instrument(span).await
+                Box::pin(self.store.hit(now_us, hits)).instrument(span).await
             }
             _ => {
                 let span = tracing::debug_span!("store.hit", store, descriptors);
@@ -223,7 +229,7 @@ impl<S: Store> Guard<S> {
     /// A denial from the local cache, as the outcome the store gave. Never for a forced hit: the store must count it
     /// whatever the limits say.
     pub fn cached(&self, hit: &Hit, now_us: u64) -> Option<Outcome> {
-        if hit.force || !self.trusted() {
+        if hit.reports() || !self.trusted() {
             return None;
         }
         let first = hit.tiers.first()?;
@@ -264,7 +270,7 @@ impl<S: Store> Guard<S> {
         let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
         if !self.trusted()
             || outcome.admitted
-            || hit.force
+            || hit.reports()
             || hit.cost == 0
             || !hit.tiers.iter().all(|t| exact(t.algorithm))
         {
@@ -373,13 +379,17 @@ mod tests {
                 global: false,
             }],
             cost,
-            force,
+            mode: if force {
+                crate::store::Mode::Report
+            } else {
+                crate::store::Mode::Hit
+            },
             ..Hit::default()
         }
     }
 
     async fn decide(guard: &Guard<MemoryStore>, h: &Hit) -> Outcome {
-        let mut answers = guard.call("hit", NOW, std::slice::from_ref(h)).await;
+        let mut answers = guard.call(NOW, std::slice::from_ref(h)).await;
         answers.remove(0).expect("the memory store answers")
     }
 

@@ -4,7 +4,7 @@
 use super::Limiter;
 use super::request::{Descriptor, Request};
 use crate::rules::{Algorithm, Rule, Tier, TierCost};
-use crate::store::{CounterKey, Hit, Identity, KeyBuilder, RecordSpec, Store, TierSpec};
+use crate::store::{CounterKey, Hit, Identity, KeyBuilder, Mode, RecordSpec, Store, TierSpec};
 
 impl<S: Store> Limiter<S> {
     /// The identity of a descriptor of `domain` (its counters' keys): `shared` levels hold their pattern in place of
@@ -61,8 +61,7 @@ impl<S: Store> Limiter<S> {
             lease: String::new(),
             fields: if queue { descriptor.entries.clone() } else { Vec::new() },
             record,
-            force: false,
-            reservation: None,
+            mode: Mode::Hit,
         }
     }
 }

@@ -5,7 +5,7 @@ use super::Limiter;
 use super::decision::{AppliedLimit, LimitError, Report};
 use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
-use crate::store::{Hit, Outcome, Store, StoreError};
+use crate::store::{Hit, Mode, Outcome, Store, StoreError};
 
 impl<S: Store> Limiter<S> {
     /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
@@ -24,7 +24,11 @@ impl<S: Store> Limiter<S> {
             .filter_map(|(descriptor, target)| match target {
                 Target::Limited { tiers, rule, shared } => {
                     let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                    Some(self.hit(request, descriptor, (tiers, *rule, shared), cost.min(capacity + 1), &[]))
+                    let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost.min(capacity + 1), &[]);
+                    Some(Hit {
+                        mode: Mode::Peek,
+                        ..hit
+                    })
                 }
                 _ => None,
             })
@@ -32,7 +36,7 @@ impl<S: Store> Limiter<S> {
         let outcomes: Result<Vec<Outcome>, StoreError> = if hits.is_empty() {
             Ok(Vec::new())
         } else {
-            self.guard.call("peek", now_us, &hits).await.into_iter().collect()
+            self.guard.call(now_us, &hits).await.into_iter().collect()
         };
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?

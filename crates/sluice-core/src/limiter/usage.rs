@@ -10,7 +10,7 @@
 use super::hits::identity_of;
 use super::{LimitError, Limiter};
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
-use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Outcome, Store, StoreError, TierSpec};
+use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Mode, Outcome, Store, StoreError, TierSpec};
 
 /// One bucket's report: its id (entries sorted by key, no two keys equal) and the requests since the last one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl<S: Store> Limiter<S> {
         let mut answers = if hits.is_empty() {
             Vec::new()
         } else {
-            self.guard.call("hit", now_us, &hits).await
+            self.guard.call(now_us, &hits).await
         }
         .into_iter();
 
@@ -159,7 +159,7 @@ impl<S: Store> Limiter<S> {
                             i,
                             Hit {
                                 cost: 1,
-                                force: false,
+                                mode: Mode::Peek,
                                 ..hit.clone()
                             },
                         ));
@@ -173,7 +173,7 @@ impl<S: Store> Limiter<S> {
             return;
         }
         let peeks: Vec<Hit> = exhausted.iter().map(|(_, h)| h.clone()).collect();
-        let answers = self.guard.call("peek", now_us, &peeks).await;
+        let answers = self.guard.call(now_us, &peeks).await;
         for ((i, _), answer) in exhausted.iter().zip(answers) {
             let Ok(Charged::Limited(state)) = &mut out[*i] else {
                 continue;
@@ -273,7 +273,7 @@ fn quota_hits(usages: &[Usage], matched: &[Option<(&Rule, Identity)>]) -> Vec<Hi
         hits.push(Hit {
             tiers,
             cost: usage.allowed,
-            force: true,
+            mode: Mode::Report,
             ..Hit::default()
         });
     }

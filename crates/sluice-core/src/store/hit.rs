@@ -17,8 +17,8 @@ pub struct TierSpec {
     /// This tier's own cost; `None` for the hit's [`cost`](Hit::cost). A descriptor whose limits count different
     /// things (input tokens against one, output tokens against another, a priced sum against a credits limit) gives
     /// each tier its cost, and the tiers are still decided together, all or nothing. 0 checks the tier without
-    /// writing it. Every mode takes it: a hit, a peek (the hypothetical cost), a [forced](Hit::force) hit, a
-    /// [reservation](Hit::reservation) (each tier holds its own estimate) and a [settlement](Settlement) (each tier's
+    /// writing it. Every mode takes it: a hit, a peek (the hypothetical cost), a [forced](Mode::Report) hit, a
+    /// [reservation](Mode::Reserve) (each tier holds its own estimate) and a [settlement](Settlement) (each tier's
     /// actual cost). Bounded as any cost is ([`TierSpec::bounded_cost`]).
     pub cost: Option<u64>,
     /// Counted in every region ([`crate::regions`]): a `fixed_window` or `sliding_window` tier that also counts what
@@ -49,7 +49,7 @@ impl TierSpec {
     /// both are above `k`, so the tier denies alike (`ok` false, `remaining` 0, `retry_after_us` `None`), the hit is
     /// denied alike and an ordinary hit writes nothing alike (a lone fixed window has `K = k`). What differs there:
     /// the tier's `used` (the count the hit would leave) is its count + `k + 1` instead of + `min(c, K + 1)`, and
-    /// what a [forced](Hit::force) hit or a settlement's charge counts in that tier: `k + 1`, no longer up to
+    /// what a [forced](Mode::Report) hit or a settlement's charge counts in that tier: `k + 1`, no longer up to
     /// `K + 1` (a bucket was charged at most `burst + 1` tokens already, so only windows count less), and what a
     /// reservation records as its estimate. Any count above a limit answers the same while it lasts.
     pub fn bounded_cost(&self, hit_cost: u64) -> u64 {
@@ -59,7 +59,7 @@ impl TierSpec {
 
 /// One descriptor's hit against all its limits, decided together: every tier admits it, or none is charged (except a
 /// lone fixed window, which counts denials as the reference does, but never a cost above its limit, which can never
-/// fit, and a [forced](Hit::force) hit, which every tier counts).
+/// fit, and a [forced](Mode::Report) hit, which every tier counts).
 ///
 /// Each tier is decided with its own cost ([`TierSpec::bounded_cost`]: the tier's [`cost`](TierSpec::cost), else the
 /// hit's `cost`, bounded by the tier's capacity + 1): the hit is admitted only if every tier admits its own cost, an
@@ -77,10 +77,25 @@ pub struct Hit {
     /// The fields of the entry an admitted hit appends to `queue` tiers.
     pub fields: Vec<(String, String)>,
     pub record: Option<RecordSpec>,
-    /// Count `cost` against every tier whatever the limits say: a usage that already happened (an RLQS usage
-    /// report). The outcome still says whether it fit; later hits see the count, past the limit or not. For the
-    /// counting algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`): a hit with a
-    /// tier of another algorithm is decided as an ordinary one (see [`Hit::forced`]).
+    /// What the call does with the hit ([`Mode`]): count it where it fits, only report on it, count it whatever the
+    /// limits say, or hold what it is charged as a reservation.
+    pub mode: Mode,
+}
+
+/// What a store call does with one hit: the one shape a call's mode takes, from the limiter down to the script's
+/// first argument (`ScriptMode` in the Redis store's call).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Count the hit where every tier admits it (a lone fixed window counts its denials, as the reference does).
+    #[default]
+    Hit,
+    /// Report on the hit (its `cost` is hypothetical) without creating, changing or extending anything; the outcome
+    /// carries the hit records.
+    Peek,
+    /// Count `cost` against every tier whatever the limits say: a usage that already happened (an RLQS usage report).
+    /// The outcome still says whether it fit; later hits see the count, past the limit or not. For the counting
+    /// algorithms only (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`): a hit with a tier of
+    /// another algorithm is decided as an ordinary one (see [`Hit::forced`]).
     ///
     /// Each tier counts its own cost ([`TierSpec::bounded_cost`]), bounded as for any hit: a report larger than a
     /// tier's capacity + 1 is counted there as that capacity + 1 (a bucket tier is charged at most its `burst` + 1
@@ -92,14 +107,29 @@ pub struct Hit {
     ///
     /// The outcome's `admitted`, and each tier's `ok` and `retry_after_us`, are those of an ordinary hit (decided
     /// before counting); `used`, `remaining` and `reset_after_us` are each tier's state after counting.
-    pub force: bool,
-    /// Hold what the hit is charged as a reservation, to be [settled](super::Reservations::settle) later with the actual costs (a
-    /// cost budget: reserve an estimate, settle what was used). An admitted hit with a positive cost in some tier (or
-    /// a [forced](Hit::force) one, which is always counted) also writes the record `reservation.key`: what each tier
-    /// was charged (its bounded cost, [`TierSpec::bounded_cost`], 0 included) and when. A denied hit, a hit whose
-    /// every tier's cost is 0 and a peek write none. For the counting algorithms only, as [`Hit::force`]: on a hit
-    /// with a tier of another algorithm it is ignored.
-    pub reservation: Option<ReservationSpec>,
+    Report,
+    /// A hit whose charge is held as a reservation, to be [settled](super::Reservations::settle) later with the
+    /// actual costs (a cost budget: reserve an estimate, settle what was used). An admitted hit with a positive cost
+    /// in some tier also writes the record `key`: what each tier was charged (its bounded cost,
+    /// [`TierSpec::bounded_cost`], 0 included) and when. A denied hit and a hit whose every tier's cost is 0 write
+    /// none. For the counting algorithms only, as [`Mode::Report`]: on a hit with a tier of another algorithm it is
+    /// an ordinary hit.
+    Reserve(ReservationSpec),
+    /// A [report](Mode::Report) whose charge is held as a [reservation](Mode::Reserve): always counted, so always
+    /// recorded.
+    ReserveReport(ReservationSpec),
+}
+
+impl Mode {
+    /// The mode of a hit that is forced (`force`) or not, holding `reservation` or not.
+    pub fn of(force: bool, reservation: Option<ReservationSpec>) -> Mode {
+        match (force, reservation) {
+            (false, None) => Mode::Hit,
+            (true, None) => Mode::Report,
+            (false, Some(r)) => Mode::Reserve(r),
+            (true, Some(r)) => Mode::ReserveReport(r),
+        }
+    }
 }
 
 impl Hit {
@@ -108,16 +138,35 @@ impl Hit {
         self.tiers.iter().map(|t| t.bounded_cost(self.cost)).collect()
     }
 
-    /// Whether the hit is counted whatever the limits say: `force`, when every tier counts (`fixed_window`,
-    /// `sliding_window`, `token_bucket`, `leaky_bucket`). Both stores decide by this one test.
-    pub fn forced(&self) -> bool {
-        self.force && self.counts()
+    /// Whether the hit only reports ([`Mode::Peek`]).
+    pub fn peeks(&self) -> bool {
+        self.mode == Mode::Peek
     }
 
-    /// The reservation the hit holds if it is admitted: `reservation`, when every tier counts. Both stores decide
-    /// by this one test.
+    /// Whether the hit asks to be counted whatever the limits say ([`Mode::Report`], [`Mode::ReserveReport`]),
+    /// whether or not its tiers can be.
+    pub fn reports(&self) -> bool {
+        matches!(self.mode, Mode::Report | Mode::ReserveReport(_))
+    }
+
+    /// The reservation the hit asks to hold, whether or not its tiers can hold one.
+    pub fn reservation(&self) -> Option<&ReservationSpec> {
+        match &self.mode {
+            Mode::Reserve(r) | Mode::ReserveReport(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Whether the hit is counted whatever the limits say: it [reports](Hit::reports), and every tier counts
+    /// (`fixed_window`, `sliding_window`, `token_bucket`, `leaky_bucket`). Both stores decide by this one test.
+    pub fn forced(&self) -> bool {
+        self.reports() && self.counts()
+    }
+
+    /// The reservation the hit holds if it is admitted: its [reservation](Hit::reservation), when every tier counts.
+    /// Both stores decide by this one test.
     pub(crate) fn reserves(&self) -> Option<&ReservationSpec> {
-        self.reservation.as_ref().filter(|_| self.counts())
+        self.reservation().filter(|_| self.counts())
     }
 
     /// Whether every tier is of a counting algorithm (`fixed_window`, `sliding_window`, `token_bucket`,
@@ -195,7 +244,7 @@ pub enum Settled {
 
 /// What a settlement did to one tier: its `estimate` (what the reservation charged it) replaced with its `actual`
 /// cost (as bounded, [`TierSpec::bounded_cost`]).
-/// - `actual > estimate`: `charged` = `actual - estimate` is counted on the tier as a [forced](Hit::force) hit of
+/// - `actual > estimate`: `charged` = `actual - estimate` is counted on the tier as a [forced](Mode::Report) hit of
 ///   that cost at `now_us` would be (past the limit if it must, with the same caps).
 /// - `actual < estimate`: `estimate - actual` is asked back of the tier, from the state the reservation was charged
 ///   in, and `refunded` is what came back: a fixed window gives it back (down to 0) if the window it was charged in is still the

@@ -101,11 +101,7 @@ impl Counters for MemoryStore {
     }
 
     async fn hit(&self, now_us: u64, hits: &[Hit]) -> Answers {
-        hits.iter().map(|h| Ok(self.decide(now_us, h, false))).collect()
-    }
-
-    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Answers {
-        hits.iter().map(|h| Ok(self.decide(now_us, h, true))).collect()
+        hits.iter().map(|h| Ok(self.decide(now_us, h))).collect()
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
@@ -377,7 +373,7 @@ mod tests {
                     global: false,
                 }],
                 cost: 5,
-                force: true,
+                mode: crate::store::Mode::Report,
                 ..Hit::default()
             };
             lock(&store.shards[(key.tag() % SHARDS as u64) as usize]).set(
@@ -390,10 +386,10 @@ mod tests {
                 Some(Counter::Sliding(s)) => s.c,
                 other => panic!("{other:?}"),
             };
-            let o = store.decide(now, &hit, false);
+            let o = store.decide(now, &hit);
             assert_eq!(o.tiers[0].used, bound - 1 + 4, "{algorithm:?}: the cost counts as 4");
             assert_eq!(count(), bound, "{algorithm:?}");
-            store.decide(now, &hit, false);
+            store.decide(now, &hit);
             assert_eq!(count(), bound, "{algorithm:?}");
         }
     }

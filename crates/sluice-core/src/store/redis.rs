@@ -66,7 +66,7 @@ mod route;
 mod settings;
 mod tallies;
 
-use call::{Call, Form, Mode};
+use call::{Call, Form};
 use cluster::{Cluster, Node};
 use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
@@ -226,11 +226,11 @@ impl RedisStore {
 
     /// Decides every hit, one script call for all of them against one server, one per primary in a cluster;
     /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
-    async fn run(&self, mode: Mode, now_us: u64, hits: &[Hit]) -> Answers {
+    async fn run(&self, now_us: u64, hits: &[Hit]) -> Answers {
         let now = self.now(now_us);
         self.run_calls(
             hits,
-            |hit| Call::new(mode, now, hit),
+            |hit| Call::new(now, hit),
             |value, hit| parse(value, hit.tiers.len()),
         )
         .await
@@ -459,14 +459,7 @@ impl Counters for RedisStore {
         if hits.is_empty() {
             return Vec::new();
         }
-        self.run(Mode::Hit, now_us, hits).await
-    }
-
-    async fn peek(&self, now_us: u64, hits: &[Hit]) -> Answers {
-        if hits.is_empty() {
-            return Vec::new();
-        }
-        self.run(Mode::Peek, now_us, hits).await
+        self.run(now_us, hits).await
     }
 
     fn failure_domain(&self, hit: &Hit) -> u64 {
@@ -476,7 +469,7 @@ impl Counters for RedisStore {
             .first()
             .map(|t| &t.key)
             .or(hit.record.as_ref().map(|r| &r.key))
-            .or(hit.reservation.as_ref().map(|r| &r.key));
+            .or(hit.reservation().map(|r| &r.key));
         key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
     }
 

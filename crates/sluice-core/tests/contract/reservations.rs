@@ -12,6 +12,7 @@ use super::{
     reservation_key, reserving, settle,
 };
 use crate::harness::{RedisServer, T0, redis_store, tier};
+use sluice_core::store::Mode;
 use sluice_core::store::{Counters, Reservations};
 
 every_store!(
@@ -438,7 +439,7 @@ async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
         .map(|(i, (name, h))| Settlement {
             hit: Hit {
                 cost: i as u64 % 8,
-                reservation: None,
+                mode: Mode::Hit,
                 ..h.clone()
             },
             reservation: reservation_key(name, "a"),

@@ -22,7 +22,8 @@ fn refund(shard: &Shard, t: &TierSpec, now: u64, at: u64, amount: u64) -> Option
 }
 
 impl MemoryStore {
-    pub(super) fn decide(&self, now: u64, hit: &Hit, peek: bool) -> Outcome {
+    pub(super) fn decide(&self, now: u64, hit: &Hit) -> Outcome {
+        let peek = hit.peeks();
         let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
         shard.decisions += 1;
@@ -42,7 +43,7 @@ impl MemoryStore {
         // Not when reserving: a refused reservation holds nothing. Nor a global one (`lua/global.lua`).
         let compact_fixed = match hit.tiers.as_slice() {
             [t] => {
-                t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation.is_none()
+                t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation().is_none()
             }
             _ => false,
         };

@@ -12,13 +12,6 @@ use super::reply::Reply;
 use crate::rules::Algorithm;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
-/// What a store call asks of a hit: to apply it, or only to report on it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Mode {
-    Hit,
-    Peek,
-}
-
 /// The driver's mode (`lua/decide.lua`'s ARGV[1]): what the script does with one descriptor.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum ScriptMode {
@@ -82,16 +75,17 @@ pub(super) struct Call {
 
 impl Call {
     /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
-    pub(super) fn new(mode: Mode, now_us: Option<u64>, hit: &Hit) -> Call {
-        let record = hit.record.as_ref().filter(|r| mode == Mode::Peek || r.value.is_some());
-        // A peek never writes a reservation.
-        let reservation = hit.reserves().filter(|_| mode == Mode::Hit);
-        let mode = match (mode, reservation.is_some()) {
-            (Mode::Hit, false) if hit.forced() => ScriptMode::Report,
-            (Mode::Hit, false) => ScriptMode::Hit,
-            (Mode::Hit, true) if hit.forced() => ScriptMode::ReserveReport,
-            (Mode::Hit, true) => ScriptMode::Reserve,
-            (Mode::Peek, _) => ScriptMode::Peek,
+    pub(super) fn new(now_us: Option<u64>, hit: &Hit) -> Call {
+        let peek = hit.peeks();
+        let record = hit.record.as_ref().filter(|r| peek || r.value.is_some());
+        // A peek never writes a reservation; nor does a hit whose tiers cannot hold one.
+        let reservation = hit.reserves().filter(|_| !peek);
+        let mode = match (peek, reservation.is_some(), hit.forced()) {
+            (true, _, _) => ScriptMode::Peek,
+            (false, false, true) => ScriptMode::Report,
+            (false, false, false) => ScriptMode::Hit,
+            (false, true, true) => ScriptMode::ReserveReport,
+            (false, true, false) => ScriptMode::Reserve,
         };
         // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
         let reservation = reservation.map(|r| (&r.key, vec![Value::Integer(r.bounded_ttl_us() as i64)]));

@@ -1,6 +1,7 @@
 //! Unit tests of a script call.
 
 use super::*;
+use crate::store::Mode;
 
 #[test]
 fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
@@ -22,7 +23,7 @@ fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
     let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
     assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
     // Not the slot of the first argument (the SHA), which fred would hash by default.
-    assert_eq!(Call::new(Mode::Hit, None, &hit).slot, Some(slot));
+    assert_eq!(Call::new(None, &hit).slot, Some(slot));
 }
 
 fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
@@ -47,10 +48,10 @@ fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
     let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
     // A forced hit goes through the driver's form, which has a probe (a compact fixed window needs none).
     let mut hit = fixed_window_hit(&id);
-    hit.force = true;
-    let mut compact = Call::new(Mode::Hit, None, &fixed_window_hit(&id));
+    hit.mode = Mode::Report;
+    let mut compact = Call::new(None, &fixed_window_hit(&id));
     assert!(compact.probe() && compact.probe.is_none());
-    let mut call = Call::new(Mode::Hit, None, &hit);
+    let mut call = Call::new(None, &hit);
     assert!(call.probe());
     let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
     let key = hit.tiers[0].key.as_str();
@@ -98,7 +99,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     let calls = || {
         ids.iter()
             .map(|id| {
-                let mut call = Call::new(Mode::Hit, Some(7), &fixed_window_hit(id));
+                let mut call = Call::new(Some(7), &fixed_window_hit(id));
                 assert!(call.probe());
                 call
             })
@@ -135,8 +136,8 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     assert_eq!(declared, expected);
     // The driver's form is headed by minus its key count, then a probe in a node's batch.
     let mut reserve = fixed_window_hit(&ids[0]);
-    reserve.force = true;
-    let mut call = Call::new(Mode::Hit, Some(7), &reserve);
+    reserve.mode = Mode::Report;
+    let mut call = Call::new(Some(7), &reserve);
     assert!(call.probe());
     let forced = text(&super::node(Value::from("sha"), vec![call], None));
     assert_eq!(
@@ -166,14 +167,14 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
     let hit = Hit {
         tiers: vec![tier(Algorithm::FixedWindow)],
         cost: 1,
-        reservation: Some(ReservationSpec {
+        mode: Mode::Reserve(ReservationSpec {
             key: id.reservation("r"),
             ttl_us: u64::MAX,
         }),
         ..Hit::default()
     };
     let mode = |call: &Call| call.args[2].as_string();
-    let reserve = Call::new(Mode::Hit, None, &hit);
+    let reserve = Call::new(None, &hit);
     assert_eq!((reserve.keys.len(), mode(&reserve).as_deref()), (2, Some("reserve")));
     assert_eq!(
         reserve.args.last().and_then(Value::as_i64),
@@ -181,19 +182,24 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         "the TTL, bounded"
     );
     let forced = Call::new(
-        Mode::Hit,
         None,
         &Hit {
-            force: true,
+            mode: Mode::of(true, hit.reservation().cloned()),
             ..hit.clone()
         },
     );
     assert_eq!(mode(&forced).as_deref(), Some("reserve_report"));
-    let peek = Call::new(Mode::Peek, None, &hit);
+    let peek = Call::new(
+        None,
+        &Hit {
+            mode: Mode::Peek,
+            ..hit.clone()
+        },
+    );
     assert_eq!((peek.keys.len(), mode(&peek).as_deref()), (1, Some("peek")));
     let mut mixed = hit.clone();
     mixed.tiers.push(tier(Algorithm::Concurrency));
-    let mixed = Call::new(Mode::Hit, None, &mixed);
+    let mixed = Call::new(None, &mixed);
     assert_eq!((mixed.keys.len(), mode(&mixed).as_deref()), (2, Some("hit")));
     let settle = Call::settle(
         None,
@@ -244,7 +250,7 @@ fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
         cost: u64::MAX,
         ..Hit::default()
     };
-    let call = Call::new(Mode::Hit, Some(1), &hit);
+    let call = Call::new(Some(1), &hit);
     let arg = |v: &Value| {
         v.as_i64()
             .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
