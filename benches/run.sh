@@ -132,9 +132,8 @@ fi
 if command -v redis-benchmark >/dev/null; then
   counter=$(redis-cli -p "$redis_port" script load \
     "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
-  decide=$(redis-cli -p "$redis_port" script load "$(cd crates/sluice-core/src/store/lua && cat prelude.lua fixed_window.lua \
-    sliding_window.lua sliding_log.lua token_bucket.lua concurrency.lua queue.lua compact_fixed_window.lua decide.lua \
-    batch.lua)")
+  decide=$(redis-cli -p "$redis_port" script load "$(cd crates/sluice-core/src/store && cat lua/prelude.lua algorithm/*.lua \
+    lua/compact_fixed_window.lua lua/decide.lua lua/batch.lua)")
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
   # One descriptor as crates/sluice-core/src/store/lua/batch.lua reads it: n, the timing header (this host's time, the call then

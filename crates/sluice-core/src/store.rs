@@ -21,6 +21,7 @@ mod windows;
 
 use std::future::Future;
 
+pub use algorithm::Algorithm;
 pub use hit::*;
 pub use key::*;
 pub use ledger::*;

@@ -67,7 +67,7 @@ fn candidates(own: Algorithm, named: &[String]) -> Result<Vec<Candidate>, String
             let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
             format!("--algorithm '{spec}': unknown (expected one of {})", names.join(", "))
         })?;
-        if matches!(algorithm, Algorithm::Concurrency | Algorithm::Queue) {
+        if algorithm.ended_by_clients() {
             return Err(format!(
                 "--algorithm '{spec}': not simulated (its state is ended by clients: leases released, entries drained); a leaky_bucket with a burst is the same meter"
             ));
@@ -115,7 +115,7 @@ pub fn run(sim: &Simulation) -> Result<Simulated, String> {
             )
         })?;
     let candidates = candidates(own, &sim.algorithms)?;
-    if matches!(own, Algorithm::Concurrency | Algorithm::Queue) {
+    if own.ended_by_clients() {
         return Err(format!("the rule counts with {}, which is not simulated", own.name()));
     }
     let mut rule_sets = Vec::new();

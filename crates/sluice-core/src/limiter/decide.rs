@@ -406,12 +406,7 @@ impl Shaped {
 /// nothing (every limit it matches would count 0, so no record would be kept for Settle to charge), or when one of
 /// its limits cannot hold a reservation at all (only the counting algorithms can).
 fn refuse_unpaid(hit: &Hit, index: usize) -> Result<(), LimitError> {
-    if let Some(t) = hit.tiers.iter().find(|t| {
-        !matches!(
-            t.algorithm,
-            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
-        )
-    }) {
+    if let Some(t) = hit.tiers.iter().find(|t| !t.algorithm.counts()) {
         return Err(LimitError::InvalidArgument(format!(
             "descriptors[{index}]: a {} limit cannot hold a reservation (only fixed_window, sliding_window, \
              token_bucket and leaky_bucket can)",

@@ -267,7 +267,7 @@ impl<S: Store> Guard<S> {
     /// Remembers a denial whose end is known and cannot come early (see [`crate::cache`]), made by a request that
     /// started in the cache's `generation`. Not a forced hit's: it was counted, not refused.
     pub fn remember(&self, hit: &Hit, outcome: &Outcome, now_us: u64, generation: u64) {
-        let exact = |a: Algorithm| !matches!(a, Algorithm::Concurrency | Algorithm::Queue);
+        let exact = |a: Algorithm| !a.ended_by_clients();
         if !self.trusted()
             || outcome.admitted
             || hit.reports()

@@ -4,6 +4,7 @@
 //! These are plain values with no tree and no request in sight, so the limiter, the stores and the service's faces
 //! can all name them without depending on how rules are matched or compiled.
 
+pub use crate::store::Algorithm;
 use std::sync::Arc;
 
 /// The longest window a limit may have: 100 years, so microsecond times stay far below 2^53.
@@ -71,63 +72,6 @@ impl Unit {
             Unit::Month => "month",
             Unit::Year => "year",
         }
-    }
-}
-
-/// How a limit counts hits. Each has one Lua script in `lua/` and the same logic in the in-memory store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Epoch-aligned fixed windows, the reference's only algorithm.
-    FixedWindow,
-    /// The two-window weighted counter.
-    SlidingWindow,
-    /// Exactly at most N in any interval of the window's length.
-    SlidingLog,
-    /// Continuous refill at `requests_per_unit` per window into a bucket of `burst`.
-    TokenBucket,
-    /// The token bucket with a default burst of 1: evenly spaced hits.
-    LeakyBucket,
-    /// At most N in flight; a lease per admitted hit, released or expiring after the window.
-    Concurrency,
-    /// At most N waiting entries in a Redis Stream that workers drain.
-    Queue,
-    /// A window split into sub-windows (`buckets`), exact to one sub-window; limits of one descriptor with the same
-    /// sub-window share its counts.
-    BucketedWindow,
-}
-
-impl Algorithm {
-    pub const ALL: [Algorithm; 8] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::Concurrency,
-        Algorithm::Queue,
-        Algorithm::BucketedWindow,
-    ];
-
-    pub fn from_name(name: &str) -> Option<Algorithm> {
-        Algorithm::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::LeakyBucket => "leaky_bucket",
-            Algorithm::Concurrency => "concurrency",
-            Algorithm::Queue => "queue",
-            Algorithm::BucketedWindow => "bucketed_window",
-        }
-    }
-
-    /// A token or leaky bucket: counts against a `burst`.
-    pub fn is_bucket(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
     }
 }
 
@@ -199,10 +143,7 @@ impl Limit {
     /// The span its counter is named by: the window, but a `bucketed_window`'s sub-window, so that the limits of one
     /// descriptor with the same sub-window share their counts.
     pub fn counter_span_us(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::BucketedWindow => self.window_us() / u64::from(self.burst.max(1)),
-            _ => self.window_us(),
-        }
+        self.algorithm.counter_span_us(self.window_us(), u64::from(self.burst))
     }
 
     /// The most hits that can ever pass at once: the bucket for buckets, the limit otherwise.

@@ -18,7 +18,6 @@ pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
 use super::{TierOutcome, TierSpec};
-use crate::rules::Algorithm;
 
 use bucketed_window::Buckets;
 use concurrency::Leases;
@@ -27,6 +26,94 @@ use queue::Queue;
 use sliding_log::Log;
 use sliding_window::Sliding;
 use token_bucket::Tat;
+
+/// How a limit counts hits: each has its file here (`algorithm/<name>.rs`, its arithmetic, which both stores decide
+/// by) and its script beside it (`algorithm/<name>.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Epoch-aligned fixed windows, the reference's only algorithm.
+    FixedWindow,
+    /// The two-window weighted counter.
+    SlidingWindow,
+    /// Exactly at most N in any interval of the window's length.
+    SlidingLog,
+    /// Continuous refill at `requests_per_unit` per window into a bucket of `burst`.
+    TokenBucket,
+    /// The token bucket with a default burst of 1: evenly spaced hits.
+    LeakyBucket,
+    /// At most N in flight; a lease per admitted hit, released or expiring after the window.
+    Concurrency,
+    /// At most N waiting entries in a Redis Stream that workers drain.
+    Queue,
+    /// A window split into sub-windows (`buckets`), exact to one sub-window; limits of one descriptor with the same
+    /// sub-window share its counts.
+    BucketedWindow,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+        Algorithm::Queue,
+        Algorithm::BucketedWindow,
+    ];
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+            Algorithm::Queue => "queue",
+            Algorithm::BucketedWindow => "bucketed_window",
+        }
+    }
+
+    /// A token or leaky bucket: counts against a `burst`.
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    /// A counting algorithm: it can count a usage whatever the limits say (a forced hit), hold a reservation and
+    /// settle it. The others keep sets (of hits, leases, entries) or shared sub-window counts that a charge or a
+    /// refund cannot move.
+    pub fn counts(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
+        )
+    }
+
+    /// Whether it can be counted across regions: a window whose counts the regions add up.
+    pub fn can_be_global(self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+    }
+
+    /// Whether its state is ended by clients (leases released, entries drained), so that what is left now is not
+    /// what is left later.
+    pub fn ended_by_clients(self) -> bool {
+        matches!(self, Algorithm::Concurrency | Algorithm::Queue)
+    }
+
+    /// The span a counter of a limit over `window_us` (with `burst`) is named by: the window, but a bucketed
+    /// window's sub-window, so that the limits of one descriptor with the same sub-window share their counts.
+    pub fn counter_span_us(self, window_us: u64, burst: u64) -> u64 {
+        match self {
+            Algorithm::BucketedWindow => window_us / burst.max(1),
+            _ => window_us,
+        }
+    }
+}
 
 /// The most a fixed window's count holds (`MAX_COUNT` in `lua/prelude.lua`): a lone fixed window counts its
 /// denials, so hits of up to `u32::MAX` each could otherwise push it past 2^53, where the scripts' doubles stop

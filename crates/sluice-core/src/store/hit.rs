@@ -3,7 +3,7 @@
 //! decided ([`StoreError`]).
 
 use super::CounterKey;
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 
 /// One limit of a descriptor, as the store applies it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,12 +172,7 @@ impl Hit {
     /// Whether every tier is of a counting algorithm (`fixed_window`, `sliding_window`, `token_bucket`,
     /// `leaky_bucket`): what forced hits, reservations and settlements need.
     pub(crate) fn counts(&self) -> bool {
-        self.tiers.iter().all(|t| {
-            matches!(
-                t.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket
-            )
-        })
+        self.tiers.iter().all(|t| t.algorithm.counts())
     }
 }
 

@@ -2,7 +2,7 @@
 //! documented encoding, so that counters written by one version are found by the next.
 
 use super::Span;
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 
 /// The name of one counter in a store.
 ///
@@ -99,7 +99,7 @@ impl CounterKey {
     }
 
     /// The key of one window of a fixed or sliding window's counter in Redis: this key, `:`, and the window's first
-    /// microsecond (`lua/fixed_window.lua`'s `window_of`, `lua/sliding_window.lua`'s `sw_read`).
+    /// microsecond (`algorithm/fixed_window.lua`'s `window_of`, `algorithm/sliding_window.lua`'s `sw_read`).
     pub fn window(&self, start_us: u64) -> CounterKey {
         let mut key = String::with_capacity(self.key.len() + 18);
         key.push_str(&self.key);

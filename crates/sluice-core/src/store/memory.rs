@@ -328,7 +328,7 @@ impl RegionCounts for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Algorithm;
+    use crate::store::Algorithm;
     use crate::store::TierSpec;
     use crate::store::algorithm::{MAX_COUNT, MAX_SLIDING_COUNT};
 

@@ -81,13 +81,7 @@ macro_rules! decision_script {
         concat!(
             $($head,)?
             include_str!("lua/prelude.lua"),
-            include_str!("lua/fixed_window.lua"),
-            include_str!("lua/sliding_window.lua"),
-            include_str!("lua/sliding_log.lua"),
-            include_str!("lua/token_bucket.lua"),
-            include_str!("lua/concurrency.lua"),
-            include_str!("lua/queue.lua"),
-            include_str!("lua/bucketed_window.lua"),
+            include_str!(concat!(env!("OUT_DIR"), "/algorithms.lua")),
             include_str!("lua/global.lua"),
             include_str!("lua/compact_fixed_window.lua"),
             include_str!("lua/compact_bucket.lua"),

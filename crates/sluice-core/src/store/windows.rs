@@ -2,7 +2,7 @@
 //! ([`WindowRef`]) and one region's count in it ([`RegionCount`]).
 
 use super::{CounterKey, TierSpec};
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 
 /// One window of a global limit's counter (a `fixed_window` or `sliding_window` tier whose
 /// [`global`](TierSpec::global) is set): the tier's key, its window and the window's first microsecond.

@@ -176,7 +176,7 @@ impl Compiler<'_> {
                 ),
             ));
         }
-        if rl.global && !matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow) {
+        if rl.global && !algorithm.can_be_global() {
             return Err(self.err(
                 &at("global"),
                 format!(

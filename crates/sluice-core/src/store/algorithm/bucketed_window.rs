@@ -1,4 +1,4 @@
-//! The bucketed sliding window, the twin of `lua/bucketed_window.lua`: a window of `window` split into `buckets`
+//! The bucketed sliding window, the twin of `bucketed_window.lua`, beside it: a window of `window` split into `buckets`
 //! sub-windows of `window / buckets` each (the tier's `burst` carries the number), epoch-aligned, one count per
 //! sub-window. A window's count is the sum of the sub-windows it spans, the current one included, so it is exact to
 //! one sub-window: a sub-window stops counting `window` after it starts. In Redis each sub-window is an integer

@@ -1,4 +1,4 @@
-//! The fixed window, the twin of `lua/fixed_window.lua`: at most `limit` hits per epoch-aligned window, counted in a
+//! The fixed window, the twin of `fixed_window.lua`, beside it: at most `limit` hits per epoch-aligned window, counted in a
 //! [`Fixed`] state that expires when its window ends (in Redis, one integer per window under `<counter>:<start>`).
 //! Same integer arithmetic as the script, step by step. A settlement's refund lowers the current window's count,
 //! never below 0, and keeps the expiry. The compact form (`lua/compact_fixed_window.lua`) returns the window's count

@@ -1,4 +1,4 @@
-//! The queue, the twin of `lua/queue.lua`: at most `limit` entries waiting, each stale `window` after its id's
+//! The queue, the twin of `queue.lua`, beside it: at most `limit` entries waiting, each stale `window` after its id's
 //! millisecond, in a [`Queue`] state (the Redis stream's ids) that expires `window` after the last append. Ids are
 //! generated as XADD `<ms>-*` generates them.
 

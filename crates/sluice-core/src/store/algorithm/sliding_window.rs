@@ -1,4 +1,4 @@
-//! The sliding window, the twin of `lua/sliding_window.lua`: the two-window weighted counter, in a [`Sliding`]
+//! The sliding window, the twin of `sliding_window.lua`, beside it: the two-window weighted counter, in a [`Sliding`]
 //! state that expires two windows after its start (in Redis, one integer per window, as the fixed window keeps). The estimate is the script's floating-point
 //! expression, evaluated in the same order, so both round alike. A settlement's refund lowers the count of the window
 //! the reservation was counted in (the current or the previous one), never below 0, and keeps the expiry. The compact
@@ -113,7 +113,7 @@ pub(crate) fn refund(state: Option<&Sliding>, t: &TierSpec, now: u64, at: u64, a
 
 /// The sliding window's count at `elapsed` into the current window: the previous window's hits weighted by the
 /// part of it still inside the sliding interval, plus the current window's. The same expression, evaluated in the
-/// same order, as `lua/sliding_window.lua`, so both round alike.
+/// same order, as `sliding_window.lua`, so both round alike.
 pub(crate) fn sw_estimate(p: u64, c: u64, elapsed: u64, window: u64) -> u64 {
     (p as f64 * (window - elapsed) as f64 / window as f64).floor() as u64 + c
 }

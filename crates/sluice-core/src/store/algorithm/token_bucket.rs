@@ -1,4 +1,4 @@
-//! The token and leaky buckets, the twin of `lua/token_bucket.lua`: GCRA over a [`Tat`] state (the theoretical
+//! The token and leaky buckets, the twin of `token_bucket.lua`, beside it: GCRA over a [`Tat`] state (the theoretical
 //! arrival time) that expires when the bucket is full again. Same integer arithmetic as the script. A settlement's
 //! refund moves the arrival time back, never before now, and the expiry with it. The compact form
 //! (`lua/compact_bucket.lua`) returns the arrival time the hit found, and the same [`check_tat`] decides from it.

@@ -4,7 +4,7 @@
 
 use super::shard::{Ledger, Records, Reservation, Shard, State};
 use super::{MemoryStore, lock};
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 use crate::store::algorithm::{self, Check, Expiry, Refund, ceil_ms_us};
 use crate::store::{
     Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, fair_shares,

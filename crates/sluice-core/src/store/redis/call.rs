@@ -9,7 +9,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::compact::{Compact, CompactTier};
 use super::reply::Reply;
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
 /// The driver's mode (`lua/decide.lua`'s ARGV[1]): what the script does with one descriptor.
@@ -140,7 +140,7 @@ impl Call {
             &hit.fields
         };
         let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
-        // A fixed window's count is a key per window (`lua/fixed_window.lua`): the one sluice's clock expects.
+        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
         keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
             Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
             _ => Value::from(t.key.as_str()),

@@ -10,7 +10,7 @@
 
 use fred::types::Value;
 
-use crate::rules::Algorithm;
+use crate::store::Algorithm;
 use crate::store::algorithm::{concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
 use crate::store::{CounterKey, Outcome, TierSpec};
 
@@ -35,7 +35,7 @@ pub(super) enum CompactTier {
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
-/// place that must leave first (`lua/compact_sorted_set.lua`), as `lua/sliding_log.lua`'s or `lua/concurrency.lua`'s
+/// place that must leave first (`lua/compact_sorted_set.lua`), as `algorithm/sliding_log.lua`'s or `algorithm/concurrency.lua`'s
 /// check decides it.
 #[derive(Debug, Clone)]
 pub(super) struct SetTier {
@@ -51,7 +51,7 @@ pub(super) struct SetTier {
     now_us: Option<u64>,
 }
 
-/// What sluice needs to decide a lone sliding window from the counts the hit found, as `lua/sliding_window.lua`'s
+/// What sluice needs to decide a lone sliding window from the counts the hit found, as `algorithm/sliding_window.lua`'s
 /// check decides it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SlidingTier {
@@ -65,7 +65,7 @@ pub(super) struct SlidingTier {
 }
 
 /// What sluice needs to decide a lone fixed window from the window's count before the hit, as
-/// `lua/fixed_window.lua`'s check decides it.
+/// `algorithm/fixed_window.lua`'s check decides it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct WindowTier {
     limit: u64,
@@ -79,7 +79,7 @@ pub(super) struct WindowTier {
 }
 
 /// What sluice needs to decide a lone token or leaky bucket from the arrival time before the hit, as
-/// `lua/token_bucket.lua`'s check decides it.
+/// `algorithm/token_bucket.lua`'s check decides it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct BucketTier {
     /// The emission interval, `ceil(window / limit)`, at least 1.

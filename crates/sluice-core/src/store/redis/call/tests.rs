@@ -5,7 +5,7 @@ use crate::store::Mode;
 
 #[test]
 fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
-    use crate::rules::Algorithm;
+    use crate::store::Algorithm;
     let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
     let key = id.tier(Algorithm::FixedWindow, 60_000_000);
     let hit = Hit {
@@ -27,7 +27,7 @@ fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
 }
 
 fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
-    use crate::rules::Algorithm;
+    use crate::store::Algorithm;
     Hit {
         tiers: vec![crate::store::TierSpec {
             key: id.tier(Algorithm::FixedWindow, 60_000_000),
@@ -152,7 +152,7 @@ fn probes_of(key: &str) -> String {
 
 #[test]
 fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
-    use crate::rules::Algorithm;
+    use crate::store::Algorithm;
     use crate::store::{ReservationSpec, TierSpec};
     let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
     let tier = |algorithm| TierSpec {
@@ -228,7 +228,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
 
 #[test]
 fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
-    use crate::rules::Algorithm;
+    use crate::store::Algorithm;
     use crate::store::TierSpec;
     let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
     let tier = |algorithm, limit, cost| TierSpec {
