@@ -371,28 +371,21 @@ impl SetTier {
     fn answer(&self, count: u64, newest: i64, first: i64, now_us: u64) -> Outcome {
         let place = |score: i64| score.max(0) as u64;
         let leaving = (first >= 0).then(|| place(first));
-        if self.log {
-            let check = sliding_log::check_view(
-                self.limit,
-                self.window_us,
-                now_us,
-                self.cost,
-                count,
-                place(newest),
-                leaving,
-            );
-            single(&check, self.cost, None)
+        let view = if self.log {
+            sliding_log::check_view
         } else {
-            let check = concurrency::check_view(
-                self.limit,
-                self.window_us,
-                now_us,
-                self.cost,
-                count,
-                place(newest),
-                leaving,
-            );
-            single(&check, self.cost, Some(self.lease.clone()))
-        }
+            concurrency::check_view
+        };
+        let check = view(
+            self.limit,
+            self.window_us,
+            now_us,
+            self.cost,
+            count,
+            place(newest),
+            leaving,
+        );
+        // A concurrency limit's counted hit took the call's lease; a log's takes none.
+        single(&check, self.cost, (!self.log).then(|| self.lease.clone()))
     }
 }
