@@ -143,7 +143,7 @@ struct Op {
     step_us: u64,
     cost: Cost,
     kind: Kind,
-    /// Sent as `Hit::force` (which a peek ignores).
+    /// Sent as a report (`Mode::Report`, or `Mode::ReserveReport` with a reservation), which a peek ignores.
     force: bool,
     /// A reservation (id, TTL) the hit holds if it is counted (a peek writes none).
     reserve: Option<(u8, u64)>,

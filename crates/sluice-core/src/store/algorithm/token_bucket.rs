@@ -11,7 +11,7 @@ use crate::store::TierSpec;
 pub(crate) struct Tat(pub(crate) u64);
 
 /// What a hit of `cost` would find at `now`, and the arrival time it would leave. A `force`d hit leaves the arrival
-/// time moved by its cost whether it fits or not (see [`crate::store::Hit::force`]): what it leaves (`used`, `rem1`,
+/// time moved by its cost whether it fits or not (see [`crate::store::Mode::Report`]): what it leaves (`used`, `rem1`,
 /// `reset1`, the write) is that arrival time, while `ok` and `retry` are an ordinary hit's.
 pub(crate) fn check(state: Option<&Tat>, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
     let interval = t.window_us.div_ceil(t.limit.max(1));
