@@ -28,26 +28,20 @@ pub(crate) fn width(t: &TierSpec) -> u64 {
     (t.window_us / t.burst.max(1)).max(1)
 }
 
-/// The sub-windows' first microseconds a window of `t` spans at `now`, oldest first: the current one and the
-/// `buckets - 1` before it.
-pub(crate) fn starts(t: &TierSpec, now: u64) -> impl Iterator<Item = u64> {
+/// What a hit of `cost` would find at `now`: the counts of the sub-windows the window spans (the current one and
+/// the `buckets - 1` before it, none before the epoch), read in one pass over the state's sub-windows.
+pub(crate) fn check(state: Option<&Buckets>, t: &TierSpec, now: u64, cost: u64) -> Check {
     let (width, buckets) = (width(t), t.burst.max(1));
     let current = now - now % width;
-    (0..buckets)
-        .rev()
-        .filter_map(move |back| back.checked_mul(width).and_then(|d| current.checked_sub(d)))
-}
-
-/// What a hit of `cost` would find at `now`: the counts of the sub-windows the window spans.
-pub(crate) fn check(state: Option<&Buckets>, t: &TierSpec, now: u64, cost: u64) -> Check {
-    let counts: Vec<u64> = starts(t, now)
-        .map(|start| {
-            state.map_or(0, |b| {
-                b.subs.iter().find(|s| s.0 == start && s.2 > now).map_or(0, |s| s.1)
-            })
-        })
-        .collect();
-    check_counts(t.limit, width(t), t.window_us, now, cost, &counts)
+    let spanned = (current / width + 1).min(buckets);
+    let first = current - (spanned - 1) * width;
+    let mut counts = vec![0u64; spanned as usize];
+    for &(start, n, kept_until) in state.iter().flat_map(|b| &b.subs) {
+        if start >= first && start <= current && kept_until > now && (start - first) % width == 0 {
+            counts[((start - first) / width) as usize] = n;
+        }
+    }
+    check_counts(t.limit, width, t.window_us, now, cost, &counts)
 }
 
 /// What a hit of `cost` would find at `now` in sub-windows of `width` holding `counts`, oldest first, the last the
