@@ -41,13 +41,13 @@ impl MemoryStore {
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
         // Not when reserving: a refused reservation holds nothing. Nor a global one (`lua/global.lua`).
-        let compact_fixed = match hit.tiers.as_slice() {
+        let single_fixed = match hit.tiers.as_slice() {
             [t] => {
                 t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation().is_none()
             }
             _ => false,
         };
-        let commit = !peek && positive && (admitted || compact_fixed || force);
+        let commit = !peek && positive && (admitted || single_fixed || force);
         // The reservation record, written as `lua/decide.lua` writes it: for a hit admitted and committed, or forced.
         if let Some(r) = hit.reserves().filter(|_| commit && (admitted || force)) {
             let expires_at = now + ceil_ms_us(r.bounded_ttl_us());
