@@ -4,6 +4,7 @@ and its failures become exceptions."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -70,14 +71,12 @@ class AsyncClient:
 
     async def _run(self, call: Call[T], timeout: float | None = None) -> T:
         method = getattr(self._stubs[call.service], call.method)
+        deadline = _calls.deadline(call, timeout, self.timeout)
+        started = time.monotonic()
         try:
-            response = await method(
-                call.request,
-                timeout=_calls.deadline(call, timeout, self.timeout),
-                metadata=_calls.metadata(call, self.admin_token),
-            )
+            response = await method(call.request, timeout=deadline, metadata=_calls.metadata(call, self.admin_token))
         except grpc.RpcError as error:
-            raise from_rpc_error(call.method, error) from error
+            raise from_rpc_error(call.method, error, deadline, time.monotonic() - started) from error
         return call.read(response)
 
     # Decisions.

@@ -88,12 +88,19 @@ _BY_CODE: dict[grpc.StatusCode, type[RpcError]] = {
 }
 
 
-def from_rpc_error(method: str, error: grpc.RpcError) -> RpcError:
-    """The exception for a failed call: the one place statuses become exceptions, for the sync and async clients."""
+def from_rpc_error(method: str, error: grpc.RpcError, timeout: float, elapsed: float) -> RpcError:
+    """The exception for a failed call: the one place statuses become exceptions, for the sync and async clients.
+
+    A call whose timeout ran out may come back CANCELLED rather than DEADLINE_EXCEEDED: the timeout travels with the
+    call (`grpc-timeout`), and a server that enforces it (tonic does) can answer CANCELLED just before the client's
+    own deadline fires. A CANCELLED that arrives once the timeout has passed is that, and raises DeadlineExceeded.
+    """
     if isinstance(error, (grpc.Call, grpc.aio.AioRpcError)):
         code, details = error.code(), error.details() or ""
     else:
         code, details = grpc.StatusCode.UNKNOWN, str(error)
+    if code == grpc.StatusCode.CANCELLED and elapsed >= timeout:
+        code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"the call's timeout of {timeout:g} s ran out ({details})"
     return _BY_CODE.get(code, RpcError)(method, code, details)
 
 
