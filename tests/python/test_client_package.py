@@ -179,14 +179,15 @@ def test_get_remaining_is_exact_and_consumes_nothing(client: Client):
 
 def test_wait_for_permit_waits_for_the_next_window(client: Client):
     tick = {"tick": fresh("t")}
-    assert client.should_rate_limit("shop", tick).allowed
-    assert not client.should_rate_limit("shop", tick).allowed
+    # Spend the second's one hit (a second try when the first lands at the very end of a second).
+    assert any(not client.should_rate_limit("shop", tick).allowed for _ in range(3))
     started = time.monotonic()
     permit = client.wait_for_permit("shop", tick, max_wait=2.0)
     elapsed = time.monotonic() - started
     assert permit.allowed, permit
-    assert datetime.timedelta(0) < permit.waited <= datetime.timedelta(seconds=1), permit.waited
+    assert permit.waited <= datetime.timedelta(seconds=1), permit.waited
     assert elapsed >= permit.waited.total_seconds()
+    assert not client.should_rate_limit("shop", tick).allowed, "the permit counted the new second's hit"
 
 
 def test_wait_for_permit_that_cannot_end_in_time_answers_at_once_consuming_nothing(client: Client):
@@ -291,6 +292,12 @@ def test_reservation_over_budget_raises_without_running_the_block(client: Client
     assert not refused.allowed and refused.id == ""
 
 
+def test_reservation_that_meets_no_limit_holds_and_settles_nothing(client: Client):
+    with client.reservation("shop", {"colour": "blue"}, estimate=10) as r:
+        assert r.id == ""
+    assert r.settled is None
+
+
 def test_check_and_report(client: Client):
     key = {"tokens": fresh("k")}
     assert client.check("shop", key, cost=1000).allowed
@@ -357,6 +364,8 @@ def test_errors_name_the_input(sluice: Sluice, client: Client):
         client.get_remaining("shop", {"user": "a"}, cost=-1)
     with pytest.raises(InvalidArgument, match=r"descriptors\[1\]\.entries\[0\]: expected a \(key, value\) pair"):
         client.should_rate_limit("shop", [{"user": "a"}, ["user"]])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match=r"descriptors\[0\]: expected a mapping or \(key, value\) pairs"):
+        client.should_rate_limit("shop", [42])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="on_error: 'ignore'"):
         client.reservation("shop", {"tokens": "k"}, estimate=1, on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(NotFound, match="no list 'allowed'") as missing:

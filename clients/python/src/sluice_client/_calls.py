@@ -40,7 +40,12 @@ def descriptors(method: str, values: Descriptors) -> list[Any]:
         raise invalid_argument(method, f"descriptors: expected a list of descriptors, got {type(values).__name__}")
     built = []
     for i, value in enumerate(values):
-        pairs = list(value.items()) if isinstance(value, Mapping) else list(value)
+        if isinstance(value, Mapping):
+            pairs = list(value.items())
+        elif isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise invalid_argument(method, f"descriptors[{i}]: expected a mapping or (key, value) pairs")
+        else:
+            pairs = list(value)
         entries = []
         for j, pair in enumerate(pairs):
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):

@@ -73,6 +73,7 @@ class DescriptorStatus:
 
     @property
     def allowed(self) -> bool:
+        """True when this descriptor was under its limits."""
         return self.code == Code.OK
 
     @classmethod
@@ -183,6 +184,7 @@ class Permit:
 
     @property
     def allowed(self) -> bool:
+        """True when the hit passed (and was counted)."""
         return self.decision.allowed
 
     @classmethod
@@ -203,6 +205,7 @@ class Reserved:
 
     @property
     def allowed(self) -> bool:
+        """True when every limit admitted the estimate (and it is held, if any limit matched)."""
         return self.code == Code.OK
 
     @classmethod
