@@ -292,6 +292,24 @@ def test_reservation_over_budget_raises_without_running_the_block(client: Client
     assert not refused.allowed and refused.id == ""
 
 
+def test_a_refund_that_cannot_be_sent_keeps_the_blocks_exception(sluice_bin: Path, tmp_path: Path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "shop.yaml").write_text(CONFIG)
+    server = Sluice(sluice_bin, tmp_path / "config", tmp_path)
+    try:
+        server.wait_healthy()
+        with Client(server.grpc_target, timeout=2) as client:
+            with pytest.raises(RuntimeError, match="model failed") as raised:
+                with client.reservation("shop", {"tokens": "k"}, estimate=10):
+                    assert server.stop() == 0
+                    raise RuntimeError("model failed")
+            if sys.version_info >= (3, 11):  # exception notes are new in 3.11
+                notes = getattr(raised.value, "__notes__", [])
+                assert any("could not be settled" in n and "UNAVAILABLE" in n for n in notes), notes
+    finally:
+        server.stop()
+
+
 def test_reservation_that_meets_no_limit_holds_and_settles_nothing(client: Client):
     with client.reservation("shop", {"colour": "blue"}, estimate=10) as r:
         assert r.id == ""

@@ -9,6 +9,7 @@ CIDR range, a cap) is left to it: its INVALID_ARGUMENT names the input just as w
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Literal, TypeVar, Union
@@ -79,16 +80,16 @@ def seconds(value: Seconds) -> float:
 
 
 def duration(method: str, name: str, value: Seconds | None) -> duration_pb2.Duration | None:
-    """A `google.protobuf.Duration`; None stays None (unset). Negative durations are refused."""
+    """A `google.protobuf.Duration`; None stays None (unset). Negative and infinite durations are refused."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, datetime.timedelta)):
         raise invalid_argument(method, f"{name}: expected seconds or a timedelta, got {type(value).__name__}")
     total = seconds(value)
-    if not total >= 0:
-        raise invalid_argument(method, f"{name}: {total} s is negative")
-    whole = int(total)
-    return duration_pb2.Duration(seconds=whole, nanos=round((total - whole) * 1e9))
+    if not (total >= 0 and math.isfinite(total)):
+        raise invalid_argument(method, f"{name}: {total} s is not a duration")
+    whole, nanos = divmod(round(total * 1e9), 10**9)
+    return duration_pb2.Duration(seconds=whole, nanos=nanos)
 
 
 T = TypeVar("T")

@@ -97,7 +97,7 @@ class ReservationState(Generic[C]):
 
 def _note(error: BaseException | None, failure: SluiceError) -> None:
     if error is not None and hasattr(error, "add_note"):
-        error.add_note(f"the reservation was not refunded and expires charged at its estimate: {failure}")
+        error.add_note(f"the reservation could not be settled, and expires charged at its estimate: {failure}")
 
 
 class Reservation(ReservationState["Client"]):
