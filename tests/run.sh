@@ -48,6 +48,9 @@ if [ ! -x .venv/bin/python ] || ! sha256sum --status -c "$stamp" 2>/dev/null; th
     "$(grep '^opentelemetry-proto' "$requirements")"
   sha256sum "$requirements" >"$stamp"
 fi
+# The Python client package (clients/python), reinstalled on every run so its tests see the code as it is: its
+# dependencies are in requirements.txt, and building it takes a few seconds.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps ./clients/python
 
 # The Node examples' packages (examples/node), installed when missing; no lock file is written into the tree.
 if [ ! -d examples/node/node_modules/@grpc/grpc-js ] || [ ! -d examples/node/node_modules/@grpc/proto-loader ]; then

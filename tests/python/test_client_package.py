@@ -1,0 +1,485 @@
+"""The Python client package (clients/python, installed into the test venv by the README's test command) against a
+real sluice process: the sync and the asyncio client, each call's answer checked against what the server must have
+counted.
+
+- The package as installed: its stubs are the ones `generate.sh` makes from this repository's proto today, it
+  passes `mypy --strict`, and it ships its type information.
+- Decisions from both services (sluice.v1 and Envoy's) on the same counters, over-limit answers, GetRemaining's
+  exact remaining and retry times (and that it consumes nothing).
+- WaitForPermit: a wait that ends in a permit, one that cannot end in time (answered at once, nothing consumed), and
+  a call timeout shorter than the wait (DeadlineExceeded, nothing consumed).
+- Reservations: settled with the actual cost, at the estimate when the block sets none, refunded (wholly or in
+  part) when the block raises, left to expire with `on_error="expire"`, and refused as `BudgetExceeded` without
+  running the block.
+- Run-time lists, top offenders, and each gRPC status a caller meets as its exception (the input named).
+- The docs page's budgeted LLM call, run as printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import filecmp
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import sluice_client
+from sluice_client import (
+    AsyncClient,
+    BudgetExceeded,
+    Client,
+    Code,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+    Unit,
+)
+
+from conftest import REPO, Sluice, free_port, running_sluice, wait_until
+
+PACKAGE = REPO / "clients" / "python"
+TOKEN = "client-package-token"
+HOUR = datetime.timedelta(hours=1)
+
+# Hour-long fixed windows, so no window ends during a test (a test that straddles the top of the hour by chance
+# would see its counters reset); `tick` is the one per-second limit, for a wait that ends.
+CONFIG = """\
+domain: shop
+lists:
+  - name: blocked
+    key: remote_address
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3, name: user_per_hour}
+  - key: tick
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 1000, name: tokens_per_hour}
+"""
+
+
+@pytest.fixture(scope="module")
+def sluice(sluice_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
+    workdir = tmp_path_factory.mktemp("client-package")
+    (workdir / "config").mkdir()
+    (workdir / "config" / "shop.yaml").write_text(CONFIG)
+    with running_sluice(sluice_bin, workdir / "config", workdir, ("--admin-token", TOKEN)) as server:
+        yield server
+
+
+@pytest.fixture
+def client(sluice: Sluice) -> Iterator[Client]:
+    with Client(sluice.grpc_target, admin_token=TOKEN) as c:
+        yield c
+
+
+def fresh(prefix: str) -> str:
+    """A descriptor value no other test has used: every test starts from a full allowance on the shared server."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# The package as installed.
+
+
+def test_the_installed_package_ships_its_stubs_and_types():
+    installed = Path(sluice_client.__file__).parent
+    assert PACKAGE not in installed.parents, f"imported from the source tree ({installed}), not the installed package"
+    for name in ("py.typed", "_proto/sluice_pb2.py", "_proto/sluice_pb2.pyi", "_proto/sluice_pb2_grpc.py"):
+        assert (installed / name).is_file(), f"the installed package lacks {name}"
+
+
+def test_the_committed_stubs_are_generated_from_the_proto(tmp_path: Path):
+    out = subprocess.run(
+        ["bash", str(PACKAGE / "generate.sh"), str(tmp_path)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    committed = PACKAGE / "src" / "sluice_client" / "_proto"
+    names = ["sluice_pb2.py", "sluice_pb2.pyi", "sluice_pb2_grpc.py"]
+    _, differ, missing = filecmp.cmpfiles(committed, tmp_path, names, shallow=False)
+    assert not differ and not missing, f"stale stubs {differ + missing}: run clients/python/generate.sh"
+
+
+def test_the_package_passes_mypy_strict(tmp_path: Path):
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path)],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# Decisions.
+
+
+def test_over_limit_from_both_services_on_the_same_counter(client: Client):
+    user = {"user": fresh("u")}
+    answers = [
+        client.should_rate_limit("shop", user),
+        client.should_rate_limit_envoy("shop", [user]),
+        client.should_rate_limit("shop", [list(user.items())]),
+        client.should_rate_limit_envoy("shop", user),
+    ]
+    assert [a.code for a in answers] == [Code.OK, Code.OK, Code.OK, Code.OVER_LIMIT]
+    assert [a.allowed for a in answers] == [True, True, True, False]
+    assert [a.statuses[0].remaining for a in answers] == [2, 1, 0, 0]
+    status = answers[3].statuses[0]
+    assert status.limit is not None
+    assert (status.limit.name, status.limit.requests_per_unit, status.limit.unit) == ("user_per_hour", 3, Unit.HOUR)
+    assert status.reset_after is not None and datetime.timedelta(0) < status.reset_after <= HOUR
+
+
+def test_hits_addend_counts_that_many(client: Client):
+    user = {"user": fresh("u")}
+    assert client.should_rate_limit("shop", user, hits_addend=2).statuses[0].remaining == 1
+    assert not client.should_rate_limit("shop", user, hits_addend=2).allowed
+    assert client.should_rate_limit("shop", user).statuses[0].remaining == 0
+
+
+def test_get_remaining_is_exact_and_consumes_nothing(client: Client):
+    user = {"user": fresh("u")}
+    client.should_rate_limit("shop", user)
+    client.should_rate_limit("shop", user)
+    for _ in range(3):
+        left, unmatched = client.get_remaining("shop", [user, {"colour": "blue"}])
+        assert left.matched and not left.unlimited and not left.never
+        assert left.remaining == 1
+        assert left.limit is not None
+        assert (left.limit.name, left.limit.requests_per_unit, left.limit.unit) == ("user_per_hour", 3, Unit.HOUR)
+        assert (left.limit.unit_multiplier, left.limit.algorithm, left.limit.burst) == (1, "fixed_window", 3)
+        assert left.retry_after == datetime.timedelta(0)
+        assert left.reset_after is not None and datetime.timedelta(0) < left.reset_after <= HOUR
+        assert not unmatched.matched and unmatched.limit is None
+    # A cost of 2 needs the next window: its retry time is the window's reset; 4 never fits in 3.
+    (two,) = client.get_remaining("shop", user, cost=2)
+    assert two.retry_after is not None and two.reset_after is not None
+    assert abs(two.retry_after - two.reset_after) < datetime.timedelta(seconds=1)
+    assert two.retry_after > datetime.timedelta(0)
+    (four,) = client.get_remaining("shop", user, cost=4)
+    assert four.never and four.retry_after is None
+    assert client.should_rate_limit("shop", user).statuses[0].remaining == 0
+
+
+# WaitForPermit.
+
+
+def test_wait_for_permit_waits_for_the_next_window(client: Client):
+    tick = {"tick": fresh("t")}
+    # Spend the second's one hit (a second try when the first lands at the very end of a second).
+    assert any(not client.should_rate_limit("shop", tick).allowed for _ in range(3))
+    started = time.monotonic()
+    permit = client.wait_for_permit("shop", tick, max_wait=2.0)
+    elapsed = time.monotonic() - started
+    assert permit.allowed, permit
+    assert permit.waited <= datetime.timedelta(seconds=1), permit.waited
+    assert elapsed >= permit.waited.total_seconds()
+    assert not client.should_rate_limit("shop", tick).allowed, "the permit counted the new second's hit"
+
+
+def test_wait_for_permit_that_cannot_end_in_time_answers_at_once_consuming_nothing(client: Client):
+    user = {"user": fresh("u")}
+    client.should_rate_limit("shop", user, hits_addend=2)
+    started = time.monotonic()
+    permit = client.wait_for_permit("shop", user, max_wait=datetime.timedelta(seconds=2), hits_addend=2)
+    assert time.monotonic() - started < 1.0
+    assert not permit.allowed and permit.decision.code == Code.OVER_LIMIT
+    assert client.get_remaining("shop", user)[0].remaining == 1
+
+
+def test_wait_for_permit_timeout_raises_deadline_exceeded_consuming_nothing(client: Client):
+    user = {"user": fresh("u")}
+    client.should_rate_limit("shop", user, hits_addend=2)
+    # 2 more fit only in the next window, within the hour the call may wait but after the 0.3 s it may last.
+    with pytest.raises(DeadlineExceeded) as raised:
+        client.wait_for_permit("shop", user, max_wait=3600, hits_addend=2, timeout=0.3)
+    assert isinstance(raised.value, TimeoutError)
+    assert raised.value.method == "WaitForPermit"
+    assert client.get_remaining("shop", user)[0].remaining == 1, "the abandoned wait consumed nothing"
+
+
+# Reservations.
+
+
+def tokens_left(client: Client, key: dict[str, str]) -> int:
+    return client.get_remaining("shop", key)[0].remaining
+
+
+def test_reservation_settles_the_actual_cost(client: Client):
+    key = {"tokens": fresh("k")}
+    with client.reservation("shop", key, estimate=600) as r:
+        assert len(r.id) > 0
+        assert tokens_left(client, key) == 400, "the estimate is held while the block runs"
+        r.actual = 100
+    assert r.settled is not None and r.settled.settled
+    (s,) = r.settled.settlements
+    assert (s.estimate, s.actual, s.charged, s.refunded) == (600, 100, 0, 500)
+    assert tokens_left(client, key) == 900
+
+
+def test_reservation_charges_more_than_the_estimate(client: Client):
+    key = {"tokens": fresh("k")}
+    with client.reservation("shop", key, estimate=100) as r:
+        r.actual = 250
+    assert r.settled is not None
+    (s,) = r.settled.settlements
+    assert (s.charged, s.refunded) == (150, 0)
+    assert tokens_left(client, key) == 750
+
+
+def test_reservation_without_an_actual_cost_is_charged_its_estimate(client: Client):
+    key = {"tokens": fresh("k")}
+    with client.reservation("shop", key, estimate=300) as r:
+        pass
+    assert r.settled is not None and r.settled.settled
+    (s,) = r.settled.settlements
+    assert (s.estimate, s.actual, s.charged, s.refunded) == (300, 300, 0, 0)
+    assert tokens_left(client, key) == 700
+
+
+def test_reservation_refunds_when_the_block_raises(client: Client):
+    key = {"tokens": fresh("k")}
+    with pytest.raises(RuntimeError, match="model failed"):
+        with client.reservation("shop", key, estimate=600) as whole:
+            raise RuntimeError("model failed")
+    assert whole.settled is not None and whole.settled.settlements[0].refunded == 600
+    assert tokens_left(client, key) == 1000
+    # What the block recorded before it raised is kept; the rest comes back.
+    with pytest.raises(RuntimeError):
+        with client.reservation("shop", key, estimate=600) as part:
+            part.actual = 50
+            raise RuntimeError("stream broke after 50 tokens")
+    assert part.settled is not None and part.settled.settlements[0].refunded == 550
+    assert tokens_left(client, key) == 950
+
+
+def test_reservation_left_to_expire_when_the_block_raises(client: Client):
+    key = {"tokens": fresh("k")}
+    with pytest.raises(RuntimeError):
+        with client.reservation("shop", key, estimate=600, ttl=60, on_error="expire") as r:
+            raise RuntimeError("billed anyway")
+    assert r.settled is None
+    assert tokens_left(client, key) == 400, "the estimate stays held"
+    # Still held, not settled: a Settle now finds it.
+    assert client.settle("shop", key, r.id, actual=0).settled
+    assert tokens_left(client, key) == 1000
+    assert not client.settle("shop", key, r.id, actual=0).settled, "a reservation settles once"
+
+
+def test_reservation_over_budget_raises_without_running_the_block(client: Client):
+    key = {"tokens": fresh("k")}
+    ran = False
+    with pytest.raises(BudgetExceeded, match="tokens_per_hour") as raised:
+        with client.reservation("shop", key, estimate=1001):
+            ran = True
+    assert not ran
+    assert raised.value.statuses[0].code == Code.OVER_LIMIT
+    assert tokens_left(client, key) == 1000, "nothing held"
+    refused = client.reserve("shop", key, estimate=1001)
+    assert not refused.allowed and refused.id == ""
+
+
+def test_a_refund_that_cannot_be_sent_keeps_the_blocks_exception(sluice_bin: Path, tmp_path: Path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "shop.yaml").write_text(CONFIG)
+    server = Sluice(sluice_bin, tmp_path / "config", tmp_path)
+    try:
+        server.wait_healthy()
+        with Client(server.grpc_target, timeout=2) as client:
+            with pytest.raises(RuntimeError, match="model failed") as raised:
+                with client.reservation("shop", {"tokens": "k"}, estimate=10):
+                    assert server.stop() == 0
+                    raise RuntimeError("model failed")
+            if sys.version_info >= (3, 11):  # exception notes are new in 3.11
+                notes = getattr(raised.value, "__notes__", [])
+                assert any("could not be settled" in n and "UNAVAILABLE" in n for n in notes), notes
+    finally:
+        server.stop()
+
+
+def test_reservation_that_meets_no_limit_holds_and_settles_nothing(client: Client):
+    with client.reservation("shop", {"colour": "blue"}, estimate=10) as r:
+        assert r.id == ""
+    assert r.settled is None
+
+
+def test_check_and_report(client: Client):
+    key = {"tokens": fresh("k")}
+    assert client.check("shop", key, cost=1000).allowed
+    assert not client.check("shop", key, cost=1001).allowed
+    assert tokens_left(client, key) == 1000, "Check counts nothing"
+    assert client.report("shop", key, cost=1200).statuses[0].remaining == 0, "Report is never refused"
+    assert not client.check("shop", key, cost=1).allowed
+
+
+# Lists and offenders.
+
+
+def test_run_time_lists(client: Client):
+    address = "198.51.100.9"
+    assert client.should_rate_limit("shop", {"remote_address": address}).allowed
+    added = client.add_list_entries("shop", "blocked", ["198.51.100.0/24", "192.0.2.77"], ttl=3600)
+    assert added == 2
+    assert client.add_list_entries("shop", "blocked", ["203.0.113.5"]) == 1
+    entries = {e.value: e.expires_in for e in client.get_list_entries("shop", "blocked")}
+    assert entries.keys() >= {"198.51.100.0/24", "192.0.2.77", "203.0.113.5"}
+    ranged = entries["198.51.100.0/24"]
+    assert ranged is not None and HOUR - datetime.timedelta(seconds=30) < ranged <= HOUR
+    assert entries["203.0.113.5"] is None, "added without a ttl: until removed"
+    denied = client.should_rate_limit("shop", {"remote_address": address})
+    assert not denied.allowed
+    assert ("X-Sluice-List-Deny", "blocked") in denied.headers
+    assert client.remove_list_entries("shop", "blocked", ["198.51.100.0/24", "192.0.2.77", "203.0.113.5"]) == 3
+    assert client.should_rate_limit("shop", {"remote_address": address}).allowed
+
+
+def test_top_offenders(client: Client):
+    user = fresh("noisy")
+    for _ in range(5):
+        client.should_rate_limit("shop", {"user": user})
+
+    def counted() -> bool:
+        rules = {r.rule: r for r in client.top_offenders("shop", span="minute", limit=1000)}
+        rule = rules.get("shop.user")
+        if rule is None:
+            return False
+        hits = {o.value: o.count for o in rule.hits}
+        denied = {o.value: o.count for o in rule.denied}
+        return hits.get(f"user={user}") == 5 and denied.get(f"user={user}") == 2
+
+    # Each instance adds what it counted into the store every 5 seconds.
+    wait_until(counted, 15, f"user={user} among the offenders")
+    assert client.top_offenders("shop", span="hour", limit=1000)
+
+
+# Errors.
+
+
+def test_errors_name_the_input(sluice: Sluice, client: Client):
+    with pytest.raises(InvalidArgument, match="domain is empty") as raised:
+        client.should_rate_limit("", {"user": "a"})
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.method == "ShouldRateLimit"
+    with pytest.raises(InvalidArgument, match=r"^Reserve: INVALID_ARGUMENT: estimate: descriptors\[0\]"):
+        client.reserve("shop", {"tokens": fresh("k")}, estimate=0)
+    with pytest.raises(InvalidArgument, match=r"values\[1\]: '10\.0\.0\.0/40' is not a CIDR range"):
+        client.add_list_entries("shop", "blocked", ["192.0.2.1", "10.0.0.0/40"])
+    # Refused before any call, worded as the server words it.
+    with pytest.raises(InvalidArgument, match=r"^GetRemaining: INVALID_ARGUMENT: cost: -1 is not between 0 and"):
+        client.get_remaining("shop", {"user": "a"}, cost=-1)
+    with pytest.raises(InvalidArgument, match=r"descriptors\[1\]\.entries\[0\]: expected a \(key, value\) pair"):
+        client.should_rate_limit("shop", [{"user": "a"}, ["user"]])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match=r"descriptors\[0\]: expected a mapping or \(key, value\) pairs"):
+        client.should_rate_limit("shop", [42])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match="on_error: 'ignore'"):
+        client.reservation("shop", {"tokens": "k"}, estimate=1, on_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(NotFound, match="no list 'allowed'") as missing:
+        client.get_list_entries("shop", "allowed")
+    assert isinstance(missing.value, LookupError)
+    with Client(sluice.grpc_target, admin_token="wrong") as stranger:
+        with pytest.raises(Unauthenticated) as refused:
+            stranger.get_list_entries("shop", "blocked")
+    assert isinstance(refused.value, PermissionError)
+    with Client(f"127.0.0.1:{free_port()}", timeout=2) as nobody:
+        with pytest.raises(Unavailable) as unreachable:
+            nobody.should_rate_limit("shop", {"user": "a"})
+    assert isinstance(unreachable.value, ConnectionError)
+
+
+# The asyncio client: the same calls, awaited.
+
+
+def test_async_client(sluice: Sluice):
+    async def main() -> None:
+        async with AsyncClient(sluice.grpc_target, admin_token=TOKEN) as client:
+            user = {"user": fresh("u")}
+            answers = [await client.should_rate_limit("shop", user) for _ in range(3)]
+            answers.append(await client.should_rate_limit_envoy("shop", user))
+            assert [a.code for a in answers] == [Code.OK, Code.OK, Code.OK, Code.OVER_LIMIT]
+            (left,) = await client.get_remaining("shop", user)
+            assert left.remaining == 0 and left.retry_after is not None and left.retry_after > datetime.timedelta(0)
+
+            tick = {"tick": fresh("t")}
+            await client.should_rate_limit("shop", tick)
+            assert (await client.wait_for_permit("shop", tick, max_wait=2)).allowed
+            assert not (await client.wait_for_permit("shop", user, max_wait=0.5)).allowed
+            with pytest.raises(DeadlineExceeded):
+                await client.wait_for_permit("shop", user, max_wait=3600, timeout=0.3)
+
+            key = {"tokens": fresh("k")}
+            async with client.reservation("shop", key, estimate=600) as r:
+                assert (await client.get_remaining("shop", key))[0].remaining == 400
+                r.actual = 100
+            assert r.settled is not None and r.settled.settlements[0].refunded == 500
+            with pytest.raises(RuntimeError):
+                async with client.reservation("shop", key, estimate=600):
+                    raise RuntimeError("model failed")
+            with pytest.raises(asyncio.CancelledError):
+                async with client.reservation("shop", key, estimate=600):
+                    raise asyncio.CancelledError()
+            assert (await client.get_remaining("shop", key))[0].remaining == 900, "both refunded"
+            with pytest.raises(BudgetExceeded):
+                async with client.reservation("shop", key, estimate=901):
+                    pytest.fail("the block ran over budget")
+
+            assert await client.add_list_entries("shop", "blocked", ["192.0.2.200"], ttl=60) == 1
+            assert "192.0.2.200" in [e.value for e in await client.get_list_entries("shop", "blocked")]
+            assert not (await client.should_rate_limit("shop", {"remote_address": "192.0.2.200"})).allowed
+            assert await client.remove_list_entries("shop", "blocked", ["192.0.2.200"]) == 1
+            assert isinstance(await client.top_offenders("shop"), list)
+            with pytest.raises(InvalidArgument, match="no descriptors"):
+                await client.should_rate_limit("shop", [])
+
+    asyncio.run(main())
+
+
+# The docs page's example.
+
+
+def test_the_docs_budgeted_llm_call_runs_as_printed(sluice_bin: Path, tmp_path: Path):
+    """docs/src/client-python.md's ten lines, run against deploy/config's `llm` domain with a fake model: a call
+    that fits is settled with its actual tokens, one over budget never reaches the model."""
+    page = (REPO / "docs" / "src" / "client-python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    example = next(b for b in blocks if "reservation(" in b)
+    assert len(example.strip().splitlines()) <= 10, example
+
+    class Reply:
+        def __init__(self, input_tokens: int, output_tokens: int):
+            self.input_tokens, self.output_tokens = input_tokens, output_tokens
+
+    class Model:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def generate(self, prompt: str, max_tokens: int) -> Reply:
+            self.calls += 1
+            return Reply(len(prompt), max_tokens // 5)
+
+    with running_sluice(sluice_bin, REPO / "deploy" / "config", tmp_path) as server:
+        code = example.replace("127.0.0.1:8081", server.grpc_target)
+        model = Model()
+        fits = {"llm": model, "prompt": "x" * 1200, "user_id": fresh("docs"), "count_tokens": len}
+        exec(code, fits)
+        assert model.calls == 1 and fits["reply"] is not None
+        r = fits["r"]
+        assert r.settled.settled
+        assert r.settled.settlements[0].refunded > 0, "500 output tokens held, 100 spent"
+        over = {**fits, "prompt": "x" * 60_000}
+        exec(code, over)
+        assert model.calls == 1 and over["reply"] is None, "over the 50 000 input tokens a minute: not called"
+        fits["sluice"].close()
+        over["sluice"].close()
