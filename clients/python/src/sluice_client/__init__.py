@@ -15,9 +15,9 @@ The map of the package:
 """
 
 from ._aio import AsyncClient
-from ._calls import Descriptors, Entries, Seconds, Span
+from ._calls import DEFAULT_TIMEOUT_S, Descriptors, Entries, Seconds, Span
 from ._reservation import AsyncReservation, OnError, Reservation
-from ._sync import DEFAULT_TIMEOUT_S, Client
+from ._sync import Client
 from ._types import (
     Code,
     Decision,

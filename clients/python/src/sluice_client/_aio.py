@@ -13,11 +13,10 @@ import grpc
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
 
 from . import _calls
-from ._calls import Call, Descriptors, Seconds, Span
+from ._calls import DEFAULT_TIMEOUT_S, Call, Descriptors, Seconds, Span
 from ._proto import sluice_pb2_grpc
 from ._reservation import AsyncReservation, OnError
 from ._types import Decision, ListEntry, Permit, Remaining, Reserved, RuleOffenders, Settled
-from ._sync import DEFAULT_TIMEOUT_S
 from .errors import from_rpc_error
 
 T = TypeVar("T")

@@ -22,6 +22,9 @@ from ._proto import sluice_pb2
 from ._types import Decision, ListEntry, Permit, Remaining, Reserved, RuleOffenders, Settled, timedelta_of
 from .errors import invalid_argument
 
+#: The default per-call timeout, in seconds.
+DEFAULT_TIMEOUT_S = 5.0
+
 #: One descriptor: its entries as a mapping (`{"user": "alice"}`, in order) or as (key, value) pairs.
 Entries = Union[Mapping[str, str], Sequence[tuple[str, str]]]
 #: The descriptors of a request: a list of them, or one mapping standing for a list of one.

@@ -18,21 +18,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from . import _calls
 from ._calls import Descriptors, Seconds
 from ._types import Reserved, Settled
 from .errors import BudgetExceeded, SluiceError, invalid_argument
 
-if TYPE_CHECKING:
-    from ._aio import AsyncClient
-    from ._sync import Client
-
 #: What a reservation does when its block raises.
 OnError = Literal["refund", "expire"]
 
 C = TypeVar("C")
+T = TypeVar("T")
+
+
+class Runs(Protocol):
+    """What a blocking reservation needs of its client: a call run to its answer (`Client`)."""
+
+    def _run(self, call: _calls.Call[T]) -> T: ...
+
+
+class RunsAsync(Protocol):
+    """What an asyncio reservation needs of its client: a call awaited to its answer (`AsyncClient`)."""
+
+    async def _run(self, call: _calls.Call[T]) -> T: ...
 
 
 class ReservationState(Generic[C]):
@@ -100,7 +109,7 @@ def _note(error: BaseException | None, failure: SluiceError) -> None:
         error.add_note(f"the reservation could not be settled, and expires charged at its estimate: {failure}")
 
 
-class Reservation(ReservationState["Client"]):
+class Reservation(ReservationState[Runs]):
     """`with client.reservation(...) as r:` — see the module's documentation for what leaving the block does."""
 
     def __enter__(self) -> Reservation:
@@ -121,7 +130,7 @@ class Reservation(ReservationState["Client"]):
             _note(error, failure)
 
 
-class AsyncReservation(ReservationState["AsyncClient"]):
+class AsyncReservation(ReservationState[RunsAsync]):
     """`async with client.reservation(...) as r:` — the same block as `Reservation`, for `AsyncClient`."""
 
     async def __aenter__(self) -> AsyncReservation:

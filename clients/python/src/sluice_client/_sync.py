@@ -12,16 +12,13 @@ import grpc
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
 
 from . import _calls
-from ._calls import Call, Descriptors, Seconds, Span
+from ._calls import DEFAULT_TIMEOUT_S, Call, Descriptors, Seconds, Span
 from ._proto import sluice_pb2_grpc
 from ._reservation import OnError, Reservation
 from ._types import Decision, ListEntry, Permit, Remaining, Reserved, RuleOffenders, Settled
 from .errors import from_rpc_error
 
 T = TypeVar("T")
-
-#: The default per-call timeout, in seconds.
-DEFAULT_TIMEOUT_S = 5.0
 
 
 class Client:
