@@ -346,6 +346,8 @@ async fn serve_gated<S: Store>(
     options: &ServeOptions,
     ready: RulesReady,
 ) -> Result<(), ServerError> {
+    // A new instance answers, and reports ready, with the run-time list entries already stored.
+    limiter.read_lists().await.map_err(ServerError::Serve)?;
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_gate = report_health(&health, ready.clone()).await;
     let (stop, stopped) = watch::channel(false);
