@@ -110,11 +110,12 @@ pub fn label(run: &Run) -> String {
     label
 }
 
-/// Per second: the counts of `ticks`.
-fn per_second(ticks: &[u32]) -> Vec<u64> {
+/// Per whole second the run charts ([`Run::charted_seconds`]): the counts of `ticks`.
+fn per_second(run: &Run, ticks: &[u32]) -> Vec<u64> {
     let per = (1_000_000 / TICK_US) as usize;
     ticks
         .chunks(per)
+        .take(run.charted_seconds)
         .map(|c| c.iter().map(|&n| u64::from(n)).sum())
         .collect()
 }
@@ -123,7 +124,7 @@ fn per_second(ticks: &[u32]) -> Vec<u64> {
 pub fn per_second_csv(runs: &[Run]) -> String {
     let mut out = String::from("second,algorithm,offered,admitted,denied\n");
     for run in runs {
-        let (a, d) = (per_second(&run.admitted), per_second(&run.denied));
+        let (a, d) = (per_second(run, &run.admitted), per_second(run, &run.denied));
         for (s, (a, d)) in a.iter().zip(&d).enumerate() {
             let _ = writeln!(out, "{s},{},{},{a},{d}", label(run), a + d);
         }
@@ -191,7 +192,7 @@ pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, 
 /// The chart of what every candidate admitted per second, beside what was offered.
 fn admitted_chart(runs: &[Run]) -> String {
     let offered = runs.first().map(|r| {
-        let (a, d) = (per_second(&r.admitted), per_second(&r.denied));
+        let (a, d) = (per_second(r, &r.admitted), per_second(r, &r.denied));
         a.iter()
             .zip(&d)
             .enumerate()
@@ -205,7 +206,7 @@ fn admitted_chart(runs: &[Run]) -> String {
     for run in runs {
         all.push(Series {
             name: label(run),
-            points: per_second(&run.admitted)
+            points: per_second(run, &run.admitted)
                 .iter()
                 .enumerate()
                 .map(|(s, &n)| (s as f64, n as f64))
@@ -240,12 +241,12 @@ fn figure_row(page: &mut String, f: &Figures) {
 
 /// A candidate's own chart: what it admitted and denied per second.
 fn algorithm_figure(page: &mut String, run: &Run) {
-    let admitted: Vec<(f64, f64)> = per_second(&run.admitted)
+    let admitted: Vec<(f64, f64)> = per_second(run, &run.admitted)
         .iter()
         .enumerate()
         .map(|(s, &n)| (s as f64, n as f64))
         .collect();
-    let denied: Vec<(f64, f64)> = per_second(&run.denied)
+    let denied: Vec<(f64, f64)> = per_second(run, &run.denied)
         .iter()
         .enumerate()
         .map(|(s, &n)| (s as f64, n as f64))
