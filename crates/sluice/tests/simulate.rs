@@ -86,7 +86,36 @@ fn the_example_compares_four_strategies() {
         assert!(last.starts_with("119,") && offered > 0, "{last}");
     }
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
-    assert_eq!(html.matches("<svg").count(), 5, "one chart of all, one per strategy");
+    assert_eq!(
+        html.matches("<svg").count(),
+        8,
+        "one chart of all, worst window, fairness and delay drawn, one per strategy"
+    );
+    // The worst window over the limit and fairness are drawn per strategy, each bar with its value.
+    let figure = |id: &str| -> &str {
+        let start = html
+            .find(&format!("<figure id=\"{id}\">"))
+            .unwrap_or_else(|| panic!("{id}"));
+        &html[start..start + html[start..].find("</figure>").unwrap()]
+    };
+    for row in &rows {
+        let name = row[0].replace('\'', "&apos;");
+        let overshoot: f64 = row[7].parse().unwrap();
+        let fairness: f64 = row[9].parse().unwrap();
+        for (id, value) in [("worst-window", overshoot), ("fairness", fairness)] {
+            let texts: Vec<&str> = figure(id)
+                .split("<text")
+                .skip(1)
+                .filter_map(|t| Some(t.split_once('>')?.1.split("</text>").next()?.trim()))
+                .collect();
+            assert!(texts.contains(&name.as_str()), "{name} in {id}: {texts:?}");
+            assert!(
+                texts.contains(&value.to_string().as_str()),
+                "{value} in {id}: {texts:?}"
+            );
+        }
+    }
+    assert!(figure("delay").contains("leaky_bucket burst 20 p99"));
     for name in names {
         assert!(
             html.contains(&name.replace('\'', "&#39;")) || html.contains(name),
