@@ -77,11 +77,7 @@ fn the_example_compares_four_strategies() {
     );
     // The last second was offered as many requests as any: no drop to nothing at the right edge.
     for name in &names {
-        let last = per_second
-            .lines()
-            .filter(|l| l.split(',').nth(1) == Some(name))
-            .next_back()
-            .unwrap();
+        let last = per_second.lines().rfind(|l| l.split(',').nth(1) == Some(name)).unwrap();
         let offered: u64 = last.split(',').nth(2).unwrap().parse().unwrap();
         assert!(last.starts_with("119,") && offered > 0, "{last}");
     }

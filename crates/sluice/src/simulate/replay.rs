@@ -36,7 +36,8 @@ pub struct Run {
     /// Per key: requests, admitted.
     pub per_key: Vec<(u64, u64)>,
     /// For the leaky bucket: how long each admitted request waits in a queue served at the limit's rate, in
-    /// microseconds (see [`Queues`]).
+    /// microseconds: one queue per key, served one request every emission interval, a request waiting exactly for
+    /// the ones ahead of it.
     pub delays_us: Vec<u64>,
     pub elapsed: Duration,
 }
