@@ -549,3 +549,20 @@ async fn a_new_instance_answers_with_the_run_time_entries_already_stored() {
     b.shutdown().await;
     c.shutdown().await;
 }
+
+/// A Redis that cannot be read at start does not keep a server with lists from serving: it answers by its failure
+/// policy (the run-time entries are read when Redis can be), as a server without lists does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_lists_serves_when_redis_cannot_be_read_at_start() {
+    let nowhere = format!("redis://127.0.0.1:{}", crate::harness::free_port());
+    let server = live_server_with(&nowhere, CONFIG, Duration::from_millis(100), LimiterSettings::default()).await;
+    let mut envoy = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    // The default policy answers UNAVAILABLE for a store that times out: the server's answer, not a transport error.
+    let answer = envoy
+        .should_rate_limit(request("remote_address", "203.0.113.7"))
+        .await
+        .unwrap_err();
+    assert_eq!(answer.code(), GrpcCode::Unavailable, "{answer:?}");
+    assert!(answer.message().starts_with("rate limit store"), "{answer:?}");
+    server.shutdown().await;
+}

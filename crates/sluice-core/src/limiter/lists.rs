@@ -242,7 +242,7 @@ impl<S: Store> Limiter<S> {
     /// Reads every managed list of the rules in force from the store and puts it in force. A server calls it before
     /// it answers or reports ready, so that a new instance never decides without the run-time entries already
     /// stored; [`Limiter::keep_lists`] follows them from then on. The error names the first list that could not be
-    /// read.
+    /// read; it and the lists after it stay to be read by the keeper.
     pub async fn read_lists(&self) -> Result<(), String> {
         self.follow_rules();
         let lists: Vec<(Arc<str>, Arc<str>, CounterKey)> = self
