@@ -1,6 +1,9 @@
-//! Line charts as SVG, drawn with plotters: the simulator's report and the dashboard draw every chart here, so both
-//! look alike. A chart is a title, an x axis in seconds, and named series of (second, value) points; the SVG names
-//! each series in its legend (`<text>` elements), which is what the browser tests read.
+//! Charts as SVG, drawn with plotters: the simulator's report and the dashboard draw every chart here, so both look
+//! alike. A line chart is a title, an x axis in seconds, and named series of (second, value) points; the SVG names
+//! each series in its legend (`<text>` elements), which is what the browser tests read. [`line_chart`] boxes its
+//! legend in the plot's corner; [`report_line_chart`], for report pages, gives it a band under the axes and writes
+//! ticks without needless decimals. [`bar_chart`] draws one value per name (a candidate's worst window, its
+//! fairness), each bar in the colour its name has in the line charts.
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
