@@ -146,9 +146,34 @@ def test_simulate_report_draws_each_strategy(sluice_bin: Path, tmp_path: Path, b
         summary = list(csv.DictReader(f))
     browser.get((out / "report.html").as_uri())
     charts = browser.find_elements(By.CSS_SELECTOR, "figure svg")
-    assert len(charts) == 5, "one chart of every strategy, one per strategy"
+    assert len(charts) == 8, "one chart of every strategy, worst window, fairness and delay, one per strategy"
     overview = {t.text for t in browser.find_elements(By.CSS_SELECTOR, "#admitted svg text")}
     assert {"offered", *(row["algorithm"] for row in summary)} <= overview, overview
+    series = {"offered", *(row["algorithm"] for row in summary)}
+    for figure in browser.find_elements(By.CSS_SELECTOR, "#admitted, figure.algorithm"):
+        svg = figure.find_element(By.TAG_NAME, "svg").rect
+        texts = figure.find_elements(By.CSS_SELECTOR, "svg text")
+        lines = figure.find_elements(By.CSS_SELECTOR, "svg polyline")
+        # The series' lines, not the legend's short swatches.
+        data_bottom = max(line.rect["y"] + line.rect["height"] for line in lines if line.rect["width"] > 100)
+        legend = {"admitted", "denied"} if figure.get_attribute("id") != "admitted" else series
+        names = [t for t in texts if t.text in legend]
+        # The legend sits under the data, never over it.
+        assert names and all(t.rect["y"] > data_bottom for t in names), [(t.text, t.rect) for t in names]
+        numbers = [t for t in texts if t.text.replace(".", "", 1).isdigit()]
+        assert len(numbers) > 6
+        for t in numbers:
+            assert not t.text.endswith(".0"), f"a needless decimal: {t.text}"
+            # Every tick label, the last one included, is inside the chart.
+            assert t.rect["x"] + t.rect["width"] <= svg["x"] + svg["width"], (t.text, t.rect, svg)
+    # The worst window over the limit and fairness are drawn, a bar per strategy with its value.
+    for chart, column in (("#worst-window", "overshoot"), ("#fairness", "fairness")):
+        texts = [t.text for t in browser.find_elements(By.CSS_SELECTOR, f"{chart} svg text")]
+        for row in summary:
+            assert row["algorithm"] in texts, (row["algorithm"], texts)
+            values = [float(t) for t in texts if t.replace(".", "", 1).isdigit()]
+            assert float(row[column]) in values, (row[column], texts)
+        assert len(browser.find_elements(By.CSS_SELECTOR, f"{chart} svg rect")) == 1 + len(summary)
     for figure in browser.find_elements(By.CSS_SELECTOR, "figure.algorithm"):
         names = {t.text for t in figure.find_elements(By.CSS_SELECTOR, "svg text")}
         assert {"admitted", "denied"} <= names

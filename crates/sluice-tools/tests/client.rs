@@ -161,3 +161,45 @@ async fn client_manages_lists_and_prints_offenders() {
     }
     server.shutdown().await;
 }
+
+/// The README's `sluice-client` commands, as written, against a server on `deploy/config` (the README's server):
+/// its build line builds the client, and each command succeeds with the answer its comment shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readmes_client_commands_work_as_written() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let build = readme
+        .lines()
+        .find(|l| l.starts_with("cargo build") && l.contains("--bin sluice-client"))
+        .expect("the README builds sluice-client");
+    assert!(build.contains("-p sluice-tools"), "{build}");
+    let commands: Vec<&str> = readme.lines().filter(|l| l.starts_with("sluice-client ")).collect();
+    assert!(commands.len() >= 3, "{commands:?}");
+
+    let yaml = std::fs::read_to_string(format!("{root}/deploy/config/edge.yaml")).unwrap();
+    let (l, _) = crate::harness::limiter(&yaml, crate::harness::memory());
+    let server = crate::harness::TestServer::start(l).await;
+    for line in commands {
+        let (command, comment) = line.split_once('#').unwrap_or((line, ""));
+        let args: Vec<String> = command.split_whitespace().skip(1).map(String::from).collect();
+        let target = server.grpc_url();
+        let (code, out) = tokio::task::spawn_blocking(move || {
+            let out = Command::new(env!("CARGO_BIN_EXE_sluice-client"))
+                .args(args)
+                .env("SLUICE_TARGET", target)
+                .env("SLUICE_ADMIN_TOKEN", crate::harness::ADMIN_TOKEN)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            (out.status.code(), text)
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, Some(0), "{line}: {out}");
+        let shown = comment.trim();
+        if shown.starts_with("added") || shown.contains("expires in") {
+            assert_eq!(out.trim(), shown, "{line}");
+        }
+    }
+    server.shutdown().await;
+}

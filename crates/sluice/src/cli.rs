@@ -169,4 +169,32 @@ mod tests {
     fn the_flags_are_consistent_across_groups() {
         super::Cli::command().debug_assert();
     }
+
+    /// `serve --help` says what the admin token guards: the admin calls, `/offenders` and the dashboard.
+    #[test]
+    fn the_admin_token_help_names_everything_it_guards() {
+        let mut cli = super::Cli::command();
+        let serve = cli.find_subcommand_mut("serve").expect("a serve command");
+        let help = serve.render_long_help().to_string();
+        let flag = help
+            .split("--admin-token")
+            .nth(1)
+            .expect("--admin-token in serve --help");
+        let text: String = flag
+            .split("\n  -")
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for part in [
+            "Reset",
+            "GetTopOffenders",
+            "GET /offenders",
+            "the dashboard (/ui",
+            "?token=<token>",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+    }
 }

@@ -346,6 +346,11 @@ async fn serve_gated<S: Store>(
     options: &ServeOptions,
     ready: RulesReady,
 ) -> Result<(), ServerError> {
+    // A new instance answers, and reports ready, with the run-time list entries already stored. A store it cannot
+    // read does not hold it back: it serves by its failure policy, and the lists' keeper reads them when it can.
+    if let Err(e) = limiter.read_lists().await {
+        tracing::warn!(error = %e, "run-time list entries not read at start; read again in the background");
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_gate = report_health(&health, ready.clone()).await;
     let (stop, stopped) = watch::channel(false);

@@ -33,7 +33,7 @@ fn accepts_a_directory_of_reference_files() {
     let dir = dir_with(&[
         (
             "edge.yaml",
-            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: SECOND\n      requests_per_unit: 10\n  - key: path\n    value: /login\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 5, name: login}\n  - key: path\n    value: /api/*\n    descriptors:\n      - key: user\n        rate_limit: {unit: hour, requests_per_unit: 1000, replaces: [{name: login}]}\n  - key: tier\n    value: internal\n    rate_limit: {unlimited: true}\n",
+            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: SECOND\n      requests_per_unit: 10\n  - key: path\n    value: /login\n    shadow_mode: true\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 5, name: login}\n  - key: path\n    value: /api/*\n    descriptors:\n      - key: user\n        rate_limit: {unit: hour, requests_per_unit: 1000, replaces: [{name: login}]}\n  - key: tier\n    value: internal\n    rate_limit: {unlimited: true}\n  - key: api\n    rate_limits:\n      - {unit: second, requests_per_unit: 10, name: multi_s}\n      - {unit: minute, requests_per_unit: 100, name: multi_m}\n",
         ),
         (
             "internal.yml",
@@ -44,9 +44,16 @@ fn accepts_a_directory_of_reference_files() {
     ]);
     let (ok, stdout, stderr) = check(dir.path());
     assert!(ok, "{stderr}");
-    assert!(stdout.starts_with("2 file(s), 2 domain(s), 5 rule(s)"), "{stdout}");
+    assert!(stdout.starts_with("2 file(s), 2 domain(s), 6 rule(s)"), "{stdout}");
     assert!(
         stdout.contains("edge.path_/login: 5 per minute (fixed_window), name login, shadow mode"),
+        "{stdout}"
+    );
+    // A rule of several limits shows every limit's name.
+    assert!(
+        stdout.contains(
+            "edge.api: 10 per second (fixed_window), name multi_s and 100 per minute (fixed_window), name multi_m"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("domain internal"), "{stdout}");

@@ -68,8 +68,12 @@ async fn json_answers_200_then_429_and_400_for_bad_input() {
 }
 
 #[tokio::test]
-async fn rlconfig_lists_the_rules_in_force() {
-    let (l, _) = limiter(CONFIG, memory());
+async fn rlconfig_lists_the_rules_in_force_each_limit_by_its_name() {
+    let config = format!(
+        "{CONFIG}  - key: api\n    rate_limits:\n      - {{unit: second, requests_per_unit: 10, name: multi_s}}\n      \
+         - {{unit: minute, requests_per_unit: 100, name: multi_m}}\n"
+    );
+    let (l, _) = limiter(&config, memory());
     let server = TestServer::start(l).await;
     let (code, body) = server.http_get("/rlconfig").await;
     assert_eq!(code, 200);
@@ -78,6 +82,12 @@ async fn rlconfig_lists_the_rules_in_force() {
         "{body}"
     );
     assert!(body.contains("edge.user: 100 per hour (fixed_window)"), "{body}");
+    assert!(
+        body.contains(
+            "edge.api: 10 per second (fixed_window), name multi_s and 100 per minute (fixed_window), name multi_m"
+        ),
+        "{body}"
+    );
     server.shutdown().await;
 }
 

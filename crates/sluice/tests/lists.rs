@@ -1,6 +1,7 @@
 //! Lists and top offenders as users meet them: run-time entries through sluice.v1 on one instance, in force on
 //! another sharing its Redis within a second and named in Envoy's response headers; top offenders summed across both,
-//! over gRPC and `GET /offenders`, and the dashboard's outcomes summed across both; a list fetched from a URL this
+//! over gRPC and `GET /offenders`, and the dashboard's outcomes summed across both; a new instance answering with
+//! the entries already stored; the list calls held to `--max-request-bytes`; a list fetched from a URL this
 //! test serves, refreshed, kept when the URL fails, and a server that cannot fetch its list at start refusing to
 //! start, naming the URL.
 
@@ -437,4 +438,131 @@ async fn a_list_that_cannot_be_fetched_at_start_stops_the_server_naming_the_url(
             "{err}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_admin_list_calls_are_held_to_the_request_cap_and_the_values_a_call_may_carry_fit_in_it() {
+    let (limiter, _) = crate::harness::limiter(CONFIG, sluice::store::memory::MemoryStore::new());
+    let cap = limiter.settings().caps.max_request_bytes;
+    assert_eq!(cap, 65_536);
+    let server = TestServer::start(limiter).await;
+    let mut client = RateLimiterClient::connect(server.grpc_url()).await.unwrap();
+    let entries = |values: Vec<String>| ListEntriesRequest {
+        domain: "edge".into(),
+        list: "blocked".into(),
+        values,
+        ttl: None,
+    };
+    let over_cap = |status: tonic::Status| {
+        assert_eq!(status.code(), GrpcCode::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("--max-request-bytes"), "{}", status.message());
+    };
+
+    // 1 000 values of 80 bytes: within the count, over the byte cap, on every list call.
+    let long: Vec<String> = (0..1_000).map(|i| format!("{i:080}")).collect();
+    over_cap(client.add_list_entries(admin(entries(long.clone()))).await.unwrap_err());
+    over_cap(client.remove_list_entries(admin(entries(long))).await.unwrap_err());
+    let huge = "x".repeat(cap + 1);
+    let get = GetListEntriesRequest {
+        domain: huge.clone(),
+        list: "blocked".into(),
+    };
+    over_cap(client.get_list_entries(admin(get)).await.unwrap_err());
+    let top = GetTopOffendersRequest {
+        domain: huge,
+        span: Span::Minute as i32,
+        limit: 1,
+    };
+    over_cap(client.get_top_offenders(admin(top)).await.unwrap_err());
+
+    // The most values a call may carry, each the longest address or range, fit in the default cap.
+    let longest: Vec<String> = (0..1_000)
+        .map(|i| {
+            format!(
+                "ffff:ffff:ffff:ffff:ffff:ffff:255.255.{}.{}/128",
+                100 + i / 100,
+                100 + i % 100
+            )
+        })
+        .collect();
+    assert!(longest.iter().all(|v| v.len() == 49));
+    let added = client.add_list_entries(admin(entries(longest))).await.unwrap();
+    assert_eq!(added.into_inner().changed, 1_000);
+    // One more is refused by its count, naming it.
+    let many: Vec<String> = (0..1_001).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
+    let refused = client.add_list_entries(admin(entries(many))).await.unwrap_err();
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (GrpcCode::InvalidArgument, "values: 1001 given, at most 1000 per call")
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_answers_with_the_run_time_entries_already_stored() {
+    let redis = RedisServer::start();
+    let settings = LimiterSettings::default;
+    let a = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let mut admin_a = RateLimiterClient::connect(a.grpc_url()).await.unwrap();
+    // Enough entries that reading them takes a while, and the one that matters.
+    for chunk in 0..20 {
+        let values: Vec<String> = (0..1_000)
+            .map(|i| format!("10.{chunk}.{}.{}", i / 256, i % 256))
+            .collect();
+        let request = ListEntriesRequest {
+            domain: "edge".into(),
+            list: "blocked".into(),
+            values,
+            ttl: None,
+        };
+        admin_a.add_list_entries(admin(request)).await.unwrap();
+    }
+    let deny = ListEntriesRequest {
+        domain: "edge".into(),
+        list: "blocked".into(),
+        values: vec!["203.0.113.0/24".into()],
+        ttl: None,
+    };
+    admin_a.add_list_entries(admin(deny)).await.unwrap();
+
+    // A new instance: its very first answer, and its first ready, already hold the entry.
+    let b = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let mut envoy_b = RateLimitServiceClient::connect(b.grpc_url()).await.unwrap();
+    let first = envoy_b
+        .should_rate_limit(request("remote_address", "203.0.113.7"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.overall_code, Code::OverLimit as i32, "{first:?}");
+    assert_eq!(header(&first, "x-sluice-list-deny"), Some("blocked"));
+    let c = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let (status, body) = c.http_get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let mut envoy_c = RateLimitServiceClient::connect(c.grpc_url()).await.unwrap();
+    let after_ready = envoy_c
+        .should_rate_limit(request("remote_address", "203.0.113.7"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after_ready.overall_code, Code::OverLimit as i32, "{after_ready:?}");
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}
+
+/// A Redis that cannot be read at start does not keep a server with lists from serving: it answers by its failure
+/// policy (the run-time entries are read when Redis can be), as a server without lists does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_lists_serves_when_redis_cannot_be_read_at_start() {
+    let nowhere = format!("redis://127.0.0.1:{}", crate::harness::free_port());
+    let server = live_server_with(&nowhere, CONFIG, Duration::from_millis(100), LimiterSettings::default()).await;
+    let mut envoy = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
+    // The default policy answers UNAVAILABLE for a store that times out: the server's answer, not a transport error.
+    let answer = envoy
+        .should_rate_limit(request("remote_address", "203.0.113.7"))
+        .await
+        .unwrap_err();
+    assert_eq!(answer.code(), GrpcCode::Unavailable, "{answer:?}");
+    assert!(answer.message().starts_with("rate limit store"), "{answer:?}");
+    server.shutdown().await;
 }

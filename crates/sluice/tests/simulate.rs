@@ -1,5 +1,6 @@
 //! `sluice simulate`, the binary, on the example of `deploy/simulate/`: the write-up's four strategies on one bursty
-//! trace, the report and its CSV (the copy in `docs/simulate/` up to date); mistakes refused before anything runs, naming the flag, file, line or field.
+//! trace, the report and its CSV (the copy in `docs/simulate/` up to date); the leaky bucket's queue delay against a
+//! hand model of its queue; mistakes refused before anything runs, naming the flag, file, line or field.
 
 use std::path::Path;
 use std::process::Command;
@@ -69,9 +70,48 @@ fn the_example_compares_four_strategies() {
     );
     // Every second of every strategy in per_second.csv; the report draws each.
     let per_second = std::fs::read_to_string(dir.path().join("per_second.csv")).unwrap();
-    assert_eq!(per_second.lines().count(), 1 + 4 * 121);
+    assert_eq!(
+        per_second.lines().count(),
+        1 + 4 * 120,
+        "the trace's 120 seconds, none after"
+    );
+    // The last second was offered as many requests as any: no drop to nothing at the right edge.
+    for name in &names {
+        let last = per_second.lines().rfind(|l| l.split(',').nth(1) == Some(name)).unwrap();
+        let offered: u64 = last.split(',').nth(2).unwrap().parse().unwrap();
+        assert!(last.starts_with("119,") && offered > 0, "{last}");
+    }
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
-    assert_eq!(html.matches("<svg").count(), 5, "one chart of all, one per strategy");
+    assert_eq!(
+        html.matches("<svg").count(),
+        8,
+        "one chart of all, worst window, fairness and delay drawn, one per strategy"
+    );
+    // The worst window over the limit and fairness are drawn per strategy, each bar with its value.
+    let figure = |id: &str| -> &str {
+        let start = html
+            .find(&format!("<figure id=\"{id}\">"))
+            .unwrap_or_else(|| panic!("{id}"));
+        &html[start..start + html[start..].find("</figure>").unwrap()]
+    };
+    for row in &rows {
+        let name = row[0].replace('\'', "&apos;");
+        let overshoot: f64 = row[7].parse().unwrap();
+        let fairness: f64 = row[9].parse().unwrap();
+        for (id, value) in [("worst-window", overshoot), ("fairness", fairness)] {
+            let texts: Vec<&str> = figure(id)
+                .split("<text")
+                .skip(1)
+                .filter_map(|t| Some(t.split_once('>')?.1.split("</text>").next()?.trim()))
+                .collect();
+            assert!(texts.contains(&name.as_str()), "{name} in {id}: {texts:?}");
+            assert!(
+                texts.contains(&value.to_string().as_str()),
+                "{value} in {id}: {texts:?}"
+            );
+        }
+    }
+    assert!(figure("delay").contains("leaky_bucket burst 20 p99"));
     for name in names {
         assert!(
             html.contains(&name.replace('\'', "&#39;")) || html.contains(name),
@@ -79,6 +119,84 @@ fn the_example_compares_four_strategies() {
         );
     }
     assert!(out.contains("decisions/s; report in"), "{out}");
+}
+
+/// The leaky bucket's queue delay is the wait of each admitted request in a queue served at the limit's rate, to
+/// the microsecond: checked against a model of that queue written here, on a trace of one user's 150 requests. The
+/// trace's last, partial second is left out of the per-second figures.
+#[test]
+fn the_leaky_buckets_delay_is_the_wait_in_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    // 150 requests 0 to 150 ms apart (a fixed pseudo-random sequence): more than the limit's 10 a second on average.
+    let mut times_us = Vec::new();
+    let (mut t, mut x) = (0u64, 12_345u64);
+    for _ in 0..150 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        t += (x >> 33) % 150_000;
+        times_us.push(t);
+    }
+    let trace: String = times_us
+        .iter()
+        .map(|t| format!("{}.{:06},alice\n", t / 1_000_000, t % 1_000_000))
+        .collect();
+    std::fs::write(dir.path().join("trace.csv"), format!("seconds,key\n{trace}")).unwrap();
+    let traffic = dir.path().join("traffic.yaml");
+    std::fs::write(&traffic, "domain: api\nkey: user\ntrace: trace.csv\n").unwrap();
+    let out = dir.path().join("report");
+    let args = [
+        "--config",
+        "deploy/simulate/rules.yaml",
+        "--traffic",
+        traffic.to_str().unwrap(),
+        "--algorithm",
+        "leaky_bucket:3",
+    ];
+    let (code, text) = simulate(&args, &out);
+    assert_eq!(code, Some(0), "{text}");
+
+    // The model: 100 per 10 s is one request served every 100 ms; a bucket of 3 admits a request when the queue it
+    // finds would be served within 3 intervals once it joins, and the request then waits for the queue ahead of it.
+    let (interval, burst) = (100_000u64, 3u64);
+    let (mut free_at, mut waits) = (0u64, Vec::new());
+    for &t in &times_us {
+        let ahead = free_at.saturating_sub(t);
+        if ahead + interval <= burst * interval {
+            waits.push(ahead);
+            free_at = free_at.max(t) + interval;
+        }
+    }
+    let mean_ms = waits.iter().sum::<u64>() as f64 / waits.len() as f64 / 1_000.0;
+    let mut sorted = waits.clone();
+    sorted.sort_unstable();
+    let p99_ms = sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)] as f64 / 1_000.0;
+    assert!(mean_ms > 50.0, "the trace keeps the queue busy: {mean_ms}");
+
+    let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let row: Vec<&str> = summary
+        .lines()
+        .find(|l| l.starts_with("leaky_bucket burst 3,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    assert_eq!(row[2], waits.len().to_string(), "admitted: {summary}");
+    assert_eq!(
+        (row[10], row[11]),
+        (format!("{mean_ms:.1}").as_str(), format!("{p99_ms:.1}").as_str()),
+        "mean and p99 delay: {summary}"
+    );
+
+    // The trace ends within its last second: the per-second figures stop at the last whole one.
+    let last_second = times_us.last().unwrap() / 1_000_000;
+    let per_second = std::fs::read_to_string(out.join("per_second.csv")).unwrap();
+    let seconds: Vec<u64> = per_second
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(",leaky_bucket burst 3,"))
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(seconds, (0..last_second).collect::<Vec<_>>(), "{per_second}");
 }
 
 /// The bucketed window's sub-windows come after its name; each run holds the window to the limit plus one

@@ -30,8 +30,9 @@ pub const MAX_LIST_ENTRIES: usize = 1_000_000;
 /// How often every managed list is read again whatever the notices say: the bound on a change whose notice was lost.
 const SWEEP: Duration = Duration::from_secs(30);
 
-/// The most values one call may add or remove.
-pub const MAX_LIST_VALUES_PER_CALL: usize = 10_000;
+/// The most values one call may add or remove: 1 000 of the longest address or range (49 characters, an IPv6 range
+/// written with an IPv4 tail) encode in about 51 KB, within the default `--max-request-bytes` of 64 KiB.
+pub const MAX_LIST_VALUES_PER_CALL: usize = 1_000;
 
 /// Every domain's live lists, and the managed lists followed.
 #[derive(Default)]
@@ -234,6 +235,27 @@ impl<S: Store> Limiter<S> {
         if let Some(m) = self.lists.lock().lists.get_mut(key.as_str()) {
             m.next_read_us = next_read_us;
             m.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Reads every managed list of the rules in force from the store and puts it in force. A server calls it before
+    /// it answers or reports ready, so that a new instance never decides without the run-time entries already
+    /// stored; [`Limiter::keep_lists`] follows them from then on. The error names the first list that could not be
+    /// read; it and the lists after it stay to be read by the keeper.
+    pub async fn read_lists(&self) -> Result<(), String> {
+        self.follow_rules();
+        let lists: Vec<(Arc<str>, Arc<str>, CounterKey)> = self
+            .lists
+            .lock()
+            .lists
+            .values()
+            .map(|m| (m.domain.clone(), m.name.clone(), m.key.clone()))
+            .collect();
+        for (domain, name, key) in lists {
+            self.read_list(&domain, &name, &key)
+                .await
+                .map_err(|e| format!("list {domain}/{name}: its run-time entries cannot be read: {e}"))?;
         }
         Ok(())
     }

@@ -67,15 +67,17 @@ impl Domain {
 }
 
 fn describe(rule: &Rule) -> String {
+    // Every limit with its own name: a rule of several named limits is reported under each of them.
     let mut s = if rule.tiers.is_empty() {
-        "unlimited".to_string()
+        let mut s = "unlimited".to_string();
+        if let Some(name) = &rule.name {
+            s.push_str(&format!(", name {name}"));
+        }
+        s
     } else {
         let tiers: Vec<String> = rule.tiers.iter().map(describe_tier).collect();
         tiers.join(" and ")
     };
-    if let Some(name) = &rule.name {
-        s.push_str(&format!(", name {name}"));
-    }
     if rule.shadow_mode {
         s.push_str(", shadow mode");
     }
@@ -100,5 +102,8 @@ fn describe_tier(tier: &Tier) -> String {
         s.push_str(&format!(", burst {}", l.burst));
     }
     s.push(')');
+    if let Some(name) = &tier.name {
+        s.push_str(&format!(", name {name}"));
+    }
     s
 }

@@ -37,7 +37,8 @@ pub(super) struct ListenerFlags {
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     pub(super) grpc_tls_client_ca: Option<PathBuf>,
     /// Enables the admin calls (Reset, the list calls, GetTopOffenders) for callers presenting this token
-    /// (`authorization: Bearer <token>`); GET /offenders then needs it too.
+    /// (`authorization: Bearer <token>`). It also guards the admin listener's GET /offenders and the dashboard (/ui
+    /// and its data), which then need it as that header or as `?token=<token>`; unset, those two are open.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(super) admin_token: Option<String>,
 }

@@ -234,6 +234,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     ) -> Result<Response<sluice::ListEntriesResponse>, Status> {
         self.authorize(&request, "AddListEntries")?;
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let ttl_us = bounded_us(
             "ttl",
             request.ttl.as_ref(),
@@ -258,6 +259,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     ) -> Result<Response<sluice::ListEntriesResponse>, Status> {
         self.authorize(&request, "RemoveListEntries")?;
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let changed = self
             .limiter
             .remove_list_entries(&request.domain, &request.list, &request.values)
@@ -276,6 +278,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
     ) -> Result<Response<sluice::GetListEntriesResponse>, Status> {
         self.authorize(&request, "GetListEntries")?;
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let entries = self
             .limiter
             .list_entries(&request.domain, &request.list)
@@ -301,6 +304,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         use sluice::get_top_offenders_request::Span as PbSpan;
         self.authorize(&request, "GetTopOffenders")?;
         let request = request.into_inner();
+        check_size(&self.limiter, &request)?;
         let span = match PbSpan::try_from(request.span) {
             Ok(PbSpan::Minute) => Span::Minute,
             Ok(PbSpan::Hour) => Span::Hour,

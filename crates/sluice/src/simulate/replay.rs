@@ -25,7 +25,9 @@ pub struct Run {
     pub own: bool,
     /// The limit the traffic's descriptor met (its first), as the candidate counts it.
     pub limit: Limit,
-    /// Per 100 ms, every key together.
+    /// The whole seconds the per-second figures cover ([`Traffic::charted_seconds`]).
+    pub charted_seconds: usize,
+    /// Per 100 ms, every key together, over the traffic's seconds.
     pub admitted: Vec<u32>,
     pub denied: Vec<u32>,
     /// Per 100 ms, what the busiest keys (up to [`TRACKED_KEYS`], by requests) had admitted: their limits are the
@@ -33,8 +35,9 @@ pub struct Run {
     pub admitted_by_key: Vec<Vec<u32>>,
     /// Per key: requests, admitted.
     pub per_key: Vec<(u64, u64)>,
-    /// For the leaky bucket: how long each admitted request would wait in a queue served at the limit's rate (its place in
-    /// the bucket), in microseconds.
+    /// For the leaky bucket: how long each admitted request waits in a queue served at the limit's rate, in
+    /// microseconds: one queue per key, served one request every emission interval, a request waiting exactly for
+    /// the ones ahead of it.
     pub delays_us: Vec<u64>,
     pub elapsed: Duration,
 }
@@ -94,12 +97,14 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
         settings,
     );
     let requests = requests(traffic);
-    let ticks = (traffic.seconds * 1_000_000).div_ceil(TICK_US) as usize + 1;
+    // Every arrival is before the traffic's end: no interval past it.
+    let ticks = (traffic.seconds * 1_000_000).div_ceil(TICK_US) as usize;
     let tracked = tracked(traffic);
     let mut run = Run {
         algorithm,
         own,
         limit,
+        charted_seconds: traffic.charted_seconds as usize,
         admitted: vec![0; ticks],
         denied: vec![0; ticks],
         admitted_by_key: vec![vec![0; ticks]; traffic.keys.len().min(TRACKED_KEYS)],
@@ -107,7 +112,7 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
         delays_us: Vec::new(),
         elapsed: Duration::ZERO,
     };
-    let interval_us = limit.window_us() / u64::from(limit.requests.max(1));
+    let mut queues = (algorithm == Algorithm::LeakyBucket).then(|| Queues::new(&limit, traffic.keys.len()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
@@ -120,7 +125,10 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
                 .await
                 .map_err(|e| format!("the limiter refused a request: {e}"))?;
             let tick = (t / TICK_US) as usize;
-            run.record(&decision, tick, k as usize, tracked[k as usize], interval_us);
+            let admitted = run.record(&decision, tick, k as usize, tracked[k as usize]);
+            if let (true, Some(queues)) = (admitted, queues.as_mut()) {
+                run.delays_us.push(queues.admit(k as usize, t));
+            }
         }
         Ok::<(), String>(())
     })?;
@@ -179,9 +187,8 @@ fn tracked(traffic: &Traffic) -> Vec<usize> {
 }
 
 impl Run {
-    /// Counts a decision on key `key` (tracked in `slot`, if any) in 100 ms interval `tick`; for the leaky bucket,
-    /// also the wait its place in the bucket stands for, `interval_us` per request ahead of it.
-    fn record(&mut self, decision: &Decision, tick: usize, key: usize, slot: usize, interval_us: u64) {
+    /// Counts a decision on key `key` (tracked in `slot`, if any) in 100 ms interval `tick`; whether it was admitted.
+    fn record(&mut self, decision: &Decision, tick: usize, key: usize, slot: usize) -> bool {
         let counts = &mut self.per_key[key];
         counts.0 += 1;
         if decision.overall == Code::Ok {
@@ -190,13 +197,58 @@ impl Run {
             if let Some(counts) = self.admitted_by_key.get_mut(slot) {
                 counts[tick] += 1;
             }
-            if self.algorithm == Algorithm::LeakyBucket {
-                let status = &decision.statuses[0];
-                let used = u64::from(self.limit.burst).saturating_sub(u64::from(status.remaining));
-                self.delays_us.push(used.saturating_sub(1) * interval_us);
-            }
+            true
         } else {
             self.denied[tick] += 1;
+            false
         }
+    }
+}
+
+/// The queue a leaky bucket stands for, one per key: served at the limit's rate, one request every emission interval
+/// (the window over the limit, rounded up to a microsecond as the bucket rounds it, so the queue and the bucket agree
+/// on who is admitted). An admitted request waits for the ones ahead of it; a request that finds the queue empty is
+/// served at once.
+struct Queues {
+    interval_us: u64,
+    /// Per key, when its queue is empty again (microseconds from the start).
+    empty_at_us: Vec<u64>,
+}
+
+impl Queues {
+    fn new(limit: &Limit, keys: usize) -> Queues {
+        Queues {
+            interval_us: limit.window_us().div_ceil(u64::from(limit.requests.max(1))),
+            empty_at_us: vec![0; keys],
+        }
+    }
+
+    /// A request on `key` admitted at `t_us`: how long it waits, in microseconds. It holds the queue for one interval.
+    fn admit(&mut self, key: usize, t_us: u64) -> u64 {
+        let empty_at = &mut self.empty_at_us[key];
+        let wait = empty_at.saturating_sub(t_us);
+        *empty_at = (*empty_at).max(t_us) + self.interval_us;
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two requests ahead of a third, one interval (100 ms) apart in service: the third waits what is left of the
+    /// first's service and all of the second's, to the microsecond.
+    #[test]
+    fn a_queue_waits_exactly_for_the_requests_ahead() {
+        let mut queues = Queues {
+            interval_us: 100_000,
+            empty_at_us: vec![0; 2],
+        };
+        assert_eq!(queues.admit(0, 1_000_000), 0);
+        assert_eq!(queues.admit(0, 1_030_000), 70_000);
+        assert_eq!(queues.admit(0, 1_050_000), 150_000);
+        // Another key has a queue of its own; an idle queue is empty again.
+        assert_eq!(queues.admit(1, 1_050_000), 0);
+        assert_eq!(queues.admit(0, 2_000_000), 0);
     }
 }

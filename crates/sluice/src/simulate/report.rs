@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::replay::{Run, START_US, TICK_US};
 use super::traffic::Traffic;
-use crate::charts::{Series, escape, line_chart};
+use crate::charts::{Bar, Series, bar_chart, escape, report_line_chart};
 use crate::rules::Algorithm;
 
 /// The figures of one run.
@@ -110,11 +110,12 @@ pub fn label(run: &Run) -> String {
     label
 }
 
-/// Per second: the counts of `ticks`.
-fn per_second(ticks: &[u32]) -> Vec<u64> {
+/// Per whole second the run charts ([`Run::charted_seconds`]): the counts of `ticks`.
+fn per_second(run: &Run, ticks: &[u32]) -> Vec<u64> {
     let per = (1_000_000 / TICK_US) as usize;
     ticks
         .chunks(per)
+        .take(run.charted_seconds)
         .map(|c| c.iter().map(|&n| u64::from(n)).sum())
         .collect()
 }
@@ -123,7 +124,7 @@ fn per_second(ticks: &[u32]) -> Vec<u64> {
 pub fn per_second_csv(runs: &[Run]) -> String {
     let mut out = String::from("second,algorithm,offered,admitted,denied\n");
     for run in runs {
-        let (a, d) = (per_second(&run.admitted), per_second(&run.denied));
+        let (a, d) = (per_second(run, &run.admitted), per_second(run, &run.denied));
         for (s, (a, d)) in a.iter().zip(&d).enumerate() {
             let _ = writeln!(out, "{s},{},{},{a},{d}", label(run), a + d);
         }
@@ -180,7 +181,9 @@ pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, 
     for f in figures {
         figure_row(&mut page, f);
     }
-    page.push_str("</table>\n<p>Worst window: for one key (the worst of the 20 busiest), the most admitted in any span of one window's length (100 ms resolution), and that over the limit. Burst at window edges: for one key, the most admitted in a window's length centred on a window boundary (a fixed window lets up to twice its limit through there). Fairness: Jain's index of each key's admitted share of its requests. Queue delay: for the leaky bucket, how long an admitted request waits in a queue served at the limit's rate (its place in the bucket), as a stream-coupled leaky bucket holds it.</p>\n<h2>Each algorithm</h2>\n");
+    page.push_str("</table>\n");
+    figure_charts(&mut page, figures);
+    page.push_str("<p>Worst window: for one key (the worst of the 20 busiest), the most admitted in any span of one window's length (100 ms resolution), and that over the limit. Burst at window edges: for one key, the most admitted in a window's length centred on a window boundary (a fixed window lets up to twice its limit through there). Fairness: Jain's index of each key's admitted share of its requests. Queue delay: for the leaky bucket, how long an admitted request waits in a queue served at the limit's rate (for the requests ahead of it, to the microsecond), as a stream-coupled leaky bucket holds it.</p>\n<h2>Each algorithm</h2>\n");
     for run in runs {
         algorithm_figure(&mut page, run);
     }
@@ -191,7 +194,7 @@ pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, 
 /// The chart of what every candidate admitted per second, beside what was offered.
 fn admitted_chart(runs: &[Run]) -> String {
     let offered = runs.first().map(|r| {
-        let (a, d) = (per_second(&r.admitted), per_second(&r.denied));
+        let (a, d) = (per_second(r, &r.admitted), per_second(r, &r.denied));
         a.iter()
             .zip(&d)
             .enumerate()
@@ -205,20 +208,75 @@ fn admitted_chart(runs: &[Run]) -> String {
     for run in runs {
         all.push(Series {
             name: label(run),
-            points: per_second(&run.admitted)
+            points: per_second(run, &run.admitted)
                 .iter()
                 .enumerate()
                 .map(|(s, &n)| (s as f64, n as f64))
                 .collect(),
         });
     }
-    line_chart(
+    report_line_chart(
         "Admitted per second, by algorithm",
         "second",
         "requests / s",
         &all,
         (960, 420),
     )
+}
+
+/// The figures that tell candidates apart, drawn: the worst window over the limit, fairness, and the leaky bucket's
+/// queue delay when a candidate has one. Each candidate keeps its colour of the chart of all.
+fn figure_charts(page: &mut String, figures: &[Figures]) {
+    let bars = |value: &dyn Fn(&Figures) -> f64| -> Vec<Bar> {
+        figures
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Bar {
+                name: f.algorithm.clone(),
+                value: value(f),
+                colour: i + 1,
+            })
+            .collect()
+    };
+    let height = 90 + 34 * figures.len() as u32;
+    let worst = bar_chart(
+        "Worst window / limit (1: never past the limit)",
+        "admitted in the worst window, over the limit",
+        &bars(&|f| (f.overshoot * 1_000.0).round() / 1_000.0),
+        Some((1.0, "limit")),
+        (960, height),
+    );
+    let _ = writeln!(page, "<figure id=\"worst-window\">{worst}</figure>");
+    let fairness = bar_chart(
+        "Fairness: Jain's index of the keys' admitted shares (1: every key the same share)",
+        "Jain's index",
+        &bars(&|f| (f.fairness * 10_000.0).round() / 10_000.0),
+        Some((1.0, "equal")),
+        (960, height),
+    );
+    let _ = writeln!(page, "<figure id=\"fairness\">{fairness}</figure>");
+    let delays: Vec<Bar> = figures
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| Some((i, f, f.delay_ms?)))
+        .flat_map(|(i, f, (mean, p99))| {
+            [("mean", mean), ("p99", p99)].map(|(what, ms)| Bar {
+                name: format!("{} {what}", f.algorithm),
+                value: (ms * 10.0).round() / 10.0,
+                colour: i + 1,
+            })
+        })
+        .collect();
+    if !delays.is_empty() {
+        let delay = bar_chart(
+            "Queue delay of an admitted request, mean and 99th percentile",
+            "milliseconds",
+            &delays,
+            None,
+            (960, 90 + 34 * delays.len() as u32),
+        );
+        let _ = writeln!(page, "<figure id=\"delay\">{delay}</figure>");
+    }
 }
 
 /// A candidate's row in the table of figures.
@@ -240,12 +298,12 @@ fn figure_row(page: &mut String, f: &Figures) {
 
 /// A candidate's own chart: what it admitted and denied per second.
 fn algorithm_figure(page: &mut String, run: &Run) {
-    let admitted: Vec<(f64, f64)> = per_second(&run.admitted)
+    let admitted: Vec<(f64, f64)> = per_second(run, &run.admitted)
         .iter()
         .enumerate()
         .map(|(s, &n)| (s as f64, n as f64))
         .collect();
-    let denied: Vec<(f64, f64)> = per_second(&run.denied)
+    let denied: Vec<(f64, f64)> = per_second(run, &run.denied)
         .iter()
         .enumerate()
         .map(|(s, &n)| (s as f64, n as f64))
@@ -264,6 +322,6 @@ fn algorithm_figure(page: &mut String, run: &Run) {
         page,
         "<figure class=\"algorithm\" data-algorithm=\"{}\">{}</figure>",
         run.algorithm.name(),
-        line_chart(&label(run), "second", "requests / s", &series, (960, 300))
+        report_line_chart(&label(run), "second", "requests / s", &series, (960, 300))
     );
 }

@@ -16,8 +16,12 @@ pub struct Traffic {
     pub key: String,
     pub keys: Vec<String>,
     pub arrivals: Vec<Arrival>,
-    /// How long the traffic lasts, in seconds.
+    /// How long the traffic lasts, in seconds: every arrival is before its end.
     pub seconds: u64,
+    /// The seconds the per-second figures cover, each whole: all of a shape's; a trace's up to the second its last
+    /// request falls in, which is left out (the trace ends within it, so it would read as a drop to nothing), at least
+    /// one.
+    pub charted_seconds: u64,
 }
 
 /// A traffic file: a shape, or a trace.
@@ -130,6 +134,7 @@ pub fn load(path: &Path) -> Result<Traffic, String> {
             keys,
             arrivals,
             seconds,
+            charted_seconds: seconds.saturating_sub(1).max(1),
         });
     }
     let seconds = spec
@@ -159,6 +164,7 @@ pub fn load(path: &Path) -> Result<Traffic, String> {
         keys: (0..keys.count).map(|i| format!("{}{i}", keys.prefix)).collect(),
         arrivals,
         seconds,
+        charted_seconds: seconds,
     })
 }
 
