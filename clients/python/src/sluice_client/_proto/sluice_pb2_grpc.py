@@ -189,8 +189,9 @@ class RateLimiterServicer:
         fetched values: every instance on one Redis holds them within a second, an in-memory server only itself.
 
         AddListEntries adds values (exact, `*` patterns, IPv4 and IPv6 addresses and CIDR ranges), or renews them, for
-        `ttl` or for good. INVALID_ARGUMENT names a malformed value (values[i]), too many values in one call (10 000),
-        or a list that would hold more than 1 000 000 run-time entries; NOT_FOUND names an unknown domain or list.
+        `ttl` or for good. INVALID_ARGUMENT names a malformed value (values[i]), too many values in one call (1 000), a
+        message over `--max-request-bytes`, or a list that would hold more than 1 000 000 run-time entries; NOT_FOUND
+        names an unknown domain or list.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
