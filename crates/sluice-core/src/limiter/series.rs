@@ -1,6 +1,8 @@
 //! Outcomes per second: per domain and rule, how many decisions each second allowed and denied, summed across the
 //! instances on one store; what the dashboard plots. Each instance counts in memory and adds its counts to the
 //! store once a second ([`Series::series_add`](crate::store::Series::series_add): in Redis a hash per domain and second, gone after 16 minutes).
+//! With them it adds a heartbeat, a field of its own in every domain's hash of that second, so that a reader can
+//! tell how many instances add to the sums.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -69,7 +71,13 @@ pub struct Series {
     pub from: u64,
     /// Per rule path: allowed and denied per second, from `from` on.
     pub rules: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
+    /// The instances whose heartbeat is in these seconds ([`Limiter::instance`]), each with the last second it was
+    /// seen.
+    pub instances: BTreeMap<String, u64>,
 }
+
+/// The field prefix of an instance's heartbeat in a second's hash; `a:` and `d:` are a rule's allowed and denied.
+const HEARTBEAT: &str = "i:";
 
 /// How often the counts are added to the store, and how often the top offenders are (see `offenders`).
 const EVERY: Duration = Duration::from_secs(1);
@@ -90,10 +98,16 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Adds the outcomes counted since the last flush to the store now (what a failed flush held is dropped and
-    /// logged).
+    /// Adds the outcomes counted since the last flush to the store now, and this instance's heartbeat to every
+    /// domain's current second (what a failed flush held is dropped and logged).
     pub async fn flush_series(&self) {
-        for (domain, counts) in self.outcomes.take() {
+        let mut taken = self.outcomes.take();
+        let now = self.clock.now_us() / 1_000_000;
+        for domain in self.rules().domains() {
+            let beat = (now, format!("{HEARTBEAT}{}", self.instance), 1);
+            taken.entry(domain.name.clone()).or_default().push(beat);
+        }
+        for (domain, counts) in taken {
             let set = CounterKey::series(&self.settings.key_prefix, &domain);
             if let Err(e) = self.store().series_add(&set, &counts).await {
                 tracing::warn!(error = %e, domain = %domain, "outcomes of the last second not stored");
@@ -117,9 +131,14 @@ impl<S: Store> Limiter<S> {
         let mut series = Series {
             from,
             rules: BTreeMap::new(),
+            instances: BTreeMap::new(),
         };
         for (i, hash) in hashes.into_iter().enumerate() {
             for (field, n) in hash {
+                if let Some(instance) = field.strip_prefix(HEARTBEAT) {
+                    series.instances.insert(instance.to_string(), from + i as u64);
+                    continue;
+                }
                 let Some((kind, rule)) = field.split_once(':') else {
                     continue;
                 };

@@ -46,7 +46,7 @@ impl Domain {
     }
 
     /// Every rule, in the stable order of [`Domain::rule_lines`].
-    fn each_rule(&self, f: &mut dyn FnMut(&Rule)) {
+    pub fn each_rule(&self, f: &mut dyn FnMut(&Rule)) {
         fn walk(node: &Node, f: &mut dyn FnMut(&Rule)) {
             if let Some(rule) = &node.rule {
                 f(rule);
