@@ -1,6 +1,6 @@
-//! Line charts as SVG, drawn with plotters: the simulator's report and the dashboard draw every chart here, so both
-//! look alike. A chart is a title, an x axis in seconds, and named series of (second, value) points; the SVG names
-//! each series in its legend (`<text>` elements), which is what the browser tests read.
+//! Line charts as SVG, drawn with plotters: the simulator's report draws every chart here (the dashboard draws its
+//! own in the browser, with uPlot). A chart is a title, an x axis in seconds, and named series of (second, value)
+//! points; the SVG names each series in its legend (`<text>` elements), which is what the browser tests read.
 
 use plotters::prelude::*;
 

@@ -88,6 +88,13 @@ fn describe(rule: &Rule) -> String {
     s
 }
 
+impl Tier {
+    /// The limit in words, as [`Domain::rule_lines`] shows it: `10 per second (fixed_window)`.
+    pub fn summary(&self) -> String {
+        describe_tier(self)
+    }
+}
+
 fn describe_tier(tier: &Tier) -> String {
     let l = &tier.limit;
     let per = if l.multiplier == 1 {
