@@ -4,6 +4,7 @@ page (per second, hovered, in total, over each range), and loads the report `slu
 its charts are drawn with the expected series and its tables with the expected numbers. Screenshots are kept in
 target/browser/ as test artefacts (the README shows the dashboard's)."""
 
+import contextlib
 import csv
 import re
 import subprocess
@@ -24,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 
-from conftest import REPO
+from conftest import REPO, redis_server, running_sluice
 from test_rlqs import quota_stream
 
 ARTEFACTS = REPO / "target" / "browser"
@@ -84,22 +85,24 @@ class Sent:
 
 
 def load(target: str, stop: threading.Event, sent: Sent) -> None:
-    """50 requests a second from one address (its limit is 10 a second: most are denied), 5 from another; every
-    answer counted in `sent`."""
+    """50 requests a second from one address (its limit is 10 a second: most are denied), 5 from another, every
+    answer counted in `sent`; and 2 a second for /login (5 a minute), not counted."""
     with grpc.insecure_channel(target) as channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
-        def ask(address: str) -> None:
-            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value=address)
+        def ask(key: str, value: str) -> bool:
+            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)
             descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
             answer = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5)
-            sent.note(answer.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT)
+            return answer.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
 
         n = 0
         while not stop.is_set():
-            ask("198.51.100.7")
+            sent.note(ask("remote_address", "198.51.100.7"))
             if n % 10 == 0:
-                ask("10.0.0.1")
+                sent.note(ask("remote_address", "10.0.0.1"))
+            if n % 25 == 0:
+                ask("path", "/login")
             n += 1
             time.sleep(0.02)
 
@@ -148,7 +151,7 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     try:
         browser.get(f"{base}/ui?token={TOKEN}&domain=edge")
         wait_for("the limited rule's row draws a chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
-        wait_for("a few seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 60)
+        wait_for("a few seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 300, 40)
         # Hovering the chart shows the values of the second under the cursor, below the chart (outside the data).
         over = row(browser, RULE).find_element(By.CSS_SELECTOR, ".u-over")
         ActionChains(browser).move_to_element_with_offset(over, over.size["width"] // 2 - 3, 0).perform()
@@ -228,6 +231,32 @@ def test_dashboard_names_every_limit_and_says_what_rlqs_does(start_sluice, brows
     names = [n.get_attribute("data-name") for n in user.find_elements(By.CSS_SELECTOR, ".limits .name")]
     assert names == ["user_tokens_per_minute", "user_tokens_per_day"], names
     assert "No decisions in the last 15 min." in user.text
+
+
+def test_dashboard_sums_the_instances_on_one_store(sluice_bin: Path, tmp_path: Path, browser):
+    args = ("--admin-token", TOKEN)
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            config = REPO / "deploy" / "config"
+            servers.append(stack.enter_context(running_sluice(sluice_bin, config, tmp_path / name, (*args, "--redis-url", redis_url))))
+        a, b = servers
+        for server, address, n in ((a, "192.0.2.1", 4), (b, "192.0.2.2", 3)):
+            with grpc.insecure_channel(server.grpc_target) as channel:
+                stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+                entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value=address)
+                request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])])
+                for _ in range(n):
+                    stub.ShouldRateLimit(request, timeout=5)
+        browser.get(f"http://127.0.0.1:{a.http_port}/ui?token={TOKEN}&domain=edge")
+        wait_for("both instances' decisions, summed", lambda: row(browser, RULE).get_attribute("data-allowed") == "7")
+        instances = wait_for(
+            "both instances' heartbeats",
+            lambda: (e := browser.find_element(By.ID, "health-instances")).get_attribute("data-count") == "2" and e,
+        )
+        assert "2 instances add" in instances.text, instances.text
+        assert browser.find_element(By.ID, "health-store").get_attribute("data-kind") == "redis"
 
 
 def test_simulate_report_draws_each_strategy(sluice_bin: Path, tmp_path: Path, browser):

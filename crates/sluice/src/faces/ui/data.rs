@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::faces::auth::Refused;
 use crate::limiter::Series;
 use crate::metrics::{RLQS_ABANDONED, RLQS_ASSIGNMENTS, RLQS_BUCKETS, RLQS_EXHAUSTED, RLQS_STREAMS, RLQS_USAGE};
-use crate::quota::{Assigned, Strategy};
+use crate::quota::{Assigned, NO_REFILL_S, Strategy};
 use crate::rules::Domain;
 
 /// The ranges the page offers, in seconds: 1, 5 and 15 minutes. The store keeps 16 minutes of seconds.
@@ -193,6 +193,11 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
                 Strategy::DenyAll => "to deny every request".to_string(),
                 Strategy::TokenBucket {
                     max_tokens,
+                    fill_interval_s: NO_REFILL_S,
+                    ..
+                } => format!("to spend at most {max_tokens} (a token bucket that does not refill)"),
+                Strategy::TokenBucket {
+                    max_tokens,
                     tokens_per_fill,
                     fill_interval_s,
                 } => format!(
@@ -201,11 +206,15 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
                 ),
             };
             let mut words = format!("Envoy stream {stream} was told {what} for {bucket}");
-            if let Some(share) = share.filter(|_| streams > 1) {
-                words += &format!(
-                    ", {:.0} % of the tokens the bucket's {streams} streams hold",
-                    share * 100.0
-                );
+            match share {
+                Some(share) if streams > 1 => {
+                    words += &format!(
+                        ", {:.0} % of the tokens the bucket's {streams} streams hold",
+                        share * 100.0
+                    )
+                }
+                Some(_) => words += ", the only stream holding its tokens",
+                None => {}
             }
             words += &format!(
                 "; sent {} ago, good for {}.",
@@ -458,6 +467,19 @@ mod tests {
              75 % of the tokens the bucket's 2 streams hold; sent 2 s ago, good for 15 s."
         );
         assert!(super::shares(&all, "other", 0).is_empty());
+        let grant = Assigned {
+            strategy: Strategy::TokenBucket {
+                max_tokens: 5,
+                tokens_per_fill: 1,
+                fill_interval_s: NO_REFILL_S,
+            },
+            ..assigned("cccccccccccc", 0)
+        };
+        assert_eq!(
+            super::shares(&[grant], "q", 12_000_000)[0]["words"],
+            "Envoy stream cccccccc was told to spend at most 5 (a token bucket that does not refill) for \
+             name=per_user, the only stream holding its tokens; sent 2 s ago, good for 15 s."
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ async fn health<S: Store>(limiter: &Limiter<S>, read: &crate::limiter::Series, n
         "store": {
             "kind": limiter.store().name(),
             "ready": ready.is_ok(),
-            "ping_ms": (ping_ms * 10.0).round() / 10.0,
+            "ping_ms": (ping_ms * 100.0).round() / 100.0,
             "error": ready.err(),
         },
         "breaker": breaker,

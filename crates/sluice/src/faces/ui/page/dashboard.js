@@ -125,11 +125,21 @@ function percent(part, whole) {
   return whole ? (100 * part / whole).toFixed(1) + " %" : "–";
 }
 
-// A row per rule: the rules in force (in their order), then any other label the counts carry.
+function decided(rule) {
+  const mine = state.counts.get(rule);
+  if (!mine) return false;
+  const first = Math.max(0, state.to - state.range + 1 - state.from);
+  for (let i = first; i < mine.allowed.length; i++) if (mine.allowed[i] || mine.denied[i]) return true;
+  return false;
+}
+
+// A row per rule: the rules in force (in their order), then any other label the counts carry; those with decisions
+// in the range first.
 function draw() {
   const rows = $("rows");
-  const names = state.rules.map(r => r.rule);
-  for (const rule of state.counts.keys()) if (!names.includes(rule)) names.push(rule);
+  const all = state.rules.map(r => r.rule);
+  for (const rule of state.counts.keys()) if (!all.includes(rule)) all.push(rule);
+  const names = all.filter(decided).concat(all.filter(r => !decided(r)));
   const width = Math.max(300, rows.clientWidth - 30);
   const keep = new Set(names);
   for (const [rule, chart] of charts) {
@@ -176,6 +186,8 @@ function draw() {
       if (chart.width !== width) chart.setSize({ width, height: 150 });
       chart.setData(data);
     }
+    // Away from the cursor, the legend shows the last second.
+    if (!(chart.cursor.left >= 0)) chart.setLegend({ idx: last });
   });
   filter();
   $("rows").dataset.range = state.range;
@@ -192,6 +204,8 @@ function filter() {
 }
 
 function fill(id, rows) {
+  const columns = document.querySelectorAll("#" + id + " th").length;
+  if (!rows.length) rows = [[el("td", { colspan: columns, class: "none" }, "none")]];
   document.querySelector("#" + id + " tbody").replaceChildren(...rows.map(cells => el("tr", {}, ...cells)));
 }
 
@@ -206,7 +220,7 @@ function showHealth(health) {
   storeLine.dataset.kind = store.kind;
   storeLine.replaceChildren("store (" + store.kind + "): ",
     store.ready
-      ? el("span", { class: "good" }, "ready, answered a ping in " + store.ping_ms + " ms")
+      ? el("span", { class: "good" }, "ready, answered a ping in " + (store.ping_ms ? store.ping_ms + " ms" : "under 0.01 ms"))
       : el("span", { class: "bad" }, "not ready: " + store.error));
   const breaker = $("health-breaker");
   breaker.dataset.state = health.breaker;
