@@ -149,12 +149,14 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     loader = threading.Thread(target=load, args=(server.grpc_target, stop, sent), daemon=True)
     loader.start()
     try:
-        browser.get(f"{base}/ui?token={TOKEN}&domain=edge")
+        browser.get(f"{base}/ui?token={TOKEN}&domain=edge&range=60")
         wait_for("the limited rule's row draws a chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
-        wait_for("a few seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 300, 40)
+        wait_for("some 15 seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 500, 40)
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTEFACTS / "dashboard.png"))
         # Hovering the chart shows the values of the second under the cursor, below the chart (outside the data).
         over = row(browser, RULE).find_element(By.CSS_SELECTOR, ".u-over")
-        ActionChains(browser).move_to_element_with_offset(over, over.size["width"] // 2 - 3, 0).perform()
+        ActionChains(browser).move_to_element_with_offset(over, int(over.size["width"] * 0.4), 0).perform()
         legend = [v.text for v in row(browser, RULE).find_elements(By.CSS_SELECTOR, ".u-legend .u-value")]
         hovered = browser.execute_script(
             "const c = window.dashboard.charts.get(arguments[0]); const i = c.cursor.idx;"
@@ -162,6 +164,12 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
             RULE,
         )
         assert legend[1:] == [str(hovered[1]), str(hovered[2])], (legend, hovered)
+        assert hovered[2] > 0, f"a second of the load, 90 % across the last minute: {hovered}"
+        # The page asked for 15 minutes once, then only for the seconds after the last one it had.
+        asked = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/ui/api/series'))"
+        )
+        assert len(asked) >= 3 and "since=" not in asked[0] and all("since=" in a for a in asked[1:]), asked
         # Per second, what was sent (an answer can fall on the other side of a second's edge: within 2).
         drawn = list(zip(*chart_data(browser, RULE)))
         busy = [(s, a, d) for s, a, d in drawn if a + d > 0]
@@ -196,8 +204,6 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     assert browser.find_element(By.ID, "health-breaker").get_attribute("data-state") == "closed"
     instances = browser.find_element(By.ID, "health-instances")
     assert instances.get_attribute("data-count") == "1" and "1 instance adds" in instances.text, instances.text
-    ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(ARTEFACTS / "dashboard.png"))
     # The filter keeps the rules whose name holds what is typed.
     rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
     assert len(rules) >= 4, [r.get_attribute("data-rule") for r in rules]

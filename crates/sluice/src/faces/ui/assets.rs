@@ -77,12 +77,7 @@ pub fn asset(name: &str, headers: &HeaderMap) -> Response {
     if fresh {
         return (StatusCode::NOT_MODIFIED, cached).into_response();
     }
-    (
-        cached,
-        [(header::CONTENT_TYPE, asset.content_type)],
-        asset.body,
-    )
-        .into_response()
+    (cached, [(header::CONTENT_TYPE, asset.content_type)], asset.body).into_response()
 }
 
 /// A strong ETag of `body`: its hash, the same for the same binary.

@@ -257,7 +257,11 @@ pub fn rlqs_in_words(text: &str) -> Vec<String> {
     }
     let get = |name: &str, label: &str| values.get(&(name.to_string(), label.to_string())).copied();
     let sum = |name: &str| -> Option<f64> {
-        let mut it = values.iter().filter(|((n, _), _)| n == name).map(|(_, v)| *v).peekable();
+        let mut it = values
+            .iter()
+            .filter(|((n, _), _)| n == name)
+            .map(|(_, v)| *v)
+            .peekable();
         it.peek().is_some().then(|| it.sum())
     };
     let n = |v: f64| format!("{}", v as u64);
@@ -355,7 +359,11 @@ mod tests {
             assert_eq!((w.range, w.to, w.len()), (range, NOW - 2, range as usize), "{raw}");
             assert_eq!(w.from, NOW - 1 - range);
         }
-        assert_eq!(Window::of(NOW, &query(&[])).unwrap().range, 900, "15 minutes by default");
+        assert_eq!(
+            Window::of(NOW, &query(&[])).unwrap().range,
+            900,
+            "15 minutes by default"
+        );
     }
 
     #[test]
@@ -374,7 +382,13 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_400_naming_them() {
-        for (key, raw) in [("range", "61"), ("range", "1h"), ("range", "-60"), ("since", "yesterday"), ("since", "-1")] {
+        for (key, raw) in [
+            ("range", "61"),
+            ("range", "1h"),
+            ("range", "-60"),
+            ("since", "yesterday"),
+            ("since", "-1"),
+        ] {
             let (status, message) = Window::of(NOW, &query(&[(key, raw)])).unwrap_err();
             assert_eq!(status, StatusCode::BAD_REQUEST);
             assert!(message.starts_with(&format!("{key}: '{raw}'")), "{message}");
@@ -387,7 +401,10 @@ mod tests {
             from: NOW - 9,
             rules: [
                 ("edge.a".to_string(), ((1..=10).collect(), vec![0; 10])),
-                ("edge.quiet".to_string(), (vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0], vec![0; 10])),
+                (
+                    "edge.quiet".to_string(),
+                    (vec![5, 0, 0, 0, 0, 0, 0, 0, 0, 0], vec![0; 10]),
+                ),
             ]
             .into(),
             instances: [("old".to_string(), NOW - 9), ("abc".to_string(), NOW - 1)].into(),
@@ -400,9 +417,16 @@ mod tests {
         let json = series("edge", &window, &read, NOW, "abc");
         assert_eq!(json["from"], NOW - 5);
         assert_eq!(json["to"], NOW - 2);
-        assert_eq!(json["rules"]["edge.a"]["allowed"], json!([5, 6, 7, 8]), "second from+i at index i");
+        assert_eq!(
+            json["rules"]["edge.a"]["allowed"],
+            json!([5, 6, 7, 8]),
+            "second from+i at index i"
+        );
         assert_eq!(json["rules"]["edge.a"]["denied"], json!([0, 0, 0, 0]));
-        assert!(json["rules"].get("edge.quiet").is_none(), "nothing in the window: left out");
+        assert!(
+            json["rules"].get("edge.quiet").is_none(),
+            "nothing in the window: left out"
+        );
         assert_eq!(
             json["instances"],
             json!({"count": 1, "this": "abc", "seen": [{"instance": "abc", "last": NOW - 1}]}),
@@ -486,7 +510,10 @@ mod tests {
     fn samples_are_read_from_prometheus_text() {
         let text = "# HELP x\nsluice_rlqs_streams 2\nsluice_rule_cost_total{domain=\"llm\",rule=\"llm.user\",limit=\"0\",kind=\"reserved\"} 1200\nsluice_rule_cost_total{domain=\"other\",rule=\"o\",limit=\"0\",kind=\"reported\"} 5\n";
         let rlqs = samples(text, "sluice_rlqs_", None);
-        assert_eq!(rlqs, [json!({"metric": "sluice_rlqs_streams", "labels": {}, "value": 2.0})]);
+        assert_eq!(
+            rlqs,
+            [json!({"metric": "sluice_rlqs_streams", "labels": {}, "value": 2.0})]
+        );
         let budgets = samples(text, "sluice_rule_cost_total", Some("llm"));
         assert_eq!(budgets.len(), 1);
         assert_eq!(budgets[0]["labels"]["kind"], "reserved");

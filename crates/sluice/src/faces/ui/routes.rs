@@ -172,11 +172,8 @@ async fn overview<S: Store>(
         })
         .collect();
     let metrics = limiter.metrics().render();
-    let pairs = |l: &[(String, u64)]| -> Vec<Value> {
-        l.iter()
-            .map(|(v, n)| json!({"value": v, "count": n}))
-            .collect()
-    };
+    let pairs =
+        |l: &[(String, u64)]| -> Vec<Value> { l.iter().map(|(v, n)| json!({"value": v, "count": n})).collect() };
     let mut lists = compiled.lists.lines();
     let failed = format!("list {domain}/");
     lists.extend(limiter.list_failures().into_iter().filter(|l| l.starts_with(&failed)));
@@ -200,7 +197,12 @@ async fn overview<S: Store>(
 
 /// The store (its kind, whether it answers a ping and how fast, whether decisions can reach it), the breakers,
 /// and the instances whose heartbeat `read` holds.
-async fn health<S: Store>(limiter: &Limiter<S>, read: &crate::limiter::Series, now: u64, problems: Vec<String>) -> Value {
+async fn health<S: Store>(
+    limiter: &Limiter<S>,
+    read: &crate::limiter::Series,
+    now: u64,
+    problems: Vec<String>,
+) -> Value {
     let started = Instant::now();
     let ready = tokio::time::timeout(PING_TIMEOUT, limiter.ready()).await;
     let ping_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -247,7 +249,13 @@ mod tests {
         let file = crate::config::parse(std::path::Path::new("edge.yaml"), RULES).unwrap();
         let rules = RuleSet::compile(&[file], &metrics).unwrap();
         let clock = Arc::new(ManualClock::new(1_700_000_000_000_000));
-        let limiter = Arc::new(Limiter::new(rules, MemoryStore::new(), clock, metrics, Default::default()));
+        let limiter = Arc::new(Limiter::new(
+            rules,
+            MemoryStore::new(),
+            clock,
+            metrics,
+            Default::default(),
+        ));
         let quotas = Quotas::new(limiter.clone(), QuotaCaps::default());
         let mut app = router(limiter, quotas, Some("t".into()));
         let response = app.call(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
@@ -260,7 +268,10 @@ mod tests {
     async fn series_refuse_what_they_cannot_answer() {
         assert_eq!(get("/ui/api/series?domain=edge").await.0, StatusCode::UNAUTHORIZED);
         let (status, body) = get("/ui/api/series?token=t").await;
-        assert_eq!((status, body.as_str()), (StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)\n"));
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::BAD_REQUEST, "domain: missing (?domain=NAME)\n")
+        );
         let (status, body) = get("/ui/api/series?token=t&domain=nope").await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
         let (status, body) = get("/ui/api/series?token=t&domain=edge&range=7").await;
@@ -292,13 +303,21 @@ mod tests {
         assert_eq!(json["health"]["store"]["kind"], "memory");
         assert_eq!(json["health"]["store"]["ready"], true);
         assert_eq!(json["health"]["breaker"], "closed");
-        assert_eq!(get("/ui/api/overview?token=t&domain=nope").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            get("/ui/api/overview?token=t&domain=nope").await.0,
+            StatusCode::NOT_FOUND
+        );
         assert_eq!(get("/ui/api/overview?token=t").await.0, StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]
     async fn every_route_and_asset_needs_the_token() {
-        for path in ["/ui", "/ui/assets/dashboard.js", "/ui/assets/uPlot.iife.min.js", "/ui/api/domains"] {
+        for path in [
+            "/ui",
+            "/ui/assets/dashboard.js",
+            "/ui/assets/uPlot.iife.min.js",
+            "/ui/api/domains",
+        ] {
             assert_eq!(get(path).await.0, StatusCode::UNAUTHORIZED, "{path}");
             assert_eq!(get(&format!("{path}?token=t")).await.0, StatusCode::OK, "{path}");
         }

@@ -87,6 +87,13 @@ function view(rule) {
   return [xs, pick("allowed"), pick("denied")];
 }
 
+const two = n => String(n).padStart(2, "0");
+// A second as the clock shows it, in the browser's time zone: 12:21:07 (12:21 when `seconds` is false).
+function clock(s, seconds) {
+  const d = new Date(s * 1000);
+  return two(d.getHours()) + ":" + two(d.getMinutes()) + (seconds ? ":" + two(d.getSeconds()) : "");
+}
+
 function chartOptions(width) {
   const count = (u, v) => (v === null || v === undefined ? "–" : String(v));
   return {
@@ -96,11 +103,11 @@ function chartOptions(width) {
     legend: { live: true },
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, Math.ceil(max * 1.15))] } },
     axes: [
-      { stroke: "#555", grid: { stroke: "#eee" } },
+      { stroke: "#555", grid: { stroke: "#eee" }, space: 60, values: (u, splits) => splits.map(s => clock(s, splits.some(t => t % 60))) },
       { stroke: "#555", grid: { stroke: "#eee" }, size: 48, label: "per second", labelSize: 18, labelFont: "11px system-ui" },
     ],
     series: [
-      { label: "time" },
+      { label: "second", value: (u, v) => (v === null || v === undefined ? "–" : clock(v, true)) },
       { label: "allowed", stroke: COLOURS.allowed, fill: COLOURS.allowed + "1a", width: 1.5, value: count, points: { show: false } },
       { label: "denied", stroke: COLOURS.denied, fill: COLOURS.denied + "1a", width: 1.5, value: count, points: { show: false } },
     ],
