@@ -153,6 +153,11 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
         wait_for("the limited rule's row draws a chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
         wait_for("some 15 seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 500, 40)
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        # The whole page and no blank tail: the window as tall as the page.
+        height, chrome = browser.execute_script(
+            "return [Math.ceil(document.body.getBoundingClientRect().bottom) + 20, window.outerHeight - window.innerHeight]"
+        )
+        browser.set_window_size(1100, height + chrome)
         browser.save_screenshot(str(ARTEFACTS / "dashboard.png"))
         # Hovering the chart shows the values of the second under the cursor, below the chart (outside the data).
         over = row(browser, RULE).find_element(By.CSS_SELECTOR, ".u-over")

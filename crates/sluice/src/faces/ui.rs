@@ -15,12 +15,11 @@
 //!
 //! A missing domain is 400, an unknown one 404, a bad `range` or `since` 400 naming it.
 //!
-//! Its parts: [`routes`] (the handlers: token, parameters, reads), [`data`] (the JSON shaping, pure and tested),
-//! [`assets`] (the embedded page, script, style and uPlot, served with ETags).
+//! Its parts: `routes` (the handlers: token, parameters, reads), `data` (the JSON shaping, pure and tested), `assets`
+//! (the embedded page, script, style and uPlot, served with ETags).
 
 mod assets;
 mod data;
 mod routes;
 
-pub use assets::total_bytes;
 pub use routes::router;

@@ -97,18 +97,14 @@ fn percent_encoded(text: &str) -> String {
         .collect()
 }
 
-/// The bytes a browser loads for the dashboard: the page and every asset.
-pub fn total_bytes() -> usize {
-    PAGE.len() + ASSETS.iter().map(|a| a.body.len()).sum::<usize>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_page_and_its_assets_weigh_under_200_kb() {
-        assert!(total_bytes() < 200_000, "{} bytes", total_bytes());
+        let total = PAGE.len() + ASSETS.iter().map(|a| a.body.len()).sum::<usize>();
+        assert!(total < 200_000, "{total} bytes");
         for asset in &ASSETS {
             assert!(
                 PAGE.contains(&format!("/ui/assets/{}{{{{query}}}}", asset.name)),
