@@ -107,7 +107,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// This instance's name among those sharing the store (12 hex digits, random, new each start): what its
-    /// heartbeat in the per-second outcomes carries ([`Series::instances`]).
+    /// heartbeat carries ([`Limiter::instances_seen`]).
     pub fn instance(&self) -> &str {
         &self.instance
     }

@@ -91,9 +91,8 @@ fn bad(message: String) -> Refused {
 /// A domain's outcomes over `window`, from `read` (the store's seconds from `read.from` on, covering the window):
 /// `{"domain", "range", "from", "to", "rules": {rule: {"allowed": [..], "denied": [..]}}, "instances": {..}}`, one
 /// number per second from `from` to `to`. A rule with nothing in the window is left out (the page reads it as
-/// zeros). `instances` are those whose heartbeat is in the last [`ALIVE_SECONDS`] of `read`, by name, with the
-/// last second each was seen; `this` is this instance's name.
-pub fn series(domain: &str, window: &Window, read: &Series, now: u64, this: &str) -> Value {
+/// zeros). `instances` are as [`instances`] shapes them.
+pub fn series(domain: &str, window: &Window, read: &Series, seen: &Seen) -> Value {
     let skip = window.from.saturating_sub(read.from) as usize;
     let take = |counts: &[u64]| -> Vec<u64> {
         let mut out: Vec<u64> = counts.iter().skip(skip).take(window.len()).copied().collect();
@@ -113,20 +112,24 @@ pub fn series(domain: &str, window: &Window, read: &Series, now: u64, this: &str
         "from": window.from,
         "to": window.to,
         "rules": rules,
-        "instances": instances(read, now, this),
+        "instances": instances(seen),
     })
 }
 
-/// The instances seen alive in `read` at `now`: `{"count", "this", "seen": [{"instance", "last"}]}`.
-pub fn instances(read: &Series, now: u64, this: &str) -> Value {
-    let alive = now.saturating_sub(ALIVE_SECONDS);
-    let seen: Vec<Value> = read
+/// The instances whose heartbeat was read, by name, with the last second each was seen, and this instance's name.
+pub struct Seen<'a> {
+    pub instances: &'a BTreeMap<String, u64>,
+    pub this: &'a str,
+}
+
+/// The instances seen: `{"count", "this", "seen": [{"instance", "last"}]}`.
+pub fn instances(seen: &Seen) -> Value {
+    let list: Vec<Value> = seen
         .instances
         .iter()
-        .filter(|(_, last)| **last >= alive)
         .map(|(name, last)| json!({"instance": name, "last": last}))
         .collect();
-    json!({"count": seen.len(), "this": this, "seen": seen})
+    json!({"count": list.len(), "this": seen.this, "seen": list})
 }
 
 /// The rules of `domain`, in the order of its rule lines: `{"rule", "limits": [{"limit", "name"}], "notes"}`, every
@@ -407,14 +410,18 @@ mod tests {
                 ),
             ]
             .into(),
-            instances: [("old".to_string(), NOW - 9), ("abc".to_string(), NOW - 1)].into(),
+        };
+        let alive = [("abc".to_string(), NOW - 1)].into();
+        let seen = Seen {
+            instances: &alive,
+            this: "abc",
         };
         let window = Window {
             range: 60,
             from: NOW - 5,
             to: NOW - 2,
         };
-        let json = series("edge", &window, &read, NOW, "abc");
+        let json = series("edge", &window, &read, &seen);
         assert_eq!(json["from"], NOW - 5);
         assert_eq!(json["to"], NOW - 2);
         assert_eq!(
@@ -429,15 +436,14 @@ mod tests {
         );
         assert_eq!(
             json["instances"],
-            json!({"count": 1, "this": "abc", "seen": [{"instance": "abc", "last": NOW - 1}]}),
-            "a heartbeat older than 5 s is gone"
+            json!({"count": 1, "this": "abc", "seen": [{"instance": "abc", "last": NOW - 1}]})
         );
         let empty = Window {
             range: 60,
             from: NOW - 1,
             to: NOW - 2,
         };
-        assert_eq!(series("edge", &empty, &read, NOW, "abc")["rules"], json!({}));
+        assert_eq!(series("edge", &empty, &read, &seen)["rules"], json!({}));
     }
 
     #[test]

@@ -121,10 +121,18 @@ async fn series<S: Store>(
         Ok(asked) => asked,
         Err(refused) => return refused.into_response(),
     };
-    // From the window's first second, or far enough back to see the instances alive, to now.
-    let first = window.from.min(now.saturating_sub(data::ALIVE_SECONDS));
-    match limiter.series(&domain, now + 1 - first).await {
-        Ok(read) => json(data::series(&domain, &window, &read, now, limiter.instance())),
+    let (read, alive) = tokio::join!(
+        limiter.series(&domain, now + 1 - window.from),
+        limiter.instances_seen(data::ALIVE_SECONDS)
+    );
+    match read.and_then(|read| Ok((read, alive?))) {
+        Ok((read, alive)) => {
+            let seen = data::Seen {
+                instances: &alive,
+                this: limiter.instance(),
+            };
+            json(data::series(&domain, &window, &read, &seen))
+        }
         Err(e) => dashboard_read_failed(e),
     }
 }
@@ -158,7 +166,6 @@ async fn overview<S: Store>(
     } else {
         Vec::new()
     };
-    let now = limiter.now_us() / 1_000_000;
     let read = limiter.series(&domain, 60).await.unwrap_or_else(|e| {
         problems.push(format!("outcomes: {e}"));
         Default::default()
@@ -191,18 +198,13 @@ async fn overview<S: Store>(
         "rlqs_words": data::rlqs_in_words(&metrics),
         "rlqs_assignments": data::shares(&state.quotas.assignments(), &domain, limiter.now_us()),
         "budgets": data::samples(&metrics, "sluice_rule_cost_total", Some(&domain)),
-        "health": health(limiter, &read, now, problems).await,
+        "health": health(limiter, problems).await,
     }))
 }
 
 /// The store (its kind, whether it answers a ping and how fast, whether decisions can reach it), the breakers,
-/// and the instances whose heartbeat `read` holds.
-async fn health<S: Store>(
-    limiter: &Limiter<S>,
-    read: &crate::limiter::Series,
-    now: u64,
-    problems: Vec<String>,
-) -> Value {
+/// the instances alive, and the `problems` met reading the rest.
+async fn health<S: Store>(limiter: &Limiter<S>, mut problems: Vec<String>) -> Value {
     let started = Instant::now();
     let ready = tokio::time::timeout(PING_TIMEOUT, limiter.ready()).await;
     let ping_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -216,6 +218,14 @@ async fn health<S: Store>(
         Breaker::HalfOpen => "half-open",
         Breaker::Open => "open",
     };
+    let alive = limiter.instances_seen(data::ALIVE_SECONDS).await.unwrap_or_else(|e| {
+        problems.push(format!("instances: {e}"));
+        Default::default()
+    });
+    let seen = data::Seen {
+        instances: &alive,
+        this: limiter.instance(),
+    };
     json!({
         "store": {
             "kind": limiter.store().name(),
@@ -224,7 +234,7 @@ async fn health<S: Store>(
             "error": ready.err(),
         },
         "breaker": breaker,
-        "instances": data::instances(read, now, limiter.instance()),
+        "instances": data::instances(&seen),
         "problems": problems,
     })
 }
