@@ -6,6 +6,7 @@ const params = new URLSearchParams(location.search);
 const token = params.get("token");
 const headers = token ? { Authorization: "Bearer " + token } : {};
 const HOLD = 900; // seconds held: the longest range
+const MOST_CHARTS = 40; // charts drawn at once (labels built from requests can make many rules)
 const COLOURS = { allowed: "#1f6fb4", denied: "#d1401f" };
 const $ = id => document.getElementById(id);
 
@@ -103,13 +104,18 @@ function chartOptions(width) {
     legend: { live: true },
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, Math.ceil(max * 1.15))] } },
     axes: [
-      { stroke: "#555", grid: { stroke: "#eee" }, space: 60, values: (u, splits) => splits.map(s => clock(s, splits.some(t => t % 60))) },
-      { stroke: "#555", grid: { stroke: "#eee" }, size: 48, label: "per second", labelSize: 18, labelFont: "11px system-ui" },
+      // Seconds on the ticks when a tick falls within a minute; minutes otherwise.
+      { stroke: "#555", grid: { stroke: "#eee" }, space: 60,
+        values: (u, splits) => splits.map(s => clock(s, splits.some(t => t % 60))) },
+      { stroke: "#555", grid: { stroke: "#eee" }, size: 48,
+        label: "per second", labelSize: 18, labelFont: "11px system-ui" },
     ],
     series: [
       { label: "second", value: (u, v) => (v === null || v === undefined ? "–" : clock(v, true)) },
-      { label: "allowed", stroke: COLOURS.allowed, fill: COLOURS.allowed + "1a", width: 1.5, value: count, points: { show: false } },
-      { label: "denied", stroke: COLOURS.denied, fill: COLOURS.denied + "1a", width: 1.5, value: count, points: { show: false } },
+      { label: "allowed", stroke: COLOURS.allowed, fill: COLOURS.allowed + "1a", width: 1.5, value: count,
+        points: { show: false } },
+      { label: "denied", stroke: COLOURS.denied, fill: COLOURS.denied + "1a", width: 1.5, value: count,
+        points: { show: false } },
     ],
   };
 }
@@ -148,6 +154,8 @@ function draw() {
   for (const rule of state.counts.keys()) if (!all.includes(rule)) all.push(rule);
   const names = all.filter(decided).concat(all.filter(r => !decided(r)));
   const width = Math.max(300, rows.clientWidth - 30);
+  const wanted = $("filter").value.trim().toLowerCase();
+  let drawn = 0;
   const keep = new Set(names);
   for (const [rule, chart] of charts) {
     if (!keep.has(rule)) { chart.destroy(); charts.delete(rule); }
@@ -173,13 +181,18 @@ function draw() {
     });
     const figures = row.querySelector(".figures");
     const quiet = row.querySelector(".quiet");
-    if (allowed + denied === 0) {
+    const shown = wanted === "" || rule.toLowerCase().includes(wanted);
+    const room = shown && drawn < MOST_CHARTS;
+    if (allowed + denied === 0 || !room) {
       figures.textContent = "";
-      quiet.textContent = "No decisions in the last " + rangeWords(state.range) + ".";
+      quiet.textContent = allowed + denied === 0
+        ? "No decisions in the last " + rangeWords(state.range) + "."
+        : "Not drawn: " + MOST_CHARTS + " charts at most; the filter narrows the rules.";
       quiet.hidden = false;
       if (charts.has(rule)) { charts.get(rule).destroy(); charts.delete(rule); }
       return;
     }
+    drawn++;
     quiet.hidden = true;
     figures.replaceChildren(
       "last " + rangeWords(state.range) + ": ", el("b", {}, String(allowed)), " allowed, ", el("b", {}, String(denied)),
@@ -325,7 +338,7 @@ async function start() {
   }
   $("domain").addEventListener("change", () => setDomain($("domain").value));
   for (const b of document.querySelectorAll("#ranges button")) b.addEventListener("click", () => setRange(Number(b.dataset.range)));
-  $("filter").addEventListener("input", filter);
+  $("filter").addEventListener("input", () => (state.to >= 0 ? draw() : filter()));
   window.addEventListener("resize", () => { if (state.to >= 0) draw(); });
   setRange([60, 300, 900].includes(state.range) ? state.range : 900);
   setDomain($("domain").value);
