@@ -208,7 +208,7 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     assert "ready, answered a ping in" in store.text
     assert browser.find_element(By.ID, "health-breaker").get_attribute("data-state") == "closed"
     instances = browser.find_element(By.ID, "health-instances")
-    assert instances.get_attribute("data-count") == "1" and "1 instance adds" in instances.text, instances.text
+    assert instances.get_attribute("data-count") == "1" and "1 instance on this store" in instances.text, instances.text
     # The filter keeps the rules whose name holds what is typed.
     rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
     assert len(rules) >= 4, [r.get_attribute("data-rule") for r in rules]
@@ -266,7 +266,7 @@ def test_dashboard_sums_the_instances_on_one_store(sluice_bin: Path, tmp_path: P
             "both instances' heartbeats",
             lambda: (e := browser.find_element(By.ID, "health-instances")).get_attribute("data-count") == "2" and e,
         )
-        assert "2 instances add" in instances.text, instances.text
+        assert "2 instances on this store" in instances.text, instances.text
         assert browser.find_element(By.ID, "health-store").get_attribute("data-kind") == "redis"
 
 

@@ -122,13 +122,17 @@ pub struct Seen<'a> {
     pub this: &'a str,
 }
 
-/// The instances seen: `{"count", "this", "seen": [{"instance", "last"}]}`.
+/// The instances seen: `{"count", "this", "seen": [{"instance", "last"}]}`. This instance is running, so it counts
+/// even before its first heartbeat (`last` null).
 pub fn instances(seen: &Seen) -> Value {
-    let list: Vec<Value> = seen
+    let mut list: Vec<Value> = seen
         .instances
         .iter()
         .map(|(name, last)| json!({"instance": name, "last": last}))
         .collect();
+    if !seen.instances.contains_key(seen.this) {
+        list.push(json!({"instance": seen.this, "last": null}));
+    }
     json!({"count": list.len(), "this": seen.this, "seen": list})
 }
 
@@ -444,6 +448,15 @@ mod tests {
             to: NOW - 2,
         };
         assert_eq!(series("edge", &empty, &read, &seen)["rules"], json!({}));
+        let before_its_first_beat = Seen {
+            instances: &Default::default(),
+            this: "abc",
+        };
+        assert_eq!(
+            instances(&before_its_first_beat),
+            json!({"count": 1, "this": "abc", "seen": [{"instance": "abc", "last": null}]}),
+            "the instance answering is running"
+        );
     }
 
     #[test]

@@ -256,8 +256,9 @@ function showInstances() {
   const line = $("health-instances");
   line.dataset.count = i.count;
   const others = i.seen.filter(s => s.instance !== i.this).map(s => s.instance);
-  line.textContent = "instances: " + plural(i.count, "instance adds", "instances add") +
-    " to these counts in the last 5 s (this one, " + i.this + (others.length ? "; " + others.join(", ") : "") + ")";
+  line.textContent = "instances: " + plural(i.count, "instance", "instances") +
+    " on this store in the last 5 s, their counts summed (this one: " + i.this +
+    (others.length ? "; also " + others.join(", ") : "") + ")";
 }
 
 function showOverview(o) {
