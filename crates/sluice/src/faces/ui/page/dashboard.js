@@ -100,6 +100,7 @@ function chartOptions(width) {
   return {
     width,
     height: 150,
+    padding: [10, 30, 0, 0], // room on the right for the last time label
     cursor: { drag: { x: false, y: false }, points: { size: 6 } },
     legend: { live: true },
     scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, Math.ceil(max * 1.15))] } },
