@@ -150,12 +150,13 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     loader.start()
     try:
         browser.get(f"{base}/ui?token={TOKEN}&domain=edge&range=60")
-        wait_for("the limited rule's row draws a chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
+        wait_for("the limited rule's chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
         wait_for("some 15 seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 500, 40)
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
         # The whole page and no blank tail: the window as tall as the page.
         height, chrome = browser.execute_script(
-            "return [Math.ceil(document.body.getBoundingClientRect().bottom) + 20, window.outerHeight - window.innerHeight]"
+            "return [Math.ceil(document.body.getBoundingClientRect().bottom) + 20,"
+            " window.outerHeight - window.innerHeight]"
         )
         browser.set_window_size(1100, height + chrome)
         browser.save_screenshot(str(ARTEFACTS / "dashboard.png"))
@@ -188,11 +189,8 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     allowed, denied = sent.totals()
     assert allowed > 50 and denied > 100, (allowed, denied)
     # Once the last second has settled, the 15 minutes on the page hold exactly what was sent.
-    wait_for(
-        "the page's totals match what was sent",
-        lambda: (int(row(browser, RULE).get_attribute("data-allowed")), int(row(browser, RULE).get_attribute("data-denied")))
-        == (allowed, denied),
-    )
+    totals = lambda: tuple(int(row(browser, RULE).get_attribute(a)) for a in ("data-allowed", "data-denied"))
+    wait_for("the page's totals match what was sent", lambda: totals() == (allowed, denied))
     ratio = float(row(browser, RULE).get_attribute("data-denial-ratio"))
     assert abs(ratio - denied / (allowed + denied)) < 1e-4
     assert f"{100 * denied / (allowed + denied):.1f} % denied" in row(browser, RULE).text
@@ -213,7 +211,8 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
     assert len(rules) >= 4, [r.get_attribute("data-rule") for r in rules]
     browser.find_element(By.ID, "filter").send_keys("remote")
-    shown = [r.get_attribute("data-rule") for r in browser.find_elements(By.CSS_SELECTOR, "article.rule") if r.is_displayed()]
+    rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
+    shown = [r.get_attribute("data-rule") for r in rules if r.is_displayed()]
     assert shown == [RULE]
     browser.find_element(By.ID, "filter").send_keys(Keys.BACKSPACE * len("remote"))
     assert all(r.is_displayed() for r in browser.find_elements(By.CSS_SELECTOR, "article.rule"))
@@ -251,13 +250,15 @@ def test_dashboard_sums_the_instances_on_one_store(sluice_bin: Path, tmp_path: P
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
             config = REPO / "deploy" / "config"
-            servers.append(stack.enter_context(running_sluice(sluice_bin, config, tmp_path / name, (*args, "--redis-url", redis_url))))
+            flags = (*args, "--redis-url", redis_url)
+            servers.append(stack.enter_context(running_sluice(sluice_bin, config, tmp_path / name, flags)))
         a, b = servers
         for server, address, n in ((a, "192.0.2.1", 4), (b, "192.0.2.2", 3)):
             with grpc.insecure_channel(server.grpc_target) as channel:
                 stub = rls_pb2_grpc.RateLimitServiceStub(channel)
                 entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value=address)
-                request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])])
+                descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
+                request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor])
                 for _ in range(n):
                     stub.ShouldRateLimit(request, timeout=5)
         browser.get(f"http://127.0.0.1:{a.http_port}/ui?token={TOKEN}&domain=edge")
