@@ -154,22 +154,26 @@ async fn overview<S: Store>(
     let Some(compiled) = rules.domain(&domain) else {
         return (StatusCode::NOT_FOUND, "domain: reloaded away\n").into_response();
     };
-    let mut problems = Vec::new();
-    let offenders = if limiter.settings().top_offenders > 0 {
-        limiter
-            .top_offenders(&domain, Span::Minute, 10)
-            .await
-            .unwrap_or_else(|e| {
-                problems.push(format!("top offenders: {e}"));
-                Vec::new()
-            })
-    } else {
-        Vec::new()
+    // What the store holds, read at once: a store that hangs costs its timeout once, not once per read.
+    let offenders = async {
+        match limiter.settings().top_offenders {
+            0 => Ok(Vec::new()),
+            _ => limiter.top_offenders(&domain, Span::Minute, 10).await,
+        }
     };
-    let read = limiter.series(&domain, 60).await.unwrap_or_else(|e| {
+    let (offenders, read, mut health) = tokio::join!(offenders, limiter.series(&domain, 60), health(limiter));
+    let mut problems = Vec::new();
+    let offenders = offenders.unwrap_or_else(|e| {
+        problems.push(format!("top offenders: {e}"));
+        Vec::new()
+    });
+    let read = read.unwrap_or_else(|e| {
         problems.push(format!("outcomes: {e}"));
         Default::default()
     });
+    if let Some(listed) = health["problems"].as_array_mut() {
+        listed.extend(problems.into_iter().map(Value::from));
+    }
     let last_minute: serde_json::Map<String, Value> = read
         .rules
         .iter()
@@ -198,13 +202,14 @@ async fn overview<S: Store>(
         "rlqs_words": data::rlqs_in_words(&metrics),
         "rlqs_assignments": data::shares(&state.quotas.assignments(), &domain, limiter.now_us()),
         "budgets": data::samples(&metrics, "sluice_rule_cost_total", Some(&domain)),
-        "health": health(limiter, problems).await,
+        "health": health,
     }))
 }
 
 /// The store (its kind, whether it answers a ping and how fast, whether decisions can reach it), the breakers,
-/// the instances alive, and the `problems` met reading the rest.
-async fn health<S: Store>(limiter: &Limiter<S>, mut problems: Vec<String>) -> Value {
+/// the instances alive, and what could not be read (`problems`).
+async fn health<S: Store>(limiter: &Limiter<S>) -> Value {
+    let mut problems = Vec::new();
     let started = Instant::now();
     let ready = tokio::time::timeout(PING_TIMEOUT, limiter.ready()).await;
     let ping_ms = started.elapsed().as_secs_f64() * 1000.0;
