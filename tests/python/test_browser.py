@@ -1,9 +1,12 @@
 """The dashboard and the strategy lab's report in a real browser: headless Chromium (Debian's chromium, driven through
-chromium-driver by Selenium) loads /ui from a running sluice under load and the report `sluice simulate` writes, checks
-that the charts are drawn with the expected series and the tables with the expected numbers, and keeps screenshots in
-target/browser/ as test artefacts (the README shows them)."""
+chromium-driver by Selenium) loads /ui from a running sluice under a known load and reads the numbers back from the
+page (per second, hovered, in total, over each range), and loads the report `sluice simulate` writes and checks that
+its charts are drawn with the expected series and its tables with the expected numbers. Screenshots are kept in
+target/browser/ as test artefacts (the README shows the dashboard's)."""
 
+import contextlib
 import csv
+import re
 import subprocess
 import threading
 import time
@@ -17,9 +20,13 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select
 
-from conftest import REPO
+from conftest import REPO, redis_server, running_sluice
+from test_rlqs import quota_stream
 
 ARTEFACTS = REPO / "target" / "browser"
 TOKEN = "ui-secret"
@@ -61,73 +68,207 @@ def status_of(url: str, token: str | None = None) -> int:
         return e.code
 
 
-def load(target: str, stop: threading.Event) -> None:
-    """50 requests a second from one address (its limit is 10 a second: most are denied), 5 from another."""
+class Sent:
+    """What the load sent and what sluice answered, per epoch second of the answer: allowed and denied."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_second: dict[int, list[int]] = {}
+
+    def note(self, denied: bool) -> None:
+        with self.lock:
+            self.by_second.setdefault(int(time.time()), [0, 0])[int(denied)] += 1
+
+    def totals(self) -> tuple[int, int]:
+        with self.lock:
+            return sum(a for a, _ in self.by_second.values()), sum(d for _, d in self.by_second.values())
+
+
+def load(target: str, stop: threading.Event, sent: Sent) -> None:
+    """50 requests a second from one address (its limit is 10 a second: most are denied), 5 from another, every
+    answer counted in `sent`; and 2 a second for /login (5 a minute), not counted."""
     with grpc.insecure_channel(target) as channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
-        def ask(address: str) -> None:
-            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value=address)
+        def ask(key: str, value: str) -> bool:
+            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)
             descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
-            stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5)
+            answer = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5)
+            return answer.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
 
         n = 0
         while not stop.is_set():
-            ask("198.51.100.7")
+            sent.note(ask("remote_address", "198.51.100.7"))
             if n % 10 == 0:
-                ask("10.0.0.1")
+                sent.note(ask("remote_address", "10.0.0.1"))
+            if n % 25 == 0:
+                ask("path", "/login")
             n += 1
             time.sleep(0.02)
 
 
-def test_dashboard_draws_live_outcomes_under_load(start_sluice, browser):
+RULE = "edge.remote_address"
+
+
+def row(browser, rule: str):
+    return browser.find_element(By.CSS_SELECTOR, f'article.rule[data-rule="{rule}"]')
+
+
+def chart_data(browser, rule: str) -> list[list[int]]:
+    """What the rule's chart draws: epoch seconds, allowed and denied per second."""
+    return browser.execute_script("return window.dashboard.charts.get(arguments[0]).data;", rule)
+
+
+def page_bytes(base: str) -> int:
+    """The page and every asset it links, as a browser loads them."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/ui", headers=auth)) as r:
+        page = r.read().decode()
+    links = re.findall(r'(?:href|src)="(/ui/assets/[^"]+)"', page)
+    assert len(links) == 4, links
+    total = len(page.encode())
+    for link in links:
+        with urllib.request.urlopen(urllib.request.Request(base + link, headers=auth)) as r:
+            total += len(r.read())
+    return total
+
+
+def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     server = start_sluice(REPO / "deploy" / "config", "--admin-token", TOKEN)
     base = f"http://127.0.0.1:{server.http_port}"
-    assert status_of(f"{base}/ui") == 401, "the dashboard is behind the admin token"
-    assert status_of(f"{base}/ui/chart.svg?domain=nope", TOKEN) == 404
+    for path in ("/ui", "/ui/assets/dashboard.js", "/ui/assets/uPlot.iife.min.js", "/ui/api/series?domain=edge"):
+        assert status_of(base + path) == 401, f"{path} is behind the admin token"
     assert status_of(f"{base}/ui/api/overview?domain=nope", TOKEN) == 404
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/ui", headers={"Authorization": f"Bearer {TOKEN}"})) as r:
-        assert len(r.read()) < 200_000, "the page stays light"
+    assert status_of(f"{base}/ui/api/series?domain=nope", TOKEN) == 404
+    assert status_of(f"{base}/ui/api/series", TOKEN) == 400
+    assert status_of(f"{base}/ui/api/series?domain=edge&range=7", TOKEN) == 400
+    weight = page_bytes(base)
+    assert weight < 200_000, f"the page and its assets weigh {weight} bytes"
+    sent = Sent()
     stop = threading.Event()
-    loader = threading.Thread(target=load, args=(server.grpc_target, stop), daemon=True)
+    loader = threading.Thread(target=load, args=(server.grpc_target, stop, sent), daemon=True)
     loader.start()
     try:
-        browser.get(f"{base}/ui?token={TOKEN}&domain=edge")
-        legend = lambda: {t.text for t in browser.find_elements(By.CSS_SELECTOR, "#chart svg text")}
-        wait_for(
-            "the chart draws allowed and denied for the limited rule",
-            lambda: {"edge.remote_address allowed", "edge.remote_address denied"} <= legend(),
-        )
-        lines = browser.find_elements(By.CSS_SELECTOR, "#chart svg polyline")
-        assert len(lines) >= 2, "a line per series"
-
-        def rule_row():
-            for row in browser.find_elements(By.CSS_SELECTOR, "#rules tbody tr"):
-                cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-                if cells and cells[0] == "edge.remote_address":
-                    return cells
-            return None
-
-        cells = wait_for("the rules table counts the last minute", lambda: (c := rule_row()) and int(c[3]) > 20 and c)
-        assert cells[1] == "10 per second (fixed_window)"
-        assert int(cells[2]) > 0 and int(cells[3]) > 0
-
-        def offender():
-            for row in browser.find_elements(By.CSS_SELECTOR, "#offenders tbody tr"):
-                cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-                if cells[:2] == ["edge.remote_address", "remote_address=198.51.100.7"]:
-                    return cells
-            return None
-
-        cells = wait_for("the top offender is named", offender)
-        assert int(cells[2]) > 0 and int(cells[3]) >= int(cells[2])
-        rlqs = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#rlqs tbody tr")]
-        assert any(r.startswith("sluice_rlqs_streams") for r in rlqs), rlqs
+        browser.get(f"{base}/ui?token={TOKEN}&domain=edge&range=60")
+        wait_for("the limited rule's chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
+        wait_for("some 15 seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 500, 40)
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        # The whole page and no blank tail: the window as tall as the page.
+        height, chrome = browser.execute_script(
+            "return [Math.ceil(document.body.getBoundingClientRect().bottom) + 20,"
+            " window.outerHeight - window.innerHeight]"
+        )
+        browser.set_window_size(1100, height + chrome)
         browser.save_screenshot(str(ARTEFACTS / "dashboard.png"))
+        # Hovering the chart shows the values of the second under the cursor, below the chart (outside the data).
+        over = row(browser, RULE).find_element(By.CSS_SELECTOR, ".u-over")
+        ActionChains(browser).move_to_element_with_offset(over, int(over.size["width"] * 0.4), 0).perform()
+        legend = [v.text for v in row(browser, RULE).find_elements(By.CSS_SELECTOR, ".u-legend .u-value")]
+        hovered = browser.execute_script(
+            "const c = window.dashboard.charts.get(arguments[0]); const i = c.cursor.idx;"
+            "return [c.data[0][i], c.data[1][i], c.data[2][i]];",
+            RULE,
+        )
+        assert legend[1:] == [str(hovered[1]), str(hovered[2])], (legend, hovered)
+        assert hovered[2] > 0, f"a second of the load, 90 % across the last minute: {hovered}"
+        # The page asked for 15 minutes once, then only for the seconds after the last one it had.
+        asked = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/ui/api/series'))"
+        )
+        assert len(asked) >= 3 and "since=" not in asked[0] and all("since=" in a for a in asked[1:]), asked
+        # Per second, what was sent (an answer can fall on the other side of a second's edge: within 2).
+        drawn = list(zip(*chart_data(browser, RULE)))
+        busy = [(s, a, d) for s, a, d in drawn if a + d > 0]
+        assert len(busy) >= 3, busy
+        for second, allowed, denied in busy:
+            a, d = sent.by_second.get(second, [0, 0])
+            assert abs(allowed - a) <= 2 and abs(denied - d) <= 2, (second, allowed, denied, a, d)
     finally:
         stop.set()
         loader.join(timeout=10)
+    allowed, denied = sent.totals()
+    assert allowed > 50 and denied > 100, (allowed, denied)
+    # Once the last second has settled, the 15 minutes on the page hold exactly what was sent.
+    totals = lambda: tuple(int(row(browser, RULE).get_attribute(a)) for a in ("data-allowed", "data-denied"))
+    wait_for("the page's totals match what was sent", lambda: totals() == (allowed, denied))
+    ratio = float(row(browser, RULE).get_attribute("data-denial-ratio"))
+    assert abs(ratio - denied / (allowed + denied)) < 1e-4
+    assert f"{100 * denied / (allowed + denied):.1f} % denied" in row(browser, RULE).text
+    # The ranges: 1, 5 and 15 minutes of seconds, each to the second before last.
+    for label, seconds in (("5 min", 300), ("15 min", 900), ("1 min", 60)):
+        browser.find_element(By.XPATH, f'//span[@id="ranges"]/button[text()="{label}"]').click()
+        assert len(chart_data(browser, RULE)[0]) == seconds
+        assert browser.find_element(By.ID, "rows").get_attribute("data-range") == str(seconds)
+        assert int(row(browser, RULE).get_attribute("data-allowed")) == allowed, "the load is within every range"
+    # Health: the store answers, the breakers are closed, one instance adds to the counts.
+    store = browser.find_element(By.ID, "health-store")
+    assert store.get_attribute("data-ready") == "true" and store.get_attribute("data-kind") == "memory", store.text
+    assert "ready, answered a ping in" in store.text
+    assert browser.find_element(By.ID, "health-breaker").get_attribute("data-state") == "closed"
+    instances = browser.find_element(By.ID, "health-instances")
+    assert instances.get_attribute("data-count") == "1" and "1 instance on this store" in instances.text, instances.text
+    # The filter keeps the rules whose name holds what is typed.
+    rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
+    assert len(rules) >= 4, [r.get_attribute("data-rule") for r in rules]
+    browser.find_element(By.ID, "filter").send_keys("remote")
+    rules = browser.find_elements(By.CSS_SELECTOR, "article.rule")
+    shown = [r.get_attribute("data-rule") for r in rules if r.is_displayed()]
+    assert shown == [RULE]
+    browser.find_element(By.ID, "filter").send_keys(Keys.BACKSPACE * len("remote"))
+    assert all(r.is_displayed() for r in browser.find_elements(By.CSS_SELECTOR, "article.rule"))
+
+
+def test_dashboard_names_every_limit_and_says_what_rlqs_does(start_sluice, browser):
+    server = start_sluice(REPO / "deploy" / "config", "--admin-token", TOKEN)
+    base = f"http://127.0.0.1:{server.http_port}"
+    with quota_stream(server.grpc_target) as stream:
+        stream.send("edge-quota", [({"name": "per_user", "user": "ann"}, 4, 1)])
+        stream.receive()
+        browser.get(f"{base}/ui?token={TOKEN}&domain=edge-quota")
+        words = lambda: [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#rlqs-words li")]
+        wait_for("RLQS in words", lambda: "1 RLQS stream is open on this instance, reporting 1 bucket." in words())
+        assert "Envoys reported 4 requests allowed and 1 denied." in words(), words()
+        assert not any("sluice_rlqs" in w for w in words()), "no metric names"
+        share = wait_for("the stream's assignment", lambda: browser.find_elements(By.CSS_SELECTOR, "#shares li"))[0]
+        assert share.get_attribute("data-bucket") == "name=per_user, user=ann"
+        assert share.text.startswith("Envoy stream ") and "for name=per_user, user=ann" in share.text, share.text
+        assert "good for 15 s" in share.text, share.text
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTEFACTS / "dashboard-rlqs.png"))
+    # A rule of two limits shows both names.
+    Select(browser.find_element(By.ID, "domain")).select_by_value("llm")
+    user = wait_for("the llm rules", lambda: row(browser, "llm.user"))
+    names = [n.get_attribute("data-name") for n in user.find_elements(By.CSS_SELECTOR, ".limits .name")]
+    assert names == ["user_tokens_per_minute", "user_tokens_per_day"], names
+    assert "No decisions in the last 15 min." in user.text
+
+
+def test_dashboard_sums_the_instances_on_one_store(sluice_bin: Path, tmp_path: Path, browser):
+    args = ("--admin-token", TOKEN)
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            config = REPO / "deploy" / "config"
+            flags = (*args, "--redis-url", redis_url)
+            servers.append(stack.enter_context(running_sluice(sluice_bin, config, tmp_path / name, flags)))
+        a, b = servers
+        for server, address, n in ((a, "192.0.2.1", 4), (b, "192.0.2.2", 3)):
+            with grpc.insecure_channel(server.grpc_target) as channel:
+                stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+                entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="remote_address", value=address)
+                descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
+                request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor])
+                for _ in range(n):
+                    stub.ShouldRateLimit(request, timeout=5)
+        browser.get(f"http://127.0.0.1:{a.http_port}/ui?token={TOKEN}&domain=edge")
+        wait_for("both instances' decisions, summed", lambda: row(browser, RULE).get_attribute("data-allowed") == "7")
+        instances = wait_for(
+            "both instances' heartbeats",
+            lambda: (e := browser.find_element(By.ID, "health-instances")).get_attribute("data-count") == "2" and e,
+        )
+        assert "2 instances on this store" in instances.text, instances.text
+        assert browser.find_element(By.ID, "health-store").get_attribute("data-kind") == "redis"
 
 
 def test_simulate_report_draws_each_strategy(sluice_bin: Path, tmp_path: Path, browser):

@@ -74,6 +74,8 @@ pub struct Limiter<S> {
     offenders: offenders::Offenders,
     /// The outcomes per rule and second since the last flush.
     outcomes: series::Outcomes,
+    /// This instance's name among those sharing the store: random, new each start.
+    instance: Arc<str>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -100,7 +102,20 @@ impl<S: Store> Limiter<S> {
             lists: lists::LiveState::default(),
             offenders: offenders::Offenders::default(),
             outcomes: series::Outcomes::default(),
+            instance: new_lease()[..12].into(),
         }
+    }
+
+    /// This instance's name among those sharing the store (12 hex digits, random, new each start): what its
+    /// heartbeat carries ([`Limiter::instances_seen`]).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The worst state of the circuit breakers in front of the store: open if one failure domain's is open, else
+    /// half-open if one is probing, else closed.
+    pub fn breaker_state(&self) -> crate::breaker::State {
+        self.guard.breaker_state(self.clock.now_us())
     }
 
     pub fn store(&self) -> &S {

@@ -170,6 +170,12 @@ async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
         "3 of 5 allowed, then 1 denied"
     );
     assert_eq!(series.rules["api.path"], (vec![0, 0, 2], vec![0, 0, 0]));
+    let now = l.now_us() / 1_000_000;
+    assert_eq!(
+        l.instances_seen(3).await.unwrap(),
+        [(l.instance().to_string(), now)].into(),
+        "the flush's heartbeat, in its second"
+    );
     assert!(matches!(l.series("nope", 3).await, Err(LimitError::NotFound(_))));
 }
 
@@ -184,4 +190,9 @@ async fn two_instances_sum_their_outcomes() {
     b.flush_series().await;
     let series = a.series("api", 1).await.unwrap();
     assert_eq!(series.rules["api.path"], (vec![5], vec![0]));
+    let seen = a.instances_seen(1).await.unwrap();
+    let seen: Vec<&str> = seen.keys().map(|i| i.as_str()).collect();
+    let mut both = vec![a.instance(), b.instance()];
+    both.sort_unstable();
+    assert_eq!(seen, both, "each instance's heartbeat");
 }

@@ -1,9 +1,8 @@
-//! Charts as SVG, drawn with plotters: the simulator's report and the dashboard draw every chart here, so both look
-//! alike. A line chart is a title, an x axis in seconds, and named series of (second, value) points; the SVG names
-//! each series in its legend (`<text>` elements), which is what the browser tests read. [`line_chart`] boxes its
-//! legend in the plot's corner; [`report_line_chart`], for report pages, gives it a band under the axes and writes
-//! ticks without needless decimals. [`bar_chart`] draws one value per name (a candidate's worst window, its
-//! fairness), each bar in the colour its name has in the line charts.
+//! Charts as SVG, drawn with plotters, for the simulator's report (the dashboard draws its own in the browser, with
+//! uPlot). A line chart is a title, an x axis in seconds, and named series of (second, value) points, its legend in a
+//! band under the axes; the SVG names each series in its legend (`<text>` elements), which is what the browser tests
+//! read. [`bar_chart`] draws one value per name (a candidate's worst window, its fairness), each bar in the colour its
+//! name has in the line charts.
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -26,78 +25,10 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// A line chart of `series` as an SVG document, `width` by `height` pixels; `x_label` and `y_label` name the axes.
-pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], (width, height): (u32, u32)) -> String {
-    let mut svg = String::new();
-    // Drawing into a String cannot fail but for a plotters bug; an empty chart then says so.
-    if let Err(e) = draw(&mut svg, title, x_label, y_label, series, (width, height)) {
-        return format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\"><text x=\"10\" y=\"20\">{}: {}</text></svg>",
-            escape(title),
-            escape(&e)
-        );
-    }
-    svg
-}
-
-fn draw(
-    svg: &mut String,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    size: (u32, u32),
-) -> Result<(), String> {
-    let root = SVGBackend::with_string(svg, size).into_drawing_area();
-    root.fill(&WHITE).map_err(text)?;
-    let points = series.iter().flat_map(|s| s.points.iter());
-    let (mut x_max, mut y_max) = (1.0f64, 1.0f64);
-    let mut x_min = f64::INFINITY;
-    for &(x, y) in points {
-        x_min = x_min.min(x);
-        x_max = x_max.max(x);
-        y_max = y_max.max(y);
-    }
-    if !x_min.is_finite() || x_min >= x_max {
-        x_min = 0.0;
-    }
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(32)
-        .y_label_area_size(56)
-        .build_cartesian_2d(x_min..x_max, 0.0..y_max * 1.08)
-        .map_err(text)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()
-        .map_err(text)?;
-    for (i, s) in series.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), colour.stroke_width(2)))
-            .map_err(text)?
-            .label(s.name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(text)?;
-    root.present().map_err(text)?;
-    Ok(())
-}
-
-/// A line chart for a report page: [`line_chart`]'s chart with its legend in a band of its own under the axes
-/// (never over the data), tick labels without needless decimals (`20`, not `20.0`), and room on the right for the
-/// last x label. Series are coloured as [`line_chart`] colours them.
-pub fn report_line_chart(
+/// A line chart of `series` as an SVG document, `width` by `height` pixels; `x_label` and `y_label` name the axes. Its
+/// legend has a band of its own under the axes (never over the data), tick labels carry no needless decimals (`20`,
+/// not `20.0`), and there is room on the right for the last x label. Series take the colours in order.
+pub fn line_chart(
     title: &str,
     x_label: &str,
     y_label: &str,
@@ -105,7 +36,7 @@ pub fn report_line_chart(
     (width, height): (u32, u32),
 ) -> String {
     let mut svg = String::new();
-    match draw_report(&mut svg, title, x_label, y_label, series, (width, height)) {
+    match draw_line(&mut svg, title, x_label, y_label, series, (width, height)) {
         Ok(()) => svg,
         Err(e) => failed(title, &e, (width, height)),
     }
@@ -187,7 +118,7 @@ fn legend_rows(names: &[&str], width: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
-fn draw_report(
+fn draw_line(
     svg: &mut String,
     title: &str,
     x_label: &str,
@@ -404,7 +335,7 @@ mod tests {
         (0..n).map(|s| (s as f64, value(s))).collect()
     }
 
-    /// The report's charts: the legend under the axes, whole ticks written whole, the last x label inside the chart.
+    /// The legend under the axes, whole ticks written whole, the last x label inside the chart.
     #[test]
     fn a_report_chart_keeps_its_legend_out_of_the_data_and_its_ticks_clean() {
         let series = [
@@ -418,7 +349,7 @@ mod tests {
             },
         ];
         let (width, height) = (960, 420);
-        let svg = report_line_chart("Admitted", "second", "requests / s", &series, (width, height));
+        let svg = line_chart("Admitted", "second", "requests / s", &series, (width, height));
         let texts = texts(&svg);
         let legend: Vec<&(f64, f64, String)> = texts
             .iter()
@@ -443,8 +374,6 @@ mod tests {
         // The rightmost tick label fits in the chart (about 7 px a character, centred on its tick).
         let (x, _, label) = numbers.iter().max_by(|a, b| a.0.total_cmp(&b.0)).unwrap();
         assert!(x + label.len() as f64 * 7.0 <= f64::from(width), "{label} at {x}");
-        // The dashboard's chart is drawn as before: its legend inside the plot.
-        assert!(line_chart("Admitted", "second", "requests / s", &series, (width, height)).contains("offered"));
     }
 
     #[test]

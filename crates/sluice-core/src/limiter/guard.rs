@@ -217,6 +217,11 @@ impl<S: Store> Guard<S> {
         answers
     }
 
+    /// The worst state of the breakers at `now_us`.
+    pub fn breaker_state(&self, now_us: u64) -> crate::breaker::State {
+        self.breakers.state(now_us)
+    }
+
     /// Whether decisions can reach the store now: it answers a ping and no failure domain's breaker is open.
     pub async fn ready(&self, now_us: u64) -> Result<(), StoreError> {
         self.store.ping().await?;

@@ -1,6 +1,8 @@
 //! Outcomes per second: per domain and rule, how many decisions each second allowed and denied, summed across the
 //! instances on one store; what the dashboard plots. Each instance counts in memory and adds its counts to the
 //! store once a second ([`Series::series_add`](crate::store::Series::series_add): in Redis a hash per domain and second, gone after 16 minutes).
+//! With them it adds a heartbeat, its name in a hash per second of its own, so that a reader can tell how many
+//! instances add to the sums.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -71,6 +73,11 @@ pub struct Series {
     pub rules: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
 }
 
+/// The set of per-second hashes the heartbeats go to, as if it were a domain's: a domain's name cannot be empty, so no
+/// domain's outcomes share it. One set for every domain: an instance writes one heartbeat a second, however many
+/// domains it has.
+const HEARTBEATS: &str = "";
+
 /// How often the counts are added to the store, and how often the top offenders are (see `offenders`).
 const EVERY: Duration = Duration::from_secs(1);
 
@@ -78,7 +85,8 @@ impl<S: Store> Limiter<S> {
     /// Adds this instance's counts to the store for as long as the limiter lives: the outcomes every second, the top
     /// offenders every [`FLUSH_EVERY`](super::FLUSH_EVERY). Run it once per limiter, in a task of its own.
     pub async fn keep_tallies(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(EVERY);
+        // The first tick a second from now: at start there is nothing to add, not even a heartbeat worth a key.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let per_offenders_flush = (super::FLUSH_EVERY.as_secs() / EVERY.as_secs()).max(1);
         for n in 1u64.. {
@@ -90,15 +98,34 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Adds the outcomes counted since the last flush to the store now (what a failed flush held is dropped and
-    /// logged).
+    /// Adds the outcomes counted since the last flush to the store now, and this instance's heartbeat for the current
+    /// second (what a failed flush held is dropped and logged).
     pub async fn flush_series(&self) {
-        for (domain, counts) in self.outcomes.take() {
+        let mut taken = self.outcomes.take();
+        let beat = (self.clock.now_us() / 1_000_000, self.instance.to_string(), 1);
+        taken.entry(Arc::from(HEARTBEATS)).or_default().push(beat);
+        for (domain, counts) in taken {
             let set = CounterKey::series(&self.settings.key_prefix, &domain);
             if let Err(e) = self.store().series_add(&set, &counts).await {
                 tracing::warn!(error = %e, domain = %domain, "outcomes of the last second not stored");
             }
         }
+    }
+
+    /// The instances sharing the store whose heartbeat is in the last `seconds` seconds (the current one included),
+    /// by name ([`Limiter::instance`]), each with the last second it was seen. An instance beats once a second.
+    pub async fn instances_seen(&self, seconds: u64) -> Result<BTreeMap<String, u64>, LimitError> {
+        let now = self.clock.now_us() / 1_000_000;
+        let from = now + 1 - seconds.max(1);
+        let set = CounterKey::series(&self.settings.key_prefix, HEARTBEATS);
+        let hashes = self.store().series_read(&set, from, now).await?;
+        let mut seen = BTreeMap::new();
+        for (i, hash) in hashes.into_iter().enumerate() {
+            for instance in hash.into_keys() {
+                seen.insert(instance, from + i as u64);
+            }
+        }
+        Ok(seen)
     }
 
     /// The outcomes of `domain`'s rules over the last `seconds` seconds (the current one included), summed across

@@ -46,7 +46,7 @@ impl Domain {
     }
 
     /// Every rule, in the stable order of [`Domain::rule_lines`].
-    fn each_rule(&self, f: &mut dyn FnMut(&Rule)) {
+    pub fn each_rule(&self, f: &mut dyn FnMut(&Rule)) {
         fn walk(node: &Node, f: &mut dyn FnMut(&Rule)) {
             if let Some(rule) = &node.rule {
                 f(rule);
@@ -88,6 +88,13 @@ fn describe(rule: &Rule) -> String {
         s.push_str(&format!(", records last {} '{}'", r.size, r.key));
     }
     s
+}
+
+impl Tier {
+    /// The limit in words, as [`Domain::rule_lines`] shows it: `10 per second (fixed_window)`.
+    pub fn summary(&self) -> String {
+        describe_tier(self)
+    }
 }
 
 fn describe_tier(tier: &Tier) -> String {

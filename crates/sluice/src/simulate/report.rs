@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::replay::{Run, START_US, TICK_US};
 use super::traffic::Traffic;
-use crate::charts::{Bar, Series, bar_chart, escape, report_line_chart};
+use crate::charts::{Bar, Series, bar_chart, escape, line_chart};
 use crate::rules::Algorithm;
 
 /// The figures of one run.
@@ -215,7 +215,7 @@ fn admitted_chart(runs: &[Run]) -> String {
                 .collect(),
         });
     }
-    report_line_chart(
+    line_chart(
         "Admitted per second, by algorithm",
         "second",
         "requests / s",
@@ -322,6 +322,6 @@ fn algorithm_figure(page: &mut String, run: &Run) {
         page,
         "<figure class=\"algorithm\" data-algorithm=\"{}\">{}</figure>",
         run.algorithm.name(),
-        report_line_chart(&label(run), "second", "requests / s", &series, (960, 300))
+        line_chart(&label(run), "second", "requests / s", &series, (960, 300))
     );
 }
