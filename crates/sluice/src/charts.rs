@@ -28,13 +28,7 @@ const COLOURS: [RGBColor; 8] = [
 /// A line chart of `series` as an SVG document, `width` by `height` pixels; `x_label` and `y_label` name the axes. Its
 /// legend has a band of its own under the axes (never over the data), tick labels carry no needless decimals (`20`,
 /// not `20.0`), and there is room on the right for the last x label. Series take the colours in order.
-pub fn line_chart(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-    (width, height): (u32, u32),
-) -> String {
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], (width, height): (u32, u32)) -> String {
     let mut svg = String::new();
     match draw_line(&mut svg, title, x_label, y_label, series, (width, height)) {
         Ok(()) => svg,

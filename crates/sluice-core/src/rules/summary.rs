@@ -75,7 +75,14 @@ fn describe(rule: &Rule) -> String {
         }
         s
     } else {
-        let tiers: Vec<String> = rule.tiers.iter().map(describe_tier).collect();
+        let tiers: Vec<String> = rule
+            .tiers
+            .iter()
+            .map(|tier| match &tier.name {
+                Some(name) => format!("{}, name {name}", describe_tier(tier)),
+                None => describe_tier(tier),
+            })
+            .collect();
         tiers.join(" and ")
     };
     if rule.shadow_mode {
@@ -91,7 +98,7 @@ fn describe(rule: &Rule) -> String {
 }
 
 impl Tier {
-    /// The limit in words, as [`Domain::rule_lines`] shows it: `10 per second (fixed_window)`.
+    /// The limit in words, without its name: `10 per second (fixed_window)`.
     pub fn summary(&self) -> String {
         describe_tier(self)
     }
@@ -109,8 +116,5 @@ fn describe_tier(tier: &Tier) -> String {
         s.push_str(&format!(", burst {}", l.burst));
     }
     s.push(')');
-    if let Some(name) = &tier.name {
-        s.push_str(&format!(", name {name}"));
-    }
     s
 }
