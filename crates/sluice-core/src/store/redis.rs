@@ -139,6 +139,20 @@ impl RedisStore {
     /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
     /// reconnecting and `/readyz` says unready until it answers.
     pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
+        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
+        RedisStore::connect_within(settings, settings.timeout.max(Duration::from_millis(500))).await
+    }
+
+    /// Builds the pool and starts connecting without waiting for any answer: the store of another region, which
+    /// must never hold back this one's start (its calls are its links' shipments, each bounded by their timeout).
+    /// Whether the server refuses the notices channel is not tried: a region's store hears none.
+    pub async fn connect_in_background(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_within(settings, Duration::ZERO).await
+    }
+
+    /// Builds the pool and starts connecting, waiting at most `patience` for the server (none when zero).
+    async fn connect_within(settings: &RedisSettings, patience: Duration) -> Result<RedisStore, StoreError> {
         let config = config_of(settings)?;
         let timeout = settings.timeout;
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
@@ -148,9 +162,6 @@ impl RedisStore {
         let waiting = Arc::new(AtomicUsize::new(0));
         let notices = Notices::start(config.clone(), timeout)?;
         notices.mend(pool.clone());
-        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
-        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
-        let patience = timeout.max(Duration::from_millis(500));
         if clustered {
             let cluster = Cluster::start(
                 config,
@@ -174,17 +185,19 @@ impl RedisStore {
             });
         }
         pool.connect();
-        match tokio::time::timeout(patience, pool.wait_for_connect()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
-            Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
-        }
-        // Try the notices channel: a user refused it must not be trusted to hear (its SUBSCRIBE fails unseen).
-        let hello: Result<Result<Value, FredError>, _> =
-            tokio::time::timeout(patience, pool.next().publish(NOTICE_CHANNEL, notices::HELLO)).await;
-        if let Ok(Err(e)) = hello {
-            if notices::refused(&e) {
-                notices.refuse();
+        if !patience.is_zero() {
+            match tokio::time::timeout(patience, pool.wait_for_connect()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
+                Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
+            }
+            // Try the notices channel: a user refused it must not be trusted to hear (its SUBSCRIBE fails unseen).
+            let hello: Result<Result<Value, FredError>, _> =
+                tokio::time::timeout(patience, pool.next().publish(NOTICE_CHANNEL, notices::HELLO)).await;
+            if let Ok(Err(e)) = hello {
+                if notices::refused(&e) {
+                    notices.refuse();
+                }
             }
         }
         let batches = Batches::start(pool.clone(), sha.clone(), timeout, Form::Declared, waiting.clone());
