@@ -125,6 +125,9 @@ pub struct RedisStore {
     waiting: Arc<AtomicUsize>,
     /// What the instances sharing this Redis tell each other.
     notices: Notices,
+    /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
+    /// which loads them, rather than by an EVALSHA that would cost a NOSCRIPT round trip first.
+    region_scripts: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -182,6 +185,7 @@ impl RedisStore {
                 batches: None,
                 waiting,
                 notices,
+                region_scripts: Arc::default(),
             });
         }
         pool.connect();
@@ -211,6 +215,7 @@ impl RedisStore {
             batches: Some(batches),
             waiting,
             notices,
+            region_scripts: Arc::default(),
         })
     }
 

@@ -3,6 +3,7 @@
 //! (by EVAL once when the server does not hold the script yet, which loads it there).
 
 use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
 
 use fred::interfaces::ClientLike;
 use fred::types::scripts::Script;
@@ -45,7 +46,8 @@ impl RedisStore {
     }
 
     /// Runs `script` (whose SHA1 is `sha`) by EVALSHA on the server of `first` (whose slot every key shares), with
-    /// `keys` and `args`; by EVAL when the server answers NOSCRIPT (a NOSCRIPT call ran nothing).
+    /// `keys` and `args`; by EVAL, which loads it, until the server first answered one, and when it answers NOSCRIPT
+    /// (a NOSCRIPT call ran nothing).
     async fn eval(
         &self,
         (script, sha): (&'static str, &'static str),
@@ -60,13 +62,24 @@ impl RedisStore {
         all.extend(keys);
         all.extend(args);
         let client = self.client_for(first)?;
+        let eval = |mut all: Vec<Value>| {
+            all[0] = Value::from(script);
+            let eval = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+            let client = client.clone();
+            async move {
+                let answer = client.custom::<Value, _>(eval, all).await;
+                if answer.is_ok() {
+                    self.region_scripts.store(true, Ordering::Relaxed);
+                }
+                answer.map_err(|e| self.classify(e))
+            }
+        };
+        if !self.region_scripts.load(Ordering::Relaxed) {
+            return eval(all).await;
+        }
         let evalsha = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
         match client.custom::<Value, _>(evalsha, all.clone()).await {
-            Err(e) if is_noscript(&e) => {
-                all[0] = Value::from(script);
-                let eval = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
-                client.custom::<Value, _>(eval, all).await.map_err(|e| self.classify(e))
-            }
+            Err(e) if is_noscript(&e) => eval(all).await,
             answer => answer.map_err(|e| self.classify(e)),
         }
     }
