@@ -13,7 +13,7 @@ use sluice_core::rules::{Algorithm, RuleSet};
 use sluice_core::store::{Hit, Outcome, RegionCount, Store, TierSpec, WindowRef};
 
 use crate::harness::{ACL_PASSWORD, RedisServer, T0, limiter_over, memory, readme_acl_user, redis_store, tier};
-use sluice_core::store::RegionCounts;
+use sluice_core::store::{Counters, RegionCounts};
 
 const MINUTE: u64 = 60_000_000;
 
@@ -256,4 +256,140 @@ descriptors:
     // Past the window and its second of grace: nothing of it is shipped.
     assert_eq!(replicator.ship(now + 2 * MINUTE).await, 1);
     assert_eq!((link.backlog(), link.shipped()), (0, 2));
+}
+
+/// One step of a global window's schedule: a hit (forced, or a peek, takes the driver; an ordinary one alone the
+/// compact form, `lua/compact_global.lua`; with a regional tier beside it, the driver again), or a region's count
+/// of the current or the previous window shipped in.
+#[derive(Debug, Clone)]
+enum GlobalOp {
+    Hit { cost: u64, mode: u8, beside: bool },
+    Ship { region: u8, previous: bool, count: u64 },
+}
+
+fn global_op() -> impl proptest::strategy::Strategy<Value = (u64, GlobalOp)> {
+    use proptest::prelude::*;
+    let step = prop_oneof![3 => 0u64..2_000_000, 1 => 0u64..(3 * MINUTE)];
+    let op = prop_oneof![
+        4 => (prop_oneof![5 => 0u64..4, 1 => 0u64..40, 1 => Just(u64::MAX)], 0u8..6, prop::bool::weighted(0.2))
+            .prop_map(|(cost, mode, beside)| GlobalOp::Hit { cost, mode, beside }),
+        1 => (0u8..2, prop::bool::ANY, 0u64..30)
+            .prop_map(|(region, previous, count)| GlobalOp::Ship { region, previous, count }),
+    ];
+    (step, op)
+}
+
+/// Random schedules of hits on a global fixed or sliding window and of other regions' shipments, driven through
+/// the memory store and through Redis (the compact form and the driver): identical outcomes required.
+fn global_windows_agree(url: String, prefix: &str) {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use sluice_core::store::{CounterKey, Mode};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = runtime.block_on(redis_store(&url));
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::bool::ANY,
+        prop_oneof![3 => 0u64..12, 1 => 12u64..100],
+        prop::collection::vec(global_op(), 1..60),
+    );
+    let result = runner.run(&strategy, |(sliding, limit, ops)| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst).to_string();
+        let algorithm = if sliding {
+            Algorithm::SlidingWindow
+        } else {
+            Algorithm::FixedWindow
+        };
+        let id = CounterKey::builder(prefix, "d").entry("case", &case).finish();
+        let t = TierSpec {
+            key: id.tier(algorithm, MINUTE),
+            algorithm,
+            limit,
+            window_us: MINUTE,
+            burst: limit,
+            cost: None,
+            global: true,
+        };
+        let regional = TierSpec {
+            key: id.tier(Algorithm::FixedWindow, 1_000_000),
+            algorithm: Algorithm::FixedWindow,
+            limit: 5,
+            window_us: 1_000_000,
+            burst: 5,
+            cost: None,
+            global: false,
+        };
+        let memory = memory();
+        let mut now = T0 + 123_457;
+        let mut last = std::time::Instant::now();
+        runtime.block_on(async {
+            for (i, (step, op)) in ops.iter().enumerate() {
+                // Redis expires keys by the real clock: the test's never runs slower.
+                let real = last.elapsed().as_micros() as u64;
+                last = std::time::Instant::now();
+                now += step.max(&(real + 2_000));
+                match op {
+                    GlobalOp::Hit { cost, mode, beside } => {
+                        let mode = match mode {
+                            0 => Mode::Peek,
+                            1 => Mode::Report,
+                            _ => Mode::Hit,
+                        };
+                        let mut tiers = vec![t.clone()];
+                        if *beside {
+                            tiers.push(regional.clone());
+                        }
+                        let hit = Hit {
+                            tiers,
+                            cost: *cost,
+                            mode,
+                            ..Hit::default()
+                        };
+                        let hits = std::slice::from_ref(&hit);
+                        let (m, r) = (memory.hit(now, hits).await, redis.hit(now, hits).await);
+                        let (m, r) = (crate::harness::decided(m), crate::harness::decided(r));
+                        prop_assert_eq!(m, r, "step {} ({:?}) at {}", i, op, now);
+                    }
+                    GlobalOp::Ship {
+                        region,
+                        previous,
+                        count,
+                    } => {
+                        let mut window = WindowRef::of(&t, now);
+                        if *previous {
+                            window.start_us = window.start_us.saturating_sub(MINUTE);
+                        }
+                        let counts = [RegionCount {
+                            window,
+                            count: *count,
+                        }];
+                        let name = ["us", "ap"][*region as usize];
+                        memory.merge_counts(now, name, &counts).await.expect("merged");
+                        redis.merge_counts(now, name, &counts).await.expect("merged");
+                    }
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn global_windows_agree_in_memory_and_redis() {
+    let redis = RedisServer::start();
+    global_windows_agree(redis.url(), "diff:");
+}
+
+#[test]
+fn global_windows_agree_in_memory_and_a_cluster() {
+    let cluster = crate::harness::RedisCluster::start();
+    global_windows_agree(cluster.url(), "diffc:");
 }

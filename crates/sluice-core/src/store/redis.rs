@@ -1,8 +1,8 @@
 //! The Redis store: state kept by the Lua scripts in `store/lua/`, run by EVALSHA through fred.
 //!
 //! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
-//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua` and `compact_sorted_set.lua` (compact forms of
-//! the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
+//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua`, `compact_sorted_set.lua` and
+//! `compact_global.lua` (compact forms of the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
 //! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
@@ -87,6 +87,7 @@ macro_rules! decision_script {
             include_str!("lua/compact_bucket.lua"),
             include_str!("lua/compact_sliding_window.lua"),
             include_str!("lua/compact_sorted_set.lua"),
+            include_str!("lua/compact_global.lua"),
             include_str!("lua/ledger.lua"),
             include_str!("lua/decide.lua"),
             include_str!("lua/batch.lua"),

@@ -11,8 +11,9 @@
 --           either a lone fixed window's arguments (compact_fixed_window.lua: the window, a positive number, first), a
 --           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
---           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), or
---           minus its key count, its argument count, and its arguments as decide.lua reads them.
+--           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
+--           lone global window's ('gw' or 'gs', then compact_global.lua's), or minus its key count, its argument
+--           count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
@@ -24,7 +25,8 @@
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
--- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, or decide.lua's
+-- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, the two or
+-- three of compact_global.lua, or decide.lua's
 -- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
 -- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
@@ -152,6 +154,19 @@ for _ = 1, n do
     if not ok then compact_failure(err, 3) end
     compact_done(count)
     o = o + 3
+  elseif head == 'gw' or head == 'gs' then
+    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), three numbers, (time), and in the node form its one or
+    -- two keys.
+    local fixed = head == 'gw'
+    local t = fixed and 1 or 2
+    local _, at = compact_key_and_time(4)
+    -- It reads counters a shared compact call of this batch may have moved: write those first.
+    if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_compact() end
+    local ok, err = pcall(compact_global, fixed, compact_keys(4, t), number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), ARGV[a + 3], at, o)
+    if not ok then compact_failure(err, t + 1) end
+    compact_done(4, t)
+    o = o + t + 1
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])

@@ -158,8 +158,8 @@ impl Call {
             .or(record.map(|r| &r.key))
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A global tier reads the other regions' counts (`lua/global.lua`): never a compact form.
-        if let (ScriptMode::Hit, None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
+        // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
+        if let (ScriptMode::Hit, None, []) = (mode, record, fields) {
             let compact = match &hit.tiers[..] {
                 [tier] => Compact::of(now_us, tier, hit.cost, &hit.lease),
                 tiers => Compact::windows(now_us, tiers, hit.cost),

@@ -1,7 +1,8 @@
 //! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
 //! window (`lua/compact_fixed_window.lua`), a token or leaky bucket (`lua/compact_bucket.lua`), a sliding window
 //! (`lua/compact_sliding_window.lua`), a sliding log or a concurrency limit (`lua/compact_sorted_set.lua`), or with
-//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`). Each
+//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`), or a
+//! global fixed or sliding window (`lua/compact_global.lua`). Each
 //! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
 //! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
 //! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
@@ -11,7 +12,7 @@
 use fred::types::Value;
 
 use crate::store::Algorithm;
-use crate::store::algorithm::{concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
+use crate::store::algorithm::{self, concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
 use crate::store::{CounterKey, Outcome, TierSpec};
 
 /// A call in its compact form: its counter's key (a fixed window's key is built from it when the call is assembled; for several
@@ -32,6 +33,21 @@ pub(super) enum CompactTier {
     Windows(Vec<(CounterKey, WindowTier)>),
     /// A sliding log or a concurrency limit.
     Set(SetTier),
+    /// A global fixed or sliding window.
+    Global(GlobalTier),
+}
+
+/// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
+/// (`lua/compact_global.lua`), as `lua/global.lua`'s check decides it ([`algorithm::global_check`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GlobalTier {
+    /// A sliding window; else a fixed one.
+    sliding: bool,
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    now_us: Option<u64>,
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
@@ -100,6 +116,24 @@ impl Compact {
             return None;
         }
         let cost = tier.bounded_cost(cost);
+        if tier.global {
+            let sliding = match tier.algorithm {
+                Algorithm::FixedWindow => false,
+                Algorithm::SlidingWindow => true,
+                _ => return None,
+            };
+            let global = GlobalTier {
+                sliding,
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                now_us,
+            };
+            return Some(Compact {
+                key: tier.key.clone(),
+                tier: CompactTier::Global(global),
+            });
+        }
         let tier_of = match tier.algorithm {
             Algorithm::FixedWindow => CompactTier::Window(WindowTier::of(now_us, tier, cost)),
             Algorithm::SlidingWindow => CompactTier::Sliding(SlidingTier {
@@ -133,9 +167,9 @@ impl Compact {
     }
 
     /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
-    /// apply: another algorithm among them, a window of 0, a time past i64, fewer than two tiers.
+    /// apply: another algorithm among them, a global window, a window of 0, a time past i64, fewer than two tiers.
     pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Compact> {
-        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && compact(now_us, t);
+        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
         if tiers.len() < 2 || !tiers.iter().all(fits) {
             return None;
         }
@@ -156,7 +190,7 @@ impl Compact {
         match &mut self.tier {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => {}
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) | CompactTier::Global(_) => {}
         }
     }
 
@@ -167,7 +201,7 @@ impl Compact {
         match &self.tier {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => None,
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) | CompactTier::Global(_) => None,
         }
     }
 
@@ -176,6 +210,7 @@ impl Compact {
         match &self.tier {
             CompactTier::Windows(tiers) => tiers.len(),
             CompactTier::Sliding(_) => 2,
+            CompactTier::Global(t) => 1 + usize::from(t.sliding),
             CompactTier::Window(_) | CompactTier::Bucket(_) | CompactTier::Set(_) => 1,
         }
     }
@@ -184,6 +219,8 @@ impl Compact {
     pub(super) fn width(&self) -> usize {
         match &self.tier {
             CompactTier::Set(_) => 3,
+            // The own counts, then the others'.
+            CompactTier::Global(_) => self.key_count() + 1,
             _ => self.key_count(),
         }
     }
@@ -203,19 +240,27 @@ impl Compact {
             CompactTier::Windows(tiers) => {
                 out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
             }
-            CompactTier::Sliding(t) => {
-                let start = start(t.now_us, t.window_us);
+            CompactTier::Sliding(SlidingTier { now_us, window_us, .. })
+            | CompactTier::Global(GlobalTier {
+                sliding: true,
+                now_us,
+                window_us,
+                ..
+            }) => {
+                let start = start(*now_us, *window_us);
                 out.push(window(&self.key, start));
-                out.push(window(&self.key, start.saturating_sub(t.window_us)));
+                out.push(window(&self.key, start.saturating_sub(*window_us)));
             }
+            CompactTier::Global(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
             CompactTier::Bucket(_) | CompactTier::Set(_) => out.push(Value::from(self.key.as_str())),
         }
     }
 
     /// The arguments, in the script's form. A fixed window: the window and the cost counted. A bucket: 'b' ('B'
     /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
-    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. Then the
-    /// decision's time, when it is given.
+    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. A global
+    /// window: 'gw' (fixed) or 'gs' (sliding), the window, the limit and the cost. Then the decision's time, when it
+    /// is given.
     pub(super) fn push_args(&self, out: &mut Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -243,6 +288,12 @@ impl Compact {
                     out.push(Value::from(t.lease.as_str()));
                 }
             }
+            CompactTier::Global(t) => out.extend([
+                Value::from(if t.sliding { "gs" } else { "gw" }),
+                int(t.window_us),
+                int(t.limit),
+                int(t.cost),
+            ]),
             CompactTier::Windows(tiers) => {
                 out.extend([Value::from("w"), int(tiers.len() as u64)]);
                 for (_, t) in tiers {
@@ -268,6 +319,7 @@ impl CompactTier {
             CompactTier::Sliding(t) => t.now_us,
             CompactTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
             CompactTier::Set(t) => t.now_us,
+            CompactTier::Global(t) => t.now_us,
         }
     }
 
@@ -285,6 +337,21 @@ impl CompactTier {
             },
             (CompactTier::Set(t), Value::Array(values)) => match &values[..] {
                 [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
+                _ => None,
+            },
+            (CompactTier::Global(t), Value::Array(counts)) => match (t.sliding, &counts[..]) {
+                (false, [n, others]) => {
+                    let n = int(n)?;
+                    Some(t.answer(int(others)?, now_us, |limit| {
+                        fixed_window::check_count(limit, t.window_us, now_us, t.cost, n)
+                    }))
+                }
+                (true, [c, p, others]) => {
+                    let (c, p) = (int(c)?, int(p)?);
+                    Some(t.answer(int(others)?, now_us, |limit| {
+                        sliding_window::check_counts(limit, t.window_us, now_us, t.cost, c, p)
+                    }))
+                }
                 _ => None,
             },
             (CompactTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
@@ -346,6 +413,14 @@ impl WindowTier {
             self.cost,
             None,
         )
+    }
+}
+
+impl GlobalTier {
+    /// The decision from the other regions' count `others` and the algorithm's `check` against a limit.
+    fn answer(&self, others: u64, now_us: u64, check: impl FnOnce(u64) -> algorithm::Check) -> Outcome {
+        let check = algorithm::global_check((self.limit, self.window_us), now_us, self.cost, others, check);
+        single(&check, self.cost, None)
     }
 }
 
