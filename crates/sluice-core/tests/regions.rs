@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use sluice_core::config;
-use sluice_core::limiter::{Descriptor, LimiterSettings, Request};
+use sluice_core::limiter::{Code, Descriptor, LimiterSettings, Request};
 use sluice_core::metrics::Metrics;
 use sluice_core::regions::{RegionSettings, Replicator};
 use sluice_core::rules::{Algorithm, RuleSet};
@@ -392,4 +392,82 @@ fn global_windows_agree_in_memory_and_redis() {
 fn global_windows_agree_in_memory_and_a_cluster() {
     let cluster = crate::harness::RedisCluster::start();
     global_windows_agree(cluster.url(), "diffc:");
+}
+
+/// What clocks that disagree do to a global limit: two regions (each its own Redis), each offered 20 hits a second
+/// against 600 a minute worldwide, shipping to each other every 100 ms with no delay; us's clock reads `skew_us`
+/// ahead of eu's (behind when negative), time stepped by the test. Returns the hits both regions admitted in one
+/// minute of eu's clock (the window whose start is eu's), and each region's part.
+async fn admitted_under_skew(algorithm: &str, skew_us: i64) -> (usize, usize, usize) {
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 600, algorithm: {algorithm}, global: true}}\n"
+    );
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let (eu_store, us_store) = (redis_store(&eu.url()).await, redis_store(&us.url()).await);
+    let regions = [("eu", eu_store.clone(), us_store.clone(), "us"), ("us", us_store, eu_store, "eu")];
+    let mut sides = Vec::new();
+    for (name, own, other, other_name) in regions {
+        let (limiter, clock) = limiter_over(&yaml, own, LimiterSettings::default(), Metrics::discarded(0.8));
+        let replicator = Replicator::new(
+            RegionSettings {
+                name: name.to_string(),
+                interval: Duration::from_millis(100),
+                backlog: 100_000,
+                timeout: Duration::from_secs(1),
+            },
+            vec![(other_name.to_string(), other)],
+        );
+        limiter.join_regions(replicator.shared());
+        sides.push((limiter, clock, replicator));
+    }
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![("k".into(), format!("skew-{algorithm}-{skew_us}"))],
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    // From 2 s before eu's window to 2 s after it, in steps of 10 ms: each region takes a hit every 50 ms (us 25 ms
+    // later), and both ship every 100 ms.
+    let start = T0 - T0 % MINUTE + MINUTE;
+    let (from, to) = (start - 2_000_000, start + MINUTE + 2_000_000);
+    let mut admitted = [0usize; 2];
+    let mut t = from;
+    while t < to {
+        for (r, (limiter, clock, _)) in sides.iter().enumerate() {
+            let offset = if r == 0 { 0 } else { skew_us };
+            clock.set(t.saturating_add_signed(offset));
+            let phase = if r == 0 { 0 } else { 20_000 };
+            if (t - from) % 50_000 == phase {
+                let decision = limiter.should_rate_limit(&request).await.expect("decided");
+                if decision.overall == Code::Ok && (start..start + MINUTE).contains(&t) {
+                    admitted[r] += 1;
+                }
+            }
+        }
+        if (t - from) % 100_000 == 0 {
+            for (limiter, _, replicator) in &sides {
+                replicator.collect(limiter.store(), limiter.now_us()).await.expect("read");
+                replicator.ship(limiter.now_us()).await;
+            }
+        }
+        t += 10_000;
+    }
+    (admitted[0] + admitted[1], admitted[0], admitted[1])
+}
+
+/// A skew of ±500 ms between two regions' clocks: measured, the total admitted in one minute of the reference clock
+/// stays within the limit plus what the skewed region admits in the skew and one interval (20/s x 0.6 s = 12), for a
+/// fixed and a sliding window (docs/src/regions.md, "Clocks").
+#[tokio::test]
+async fn a_skew_of_half_a_second_moves_the_total_by_at_most_what_the_skew_admits() {
+    for algorithm in ["fixed_window", "sliding_window"] {
+        for skew_ms in [0i64, 500, -500] {
+            let (total, eu, us) = admitted_under_skew(algorithm, skew_ms * 1_000).await;
+            eprintln!("{algorithm}, us {skew_ms:+} ms: {total} admitted in eu's minute (eu {eu}, us {us}) against 600");
+            assert!(total >= 590, "{algorithm}, skew {skew_ms} ms: {total}");
+            assert!(total <= 600 + 12, "{algorithm}, skew {skew_ms} ms: {total}");
+        }
+    }
 }
