@@ -259,11 +259,12 @@ descriptors:
 }
 
 /// One step of a global window's schedule: a hit (forced, or a peek, takes the driver; an ordinary one alone the
-/// compact form, `lua/compact_global.lua`; with a regional tier beside it, the driver again), or a region's count
-/// of the current or the previous window shipped in.
+/// compact form, `lua/compact_global.lua`; with a regional tier beside it, the driver again), `times` times in one
+/// store call (in Redis one script call, where a counter several compact calls hit is read and written once), or a
+/// region's count of the current or the previous window shipped in.
 #[derive(Debug, Clone)]
 enum GlobalOp {
-    Hit { cost: u64, mode: u8, beside: bool },
+    Hit { cost: u64, mode: u8, beside: bool, times: usize },
     Ship { region: u8, previous: bool, count: u64 },
 }
 
@@ -271,8 +272,13 @@ fn global_op() -> impl proptest::strategy::Strategy<Value = (u64, GlobalOp)> {
     use proptest::prelude::*;
     let step = prop_oneof![3 => 0u64..2_000_000, 1 => 0u64..(3 * MINUTE)];
     let op = prop_oneof![
-        4 => (prop_oneof![5 => 0u64..4, 1 => 0u64..40, 1 => Just(u64::MAX)], 0u8..6, prop::bool::weighted(0.2))
-            .prop_map(|(cost, mode, beside)| GlobalOp::Hit { cost, mode, beside }),
+        4 => (
+            prop_oneof![5 => 0u64..4, 1 => 0u64..40, 1 => Just(u64::MAX)],
+            0u8..6,
+            prop::bool::weighted(0.2),
+            prop_oneof![3 => Just(1usize), 1 => 2usize..6],
+        )
+            .prop_map(|(cost, mode, beside, times)| GlobalOp::Hit { cost, mode, beside, times }),
         1 => (0u8..2, prop::bool::ANY, 0u64..30)
             .prop_map(|(region, previous, count)| GlobalOp::Ship { region, previous, count }),
     ];
@@ -334,7 +340,12 @@ fn global_windows_agree(url: String, prefix: &str) {
                 last = std::time::Instant::now();
                 now += step.max(&(real + 2_000));
                 match op {
-                    GlobalOp::Hit { cost, mode, beside } => {
+                    GlobalOp::Hit {
+                        cost,
+                        mode,
+                        beside,
+                        times,
+                    } => {
                         let mode = match mode {
                             0 => Mode::Peek,
                             1 => Mode::Report,
@@ -350,8 +361,8 @@ fn global_windows_agree(url: String, prefix: &str) {
                             mode,
                             ..Hit::default()
                         };
-                        let hits = std::slice::from_ref(&hit);
-                        let (m, r) = (memory.hit(now, hits).await, redis.hit(now, hits).await);
+                        let hits = vec![hit; *times];
+                        let (m, r) = (memory.hit(now, &hits).await, redis.hit(now, &hits).await);
                         let (m, r) = (crate::harness::decided(m), crate::harness::decided(r));
                         prop_assert_eq!(m, r, "step {} ({:?}) at {}", i, op, now);
                     }

@@ -12,8 +12,8 @@
 --           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
 --           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
---           lone global window's ('gw' or 'gs', then compact_global.lua's), or minus its key count, its argument
---           count, and its arguments as decide.lua reads them.
+--           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), or minus its key
+--           count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
@@ -66,6 +66,8 @@ local function flush_compact()
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
   for key in pairs(sliding_movers) do sliding_write(key) end
   sliding_states = {}
+  for key in pairs(global_fixed_movers) do global_fixed_write(key) end
+  global_fixed = {}
 end
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
@@ -112,6 +114,9 @@ end
 -- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
 local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
+-- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
+local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
+  gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
 
 -- Where the next answer goes: a descriptor's answer takes one place, or as many as its compact form returns.
 local o = 1
@@ -154,16 +159,20 @@ for _ = 1, n do
     if not ok then compact_failure(err, 3) end
     compact_done(count)
     o = o + 3
-  elseif head == 'gw' or head == 'gs' then
-    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), three numbers, (time), and in the node form its one or
-    -- two keys.
-    local fixed = head == 'gw'
-    local t = fixed and 1 or 2
+  elseif globals[head] ~= nil then
+    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, three numbers, (time), and in
+    -- the node form its one or two keys.
+    local g = globals[head]
+    local t = g.fixed and 1 or 2
     local _, at = compact_key_and_time(4)
-    -- It reads counters a shared compact call of this batch may have moved: write those first.
-    if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_compact() end
-    local ok, err = pcall(compact_global, fixed, compact_keys(4, t), number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 3], at, o)
+    local keys = compact_keys(4, t)
+    local window, limit, cost = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3])
+    local ok, err
+    if g.fixed then
+      ok, err = pcall(compact_global_fixed, keys[1], window, limit, cost, at, o, g.shared)
+    else
+      ok, err = pcall(compact_global_sliding, keys[1], keys[2], window, limit, cost, ARGV[a + 3], at, o, g.shared)
+    end
     if not ok then compact_failure(err, t + 1) end
     compact_done(4, t)
     o = o + t + 1
@@ -200,7 +209,9 @@ for _ = 1, n do
       local answer = false
       if here then
         -- The driver's form may read a bucket a compact call of this batch moved: write those first.
-        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_compact() end
+        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
+          flush_compact()
+        end
         local ok
         ok, answer = pcall(decide, k, nk, a)
         if not ok then

@@ -3,44 +3,118 @@
 -- other regions' counts read from their hash (`<window key>@regions`, the sum of its values), and when the hit fits,
 -- one write; integers back. The decision itself (what is left, when to retry, the sum reported as used) is made by
 -- sluice from those integers, the limit and the time, exactly as global.lua's check would make it (and the memory
--- store's twin, `store/algorithm.rs`'s `global_check`); the differential test holds the paths to the same answers.
+-- store, by the same `global_check` in `store/algorithm.rs`); the differential test holds the paths to the same
+-- answers.
 --
--- Keys (as the plain compact forms build them, by sluice's clock or rebuilt for the server's window): a fixed
+-- Keys (as the plain compact forms build them, by sluice's clock, and rebuilt here for the server's window): a fixed
 -- window's key; a sliding window's current and previous windows' keys. Arguments (batch.lua reads them): 'gw' (a
--- fixed window) or 'gs' (a sliding one), the window, the limit, the cost (bounded by the limit + 1), then the time.
+-- fixed window) or 'gs' (a sliding one), in capitals when shared (below), the window, the limit, the cost (bounded by
+-- the limit + 1), then the time.
 --
 -- Writes into answers[pos] on: a fixed window's count before the hit and the others' count of its window (2 places);
 -- a sliding window's current and previous counts before the hit and the others' weighted estimate (3 places).
+--
+-- As a lone bucket, a counter that several compact calls of one script call hit (a hot key; sluice shares a counter
+-- only among calls that see it in one window) is read once, the others' hash too, and written once, at the end or
+-- before a descriptor of the driver's form (batch.lua's flush_compact): the hits are decided one after the other on
+-- the counts the previous ones left, exactly as serial hits. A write that fails turns the answers of the hits it
+-- carried into its error.
 -- Invariants: as global.lua's: never counts a denial (nor a cost of 0), never writes the regions' hashes; the window's
--- own key is written exactly as its algorithm's commit writes it.
+-- own key is written as its algorithm's commit writes it.
 
-local function compact_global(fixed, keys, window, limit, cost, text, now, pos)
-  local start = now - now % window
-  if fixed then
-    local wkey, base = window_of(keys[1], start)
-    local n, exists, folds = window_count(wkey, base, start)
-    local others = regions_count(wkey)
-    if cost > 0 and n + cost <= max0(limit - others) then
-      local count = string.format('%d', math.min(n + cost, MAX_COUNT))
-      if exists then
-        redis.call('SET', wkey, count, 'KEEPTTL')
-      else
-        redis.call('SET', wkey, count, 'PX', ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
-        if folds then redis.call('DEL', base) end
-      end
-    end
-    answers[pos], answers[pos + 1] = n, others
-    return
+-- Per shared fixed window (by its key as sluice sent it): its count as the hits so far leave it, what it was read as,
+-- and the others' count; and the places of the hits that counted in it.
+local global_fixed, global_fixed_movers = {}, {}
+
+-- Writes the count `g` holds, as fixed_window.lua's commit writes it (its first count sets the expiry, from the time
+-- of the hit that made it).
+local function global_fixed_commit(g)
+  local count = string.format('%d', math.min(g.n, MAX_COUNT))
+  if g.exists then
+    redis.call('SET', g.wkey, count, 'KEEPTTL')
+  else
+    redis.call('SET', g.wkey, count, 'PX', ceil_ms(g.start + g.window - g.first + WINDOW_KEY_GRACE_US))
+    if g.folds then redis.call('DEL', g.base) end
   end
-  local cur, prev = keys[1], keys[2]
-  local expected = tonumber(string.match(cur, ':(%d+)$'))
-  if expected ~= start then cur, prev = window_of(cur, start), window_of(cur, start - window) end
-  local s = sw_read(cur, prev, start, window)
-  local c, p, elapsed = s.c, s.p, now - start
-  local others = sw_estimate(regions_count(prev), regions_count(cur), elapsed, window)
-  local room = max0(limit - others)
+end
+
+-- Writes what the hits of this call counted in the shared fixed window `key`, and forgets it.
+local function global_fixed_write(key)
+  local g, movers = global_fixed[key], global_fixed_movers[key]
+  global_fixed[key], global_fixed_movers[key] = nil, nil
+  if movers == nil then return end
+  local ok, err = pcall(global_fixed_commit, g)
+  if not ok then compact_failed(movers, err) end
+end
+
+local function compact_global_fixed(key, window, limit, cost, now, pos, shared)
+  local start = now - now % window
+  local g
+  if shared then
+    g = global_fixed[key]
+    if g ~= nil and g.start ~= start then
+      global_fixed_write(key)
+      g = nil
+    end
+  end
+  if g == nil then
+    local wkey, base = window_of(key, start)
+    local n, exists, folds = window_count(wkey, base, start)
+    g = { wkey = wkey, base = base, start = start, window = window, n = n, exists = exists, folds = folds,
+      others = regions_count(wkey) }
+    if shared then global_fixed[key] = g end
+  end
+  local n = g.n
+  if cost > 0 and n + cost <= max0(limit - g.others) then
+    if shared then
+      g.n = n + cost
+      g.first = g.first or now
+      compact_moved(global_fixed_movers, key, pos)
+    else
+      g.n, g.first = n + cost, now
+      global_fixed_commit(g)
+    end
+  end
+  answers[pos], answers[pos + 1] = n, g.others
+end
+
+local function compact_global_sliding(cur, prev, window, limit, cost, text, now, pos, shared)
+  local start = now - now % window
+  local key = cur
+  if tonumber(string.match(cur, ':(%d+)$')) ~= start then
+    cur, prev = window_of(cur, start), window_of(cur, start - window)
+  end
+  local s
+  if shared then
+    s = sliding_states[key]
+    if s ~= nil and s.start ~= start then
+      sliding_write(key)
+      s = nil
+    end
+  end
+  if s == nil then
+    local read = sw_read(cur, prev, start, window)
+    if not shared then
+      s = read
+    else
+      s = { start = start, c = read.c, p = read.p, added = 0, written = read, now = now, window = window }
+      sliding_states[key] = s
+    end
+  end
+  local elapsed = now - start
+  local others = s.others
+  if others == nil then
+    others = sw_estimate(regions_count(prev), regions_count(cur), elapsed, window)
+    s.others = others
+  end
+  local c, p, room = s.c, s.p, max0(limit - others)
   if cost > 0 and cost <= room and sw_estimate(p, c, elapsed, window) + cost <= room then
-    sw_add(s, cost, now, window, text)
+    if not shared then
+      sw_add(s, cost, now, window, text)
+    else
+      s.c, s.added, s.now = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost, now
+      compact_moved(sliding_movers, key, pos)
+    end
   end
   answers[pos], answers[pos + 1], answers[pos + 2] = c, p, others
 end

@@ -48,6 +48,8 @@ pub(super) struct GlobalTier {
     /// The hit's cost, bounded by the limit + 1.
     cost: u64,
     now_us: Option<u64>,
+    /// Another compact call of the same script call hits the same counter (see [`Compact::share`]).
+    shared: bool,
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
@@ -128,6 +130,7 @@ impl Compact {
                 window_us: tier.window_us,
                 cost,
                 now_us,
+                shared: false,
             };
             return Some(Compact {
                 key: tier.key.clone(),
@@ -183,25 +186,27 @@ impl Compact {
         })
     }
 
-    /// Marks a bucket or sliding window that another compact call of the same script call hits too: the script then
-    /// reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit once is written
-    /// at once, with nothing to remember.
+    /// Marks a bucket, sliding window or global window that another compact call of the same script call hits too:
+    /// the script then reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit
+    /// once is written at once, with nothing to remember.
     pub(super) fn share(&mut self) {
         match &mut self.tier {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) | CompactTier::Global(_) => {}
+            CompactTier::Global(t) => t.shared = true,
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => {}
         }
     }
 
     /// For a counter the script may read and write once for several compact calls of one script call (a bucket, a
-    /// sliding window: [`Compact::share`]): its key, and the start of the window its call sees (a sliding window's by
-    /// the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
+    /// sliding or a global window: [`Compact::share`]): its key, and the start of the window its call sees (a
+    /// window's by the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
     pub(super) fn share_key(&self) -> Option<(&str, u64)> {
         match &self.tier {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) | CompactTier::Global(_) => None,
+            CompactTier::Global(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
+            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => None,
         }
     }
 
@@ -289,7 +294,12 @@ impl Compact {
                 }
             }
             CompactTier::Global(t) => out.extend([
-                Value::from(if t.sliding { "gs" } else { "gw" }),
+                Value::from(match (t.sliding, t.shared) {
+                    (false, false) => "gw",
+                    (false, true) => "GW",
+                    (true, false) => "gs",
+                    (true, true) => "GS",
+                }),
                 int(t.window_us),
                 int(t.limit),
                 int(t.cost),
