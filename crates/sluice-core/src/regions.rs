@@ -162,7 +162,9 @@ impl<R: Store + 'static> Replicator<R> {
                 windows: batch.len(),
                 counts: batch.iter().map(|c| c.count).sum(),
             };
-            let reached = link.ship(now_us, self.shared.name(), self.settings.timeout, batch).await;
+            let reached = link
+                .ship(now_us, self.shared.name(), self.settings.timeout, batch)
+                .await;
             (!reached).then_some(missed)
         });
         futures::future::join_all(shipments).await
@@ -253,7 +255,13 @@ impl<R: Store + 'static> Link<R> {
     /// Ships as soon as counts are queued, and every interval while a backlog waits (a region that could not be
     /// reached), each shipment in a task of its own, never waiting for the one before; an idle link is pinged every
     /// PING_EVERY, so readiness stays true. Runs until aborted (its shipments with it).
-    async fn keep_shipping(self: Arc<Self>, name: &Arc<str>, interval: Duration, timeout: Duration, clock: Arc<dyn Clock>) {
+    async fn keep_shipping(
+        self: Arc<Self>,
+        name: &Arc<str>,
+        interval: Duration,
+        timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) {
         let mut in_flight = tokio::task::JoinSet::new();
         let mut idle = Duration::ZERO;
         loop {
@@ -341,7 +349,12 @@ impl<R: Store> Link<R> {
                 if backlog.in_flight.get(&sent.window) == Some(&sent.count) {
                     backlog.in_flight.remove(&sent.window);
                 }
-                if reached && backlog.waiting.get(&sent.window).is_some_and(|&held| held <= sent.count) {
+                if reached
+                    && backlog
+                        .waiting
+                        .get(&sent.window)
+                        .is_some_and(|&held| held <= sent.count)
+                {
                     backlog.waiting.remove(&sent.window);
                 }
             }

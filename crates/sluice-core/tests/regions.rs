@@ -264,8 +264,17 @@ descriptors:
 /// region's count of the current or the previous window shipped in.
 #[derive(Debug, Clone)]
 enum GlobalOp {
-    Hit { cost: u64, mode: u8, beside: bool, times: usize },
-    Ship { region: u8, previous: bool, count: u64 },
+    Hit {
+        cost: u64,
+        mode: u8,
+        beside: bool,
+        times: usize,
+    },
+    Ship {
+        region: u8,
+        previous: bool,
+        count: u64,
+    },
 }
 
 fn global_op() -> impl proptest::strategy::Strategy<Value = (u64, GlobalOp)> {
@@ -375,10 +384,7 @@ fn global_windows_agree(url: String, prefix: &str) {
                         if *previous {
                             window.start_us = window.start_us.saturating_sub(MINUTE);
                         }
-                        let counts = [RegionCount {
-                            window,
-                            count: *count,
-                        }];
+                        let counts = [RegionCount { window, count: *count }];
                         let name = ["us", "ap"][*region as usize];
                         memory.merge_counts(now, name, &counts).await.expect("merged");
                         redis.merge_counts(now, name, &counts).await.expect("merged");
@@ -415,7 +421,10 @@ async fn admitted_under_skew(algorithm: &str, skew_us: i64) -> (usize, usize, us
     );
     let (eu, us) = (RedisServer::start(), RedisServer::start());
     let (eu_store, us_store) = (redis_store(&eu.url()).await, redis_store(&us.url()).await);
-    let regions = [("eu", eu_store.clone(), us_store.clone(), "us"), ("us", us_store, eu_store, "eu")];
+    let regions = [
+        ("eu", eu_store.clone(), us_store.clone(), "us"),
+        ("us", us_store, eu_store, "eu"),
+    ];
     let mut sides = Vec::new();
     for (name, own, other, other_name) in regions {
         let (limiter, clock) = limiter_over(&yaml, own, LimiterSettings::default(), Metrics::discarded(0.8));
@@ -459,7 +468,10 @@ async fn admitted_under_skew(algorithm: &str, skew_us: i64) -> (usize, usize, us
         }
         if (t - from) % 100_000 == 0 {
             for (limiter, _, replicator) in &sides {
-                replicator.collect(limiter.store(), limiter.now_us()).await.expect("read");
+                replicator
+                    .collect(limiter.store(), limiter.now_us())
+                    .await
+                    .expect("read");
                 replicator.ship(limiter.now_us()).await;
             }
         }

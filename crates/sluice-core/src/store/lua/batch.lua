@@ -160,21 +160,22 @@ for _ = 1, n do
     compact_done(count)
     o = o + 3
   elseif globals[head] ~= nil then
-    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, three numbers, (time), and in
+    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
     -- the node form its one or two keys.
     local g = globals[head]
     local t = g.fixed and 1 or 2
-    local _, at = compact_key_and_time(4)
-    local keys = compact_keys(4, t)
-    local window, limit, cost = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3])
+    local _, at = compact_key_and_time(5)
+    local keys = compact_keys(5, t)
+    local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+      number(ARGV[a + 4])
     local ok, err
     if g.fixed then
-      ok, err = pcall(compact_global_fixed, keys[1], window, limit, cost, at, o, g.shared)
+      ok, err = pcall(compact_global_fixed, keys[1], window, limit, cost, times, at, o, g.shared)
     else
-      ok, err = pcall(compact_global_sliding, keys[1], keys[2], window, limit, cost, ARGV[a + 3], at, o, g.shared)
+      ok, err = pcall(compact_global_sliding, keys[1], keys[2], window, limit, cost, times, at, o, g.shared)
     end
     if not ok then compact_failure(err, t + 1) end
-    compact_done(4, t)
+    compact_done(5, t)
     o = o + t + 1
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.

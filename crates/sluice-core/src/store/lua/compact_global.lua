@@ -9,10 +9,13 @@
 -- Keys (as the plain compact forms build them, by sluice's clock, and rebuilt here for the server's window): a fixed
 -- window's key; a sliding window's current and previous windows' keys. Arguments (batch.lua reads them): 'gw' (a
 -- fixed window) or 'gs' (a sliding one), in capitals when shared (below), the window, the limit, the cost (bounded by
--- the limit + 1), then the time.
+-- the limit + 1), `times`, how many identical hits the call carries (sluice sends a hot key's identical hits of one
+-- script call as one call: they are decided one after the other, each counted while it fits, so that as many as fit
+-- are counted at once, and sluice tells each hit's answer from the first's), then the time.
 --
--- Writes into answers[pos] on: a fixed window's count before the hit and the others' count of its window (2 places);
--- a sliding window's current and previous counts before the hit and the others' weighted estimate (3 places).
+-- Writes into answers[pos] on: a fixed window's count before the (first) hit and the others' count of its window (2
+-- places); a sliding window's current and previous counts before the (first) hit and the others' weighted estimate (3
+-- places).
 --
 -- As a lone bucket, a counter that several compact calls of one script call hit (a hot key; sluice shares a counter
 -- only among calls that see it in one window) is read once, the others' hash too, and written once, at the end or
@@ -47,7 +50,14 @@ local function global_fixed_write(key)
   if not ok then compact_failed(movers, err) end
 end
 
-local function compact_global_fixed(key, window, limit, cost, now, pos, shared)
+-- How many of `times` hits of `cost` count on `used` (a count, or a sliding window's estimate) where `room` fits: each
+-- while it fits; once one does not, none after it does.
+local function global_fits(used, room, cost, times)
+  if cost <= 0 or room <= used then return 0 end
+  return math.min(times, math.floor((room - used) / cost))
+end
+
+local function compact_global_fixed(key, window, limit, cost, times, now, pos, shared)
   local start = now - now % window
   local g
   if shared then
@@ -65,20 +75,21 @@ local function compact_global_fixed(key, window, limit, cost, now, pos, shared)
     if shared then global_fixed[key] = g end
   end
   local n = g.n
-  if cost > 0 and n + cost <= max0(limit - g.others) then
+  local fits = global_fits(n, max0(limit - g.others), cost, times)
+  if fits > 0 then
     if shared then
-      g.n = n + cost
+      g.n = n + fits * cost
       g.first = g.first or now
       compact_moved(global_fixed_movers, key, pos)
     else
-      g.n, g.first = n + cost, now
+      g.n, g.first = n + fits * cost, now
       global_fixed_commit(g)
     end
   end
   answers[pos], answers[pos + 1] = n, g.others
 end
 
-local function compact_global_sliding(cur, prev, window, limit, cost, text, now, pos, shared)
+local function compact_global_sliding(cur, prev, window, limit, cost, times, now, pos, shared)
   local start = now - now % window
   local key = cur
   if tonumber(string.match(cur, ':(%d+)$')) ~= start then
@@ -107,12 +118,14 @@ local function compact_global_sliding(cur, prev, window, limit, cost, text, now,
     others = sw_estimate(regions_count(prev), regions_count(cur), elapsed, window)
     s.others = others
   end
-  local c, p, room = s.c, s.p, max0(limit - others)
-  if cost > 0 and cost <= room and sw_estimate(p, c, elapsed, window) + cost <= room then
+  local c, p = s.c, s.p
+  local fits = global_fits(sw_estimate(p, c, elapsed, window), max0(limit - others), cost, times)
+  if fits > 0 then
+    local added = fits * cost
     if not shared then
-      sw_add(s, cost, now, window, text)
+      sw_add(s, added, now, window, string.format('%d', added))
     else
-      s.c, s.added, s.now = math.min(c + cost, MAX_SLIDING_COUNT), s.added + cost, now
+      s.c, s.added, s.now = math.min(c + added, MAX_SLIDING_COUNT), s.added + added, now
       compact_moved(sliding_movers, key, pos)
     end
   end

@@ -38,8 +38,9 @@ pub(super) enum CompactTier {
 }
 
 /// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
-/// (`lua/compact_global.lua`), as `lua/global.lua`'s check decides it ([`algorithm::global_check`]).
-#[derive(Debug, Clone, Copy)]
+/// (`lua/compact_global.lua`), as `lua/global.lua`'s check decides it ([`algorithm::global_check`]). Calls alike in
+/// all of it but `times` are identical hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct GlobalTier {
     /// A sliding window; else a fixed one.
     sliding: bool,
@@ -50,6 +51,8 @@ pub(super) struct GlobalTier {
     now_us: Option<u64>,
     /// Another compact call of the same script call hits the same counter (see [`Compact::share`]).
     shared: bool,
+    /// How many identical hits the call carries, decided one after the other (see `call.rs`'s `coalesce`).
+    pub(super) times: u64,
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
@@ -131,6 +134,7 @@ impl Compact {
                 cost,
                 now_us,
                 shared: false,
+                times: 1,
             };
             return Some(Compact {
                 key: tier.key.clone(),
@@ -264,8 +268,8 @@ impl Compact {
     /// The arguments, in the script's form. A fixed window: the window and the cost counted. A bucket: 'b' ('B'
     /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
     /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. A global
-    /// window: 'gw' (fixed) or 'gs' (sliding), the window, the limit and the cost. Then the decision's time, when it
-    /// is given.
+    /// window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, the window, the limit, the cost and how many
+    /// identical hits. Then the decision's time, when it is given.
     pub(super) fn push_args(&self, out: &mut Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -303,6 +307,7 @@ impl Compact {
                 int(t.window_us),
                 int(t.limit),
                 int(t.cost),
+                int(t.times),
             ]),
             CompactTier::Windows(tiers) => {
                 out.extend([Value::from("w"), int(tiers.len() as u64)]);
@@ -349,16 +354,21 @@ impl CompactTier {
                 [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
                 _ => None,
             },
+            // `ahead`: the hits ahead of this one in the call, each counted while it fits.
             (CompactTier::Global(t), Value::Array(counts)) => match (t.sliding, &counts[..]) {
                 (false, [n, others]) => {
-                    let n = int(n)?;
-                    Some(t.answer(int(others)?, now_us, |limit| {
+                    let (n, others) = (int(n)?, int(others)?);
+                    let n = n + t.counted_ahead(n, others, ahead);
+                    Some(t.answer(others, now_us, |limit| {
                         fixed_window::check_count(limit, t.window_us, now_us, t.cost, n)
                     }))
                 }
                 (true, [c, p, others]) => {
-                    let (c, p) = (int(c)?, int(p)?);
-                    Some(t.answer(int(others)?, now_us, |limit| {
+                    let (c, p, others) = (int(c)?, int(p)?, int(others)?);
+                    let start = now_us - now_us % t.window_us.max(1);
+                    let estimate = sliding_window::sw_estimate(p, c, now_us - start, t.window_us.max(1));
+                    let c = c + t.counted_ahead(estimate, others, ahead);
+                    Some(t.answer(others, now_us, |limit| {
                         sliding_window::check_counts(limit, t.window_us, now_us, t.cost, c, p)
                     }))
                 }
@@ -427,6 +437,17 @@ impl WindowTier {
 }
 
 impl GlobalTier {
+    /// What the `ahead` identical hits before one counted, from the count `used` (a sliding window's estimate) and
+    /// the others' count the first found: each counts its cost while it fits what the others leave, and once one does
+    /// not, none after it does (`lua/compact_global.lua` counts as many).
+    fn counted_ahead(&self, used: u64, others: u64, ahead: u64) -> u64 {
+        let room = self.limit.saturating_sub(others).saturating_sub(used);
+        match self.cost {
+            0 => 0,
+            cost => (room / cost).min(ahead) * cost,
+        }
+    }
+
     /// The decision from the other regions' count `others` and the algorithm's `check` against a limit.
     fn answer(&self, others: u64, now_us: u64, check: impl FnOnce(u64) -> algorithm::Check) -> Outcome {
         let check = algorithm::global_check((self.limit, self.window_us), now_us, self.cost, others, check);
