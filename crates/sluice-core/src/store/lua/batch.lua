@@ -164,15 +164,16 @@ for _ = 1, n do
     -- the node form its one or two keys.
     local g = globals[head]
     local t = g.fixed and 1 or 2
-    local _, at = compact_key_and_time(5)
-    local keys = compact_keys(5, t)
+    local key, at = compact_key_and_time(5)
     local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
       number(ARGV[a + 4])
     local ok, err
     if g.fixed then
-      ok, err = pcall(compact_global_fixed, keys[1], window, limit, cost, times, at, o, g.shared)
+      ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
     else
-      ok, err = pcall(compact_global_sliding, keys[1], keys[2], window, limit, cost, times, at, o, g.shared)
+      local prev = K[k + 1]
+      if node then prev = ARGV[a + compact_width(5) + 1] end
+      ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
     end
     if not ok then compact_failure(err, t + 1) end
     compact_done(5, t)

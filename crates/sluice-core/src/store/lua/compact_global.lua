@@ -59,32 +59,42 @@ end
 
 local function compact_global_fixed(key, window, limit, cost, times, now, pos, shared)
   local start = now - now % window
-  local g
-  if shared then
-    g = global_fixed[key]
-    if g ~= nil and g.start ~= start then
-      global_fixed_write(key)
-      g = nil
+  if not shared then
+    -- Read, decided and written at once, with nothing to remember (no table: the commonest call over many keys).
+    local wkey, base = window_of(key, start)
+    local n, exists, folds = window_count(wkey, base, start)
+    local others = regions_count(wkey)
+    local fits = global_fits(n, max0(limit - others), cost, times)
+    if fits > 0 then
+      local count = string.format('%d', math.min(n + fits * cost, MAX_COUNT))
+      if exists then
+        redis.call('SET', wkey, count, 'KEEPTTL')
+      else
+        redis.call('SET', wkey, count, 'PX', ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
+        if folds then redis.call('DEL', base) end
+      end
     end
+    answers[pos], answers[pos + 1] = n, others
+    return
+  end
+  local g = global_fixed[key]
+  if g ~= nil and g.start ~= start then
+    global_fixed_write(key)
+    g = nil
   end
   if g == nil then
     local wkey, base = window_of(key, start)
     local n, exists, folds = window_count(wkey, base, start)
     g = { wkey = wkey, base = base, start = start, window = window, n = n, exists = exists, folds = folds,
       others = regions_count(wkey) }
-    if shared then global_fixed[key] = g end
+    global_fixed[key] = g
   end
   local n = g.n
   local fits = global_fits(n, max0(limit - g.others), cost, times)
   if fits > 0 then
-    if shared then
-      g.n = n + fits * cost
-      g.first = g.first or now
-      compact_moved(global_fixed_movers, key, pos)
-    else
-      g.n, g.first = n + fits * cost, now
-      global_fixed_commit(g)
-    end
+    g.n = n + fits * cost
+    g.first = g.first or now
+    compact_moved(global_fixed_movers, key, pos)
   end
   answers[pos], answers[pos + 1] = n, g.others
 end
