@@ -12,10 +12,17 @@
 //! (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh in any
 //! decision).
 //!
-//! Local decisions never wait for a link: shipping runs in tasks of its own, each link's calls bounded by a timeout.
+//! A link never waits for its last shipment to be answered before it sends the next: every interval it ships what
+//! was queued since, in a task of its own, so that several shipments may be in flight on a slow link (merges are
+//! idempotent and order-free). A window in flight is not sent again unless its count grew or its shipment failed.
+//! Counts therefore leave every interval whatever the round trip, and arrive the link's one-way delay later.
+//!
+//! Local decisions never wait for a link: shipping runs in tasks of its own, each shipment bounded by a timeout.
+//! Stopping ([`Replicator::run`]'s `stop`) reads and ships once more whatever was not shipped, within the timeout,
+//! and names each region that could not be reached with what it missed.
 //!
 //! The bound: a region admits a hit when its own count, plus the others' as last shipped, plus the cost fit the
-//! limit. What was shipped is at most `interval` + the link's delay (+ one read and one write) old, so over one
+//! limit. What was shipped is at most `interval` + the link's one-way delay (+ one read and one write) old, so over one
 //! window every region together admits at most the limit plus what the other regions admitted within that
 //! staleness of the last admission (README, "Several regions").
 
@@ -56,9 +63,24 @@ pub struct RegionSettings {
 pub struct Link<R> {
     state: Arc<LinkState>,
     store: R,
-    backlog: Mutex<HashMap<WindowRef, u64>>,
+    backlog: Mutex<Backlog>,
     /// Rung when counts were queued: the link ships at once rather than on its next tick.
     queued: tokio::sync::Notify,
+}
+
+/// A link's counts not yet taken by its region: each window's newest count, and the count a shipment in flight
+/// carries (a window is sent again only when its count grew past it, or that shipment failed).
+#[derive(Default)]
+struct Backlog {
+    waiting: HashMap<WindowRef, u64>,
+    in_flight: HashMap<WindowRef, u64>,
+}
+
+/// What a link did not ship: windows, and the sum of this region's counts of them.
+#[derive(Debug, Clone, Copy)]
+struct Missed {
+    windows: usize,
+    counts: u64,
 }
 
 /// Ships this region's counts of global windows to the other regions ([module docs](self)).
@@ -118,23 +140,72 @@ impl<R: Store + 'static> Replicator<R> {
         Ok(windows.len())
     }
 
-    /// Ships every link's backlog once, the links concurrently, each bounded by the timeout. Returns how many links
-    /// were reached.
+    /// Ships every link's whole backlog once (what is in flight included), the links concurrently, each bounded by
+    /// the timeout. Returns how many links were reached.
     pub async fn ship(&self, now_us: u64) -> usize {
-        let shipments = self
-            .links
-            .iter()
-            .map(|link| link.ship(now_us, self.shared.name(), self.settings.timeout));
-        futures::future::join_all(shipments)
+        self.ship_all(now_us)
             .await
-            .into_iter()
-            .filter(|ok| *ok)
+            .iter()
+            .filter(|missed| missed.is_none())
             .count()
     }
 
-    /// Runs until dropped: every interval, collects from this region's `store` at the time `clock` reads, ships
-    /// each link in a task of its own (a slow region delays only itself), and records the links in `metrics`.
-    pub async fn run<S: Store>(self: Arc<Self>, store: &S, clock: Arc<dyn Clock>, metrics: &Metrics) {
+    /// [`ship`](Self::ship), with what each link missed: `None` for a link reached (or with nothing to ship), else
+    /// the windows left unshipped.
+    async fn ship_all(&self, now_us: u64) -> Vec<Option<Missed>> {
+        let shipments = self.links.iter().map(|link| async move {
+            let batch = link.take(now_us, true);
+            if batch.is_empty() {
+                return None;
+            }
+            let missed = Missed {
+                windows: batch.len(),
+                counts: batch.iter().map(|c| c.count).sum(),
+            };
+            let reached = link
+                .ship(now_us, self.shared.name(), self.settings.timeout, batch)
+                .await;
+            (!reached).then_some(missed)
+        });
+        futures::future::join_all(shipments).await
+    }
+
+    /// Reads what was counted since the last interval and ships every link's backlog a last time, within the
+    /// timeout; logs each region that could not be reached, with what it missed. Returns how many links were reached.
+    pub async fn flush<S: Store>(&self, store: &S, now_us: u64) -> usize {
+        if let Err(e) = self.collect(store, now_us).await {
+            tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits are not shipped");
+        }
+        let missed = self.ship_all(now_us).await;
+        let mut reached = 0;
+        for (link, missed) in self.links.iter().zip(&missed) {
+            match missed {
+                None => reached += 1,
+                Some(m) => tracing::warn!(
+                    region = %link.state.name,
+                    windows = m.windows,
+                    counts = m.counts,
+                    "region not reached before stopping: it misses this region's counts of these windows"
+                ),
+            }
+        }
+        if reached == self.links.len() {
+            tracing::info!(regions = reached, "counts shipped to every region before stopping");
+        }
+        reached
+    }
+
+    /// Runs until `stop` resolves: every interval, collects from this region's `store` at the time `clock` reads and
+    /// ships to each link in tasks of its own (a slow region delays only itself, and a link ships every interval
+    /// whatever its round trip), and records the links in `metrics`. When `stop` resolves, ships what was counted
+    /// and not yet shipped once more ([`flush`](Self::flush)), within the timeout, then returns.
+    pub async fn run<S: Store>(
+        self: Arc<Self>,
+        store: &S,
+        clock: Arc<dyn Clock>,
+        metrics: &Metrics,
+        stop: impl Future<Output = ()>,
+    ) {
         let interval = self.settings.interval.max(Duration::from_millis(1));
         let shippers: Vec<_> = self
             .links
@@ -146,31 +217,19 @@ impl<R: Store + 'static> Replicator<R> {
                     self.settings.timeout,
                     clock.clone(),
                 );
-                tokio::spawn(async move {
-                    // Ships as soon as counts are queued, and every interval while a backlog waits (a region that
-                    // could not be reached); an idle link is pinged every PING_EVERY, so readiness stays true.
-                    let mut idle = Duration::ZERO;
-                    loop {
-                        tokio::select! {
-                            () = link.queued.notified() => {}
-                            () = tokio::time::sleep(interval) => {}
-                        }
-                        if link.state.backlog() > 0 || idle >= PING_EVERY {
-                            link.ship(clock.now_us(), &name, timeout).await;
-                            idle = Duration::ZERO;
-                        } else {
-                            idle += interval;
-                        }
-                    }
-                })
+                tokio::spawn(async move { link.keep_shipping(&name, interval, timeout, clock).await })
             })
             .collect();
-        let _abort = AbortOnDrop(shippers);
+        let shippers = AbortOnDrop(shippers);
         let mut every = tokio::time::interval(interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reported: Vec<(u64, u64)> = vec![(0, 0); self.links.len()];
+        let mut stop = std::pin::pin!(stop);
         loop {
-            every.tick().await;
+            tokio::select! {
+                _ = every.tick() => {}
+                () = &mut stop => break,
+            }
             if let Err(e) = self.collect(store, clock.now_us()).await {
                 tracing::warn!(error = %e, "global windows' counts not read this time; read again next time");
             }
@@ -186,6 +245,43 @@ impl<R: Store + 'static> Replicator<R> {
                 (*shipped, *dropped) = (now_shipped, now_dropped);
             }
         }
+        // The shipments in flight stop here; what they carried is still in the backlogs, shipped once more.
+        drop(shippers);
+        self.flush(store, clock.now_us()).await;
+    }
+}
+
+impl<R: Store + 'static> Link<R> {
+    /// Ships as soon as counts are queued, and every interval while a backlog waits (a region that could not be
+    /// reached), each shipment in a task of its own, never waiting for the one before; an idle link is pinged every
+    /// PING_EVERY, so readiness stays true. Runs until aborted (its shipments with it).
+    async fn keep_shipping(
+        self: Arc<Self>,
+        name: &Arc<str>,
+        interval: Duration,
+        timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) {
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut idle = Duration::ZERO;
+        loop {
+            tokio::select! {
+                () = self.queued.notified() => {}
+                () = tokio::time::sleep(interval) => {}
+            }
+            // Shipments that ended leave the set (each records its own outcome).
+            while in_flight.try_join_next().is_some() {}
+            let now_us = clock.now_us();
+            let batch = self.take(now_us, false);
+            let pending = self.state.backlog() > 0;
+            if !batch.is_empty() || (!pending && idle >= PING_EVERY && in_flight.is_empty()) {
+                let (link, name) = (self.clone(), name.clone());
+                in_flight.spawn(async move { link.ship(now_us, &name, timeout, batch).await });
+                idle = Duration::ZERO;
+            } else {
+                idle += interval;
+            }
+        }
     }
 }
 
@@ -194,38 +290,47 @@ impl<R: Store> Link<R> {
     /// `bound` and those whose time is over.
     fn queue(&self, now_us: u64, windows: &[WindowRef], counts: &[u64], bound: usize) {
         let mut backlog = lock(&self.backlog);
-        backlog.retain(|w, _| w.expires_us() > now_us);
+        backlog.expire(now_us);
         let mut dropped = 0;
         for (window, &count) in windows.iter().zip(counts) {
-            if let Some(held) = backlog.get_mut(window) {
+            if let Some(held) = backlog.waiting.get_mut(window) {
                 *held = (*held).max(count);
-            } else if backlog.len() < bound {
-                backlog.insert(window.clone(), count);
+            } else if backlog.waiting.len() < bound {
+                backlog.waiting.insert(window.clone(), count);
             } else {
                 dropped += 1;
             }
         }
-        self.state.set_backlog(backlog.len());
+        self.state.set_backlog(backlog.waiting.len());
         if dropped > 0 {
             self.state.count_dropped(dropped);
             tracing::warn!(region = %self.state.name, dropped, bound, "backlog full: window counts dropped");
         }
     }
 
-    /// Ships the backlog once; what was taken leaves it (unless it grew meanwhile). Whether the region was reached.
-    async fn ship(&self, now_us: u64, own: &str, timeout: Duration) -> bool {
-        let batch: Vec<RegionCount> = {
-            let mut backlog = lock(&self.backlog);
-            backlog.retain(|w, _| w.expires_us() > now_us);
-            self.state.set_backlog(backlog.len());
-            backlog
-                .iter()
-                .map(|(window, &count)| RegionCount {
+    /// The counts to ship now: those no shipment in flight carries (or carries a smaller count of), or with `all`
+    /// the whole backlog; marked in flight.
+    fn take(&self, now_us: u64, all: bool) -> Vec<RegionCount> {
+        let mut backlog = lock(&self.backlog);
+        backlog.expire(now_us);
+        self.state.set_backlog(backlog.waiting.len());
+        let Backlog { waiting, in_flight } = &mut *backlog;
+        let mut batch = Vec::new();
+        for (window, &count) in waiting.iter() {
+            if all || in_flight.get(window).is_none_or(|&sent| sent < count) {
+                in_flight.insert(window.clone(), count);
+                batch.push(RegionCount {
                     window: window.clone(),
                     count,
-                })
-                .collect()
-        };
+                });
+            }
+        }
+        batch
+    }
+
+    /// Ships `batch` (a ping when it is empty), bounded by `timeout`: taken, each window leaves the backlog unless it
+    /// grew meanwhile; not taken, each is shipped again by the next shipment. Whether the region was reached.
+    async fn ship(&self, now_us: u64, own: &str, timeout: Duration, batch: Vec<RegionCount>) -> bool {
         let call = async {
             if batch.is_empty() {
                 self.store.ping().await
@@ -237,15 +342,26 @@ impl<R: Store> Link<R> {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(timeout)),
         };
+        let reached = result.is_ok();
+        {
+            let mut backlog = lock(&self.backlog);
+            for sent in &batch {
+                if backlog.in_flight.get(&sent.window) == Some(&sent.count) {
+                    backlog.in_flight.remove(&sent.window);
+                }
+                if reached
+                    && backlog
+                        .waiting
+                        .get(&sent.window)
+                        .is_some_and(|&held| held <= sent.count)
+                {
+                    backlog.waiting.remove(&sent.window);
+                }
+            }
+            self.state.set_backlog(backlog.waiting.len());
+        }
         match result {
             Ok(()) => {
-                let mut backlog = lock(&self.backlog);
-                for sent in &batch {
-                    if backlog.get(&sent.window) == Some(&sent.count) {
-                        backlog.remove(&sent.window);
-                    }
-                }
-                self.state.set_backlog(backlog.len());
                 self.state.count_shipped(batch.len() as u64);
                 self.state.set_error(None);
                 if !self.state.set_linked(true) {
@@ -261,6 +377,14 @@ impl<R: Store> Link<R> {
                 false
             }
         }
+    }
+}
+
+impl Backlog {
+    /// Lets go the windows whose time is over: they weigh in no decision.
+    fn expire(&mut self, now_us: u64) {
+        self.waiting.retain(|w, _| w.expires_us() > now_us);
+        self.in_flight.retain(|w, _| w.expires_us() > now_us);
     }
 }
 

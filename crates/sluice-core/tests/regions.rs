@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use sluice_core::config;
-use sluice_core::limiter::{Descriptor, LimiterSettings, Request};
+use sluice_core::limiter::{Code, Descriptor, LimiterSettings, Request};
 use sluice_core::metrics::Metrics;
 use sluice_core::regions::{RegionSettings, Replicator};
 use sluice_core::rules::{Algorithm, RuleSet};
 use sluice_core::store::{Hit, Outcome, RegionCount, Store, TierSpec, WindowRef};
 
 use crate::harness::{ACL_PASSWORD, RedisServer, T0, limiter_over, memory, readme_acl_user, redis_store, tier};
-use sluice_core::store::RegionCounts;
+use sluice_core::store::{Counters, RegionCounts};
 
 const MINUTE: u64 = 60_000_000;
 
@@ -256,4 +256,241 @@ descriptors:
     // Past the window and its second of grace: nothing of it is shipped.
     assert_eq!(replicator.ship(now + 2 * MINUTE).await, 1);
     assert_eq!((link.backlog(), link.shipped()), (0, 2));
+}
+
+/// One step of a global window's schedule: a hit (forced, or a peek, takes the driver; an ordinary one alone the
+/// compact form, `lua/compact_global.lua`; with a regional tier beside it, the driver again), `times` times in one
+/// store call (in Redis one script call, where a counter several compact calls hit is read and written once), or a
+/// region's count of the current or the previous window shipped in.
+#[derive(Debug, Clone)]
+enum GlobalOp {
+    Hit {
+        cost: u64,
+        mode: u8,
+        beside: bool,
+        times: usize,
+    },
+    Ship {
+        region: u8,
+        previous: bool,
+        count: u64,
+    },
+}
+
+fn global_op() -> impl proptest::strategy::Strategy<Value = (u64, GlobalOp)> {
+    use proptest::prelude::*;
+    let step = prop_oneof![3 => 0u64..2_000_000, 1 => 0u64..(3 * MINUTE)];
+    let op = prop_oneof![
+        4 => (
+            prop_oneof![5 => 0u64..4, 1 => 0u64..40, 1 => Just(u64::MAX)],
+            0u8..6,
+            prop::bool::weighted(0.2),
+            prop_oneof![3 => Just(1usize), 1 => 2usize..6],
+        )
+            .prop_map(|(cost, mode, beside, times)| GlobalOp::Hit { cost, mode, beside, times }),
+        1 => (0u8..2, prop::bool::ANY, 0u64..30)
+            .prop_map(|(region, previous, count)| GlobalOp::Ship { region, previous, count }),
+    ];
+    (step, op)
+}
+
+/// Random schedules of hits on a global fixed or sliding window and of other regions' shipments, driven through
+/// the memory store and through Redis (the compact form and the driver): identical outcomes required.
+fn global_windows_agree(url: String, prefix: &str) {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use sluice_core::store::{CounterKey, Mode};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = runtime.block_on(redis_store(&url));
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::bool::ANY,
+        prop_oneof![3 => 0u64..12, 1 => 12u64..100],
+        prop::collection::vec(global_op(), 1..60),
+    );
+    let result = runner.run(&strategy, |(sliding, limit, ops)| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst).to_string();
+        let algorithm = if sliding {
+            Algorithm::SlidingWindow
+        } else {
+            Algorithm::FixedWindow
+        };
+        let id = CounterKey::builder(prefix, "d").entry("case", &case).finish();
+        let t = TierSpec {
+            key: id.tier(algorithm, MINUTE),
+            algorithm,
+            limit,
+            window_us: MINUTE,
+            burst: limit,
+            cost: None,
+            global: true,
+        };
+        let regional = TierSpec {
+            key: id.tier(Algorithm::FixedWindow, 1_000_000),
+            algorithm: Algorithm::FixedWindow,
+            limit: 5,
+            window_us: 1_000_000,
+            burst: 5,
+            cost: None,
+            global: false,
+        };
+        let memory = memory();
+        let mut now = T0 + 123_457;
+        let mut last = std::time::Instant::now();
+        runtime.block_on(async {
+            for (i, (step, op)) in ops.iter().enumerate() {
+                // Redis expires keys by the real clock: the test's never runs slower.
+                let real = last.elapsed().as_micros() as u64;
+                last = std::time::Instant::now();
+                now += step.max(&(real + 2_000));
+                match op {
+                    GlobalOp::Hit {
+                        cost,
+                        mode,
+                        beside,
+                        times,
+                    } => {
+                        let mode = match mode {
+                            0 => Mode::Peek,
+                            1 => Mode::Report,
+                            _ => Mode::Hit,
+                        };
+                        let mut tiers = vec![t.clone()];
+                        if *beside {
+                            tiers.push(regional.clone());
+                        }
+                        let hit = Hit {
+                            tiers,
+                            cost: *cost,
+                            mode,
+                            ..Hit::default()
+                        };
+                        let hits = vec![hit; *times];
+                        let (m, r) = (memory.hit(now, &hits).await, redis.hit(now, &hits).await);
+                        let (m, r) = (crate::harness::decided(m), crate::harness::decided(r));
+                        prop_assert_eq!(m, r, "step {} ({:?}) at {}", i, op, now);
+                    }
+                    GlobalOp::Ship {
+                        region,
+                        previous,
+                        count,
+                    } => {
+                        let mut window = WindowRef::of(&t, now);
+                        if *previous {
+                            window.start_us = window.start_us.saturating_sub(MINUTE);
+                        }
+                        let counts = [RegionCount { window, count: *count }];
+                        let name = ["us", "ap"][*region as usize];
+                        memory.merge_counts(now, name, &counts).await.expect("merged");
+                        redis.merge_counts(now, name, &counts).await.expect("merged");
+                    }
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn global_windows_agree_in_memory_and_redis() {
+    let redis = RedisServer::start();
+    global_windows_agree(redis.url(), "diff:");
+}
+
+#[test]
+fn global_windows_agree_in_memory_and_a_cluster() {
+    let cluster = crate::harness::RedisCluster::start();
+    global_windows_agree(cluster.url(), "diffc:");
+}
+
+/// What clocks that disagree do to a global limit: two regions (each its own Redis), each offered 20 hits a second
+/// against 600 a minute worldwide, shipping to each other every 100 ms with no delay; us's clock reads `skew_us`
+/// ahead of eu's (behind when negative), time stepped by the test. Returns the hits both regions admitted in one
+/// minute of eu's clock (the window whose start is eu's), and each region's part.
+async fn admitted_under_skew(algorithm: &str, skew_us: i64) -> (usize, usize, usize) {
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 600, algorithm: {algorithm}, global: true}}\n"
+    );
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let (eu_store, us_store) = (redis_store(&eu.url()).await, redis_store(&us.url()).await);
+    let regions = [
+        ("eu", eu_store.clone(), us_store.clone(), "us"),
+        ("us", us_store, eu_store, "eu"),
+    ];
+    let mut sides = Vec::new();
+    for (name, own, other, other_name) in regions {
+        let (limiter, clock) = limiter_over(&yaml, own, LimiterSettings::default(), Metrics::discarded(0.8));
+        let replicator = Replicator::new(
+            RegionSettings {
+                name: name.to_string(),
+                interval: Duration::from_millis(100),
+                backlog: 100_000,
+                timeout: Duration::from_secs(1),
+            },
+            vec![(other_name.to_string(), other)],
+        );
+        limiter.join_regions(replicator.shared());
+        sides.push((limiter, clock, replicator));
+    }
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![("k".into(), format!("skew-{algorithm}-{skew_us}"))],
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    // From 2 s before eu's window to 2 s after it, in steps of 10 ms: each region takes a hit every 50 ms (us 25 ms
+    // later), and both ship every 100 ms.
+    let start = T0 - T0 % MINUTE + MINUTE;
+    let (from, to) = (start - 2_000_000, start + MINUTE + 2_000_000);
+    let mut admitted = [0usize; 2];
+    let mut t = from;
+    while t < to {
+        for (r, (limiter, clock, _)) in sides.iter().enumerate() {
+            let offset = if r == 0 { 0 } else { skew_us };
+            clock.set(t.saturating_add_signed(offset));
+            let phase = if r == 0 { 0 } else { 20_000 };
+            if (t - from) % 50_000 == phase {
+                let decision = limiter.should_rate_limit(&request).await.expect("decided");
+                if decision.overall == Code::Ok && (start..start + MINUTE).contains(&t) {
+                    admitted[r] += 1;
+                }
+            }
+        }
+        if (t - from) % 100_000 == 0 {
+            for (limiter, _, replicator) in &sides {
+                replicator
+                    .collect(limiter.store(), limiter.now_us())
+                    .await
+                    .expect("read");
+                replicator.ship(limiter.now_us()).await;
+            }
+        }
+        t += 10_000;
+    }
+    (admitted[0] + admitted[1], admitted[0], admitted[1])
+}
+
+/// A skew of ±500 ms between two regions' clocks: measured, the total admitted in one minute of the reference clock
+/// stays within the limit plus what the skewed region admits in the skew and one interval (20/s x 0.6 s = 12), for a
+/// fixed and a sliding window (docs/src/regions.md, "Clocks").
+#[tokio::test]
+async fn a_skew_of_half_a_second_moves_the_total_by_at_most_what_the_skew_admits() {
+    for algorithm in ["fixed_window", "sliding_window"] {
+        for skew_ms in [0i64, 500, -500] {
+            let (total, eu, us) = admitted_under_skew(algorithm, skew_ms * 1_000).await;
+            eprintln!("{algorithm}, us {skew_ms:+} ms: {total} admitted in eu's minute (eu {eu}, us {us}) against 600");
+            assert!(total >= 590, "{algorithm}, skew {skew_ms} ms: {total}");
+            assert!(total <= 600 + 12, "{algorithm}, skew {skew_ms} ms: {total}");
+        }
+    }
 }

@@ -206,8 +206,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     }
 }
 
-/// The links to the other regions' Redis, connected concurrently: one that cannot be reached yet is retried in the
-/// background, and local decisions never wait for it.
+/// The links to the other regions' Redis, connecting in the background: the start never waits for another region
+/// (one that cannot be reached is retried by its link's shipments), and local decisions never do either.
 async fn replicator(redis: &RedisSettings, regions: &Regions) -> Result<Replicator<RedisStore>, ServerError> {
     let connects = regions.others.iter().map(|(name, url)| async move {
         let settings = RedisSettings {
@@ -217,7 +217,7 @@ async fn replicator(redis: &RedisSettings, regions: &Regions) -> Result<Replicat
             server_time: true,
             tls: redis.tls.clone(),
         };
-        let store = RedisStore::connect(&settings)
+        let store = RedisStore::connect_in_background(&settings)
             .await
             .map_err(|e| ServerError::Serve(format!("--region-redis {name}: {e}")))?;
         Ok::<_, ServerError>((name.clone(), store))
@@ -248,16 +248,24 @@ async fn start<S: Store>(
         metrics,
         settings.limiter.clone(),
     ));
-    // Shipping stops when this returns.
-    let _shipping = replicator.map(|replicator| {
+    // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
+    // stops at once if this returns early.
+    let shipping = replicator.map(|replicator| {
         limiter.join_regions(replicator.shared());
         let limiter = limiter.clone();
-        AbortOnDrop(tokio::spawn(async move {
-            let replicator = Arc::new(replicator);
-            replicator
-                .run(limiter.store(), limiter.clock(), limiter.metrics())
-                .await
-        }))
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        Shipping {
+            stop,
+            task: AbortOnDrop(tokio::spawn(async move {
+                let replicator = Arc::new(replicator);
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                replicator
+                    .run(limiter.store(), limiter.clock(), limiter.metrics(), stopped)
+                    .await
+            })),
+        }
     });
     if !limiter.fetched_lists().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
@@ -277,7 +285,30 @@ async fn start<S: Store>(
             (None, Some(client), ready)
         }
     };
-    serve_gated(limiter, grpc, http, shutdown, &settings.serve, ready).await
+    let served = serve_gated(limiter, grpc, http, shutdown, &settings.serve, ready).await;
+    if let (Some(shipping), Some(regions)) = (shipping, &settings.regions) {
+        shipping.stop(regions.settings.timeout).await;
+    }
+    served
+}
+
+/// The shipping of counts to the other regions, running.
+struct Shipping {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: AbortOnDrop,
+}
+
+impl Shipping {
+    /// Ships what was counted and not yet shipped, and stops: the shipment to each region is bounded by `timeout`
+    /// (the links concurrently), and a region not reached is logged with what it missed.
+    async fn stop(mut self, timeout: Duration) {
+        let _ = self.stop.send(());
+        // The last read of this region's counts is bounded by the store's timeout; this bounds it all.
+        let last = timeout + Duration::from_millis(500);
+        if tokio::time::timeout(last, &mut self.task.0).await.is_err() {
+            tracing::warn!(waited = ?last, "counts not yet shipped to the other regions when stopping: given up");
+        }
+    }
 }
 
 /// Aborts its task when dropped.

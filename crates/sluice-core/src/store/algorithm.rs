@@ -271,6 +271,27 @@ pub(crate) struct Refund {
     pub(crate) expires_at_us: Option<u64>,
 }
 
+/// A global window's check (`lua/global.lua`, `lua/compact_global.lua`): its algorithm's, made by `check` against its
+/// limit (of a window of `window_us`) less `others`, what the other regions counted (a fixed window's sum, a sliding window's weighted estimate),
+/// and reporting the sum as used; a cost that fits the limit fits again once the window has passed, whatever the
+/// others counted. Both stores decide a global tier by it.
+pub(crate) fn global_check(
+    (limit, window_us): (u64, u64),
+    now: u64,
+    cost: u64,
+    others: u64,
+    check: impl FnOnce(u64) -> Check,
+) -> Check {
+    let mut c = check(limit.saturating_sub(others));
+    c.used0 = c.used0.saturating_add(others);
+    c.used = c.used.saturating_add(others);
+    if c.retry.is_none() && cost <= limit {
+        let window = window_us.max(1);
+        c.retry = Some(now - now % window + window - now);
+    }
+    c
+}
+
 /// What a tier's hit of `cost` would find in `state` (its live state, if any) at `now`, by its algorithm's check;
 /// `force`: what a forced hit would leave (only a bucket's check needs to know: the counts' commits take a cost that
 /// does not fit as it is).

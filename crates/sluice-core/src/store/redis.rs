@@ -1,8 +1,8 @@
 //! The Redis store: state kept by the Lua scripts in `store/lua/`, run by EVALSHA through fred.
 //!
 //! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
-//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua` and `compact_sorted_set.lua` (compact forms of
-//! the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
+//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua`, `compact_sorted_set.lua` and
+//! `compact_global.lua` (compact forms of the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
 //! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
@@ -87,6 +87,7 @@ macro_rules! decision_script {
             include_str!("lua/compact_bucket.lua"),
             include_str!("lua/compact_sliding_window.lua"),
             include_str!("lua/compact_sorted_set.lua"),
+            include_str!("lua/compact_global.lua"),
             include_str!("lua/ledger.lua"),
             include_str!("lua/decide.lua"),
             include_str!("lua/batch.lua"),
@@ -125,6 +126,9 @@ pub struct RedisStore {
     waiting: Arc<AtomicUsize>,
     /// What the instances sharing this Redis tell each other.
     notices: Notices,
+    /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
+    /// which loads them, rather than by an EVALSHA that would cost a NOSCRIPT round trip first.
+    region_scripts: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -139,6 +143,20 @@ impl RedisStore {
     /// Builds the pool and starts connecting. A Redis that is down at start is not fatal: the pool keeps
     /// reconnecting and `/readyz` says unready until it answers.
     pub async fn connect(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
+        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
+        RedisStore::connect_within(settings, settings.timeout.max(Duration::from_millis(500))).await
+    }
+
+    /// Builds the pool and starts connecting without waiting for any answer: the store of another region, which
+    /// must never hold back this one's start (its calls are its links' shipments, each bounded by their timeout).
+    /// Whether the server refuses the notices channel is not tried: a region's store hears none.
+    pub async fn connect_in_background(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_within(settings, Duration::ZERO).await
+    }
+
+    /// Builds the pool and starts connecting, waiting at most `patience` for the server (none when zero).
+    async fn connect_within(settings: &RedisSettings, patience: Duration) -> Result<RedisStore, StoreError> {
         let config = config_of(settings)?;
         let timeout = settings.timeout;
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
@@ -148,9 +166,6 @@ impl RedisStore {
         let waiting = Arc::new(AtomicUsize::new(0));
         let notices = Notices::start(config.clone(), timeout)?;
         notices.mend(pool.clone());
-        // At start sluice waits for Redis no longer than one connection attempt: a Redis that is up answers well
-        // within it, and one that is not must not hold the listeners back (sluice serves by its failure policy).
-        let patience = timeout.max(Duration::from_millis(500));
         if clustered {
             let cluster = Cluster::start(
                 config,
@@ -171,20 +186,23 @@ impl RedisStore {
                 batches: None,
                 waiting,
                 notices,
+                region_scripts: Arc::default(),
             });
         }
         pool.connect();
-        match tokio::time::timeout(patience, pool.wait_for_connect()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
-            Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
-        }
-        // Try the notices channel: a user refused it must not be trusted to hear (its SUBSCRIBE fails unseen).
-        let hello: Result<Result<Value, FredError>, _> =
-            tokio::time::timeout(patience, pool.next().publish(NOTICE_CHANNEL, notices::HELLO)).await;
-        if let Ok(Err(e)) = hello {
-            if notices::refused(&e) {
-                notices.refuse();
+        if !patience.is_zero() {
+            match tokio::time::timeout(patience, pool.wait_for_connect()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "redis is not reachable yet; retrying in the background"),
+                Err(_) => tracing::warn!(waited = ?patience, "redis did not answer; retrying in the background"),
+            }
+            // Try the notices channel: a user refused it must not be trusted to hear (its SUBSCRIBE fails unseen).
+            let hello: Result<Result<Value, FredError>, _> =
+                tokio::time::timeout(patience, pool.next().publish(NOTICE_CHANNEL, notices::HELLO)).await;
+            if let Ok(Err(e)) = hello {
+                if notices::refused(&e) {
+                    notices.refuse();
+                }
             }
         }
         let batches = Batches::start(pool.clone(), sha.clone(), timeout, Form::Declared, waiting.clone());
@@ -198,6 +216,7 @@ impl RedisStore {
             batches: Some(batches),
             waiting,
             notices,
+            region_scripts: Arc::default(),
         })
     }
 

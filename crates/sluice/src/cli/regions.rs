@@ -26,7 +26,8 @@ pub(super) struct RegionFlags {
     /// counted (sluice_region_dropped_total).
     #[arg(long, env = "SLUICE_REGION_BACKLOG", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub(super) region_backlog: u64,
-    /// Bound on one shipment to another region's Redis, connection included, in milliseconds.
+    /// Bound on one shipment to another region's Redis, connection included, in milliseconds: more than the link's
+    /// round trip. Also bounds the last shipment, on SIGTERM, of the counts not yet shipped.
     #[arg(long, env = "SLUICE_REGION_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub(super) region_timeout_ms: u64,
 }

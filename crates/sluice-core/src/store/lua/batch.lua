@@ -11,8 +11,9 @@
 --           either a lone fixed window's arguments (compact_fixed_window.lua: the window, a positive number, first), a
 --           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
---           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), or
---           minus its key count, its argument count, and its arguments as decide.lua reads them.
+--           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
+--           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), or minus its key
+--           count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
@@ -24,7 +25,8 @@
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
--- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, or decide.lua's
+-- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, the two or
+-- three of compact_global.lua, or decide.lua's
 -- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
 -- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
@@ -64,6 +66,8 @@ local function flush_compact()
   bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
   for key in pairs(sliding_movers) do sliding_write(key) end
   sliding_states = {}
+  for key in pairs(global_fixed_movers) do global_fixed_write(key) end
+  global_fixed = {}
 end
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
@@ -110,6 +114,9 @@ end
 -- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
 local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
+-- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
+local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
+  gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
 
 -- Where the next answer goes: a descriptor's answer takes one place, or as many as its compact form returns.
 local o = 1
@@ -152,6 +159,25 @@ for _ = 1, n do
     if not ok then compact_failure(err, 3) end
     compact_done(count)
     o = o + 3
+  elseif globals[head] ~= nil then
+    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
+    -- the node form its one or two keys.
+    local g = globals[head]
+    local t = g.fixed and 1 or 2
+    local key, at = compact_key_and_time(5)
+    local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+      number(ARGV[a + 4])
+    local ok, err
+    if g.fixed then
+      ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
+    else
+      local prev = K[k + 1]
+      if node then prev = ARGV[a + compact_width(5) + 1] end
+      ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
+    end
+    if not ok then compact_failure(err, t + 1) end
+    compact_done(5, t)
+    o = o + t + 1
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])
@@ -185,7 +211,9 @@ for _ = 1, n do
       local answer = false
       if here then
         -- The driver's form may read a bucket a compact call of this batch moved: write those first.
-        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil then flush_compact() end
+        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
+          flush_compact()
+        end
         local ok
         ok, answer = pcall(decide, k, nk, a)
         if not ok then

@@ -8,8 +8,9 @@
 --   fixed window    others = sum of the regions' counts of the current window
 --   sliding window  others = the weighted estimate over the regions' counts of the current and previous windows
 -- The tier reports `used` as that sum (this region's count + others); `remaining` is what the sum leaves. A global
--- tier is never a compact call's (decide.lua counts no denial for it), and its retry time is its own window's: the
--- regions' counts that expire with it are not known here beyond what was shipped.
+-- tier counts no denial (decide.lua never counts one for it), and its retry time is its own window's: the regions'
+-- counts that expire with it are not known here beyond what was shipped. A lone global tier's ordinary hit takes
+-- compact_global.lua instead, which decides as this does.
 -- Invariants: reads the regions' hashes, never writes them; this region's keys are written as the algorithm's own.
 
 local REGIONS_SUFFIX = '@regions'

@@ -121,17 +121,10 @@ impl MemoryStore {
             _ => count(start),
         };
         drop(regions);
-        let reduced = TierSpec {
-            limit: t.limit.saturating_sub(others),
-            ..t.clone()
-        };
-        let mut check = check(shard, &reduced, now, cost, force);
-        check.used0 = check.used0.saturating_add(others);
-        check.used = check.used.saturating_add(others);
-        if check.retry.is_none() && cost <= t.limit {
-            check.retry = Some(start + window - now);
-        }
-        check
+        algorithm::global_check((t.limit, t.window_us), now, cost, others, |limit| {
+            let reduced = TierSpec { limit, ..t.clone() };
+            check(shard, &reduced, now, cost, force)
+        })
     }
 
     /// Settles one reservation under its descriptor's shard lock, as `settle` in `lua/decide.lua` does.

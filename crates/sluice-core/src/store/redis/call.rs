@@ -7,7 +7,7 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::compact::{Compact, CompactTier};
+use super::compact::{Compact, CompactTier, GlobalTier};
 use super::reply::Reply;
 use crate::store::Algorithm;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
@@ -158,8 +158,8 @@ impl Call {
             .or(record.map(|r| &r.key))
             .or(extra.as_ref().map(|r| r.0))
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A global tier reads the other regions' counts (`lua/global.lua`): never a compact form.
-        if let (ScriptMode::Hit, None, [], false) = (mode, record, fields, hit.tiers.iter().any(|t| t.global)) {
+        // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
+        if let (ScriptMode::Hit, None, []) = (mode, record, fields) {
             let compact = match &hit.tiers[..] {
                 [tier] => Compact::of(now_us, tier, hit.cost, &hit.lease),
                 tiers => Compact::windows(now_us, tiers, hit.cost),
@@ -283,10 +283,13 @@ fn window_start(now_us: Option<u64>, window_us: u64) -> u64 {
 /// Calls on the same counter in one script call share one: a compact fixed window's count is the same whichever hit
 /// comes first, so `k` hits on one window's key are one INCRBY of their summed counted costs, and each hit's count
 /// before it is the shared count before plus the counted costs of the hits ahead of it in the call: exactly the
-/// counts serial hits would see. Returns the calls to send and, per call given, the index of the call sent for it
-/// and what its count is ahead of that call's.
+/// counts serial hits would see. Identical hits of a compact global window (same counter, limit, cost and time) are
+/// one call that carries how many they are: each counts while it fits, so a hit's count before it follows from the
+/// first's and how many are ahead of it (`GlobalTier::counted_ahead`). Returns the calls to send and, per call given,
+/// the index of the call sent for it and what is ahead of it in that call (counted costs, or identical hits).
 fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     mark_shared(&mut calls);
+    let globals = same_globals(&calls);
     // Which earlier call each compact fixed window shares its counter with, found by borrowing the keys (no map at all
     // when fewer than two calls could share).
     let window = |c: &Call| {
@@ -312,8 +315,28 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut sent: Vec<Call> = Vec::with_capacity(calls.len());
     let mut sent_at: Vec<usize> = Vec::with_capacity(calls.len());
     let mut plan = Vec::with_capacity(calls.len());
-    for (call, share) in calls.into_iter().zip(shares) {
+    for ((call, share), global) in calls.into_iter().zip(shares).zip(globals) {
         let own = call.compact.as_ref().map(|l| l.tier.clone());
+        if let (Some(first), Some(CompactTier::Global(own))) = (global, &own) {
+            let j = sent_at[first];
+            let ahead = match sent[j].compact.as_mut() {
+                Some(Compact {
+                    tier: CompactTier::Global(g),
+                    ..
+                }) => {
+                    g.times += 1;
+                    g.times - 1
+                }
+                _ => 0,
+            };
+            sent_at.push(j);
+            plan.push(Planned {
+                sent: j,
+                ahead,
+                own: Some(CompactTier::Global(*own)),
+            });
+            continue;
+        }
         match (share, own) {
             (Some(first), Some(CompactTier::Window(own))) => {
                 let j = sent_at[first];
@@ -349,6 +372,32 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     (sent, plan)
 }
 
+/// Per call, the earlier call it is identical to if both are compact global windows on the same counter with the same
+/// limit, cost and time (see [`coalesce`]); no map at all when fewer than two calls are global.
+fn same_globals(calls: &[Call]) -> Vec<Option<usize>> {
+    fn identity(c: &Call) -> Option<(&str, GlobalTier)> {
+        match &c.compact {
+            Some(Compact {
+                key,
+                tier: CompactTier::Global(g),
+            }) => Some((key.as_str(), *g)),
+            _ => None,
+        }
+    }
+    let mut same = vec![None; calls.len()];
+    if calls.iter().filter_map(identity).nth(1).is_none() {
+        return same;
+    }
+    let mut first: std::collections::HashMap<(&str, GlobalTier), usize> = std::collections::HashMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        if let Some(id) = identity(call) {
+            let j = *first.entry(id).or_insert(i);
+            same[i] = (j != i).then_some(j);
+        }
+    }
+    same
+}
+
 /// Marks the compact buckets and sliding windows whose counter another compact call of the batch hits ([`Compact::share`]),
 /// when all of them see it in one window (a sliding window's calls given times across an edge are left unshared).
 fn mark_shared(calls: &mut [Call]) {
@@ -382,7 +431,8 @@ fn mark_shared(calls: &mut [Call]) {
 struct Planned {
     /// The call sent for it.
     sent: usize,
-    /// For a compact fixed window: the counted costs of the hits ahead of it in the shared call.
+    /// For a compact fixed window: the counted costs of the hits ahead of it in the shared call; for a compact global
+    /// window, how many identical hits are ahead of it.
     ahead: u64,
     /// For a compact call: what it is decided by.
     own: Option<CompactTier>,

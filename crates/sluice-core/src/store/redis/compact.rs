@@ -1,7 +1,8 @@
 //! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
 //! window (`lua/compact_fixed_window.lua`), a token or leaky bucket (`lua/compact_bucket.lua`), a sliding window
 //! (`lua/compact_sliding_window.lua`), a sliding log or a concurrency limit (`lua/compact_sorted_set.lua`), or with
-//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`). Each
+//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`), or a
+//! global fixed or sliding window (`lua/compact_global.lua`). Each
 //! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
 //! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
 //! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
@@ -11,7 +12,7 @@
 use fred::types::Value;
 
 use crate::store::Algorithm;
-use crate::store::algorithm::{concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
+use crate::store::algorithm::{self, concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
 use crate::store::{CounterKey, Outcome, TierSpec};
 
 /// A call in its compact form: its counter's key (a fixed window's key is built from it when the call is assembled; for several
@@ -32,6 +33,26 @@ pub(super) enum CompactTier {
     Windows(Vec<(CounterKey, WindowTier)>),
     /// A sliding log or a concurrency limit.
     Set(SetTier),
+    /// A global fixed or sliding window.
+    Global(GlobalTier),
+}
+
+/// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
+/// (`lua/compact_global.lua`), as `lua/global.lua`'s check decides it ([`algorithm::global_check`]). Calls alike in
+/// all of it but `times` are identical hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct GlobalTier {
+    /// A sliding window; else a fixed one.
+    sliding: bool,
+    limit: u64,
+    window_us: u64,
+    /// The hit's cost, bounded by the limit + 1.
+    cost: u64,
+    now_us: Option<u64>,
+    /// Another compact call of the same script call hits the same counter (see [`Compact::share`]).
+    shared: bool,
+    /// How many identical hits the call carries, decided one after the other (see `call.rs`'s `coalesce`).
+    pub(super) times: u64,
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
@@ -100,6 +121,26 @@ impl Compact {
             return None;
         }
         let cost = tier.bounded_cost(cost);
+        if tier.global {
+            let sliding = match tier.algorithm {
+                Algorithm::FixedWindow => false,
+                Algorithm::SlidingWindow => true,
+                _ => return None,
+            };
+            let global = GlobalTier {
+                sliding,
+                limit: tier.limit,
+                window_us: tier.window_us,
+                cost,
+                now_us,
+                shared: false,
+                times: 1,
+            };
+            return Some(Compact {
+                key: tier.key.clone(),
+                tier: CompactTier::Global(global),
+            });
+        }
         let tier_of = match tier.algorithm {
             Algorithm::FixedWindow => CompactTier::Window(WindowTier::of(now_us, tier, cost)),
             Algorithm::SlidingWindow => CompactTier::Sliding(SlidingTier {
@@ -133,9 +174,9 @@ impl Compact {
     }
 
     /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
-    /// apply: another algorithm among them, a window of 0, a time past i64, fewer than two tiers.
+    /// apply: another algorithm among them, a global window, a window of 0, a time past i64, fewer than two tiers.
     pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Compact> {
-        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && compact(now_us, t);
+        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
         if tiers.len() < 2 || !tiers.iter().all(fits) {
             return None;
         }
@@ -149,24 +190,26 @@ impl Compact {
         })
     }
 
-    /// Marks a bucket or sliding window that another compact call of the same script call hits too: the script then
-    /// reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit once is written
-    /// at once, with nothing to remember.
+    /// Marks a bucket, sliding window or global window that another compact call of the same script call hits too:
+    /// the script then reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit
+    /// once is written at once, with nothing to remember.
     pub(super) fn share(&mut self) {
         match &mut self.tier {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
+            CompactTier::Global(t) => t.shared = true,
             CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => {}
         }
     }
 
     /// For a counter the script may read and write once for several compact calls of one script call (a bucket, a
-    /// sliding window: [`Compact::share`]): its key, and the start of the window its call sees (a sliding window's by
-    /// the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
+    /// sliding or a global window: [`Compact::share`]): its key, and the start of the window its call sees (a
+    /// window's by the given time; 0 otherwise, and for the server's clock, which is one for the whole call).
     pub(super) fn share_key(&self) -> Option<(&str, u64)> {
         match &self.tier {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
+            CompactTier::Global(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
             CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => None,
         }
     }
@@ -176,6 +219,7 @@ impl Compact {
         match &self.tier {
             CompactTier::Windows(tiers) => tiers.len(),
             CompactTier::Sliding(_) => 2,
+            CompactTier::Global(t) => 1 + usize::from(t.sliding),
             CompactTier::Window(_) | CompactTier::Bucket(_) | CompactTier::Set(_) => 1,
         }
     }
@@ -184,6 +228,8 @@ impl Compact {
     pub(super) fn width(&self) -> usize {
         match &self.tier {
             CompactTier::Set(_) => 3,
+            // The own counts, then the others'.
+            CompactTier::Global(_) => self.key_count() + 1,
             _ => self.key_count(),
         }
     }
@@ -203,19 +249,27 @@ impl Compact {
             CompactTier::Windows(tiers) => {
                 out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
             }
-            CompactTier::Sliding(t) => {
-                let start = start(t.now_us, t.window_us);
+            CompactTier::Sliding(SlidingTier { now_us, window_us, .. })
+            | CompactTier::Global(GlobalTier {
+                sliding: true,
+                now_us,
+                window_us,
+                ..
+            }) => {
+                let start = start(*now_us, *window_us);
                 out.push(window(&self.key, start));
-                out.push(window(&self.key, start.saturating_sub(t.window_us)));
+                out.push(window(&self.key, start.saturating_sub(*window_us)));
             }
+            CompactTier::Global(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
             CompactTier::Bucket(_) | CompactTier::Set(_) => out.push(Value::from(self.key.as_str())),
         }
     }
 
     /// The arguments, in the script's form. A fixed window: the window and the cost counted. A bucket: 'b' ('B'
     /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
-    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. Then the
-    /// decision's time, when it is given.
+    /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. A global
+    /// window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, the window, the limit, the cost and how many
+    /// identical hits. Then the decision's time, when it is given.
     pub(super) fn push_args(&self, out: &mut Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -243,6 +297,18 @@ impl Compact {
                     out.push(Value::from(t.lease.as_str()));
                 }
             }
+            CompactTier::Global(t) => out.extend([
+                Value::from(match (t.sliding, t.shared) {
+                    (false, false) => "gw",
+                    (false, true) => "GW",
+                    (true, false) => "gs",
+                    (true, true) => "GS",
+                }),
+                int(t.window_us),
+                int(t.limit),
+                int(t.cost),
+                int(t.times),
+            ]),
             CompactTier::Windows(tiers) => {
                 out.extend([Value::from("w"), int(tiers.len() as u64)]);
                 for (_, t) in tiers {
@@ -268,6 +334,7 @@ impl CompactTier {
             CompactTier::Sliding(t) => t.now_us,
             CompactTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
             CompactTier::Set(t) => t.now_us,
+            CompactTier::Global(t) => t.now_us,
         }
     }
 
@@ -285,6 +352,26 @@ impl CompactTier {
             },
             (CompactTier::Set(t), Value::Array(values)) => match &values[..] {
                 [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
+                _ => None,
+            },
+            // `ahead`: the hits ahead of this one in the call, each counted while it fits.
+            (CompactTier::Global(t), Value::Array(counts)) => match (t.sliding, &counts[..]) {
+                (false, [n, others]) => {
+                    let (n, others) = (int(n)?, int(others)?);
+                    let n = n + t.counted_ahead(n, others, ahead);
+                    Some(t.answer(others, now_us, |limit| {
+                        fixed_window::check_count(limit, t.window_us, now_us, t.cost, n)
+                    }))
+                }
+                (true, [c, p, others]) => {
+                    let (c, p, others) = (int(c)?, int(p)?, int(others)?);
+                    let start = now_us - now_us % t.window_us.max(1);
+                    let estimate = sliding_window::sw_estimate(p, c, now_us - start, t.window_us.max(1));
+                    let c = c + t.counted_ahead(estimate, others, ahead);
+                    Some(t.answer(others, now_us, |limit| {
+                        sliding_window::check_counts(limit, t.window_us, now_us, t.cost, c, p)
+                    }))
+                }
                 _ => None,
             },
             (CompactTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
@@ -346,6 +433,25 @@ impl WindowTier {
             self.cost,
             None,
         )
+    }
+}
+
+impl GlobalTier {
+    /// What the `ahead` identical hits before one counted, from the count `used` (a sliding window's estimate) and
+    /// the others' count the first found: each counts its cost while it fits what the others leave, and once one does
+    /// not, none after it does (`lua/compact_global.lua` counts as many).
+    fn counted_ahead(&self, used: u64, others: u64, ahead: u64) -> u64 {
+        let room = self.limit.saturating_sub(others).saturating_sub(used);
+        match self.cost {
+            0 => 0,
+            cost => (room / cost).min(ahead) * cost,
+        }
+    }
+
+    /// The decision from the other regions' count `others` and the algorithm's `check` against a limit.
+    fn answer(&self, others: u64, now_us: u64, check: impl FnOnce(u64) -> algorithm::Check) -> Outcome {
+        let check = algorithm::global_check((self.limit, self.window_us), now_us, self.cost, others, check);
+        single(&check, self.cost, None)
     }
 }
 

@@ -1,9 +1,15 @@
 //! The counts of global limits' windows in Redis: this region's own counts read (`lua/counts.lua`), and the other
-//! regions' counts merged in (`lua/merge.lua`), each by EVAL on the slot of its keys, at most a batch at a time.
+//! regions' counts merged in (`lua/merge.lua`), each by EVALSHA on the slot of its keys, at most a batch at a time
+//! (by EVAL once when the server does not hold the script yet, which loads it there).
+
+use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
 
 use fred::interfaces::ClientLike;
+use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use super::reply::is_noscript;
 use super::{RedisStore, integer};
 use crate::store::{CounterKey, RegionCount, RegionCounts, StoreError, WindowRef};
 
@@ -13,7 +19,13 @@ const MERGE: &str = include_str!("../lua/merge.lua");
 /// The script that reads this region's counts of global windows (`lua/counts.lua`).
 const COUNTS: &str = include_str!("../lua/counts.lua");
 
-/// The most windows one EVAL of [`MERGE`] or [`COUNTS`] carries.
+/// The SHA1 of [`MERGE`] and of [`COUNTS`], which EVALSHA names them by.
+static SHAS: LazyLock<(String, String)> = LazyLock::new(|| {
+    let sha = |script: &str| Script::from_lua(script).sha1().to_string();
+    (sha(MERGE), sha(COUNTS))
+});
+
+/// The most windows one call of [`MERGE`] or [`COUNTS`] carries.
 const MERGE_BATCH: usize = 512;
 
 impl RedisStore {
@@ -33,37 +45,55 @@ impl RedisStore {
             .collect()
     }
 
-    /// Runs `script` by EVAL on the server of `first` (whose slot every key shares), with `keys` and `args`.
+    /// Runs `script` (whose SHA1 is `sha`) by EVALSHA on the server of `first` (whose slot every key shares), with
+    /// `keys` and `args`; by EVAL, which loads it, until the server first answered one, and when it answers NOSCRIPT
+    /// (a NOSCRIPT call ran nothing).
     async fn eval(
         &self,
-        script: &'static str,
+        (script, sha): (&'static str, &'static str),
         first: &CounterKey,
         keys: Vec<Value>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
         let slot = fred::util::redis_keyslot(first.as_str().as_bytes());
-        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
         let mut all = Vec::with_capacity(2 + keys.len() + args.len());
-        all.push(Value::from(script));
+        all.push(Value::from(sha));
         all.push(Value::Integer(keys.len() as i64));
         all.extend(keys);
         all.extend(args);
-        self.client_for(first)?
-            .custom::<Value, _>(command, all)
-            .await
-            .map_err(|e| self.classify(e))
+        let client = self.client_for(first)?;
+        let eval = |mut all: Vec<Value>| {
+            all[0] = Value::from(script);
+            let eval = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
+            let client = client.clone();
+            async move {
+                let answer = client.custom::<Value, _>(eval, all).await;
+                if answer.is_ok() {
+                    self.region_scripts.store(true, Ordering::Relaxed);
+                }
+                answer.map_err(|e| self.classify(e))
+            }
+        };
+        if !self.region_scripts.load(Ordering::Relaxed) {
+            return eval(all).await;
+        }
+        let evalsha = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
+        match client.custom::<Value, _>(evalsha, all.clone()).await {
+            Err(e) if is_noscript(&e) => eval(all).await,
+            answer => answer.map_err(|e| self.classify(e)),
+        }
     }
 }
 
 impl RegionCounts for RedisStore {
     async fn window_counts(&self, _now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
-        // One EVAL of counts.lua per slot and MERGE_BATCH windows (one per batch on a single server).
+        // One EVALSHA of counts.lua per slot and MERGE_BATCH windows (one per batch on a single server).
         let keys: Vec<CounterKey> = windows.iter().map(|w| w.key.window(w.start_us)).collect();
         let mut counts = vec![0; keys.len()];
         let groups = self.by_slot(&keys);
         let calls = groups.iter().map(|group| {
             let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
-            self.eval(COUNTS, &keys[group[0]], chunk, Vec::new())
+            self.eval((COUNTS, &SHAS.1), &keys[group[0]], chunk, Vec::new())
         });
         for (group, reply) in groups.iter().zip(futures::future::try_join_all(calls).await?) {
             let Value::Array(values) = reply else {
@@ -77,7 +107,7 @@ impl RegionCounts for RedisStore {
     }
 
     async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
-        // One EVAL of merge.lua per slot and MERGE_BATCH windows (one per batch on a single server).
+        // One EVALSHA of merge.lua per slot and MERGE_BATCH windows (one per batch on a single server).
         let keys: Vec<CounterKey> = counts.iter().map(|c| c.window.key.regions(c.window.start_us)).collect();
         let calls = self.by_slot(&keys).into_iter().map(|group| {
             let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
@@ -89,7 +119,7 @@ impl RegionCounts for RedisStore {
                 args.push(Value::Integer(ttl_ms as i64));
             }
             let first = keys[group[0]].clone();
-            async move { self.eval(MERGE, &first, chunk, args).await }
+            async move { self.eval((MERGE, &SHAS.0), &first, chunk, args).await }
         });
         futures::future::try_join_all(calls).await.map(|_| ())
     }
