@@ -34,6 +34,10 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
 
+mod regions;
+
+use regions::Shipping;
+
 /// Where the rules come from.
 #[derive(Debug, Clone)]
 pub enum RuleSource {
@@ -198,38 +202,12 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
             let replicator = match &settings.regions {
-                Some(regions) => Some(replicator(redis, regions).await?),
+                Some(regions) => Some(regions::replicator(redis, regions).await?),
                 None => None,
             };
             start(&settings, rules, metrics, store, listeners, replicator, shutdown).await
         }
     }
-}
-
-/// The links to the other regions' Redis, connecting in the background: the start never waits for another region
-/// (one that cannot be reached is retried by its link's shipments), and local decisions never do either.
-async fn replicator(redis: &RedisSettings, regions: &Regions) -> Result<Replicator<RedisStore>, ServerError> {
-    let connects = regions.others.iter().map(|(name, url)| async move {
-        let settings = RedisSettings {
-            url: url.clone(),
-            timeout: regions.settings.timeout,
-            pool_size: 1,
-            server_time: true,
-            tls: redis.tls.clone(),
-        };
-        let store = RedisStore::connect_in_background(&settings)
-            .await
-            .map_err(|e| ServerError::Serve(format!("--region-redis {name}: {e}")))?;
-        Ok::<_, ServerError>((name.clone(), store))
-    });
-    let others = futures::future::try_join_all(connects).await?;
-    tracing::info!(
-        region = %regions.settings.name,
-        others = ?regions.others.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        interval = ?regions.settings.interval,
-        "regions: global limits count every region"
-    );
-    Ok(Replicator::new(regions.settings.clone(), others))
 }
 
 async fn start<S: Store>(
@@ -250,23 +228,7 @@ async fn start<S: Store>(
     ));
     // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
     // stops at once if this returns early.
-    let shipping = replicator.map(|replicator| {
-        limiter.join_regions(replicator.shared());
-        let limiter = limiter.clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        Shipping {
-            stop,
-            task: AbortOnDrop(tokio::spawn(async move {
-                let replicator = Arc::new(replicator);
-                let stopped = async {
-                    let _ = stopped.await;
-                };
-                replicator
-                    .run(limiter.store(), limiter.clock(), limiter.metrics(), stopped)
-                    .await
-            })),
-        }
-    });
+    let shipping = replicator.map(|replicator| Shipping::start(&limiter, replicator));
     if !limiter.fetched_lists().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
         crate::sources::lists::fetch_all(&limiter, &client)
@@ -290,34 +252,6 @@ async fn start<S: Store>(
         shipping.stop(regions.settings.timeout).await;
     }
     served
-}
-
-/// The shipping of counts to the other regions, running.
-struct Shipping {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: AbortOnDrop,
-}
-
-impl Shipping {
-    /// Ships what was counted and not yet shipped, and stops: the shipment to each region is bounded by `timeout`
-    /// (the links concurrently), and a region not reached is logged with what it missed.
-    async fn stop(mut self, timeout: Duration) {
-        let _ = self.stop.send(());
-        // The last read of this region's counts is bounded by the store's timeout; this bounds it all.
-        let last = timeout + Duration::from_millis(500);
-        if tokio::time::timeout(last, &mut self.task.0).await.is_err() {
-            tracing::warn!(waited = ?last, "counts not yet shipped to the other regions when stopping: given up");
-        }
-    }
-}
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Keeps the metrics' memory flat between scrapes.
