@@ -105,23 +105,7 @@ local function compact_global_sliding(cur, prev, window, limit, cost, times, now
   if tonumber(string.match(cur, ':(%d+)$')) ~= start then
     cur, prev = window_of(cur, start), window_of(cur, start - window)
   end
-  local s
-  if shared then
-    s = sliding_states[key]
-    if s ~= nil and s.start ~= start then
-      sliding_write(key)
-      s = nil
-    end
-  end
-  if s == nil then
-    local read = sw_read(cur, prev, start, window)
-    if not shared then
-      s = read
-    else
-      s = { start = start, c = read.c, p = read.p, added = 0, written = read, now = now, window = window }
-      sliding_states[key] = s
-    end
-  end
+  local s = sliding_state(key, cur, prev, start, window, now, shared)
   local elapsed = now - start
   local others = s.others
   if others == nil then

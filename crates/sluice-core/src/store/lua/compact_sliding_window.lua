@@ -31,12 +31,9 @@ local function sliding_write(key)
   if not ok then compact_failed(movers, err) end
 end
 
-local function compact_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
-  local start = now - now % window
-  local key = cur
-  if guess ~= nil and start ~= guess - guess % window then
-    cur, prev = window_of(cur, start), window_of(cur, start - window)
-  end
+-- The window's state for `key`: read from `cur` and `prev`, or, when hits on one key share it (`shared`), the state
+-- the earlier hits of this call left (written out first when its window has passed).
+local function sliding_state(key, cur, prev, start, window, now, shared)
   local s
   if shared then
     s = sliding_states[key]
@@ -48,12 +45,21 @@ local function compact_sliding_window(cur, prev, window, limit, cost, text, now,
   if s == nil then
     local read = sw_read(cur, prev, start, window)
     if not shared then
-      s = read
-    else
-      s = { start = start, c = read.c, p = read.p, added = 0, written = read, now = now, window = window }
-      sliding_states[key] = s
+      return read
     end
+    s = { start = start, c = read.c, p = read.p, added = 0, written = read, now = now, window = window }
+    sliding_states[key] = s
   end
+  return s
+end
+
+local function compact_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
+  local start = now - now % window
+  local key = cur
+  if guess ~= nil and start ~= guess - guess % window then
+    cur, prev = window_of(cur, start), window_of(cur, start - window)
+  end
+  local s = sliding_state(key, cur, prev, start, window, now, shared)
   local c, p = s.c, s.p
   if cost > 0 and cost <= limit and sw_estimate(p, c, now - start, window) + cost <= limit then
     if not shared then
