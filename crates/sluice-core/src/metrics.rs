@@ -85,6 +85,9 @@ pub const RLQS_ABANDONED: &str = "sluice_rlqs_abandoned_total";
 pub const RLQS_USAGE: &str = "sluice_rlqs_usage_total";
 /// Times a report left a bucket's quota with nothing remaining.
 pub const RLQS_EXHAUSTED: &str = "sluice_rlqs_quota_exhausted_total";
+/// Requests RLQS clients reported denied while their bucket's quota (a budget) had that many left: the 429s that
+/// sharing, not the quota, caused.
+pub const RLQS_WRONGFUL_DENIALS: &str = "sluice_rlqs_wrongful_denials_total";
 
 /// The label value standing for every domain the configuration does not define.
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
@@ -168,6 +171,7 @@ pub struct QuotaStats {
     pub allowed: Counter,
     pub denied: Counter,
     pub exhausted: Counter,
+    pub wrongful_denials: Counter,
 }
 
 /// Hit counters of one rule (or one detailed label of it).
@@ -283,6 +287,7 @@ impl Metrics {
             allowed: counter(RLQS_USAGE, Some(("result", "allowed"))),
             denied: counter(RLQS_USAGE, Some(("result", "denied"))),
             exhausted: counter(RLQS_EXHAUSTED, None),
+            wrongful_denials: counter(RLQS_WRONGFUL_DENIALS, None),
         }
     }
 

@@ -102,16 +102,18 @@ pub trait Grants: Send + Sync + 'static {
     /// Updates each grant's holder in its ledger and decides what it may hold, each atomically with the ledger and
     /// the quota's limits, independently of the others. Entries whose time has come are removed first. The holder's
     /// entry becomes `held` and `want` (a want of 0 removes it, and it gets 0); then, with `left` the least any
-    /// limit has left and each live holder's max-min fair share of it by want ([`fair_shares`]), it gets:
-    /// - below its share: more, up to its share, from what no holder holds (`left` less every holder's amount);
-    /// - above it: less, by what the others lack of their shares beyond what is free, never below its share
-    ///   ([`granted_amount`]);
-    /// - nothing once nothing is left.
+    /// limit has left (or a rate's limit, [`Grant::rate`]), less a reserve of a [`RESERVE_PARTS`]th for a budget,
+    /// shared out to the live holders by want ([`targets`]: max-min fair, and the surplus by want), it gets:
+    /// - below its share: more, up to its share, from what no holder holds, the reserve left alone unless it is a
+    ///   newcomer;
+    /// - above it: less, by what the others lack of their shares beyond what is free, and what a newcomer took of the
+    ///   reserve, never below its share;
+    /// - a newcomer to a budget, at most half of what is left; nothing once nothing is left ([`allot`]).
     ///
-    /// Its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are not taken
-    /// back before the holder says it has not spent them. So, if every holder's amount only ever grows by a grant and goes down by what it reports
-    /// used (or was never handed out), what all holders hold together never exceeds what is left, rounding included.
-    /// The entry then lasts `ttl_us`.
+    /// For a budget its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are
+    /// not taken back before the holder says it has not spent them. So, if every holder's amount only ever grows by a
+    /// grant and goes down by what it reports used (or was never handed out), what all holders hold together never
+    /// exceeds what is left, rounding included. For a rate its entry is what it gets. The entry then lasts `ttl_us`.
     fn grant(&self, now_us: u64, grants: &[Grant]) -> impl Future<Output = Vec<Result<Granted, StoreError>>> + Send;
 }
 

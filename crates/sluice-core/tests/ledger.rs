@@ -1,9 +1,10 @@
 //! The grant ledger of an RLQS bucket ([`Grants::grant`]) over every store: the tokens all holders hold never add up
-//! to more than the quota has left, shares are max-min fair by want, a holder above its share gives back what the
-//! others lack, and holders that leave or lapse count for nothing.
+//! to more than the quota has left, what is left is handed out (max-min fair by want, the surplus by want) but for a
+//! reserve only newcomers take, a holder above its share gives back what the others lack, rates are shared whole, and
+//! holders that leave or lapse count for nothing.
 
 use sluice_core::rules::Algorithm;
-use sluice_core::store::{CounterKey, Grant, Granted, Hit, Store, TierSpec, fair_shares, granted_amount};
+use sluice_core::store::{CounterKey, Grant, Granted, Hit, Store, TierSpec, fair_shares, targets};
 
 use crate::harness::{T0, tier};
 use sluice_core::store::Mode;
@@ -19,6 +20,22 @@ fn ledger() -> CounterKey {
 }
 
 async fn grant(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64, want: u64) -> Granted {
+    claim(store, now, limit, (holder, held, want), false, None).await
+}
+
+/// A newcomer's grant: before its second report.
+async fn newcomer(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64, want: u64) -> Granted {
+    claim(store, now, limit, (holder, held, want), true, None).await
+}
+
+async fn claim(
+    store: &impl Store,
+    now: u64,
+    limit: u64,
+    (holder, held, want): (&str, u64, u64),
+    newcomer: bool,
+    rate: Option<u64>,
+) -> Granted {
     let g = Grant {
         tiers: vec![quota(limit)],
         ledger: ledger(),
@@ -26,6 +43,8 @@ async fn grant(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64
         held,
         want,
         ttl_us: 10_000_000,
+        newcomer,
+        rate,
     };
     store
         .grant(now, std::slice::from_ref(&g))
@@ -51,43 +70,46 @@ every_store!(
     grants_never_add_up_to_more_than_is_left,
     used_tokens_leave_the_quota_and_the_grants_alike,
     holders_that_leave_or_lapse_count_for_nothing,
-    idle_holders_get_what_they_want_not_the_whole_quota,
+    an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve,
+    a_rate_is_shared_whole_and_follows_each_grant_both_ways,
     amounts_at_the_ledger_cap_do_not_wrap,
 );
 
-/// Three holders arrive one by one: each gets at most what no other holds; one above its share gives back what the
-/// others lack; in the end each holds its max-min fair share, and never do they hold more than 100 together.
+/// 100 left, a reserve of 4: a lone holder gets the other 96; a second one gets only what is free past the reserve
+/// (nothing), or as a newcomer the reserve; the first gives back what the second lacks and the reserve, and in the end
+/// each holds half of the 96, and never do they hold more than 100 together.
 async fn grants_never_add_up_to_more_than_is_left(store: impl Store) {
     let t = T0;
     let a = grant(&store, t, 100, "a", 0, 60).await;
-    assert_eq!((a.held, a.share, a.left, a.holders, a.total_held), (60, 60, 100, 1, 60));
+    assert_eq!(
+        (a.held, a.share, a.left, a.holders, a.total_held),
+        (96, 96, 100, 1, 96),
+        "all but the reserve"
+    );
     let b = grant(&store, t, 100, "b", 0, 60).await;
     assert_eq!(
         (b.held, b.share, b.total_held),
-        (40, 50, 100),
-        "only what a does not hold"
+        (0, 48, 96),
+        "the reserve is a newcomer's"
     );
-    let c = grant(&store, t, 100, "c", 0, 10).await;
+    let b = newcomer(&store, t, 100, "b", 0, 60).await;
     assert_eq!(
-        (c.held, c.share, c.total_held),
-        (0, 10, 100),
-        "nothing is free: nothing, not a rounded-up 1"
+        (b.held, b.share, b.total_held),
+        (4, 48, 100),
+        "a newcomer takes the reserve"
     );
-    // a holds 60 against a share of 45: b lacks 5 and c 10, so a is to give back 15; but its 60 stay its entry
-    // until it says it did not spend them.
-    let a = grant(&store, t, 100, "a", 60, 60).await;
-    assert_eq!((a.held, a.share, a.entry, a.total_held), (45, 45, 60, 100));
-    assert_eq!(grant(&store, t, 100, "c", 0, 10).await.held, 0);
-    let a = grant(&store, t, 100, "a", 45, 60).await;
-    assert_eq!((a.held, a.share, a.total_held), (45, 45, 85));
-    let c = grant(&store, t, 100, "c", 0, 10).await;
-    assert_eq!((c.held, c.total_held), (10, 95));
-    let b = grant(&store, t, 100, "b", 40, 60).await;
-    assert_eq!((b.held, b.share, b.total_held), (45, 45, 100));
+    // a holds 96 against a share of 48: b lacks 44 and the reserve 4, so a is to give back 48; but its 96 stay its
+    // entry until it says it did not spend them.
+    let a = grant(&store, t, 100, "a", 96, 60).await;
+    assert_eq!((a.held, a.share, a.entry, a.total_held), (48, 48, 96, 100));
+    let a = grant(&store, t, 100, "a", 48, 60).await;
+    assert_eq!((a.held, a.total_held), (48, 52));
+    let b = grant(&store, t, 100, "b", 4, 60).await;
+    assert_eq!((b.held, b.share, b.total_held), (48, 48, 96));
     // Asked again with nothing changed, every holder keeps what it has.
-    for (h, held, want) in [("a", 45, 60), ("b", 45, 60), ("c", 10, 10)] {
-        let g = grant(&store, t, 100, h, held, want).await;
-        assert_eq!((g.held, g.total_held), (held, 100), "{h}");
+    for h in ["a", "b"] {
+        let g = grant(&store, t, 100, h, 48, 60).await;
+        assert_eq!((g.held, g.total_held), (48, 96), "{h}");
     }
 }
 
@@ -95,29 +117,34 @@ async fn grants_never_add_up_to_more_than_is_left(store: impl Store) {
 async fn used_tokens_leave_the_quota_and_the_grants_alike(store: impl Store) {
     let t = T0;
     grant(&store, t, 100, "a", 0, 50).await;
-    grant(&store, t, 100, "b", 0, 50).await;
+    newcomer(&store, t, 100, "b", 0, 50).await;
+    grant(&store, t, 100, "a", 96, 50).await;
+    grant(&store, t, 100, "a", 48, 50).await;
+    let b = grant(&store, t, 100, "b", 4, 50).await;
+    assert_eq!((b.held, b.total_held), (48, 96));
     charge(&store, t, 100, 30).await;
-    // a used 30 of its 50: it reports 20 held; what is left is 70, and b holds 50 of it.
-    let a = grant(&store, t, 100, "a", 20, 50).await;
-    assert_eq!((a.left, a.held, a.share, a.total_held), (70, 20, 35, 70));
-    let b = grant(&store, t, 100, "b", 50, 50).await;
+    // a used 30 of its 48: it reports 18 held; what is left is 70 (a reserve of 2), and b holds 48 of it: a takes the 2
+    // free past the reserve.
+    let a = grant(&store, t, 100, "a", 18, 50).await;
+    assert_eq!((a.left, a.held, a.share, a.total_held), (70, 20, 34, 68));
+    let b = grant(&store, t, 100, "b", 48, 50).await;
     assert_eq!(
         (b.held, b.share, b.total_held),
-        (35, 35, 70),
+        (34, 34, 68),
         "b is to give back what a lacks"
     );
-    let b = grant(&store, t, 100, "b", 35, 50).await;
-    assert_eq!((b.held, b.total_held), (35, 55), "b says it holds 35");
+    let b = grant(&store, t, 100, "b", 34, 50).await;
+    assert_eq!((b.held, b.total_held), (34, 54), "b says it holds 34");
     let a = grant(&store, t, 100, "a", 20, 50).await;
-    assert_eq!((a.held, a.total_held), (35, 70));
+    assert_eq!((a.held, a.total_held), (34, 68));
     // Usage past the limit (Envoys decide on their own): nothing is left, nobody gets anything.
     charge(&store, t, 100, 90).await;
     let a = grant(&store, t, 100, "a", 0, 50).await;
     assert_eq!((a.left, a.held), (0, 0));
-    // The next window: the whole quota again.
+    // The next window: the whole quota again, but the reserve.
     let next = t - t % MINUTE + MINUTE;
     let b = grant(&store, next, 100, "b", 0, 50).await;
-    assert_eq!((b.left, b.held, b.share), (100, 50, 50));
+    assert_eq!((b.left, b.held, b.share), (100, 96, 96));
 }
 
 /// A holder that wants nothing leaves the ledger; one not heard of within its TTL counts for nothing.
@@ -126,45 +153,92 @@ async fn holders_that_leave_or_lapse_count_for_nothing(store: impl Store) {
     grant(&store, t, 100, "a", 0, 100).await;
     let b = grant(&store, t, 100, "b", 0, 100).await;
     assert_eq!(b.held, 0);
-    let gone = grant(&store, t, 100, "a", 100, 0).await;
+    let gone = grant(&store, t, 100, "a", 96, 0).await;
     assert_eq!((gone.held, gone.holders, gone.total_held), (0, 1, 0), "a left");
     let b = grant(&store, t, 100, "b", 0, 100).await;
-    assert_eq!((b.held, b.holders), (100, 1));
-    // b is not heard of for its TTL (10 s): c gets everything.
+    assert_eq!((b.held, b.holders), (96, 1));
+    // b is not heard of for its TTL (10 s): c gets everything but the reserve.
     let c = grant(&store, t + 10_000_000, 100, "c", 0, 100).await;
-    assert_eq!((c.held, c.holders, c.total_held), (100, 1, 100));
+    assert_eq!((c.held, c.holders, c.total_held), (96, 1, 96));
 }
 
-/// Envoys that report no requests want 1 token each: 1 000 left, two idle holders hold 2, and a third one with
-/// demand gets the rest it wants.
-async fn idle_holders_get_what_they_want_not_the_whole_quota(store: impl Store) {
+/// An idle holder (wanting 1) alone holds all but the reserve; a newcomer with demand is served the reserve at once,
+/// the holder gives back all but its part of the surplus, and the newcomer then gets half of what is left, and all
+/// of its share once it said its demand.
+async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: impl Store) {
     let t = T0;
-    for h in ["a", "b"] {
-        let g = grant(&store, t, 1_000, h, 0, 1).await;
-        assert_eq!(g.held, 1, "{h}");
-    }
-    let c = grant(&store, t, 1_000, "c", 0, 2_000).await;
-    assert_eq!((c.held, c.share, c.total_held), (998, 998, 1_000));
+    let a = grant(&store, t, 1_000, "a", 0, 1).await;
+    assert_eq!(a.held, 960);
+    let c = newcomer(&store, t, 1_000, "c", 0, 50).await;
+    assert_eq!(
+        (c.held, c.share, c.total_held),
+        (40, 941, 1_000),
+        "the reserve, at once"
+    );
+    let a = grant(&store, t, 1_000, "a", 960, 1).await;
+    assert_eq!(
+        (a.held, a.share, a.entry),
+        (19, 18, 960),
+        "a gives back what c lacks and the reserve"
+    );
+    let a = grant(&store, t, 1_000, "a", 19, 1).await;
+    assert_eq!((a.held, a.total_held), (19, 59));
+    let c = newcomer(&store, t, 1_000, "c", 40, 50).await;
+    assert_eq!(
+        (c.held, c.total_held),
+        (500, 519),
+        "a newcomer gets half of what is left at most"
+    );
+    let c = grant(&store, t, 1_000, "c", 500, 50).await;
+    assert_eq!((c.held, c.total_held), (941, 960), "then its share");
+    // A huge want takes no more than the max-min rule gives it: d's want of 1 is met first.
+    let d = grant(&store, t, 1_000, "d", 0, sluice_core::store::MAX_LEDGER_AMOUNT).await;
+    assert_eq!((d.held, d.total_held), (0, 960), "nothing is free past the reserve");
+}
+
+/// A rate of 100 a window: a lone newcomer gets all of it (no reserve, no half); a second newcomer gets what the first
+/// gives back, which the first does at once, its entry following its grant down.
+async fn a_rate_is_shared_whole_and_follows_each_grant_both_ways(store: impl Store) {
+    let t = T0;
+    let rate = |h, held, want, new| claim(&store, t, 1_000_000, (h, held, want), new, Some(100));
+    let a = rate("a", 0, 10, true).await;
+    assert_eq!((a.held, a.share, a.left, a.entry), (100, 100, 100, 100));
+    let b = rate("b", 0, 5, true).await;
+    assert_eq!((b.held, b.share), (0, 50), "a newcomer wants what a wants: half");
+    let a = rate("a", 100, 10, false).await;
+    assert_eq!(
+        (a.held, a.entry, a.total_held),
+        (50, 50, 50),
+        "a rate given back is gone at once"
+    );
+    let b = rate("b", 0, 5, true).await;
+    assert_eq!((b.held, b.total_held), (50, 100));
+    // Once b says its demand (5 a window), the surplus follows the wants: b 5 + 28, a 10 + 56, rounded down.
+    let b = rate("b", 50, 5, false).await;
+    assert_eq!((b.held, b.share), (34, 33), "b gives back what a lacks, no more");
+    let a = rate("a", 50, 10, false).await;
+    assert_eq!((a.held, a.share, a.total_held), (66, 66, 100));
 }
 
 /// Amounts and limits at their largest neither wrap nor lose exactness.
 async fn amounts_at_the_ledger_cap_do_not_wrap(store: impl Store) {
     let max = sluice_core::store::MAX_LEDGER_AMOUNT;
     let limit = u64::from(u32::MAX);
+    let pool = limit - limit / 25;
     let a = grant(&store, T0, limit, "a", 0, max).await;
-    assert_eq!((a.held, a.share), (limit, limit));
+    assert_eq!((a.held, a.share), (pool, pool));
     let b = grant(&store, T0, limit, "b", max, max).await;
     assert_eq!(
         (b.held, b.entry, b.total_held),
-        (0, 0, limit),
+        (0, 0, pool),
         "b's own count says {max}, but it was granted nothing"
     );
-    let a = grant(&store, T0, limit, "a", limit, max).await;
-    assert_eq!(a.held, limit / 2, "a is to give back b's share, {}", limit / 2 + 1);
-    let a = grant(&store, T0, limit, "a", limit / 2, max).await;
-    assert_eq!((a.held, a.total_held), (limit / 2, limit / 2));
+    let a = grant(&store, T0, limit, "a", pool, max).await;
+    assert_eq!(a.held, pool / 2, "a is to give back b's share");
+    let a = grant(&store, T0, limit, "a", pool / 2, max).await;
+    assert_eq!((a.held, a.total_held), (pool / 2, pool / 2));
     let b = grant(&store, T0, limit, "b", 0, max).await;
-    assert_eq!((b.held, b.total_held), (limit / 2 + 1, limit));
+    assert_eq!((b.held, b.total_held), (pool / 2, pool));
 }
 
 #[test]
@@ -183,21 +257,27 @@ fn fair_shares_serve_the_least_wanting_first_and_never_round_up() {
 }
 
 #[test]
-fn granted_amounts_grow_from_what_is_free_and_shrink_by_what_others_lack() {
-    // Below the share: up to it, from what is free.
-    assert_eq!(granted_amount(100, 0, 50, &[(60, 50)]), 40);
-    assert_eq!(granted_amount(100, 10, 50, &[(40, 50)]), 50);
-    // Above the share: down by what the others lack beyond what is free, never below the share.
-    assert_eq!(granted_amount(100, 60, 45, &[(40, 45), (0, 10)]), 45);
+fn targets_hand_out_the_surplus_by_want_and_never_more_than_the_pool() {
     assert_eq!(
-        granted_amount(100, 60, 45, &[(40, 45)]),
-        55,
-        "the other lacks 5, and none are free"
+        targets(100, &[("a", 10), ("b", 30)]),
+        vec![25, 75],
+        "all of it, by want"
     );
-    // What it holds was counted when it was granted: less room now (usage reported by others, their entries not yet
-    // lowered) does not take it away; growth needs what is free.
-    assert_eq!(granted_amount(50, 60, 60, &[(20, 0)]), 60);
-    assert_eq!(granted_amount(50, 20, 60, &[(40, 0)]), 20);
-    // Nothing left: nothing.
-    assert_eq!(granted_amount(0, 5, 5, &[]), 0);
+    assert_eq!(
+        targets(96, &[("a", 60), ("b", 60)]),
+        vec![48, 48],
+        "no surplus: the fair shares"
+    );
+    assert_eq!(targets(960, &[("a", 1), ("c", 50)]), vec![18, 941], "rounded down");
+    let max = sluice_core::store::MAX_LEDGER_AMOUNT;
+    for wants in [
+        vec![("a", max), ("b", 1), ("c", 3)],
+        vec![("a", 7), ("b", 7), ("c", 7)],
+        vec![("a", max), ("b", max)],
+    ] {
+        for pool in [0, 1, 2, 1_000, u64::from(u32::MAX)] {
+            let t = targets(pool, &wants);
+            assert!(t.iter().sum::<u64>() <= pool, "{wants:?} of {pool}: {t:?}");
+        }
+    }
 }

@@ -1,6 +1,7 @@
-//! The Rate Limit Quota Service core over both stores, on a manual clock: usage charged past the limit, grants sized
-//! by demand and given back when another Envoy lacks its share, exhaustion pushed to the other streams, TTL refresh,
-//! DENY_ALL until the window allows more, abandonment, and bad messages named by field.
+//! The Rate Limit Quota Service core over both stores, on a manual clock: usage charged past the limit, budgets handed
+//! out and given back when another Envoy lacks its share, rates shared as refilling token buckets, exhaustion pushed
+//! to the other streams, TTL refresh, DENY_ALL until the window allows more, abandonment, and bad messages named by
+//! field.
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use crate::harness::limiter_with;
 const RULES: &str = "domain: q
 quota_buckets:
   - bucket: {name: per_user, user: }
-    rate_limit: {unit: minute, requests_per_unit: 100}
+    rate_limit: {unit: hour, requests_per_unit: 100}
     assignment_ttl_seconds: 9
     abandon_after_seconds: 30
   - bucket: {name: open}
@@ -25,8 +26,10 @@ quota_buckets:
   - bucket: {name: tb, user: }
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
   - bucket: {name: first, user: }
-    rate_limit: {unit: minute, requests_per_unit: 5}
+    rate_limit: {unit: hour, requests_per_unit: 5}
     initial_assignment: deny_all
+  - bucket: {name: per_second, user: }
+    rate_limit: {unit: second, requests_per_unit: 10}
 ";
 
 /// A bucket's entries, its allowed and its denied requests.
@@ -108,14 +111,14 @@ async fn open<S: Store>(quotas: &Arc<Quotas<S>>) -> QuotaStream {
     quotas.open().expect("room for a stream")
 }
 
-/// One Envoy alone gets what it wants (its demand), not all that is left; usage past the limit is still counted,
-/// and the quota is then DENY_ALL until the window ends, when the next tick sends a new grant.
+/// One Envoy alone gets half of what is left at its first report (its demand is not known yet); usage past the limit
+/// is still counted, and the quota is then DENY_ALL until the window ends, when the next tick sends a new grant.
 async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: impl Store) {
     let (quotas, clock, _) = setup(store).await;
     let mut a = open(&quotas).await;
     let alice = user("alice");
     let first = quotas.report(&mut a, report("q", &[(&alice, 1, 0)])).await.unwrap();
-    assert_eq!(tokens(&first), 1, "its demand");
+    assert_eq!(tokens(&first), 49, "half of the 99 left");
     assert_eq!(strategy(&first).1, 9, "the rule's TTL");
     // Both the keys order and duplicates in one message are irrelevant.
     let actions = quotas
@@ -130,7 +133,7 @@ async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: imp
         .unwrap();
     let (deny, ttl) = strategy(&actions);
     assert_eq!(deny, Strategy::DenyAll, "121 of 100 used");
-    let window_left = 60 - (crate::harness::T0 / 1_000_000) % 60;
+    let window_left = 3_600 - (crate::harness::T0 / 1_000_000) % 3_600;
     assert!(
         ttl >= 1 && u64::from(ttl) <= window_left.min(9),
         "DENY_ALL holds until the window ends: {ttl}"
@@ -144,28 +147,28 @@ async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: imp
     // The next window: the tick sends a new share at once.
     clock.advance(1_000_000);
     let fresh = quotas.tick(&mut a).await.unwrap();
-    assert!(tokens(&fresh) >= 4, "the 4 denials at least: {fresh:?}");
+    assert_eq!(tokens(&fresh), 96, "all of the new window but the reserve: {fresh:?}");
 }
 
 /// Two Envoys: the second gets nothing the first holds, so the first is told at once and its bucket shrinks to its
 /// share; once its report says what it did not spend, the second is told and gets it. When one spends the quota, the
-/// other is pushed DENY_ALL.
+/// other is pushed DENY_ALL; a lone newcomer on another bucket gets half of it.
 async fn grants_are_given_back_when_another_envoy_lacks_its_share(store: impl Store) {
     let (quotas, _clock, _) = setup(store).await;
     let (mut a, mut b) = (open(&quotas).await, open(&quotas).await);
     let bob = user("bob");
     assert_eq!(
         tokens(&quotas.report(&mut a, report("q", &[(&bob, 30, 0)])).await.unwrap()),
-        30,
-        "its demand, of the 70 left"
+        35,
+        "half of the 70 left: a newcomer's demand is not known yet"
     );
-    // b admitted 50 before any grant (its no-assignment behaviour): 20 are left, and a holds 30 of them, 10 past
+    // b admitted 50 before any grant (its no-assignment behaviour): 20 are left, and a holds 35 of them, 15 past
     // what is left. b gets nothing rather than a token that is not there.
     let b_first = quotas.report(&mut b, report("q", &[(&bob, 50, 0)])).await.unwrap();
     assert_eq!(strategy(&b_first).0, Strategy::DenyAll, "{b_first:?}");
     assert!(woken(&a).await, "a is woken");
-    // The fair shares of the 20 left are 10 each: a's bucket of 30 is resized to 10 (Envoy carries its fill
-    // fraction over). But a may have admitted all 30 already: they stay a's until its next report says otherwise.
+    // The fair shares of the 20 left are 10 each: a's bucket of 35 is resized to 10 (Envoy carries its fill
+    // fraction over). But a may have admitted all 35 already: they stay a's until its next report says otherwise.
     assert_eq!(bucket(&quotas.tick(&mut a).await.unwrap()), (10, false));
     assert!(quotas.tick(&mut b).await.unwrap().is_empty(), "nothing is free yet");
     let a_report = quotas.report(&mut a, report("q", &[(&bob, 0, 0)])).await.unwrap();
@@ -184,7 +187,7 @@ async fn grants_are_given_back_when_another_envoy_lacks_its_share(store: impl St
         .report(&mut a, report("q", &[(&user("carol"), 1, 0)]))
         .await
         .unwrap();
-    assert_eq!(tokens(&carol), 1);
+    assert_eq!(tokens(&carol), 49);
 }
 
 /// Assignments are refreshed before their TTL lapses; a bucket reported with no requests for `abandon_after_seconds`
@@ -245,11 +248,12 @@ async fn strategies_per_rule(store: impl Store) {
         .await
         .unwrap();
     assert_eq!(strategy(&open_bucket).0, Strategy::AllowAll);
+    // A token bucket of 10 a second (a burst of 20) is a rate: shared as one.
     let tb = quotas
         .report(&mut a, report("q", &[(&[("name", "tb"), ("user", "u")], 4, 0)]))
         .await
         .unwrap();
-    assert_eq!(tokens(&tb), 4);
+    assert_eq!(strategy(&tb).0, rate(10, 1));
     let first = [("name", "first"), ("user", "u")];
     assert_eq!(
         strategy(&quotas.report(&mut a, report("q", &[(&first, 1, 0)])).await.unwrap()).0,
@@ -257,9 +261,51 @@ async fn strategies_per_rule(store: impl Store) {
     );
     assert_eq!(
         tokens(&quotas.report(&mut a, report("q", &[(&first, 0, 1)])).await.unwrap()),
-        2,
-        "its two requests"
+        4,
+        "all of the 4 left: its demand is known, and the reserve of 4 left is none"
     );
+}
+
+/// A refilling token bucket of `per_fill` tokens every `every_s` seconds, holding a quarter of that at most.
+fn rate(per_fill: u32, every_s: u32) -> Strategy {
+    Strategy::TokenBucket {
+        max_tokens: per_fill.div_ceil(4),
+        tokens_per_fill: per_fill,
+        fill_interval_s: every_s,
+    }
+}
+
+/// A per-second limit is shared as rates that sum to it: a lone Envoy gets all of it, refilling every second; a
+/// second one gets nothing the first holds, the first is told at once and its rate halves, and the second gets the
+/// other half; their demands then share it by want.
+async fn rates_are_shared_as_refilling_token_buckets(store: impl Store) {
+    let (quotas, clock, _) = setup(store).await;
+    let (mut a, mut b) = (open(&quotas).await, open(&quotas).await);
+    let dan = [("name", "per_second"), ("user", "dan")];
+    let first = quotas.report(&mut a, report("q", &[(&dan, 3, 0)])).await.unwrap();
+    assert_eq!(strategy(&first).0, rate(10, 1), "all of it");
+    let b_first = quotas.report(&mut b, report("q", &[(&dan, 0, 2)])).await.unwrap();
+    assert_eq!(strategy(&b_first).0, Strategy::DenyAll, "a has all of it, for now");
+    assert!(woken(&a).await, "a is woken");
+    assert_eq!(strategy(&quotas.tick(&mut a).await.unwrap()).0, rate(5, 1));
+    assert!(woken(&b).await, "b is woken");
+    assert_eq!(strategy(&quotas.tick(&mut b).await.unwrap()).0, rate(5, 1));
+    // Their demands said, over the last 10 s: a 33 requests (4 a second), b 12 (2); of 10 a second, max-min fair
+    // 4 and 2, and the surplus of 4 by want: a 2 more, b 1 (rounded down); b, above its share, keeps the token the
+    // rounding leaves over: together they have all 10.
+    clock.advance(5_000_000);
+    quotas.report(&mut a, report("q", &[(&dan, 20, 10)])).await.unwrap();
+    quotas.report(&mut b, report("q", &[(&dan, 5, 5)])).await.unwrap();
+    let mut shares = Vec::new();
+    for s in [&mut a, &mut b] {
+        quotas.tick(s).await.unwrap();
+        let r = quotas.report(s, report("q", &[(&dan, 0, 0)])).await.unwrap();
+        let Strategy::TokenBucket { tokens_per_fill, .. } = strategy(&r).0 else {
+            panic!("{r:?}")
+        };
+        shares.push(tokens_per_fill);
+    }
+    assert_eq!(shares, vec![6, 4]);
 }
 
 /// Bad messages end the stream with an error naming the field; the stream and bucket caps hold.
@@ -324,5 +370,6 @@ every_store!(
     grants_are_given_back_when_another_envoy_lacks_its_share,
     ttl_refresh_and_abandonment,
     strategies_per_rule,
+    rates_are_shared_as_refilling_token_buckets,
     bad_messages_and_caps,
 );

@@ -91,16 +91,17 @@ async fn reports_are_answered_and_counted_in_metrics() {
     let server = TestServer::start(l).await;
     let mut stream = Stream::open(&server).await.unwrap();
     stream.report("q", "ann", 4, 0).await;
-    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then its demand, 4.
+    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then half of the 6
+    // left (its demand is not known yet).
     match &strategies(&stream.next().await.unwrap().unwrap())[..] {
-        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 4),
+        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 3),
         other => panic!("{other:?}"),
     }
     let (_, overview) = server
         .http_get("/ui/api/overview?domain=q&token=test-admin-token")
         .await;
     assert!(
-        overview.contains("\"strategy\":\"token_bucket\"") && overview.contains("\"tokens\":4"),
+        overview.contains("\"strategy\":\"token_bucket\"") && overview.contains("\"tokens\":3"),
         "{overview}"
     );
     stream.report("", "ann", 7, 2).await;
@@ -118,18 +119,36 @@ async fn reports_are_answered_and_counted_in_metrics() {
     assert_eq!(shares.len(), 1, "{overview}");
     assert_eq!(shares[0]["bucket"], "name=per_user, user=ann");
     assert_eq!(shares[0]["strategy"], "deny_all");
+    // cy's Envoy denied 3 while cy's quota had 9 left: 3 wrongful denials (ann's 2 came with her quota spent).
+    stream.report("", "cy", 1, 3).await;
+    stream.next().await.unwrap().unwrap();
     let (_, metrics) = server.http_get("/metrics").await;
     for line in [
         "sluice_rlqs_streams 1",
-        "sluice_rlqs_buckets 1",
-        "sluice_rlqs_assignments_total{strategy=\"token_bucket\"} 1",
+        "sluice_rlqs_buckets 2",
+        "sluice_rlqs_assignments_total{strategy=\"token_bucket\"} 2",
         "sluice_rlqs_assignments_total{strategy=\"deny_all\"} 1",
-        "sluice_rlqs_usage_total{result=\"allowed\"} 11",
-        "sluice_rlqs_usage_total{result=\"denied\"} 2",
+        "sluice_rlqs_usage_total{result=\"allowed\"} 12",
+        "sluice_rlqs_usage_total{result=\"denied\"} 5",
         "sluice_rlqs_quota_exhausted_total 1",
-        "sluice_rule_hits_total{domain=\"q\",rule=\"q.bucket.name_per_user.user\"} 13",
+        "sluice_rlqs_wrongful_denials_total 3",
+        "sluice_rule_hits_total{domain=\"q\",rule=\"q.bucket.name_per_user.user\"} 17",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
+    }
+    // The dashboard's rule rows count the reported usage, as they count decisions (flushed once a second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, overview) = server
+            .http_get("/ui/api/overview?domain=q&token=test-admin-token")
+            .await;
+        let overview: serde_json::Value = serde_json::from_str(&overview).unwrap();
+        let row = &overview["last_minute"]["q.bucket.name_per_user.user"];
+        if *row == serde_json::json!({"allowed": 12, "denied": 5}) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the rule row says {row}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A stream that ends gives back its place and its watches, and leaves the dashboard.
     drop(stream);

@@ -29,6 +29,14 @@ struct Counted {
 
 impl Outcomes {
     pub(crate) fn note(&self, domain: &Arc<str>, rule: &Arc<str>, now_us: u64, denied: bool) {
+        self.note_many(domain, rule, now_us, denied, 1);
+    }
+
+    /// Notes `n` outcomes alike at once (an RLQS report's allowed or denied requests).
+    pub(crate) fn note_many(&self, domain: &Arc<str>, rule: &Arc<str>, now_us: u64, denied: bool, n: u64) {
+        if n == 0 {
+            return;
+        }
         let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
         let key = (Arc::as_ptr(rule) as *const u8 as usize, now_us / 1_000_000);
         let counted = noted.entry(key).or_insert_with(|| Counted {
@@ -36,7 +44,8 @@ impl Outcomes {
             rule: rule.clone(),
             counts: [0; 2],
         });
-        counted.counts[usize::from(denied)] += 1;
+        let count = &mut counted.counts[usize::from(denied)];
+        *count = count.saturating_add(n);
     }
 
     /// What was counted, per domain: `(second, field, n)` with fields `a:<rule>` (allowed) and `d:<rule>` (denied).

@@ -9,6 +9,7 @@
 
 use super::hits::identity_of;
 use super::{LimitError, Limiter};
+use crate::metrics::MAX_COUNTED;
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
 use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Mode, Outcome, Store, StoreError, TierSpec};
 
@@ -100,6 +101,13 @@ impl<S: Store> Limiter<S> {
                     continue;
                 }
             };
+            if let Some(domain) = domain {
+                // Reported usage shows in the rule's series as its decisions do.
+                let (allowed, denied) = (usage.allowed.min(MAX_COUNTED), usage.denied.min(MAX_COUNTED));
+                self.outcomes
+                    .note_many(&domain.name, &rule.path, now_us, false, allowed);
+                self.outcomes.note_many(&domain.name, &rule.path, now_us, true, denied);
+            }
             let state = self.charged(domain_name, usage, (rule, id), &quota);
             out.push(Ok(Charged::Limited(state)));
         }
@@ -221,6 +229,8 @@ impl<S: Store> Limiter<S> {
                     held: claim.held,
                     want: claim.want,
                     ttl_us: claim.ttl_us,
+                    newcomer: claim.newcomer,
+                    rate: claim.rate,
                 });
                 true
             })
@@ -258,6 +268,9 @@ pub struct Claim<'a> {
     pub held: u64,
     pub want: u64,
     pub ttl_us: u64,
+    pub newcomer: bool,
+    /// A rate's limit per window, when the Envoys share the quota as a rate.
+    pub rate: Option<u64>,
 }
 
 /// The store's hits of the limited buckets among `matched`: each usage's allowed requests, counted whatever the

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::Quotas;
+use super::demand::DEMAND_WINDOW_US;
 use super::holding::Change;
 use super::stream::{QuotaStream, Watch};
 use super::vocabulary::{Action, BucketId, NO_REFILL_S, Strategy};
@@ -33,7 +34,7 @@ impl<S: Store> Quotas<S> {
         reported: bool,
     ) -> Vec<Action> {
         let mut actions = Vec::with_capacity(due.len());
-        let mut claimed: Vec<(BucketId, QuotaState, u64)> = Vec::new();
+        let mut claimed: Vec<(BucketId, QuotaState, u64, Option<Rate>)> = Vec::new();
         for due in due {
             claimed.extend(self.prepare(stream, due, now, reported, &mut actions));
         }
@@ -42,20 +43,26 @@ impl<S: Store> Quotas<S> {
         }
         let claims: Vec<Claim<'_>> = claimed
             .iter()
-            .map(|(bucket, state, want)| {
+            .map(|(bucket, state, want, rate)| {
                 let watch = &stream.buckets[bucket];
+                let held = match rate {
+                    Some(_) => watch.rate_share,
+                    None => watch.holding.exposure(),
+                };
                 Claim {
                     bucket,
                     holder: &stream.holder,
-                    held: watch.holding.exposure().min(MAX_LEDGER_AMOUNT),
+                    held: held.min(MAX_LEDGER_AMOUNT),
                     want: *want,
                     ttl_us: (u64::from(state.settings.assignment_ttl_s) + 1) * 1_000_000,
+                    newcomer: watch.reports < 2,
+                    rate: rate.map(|r| r.limit),
                 }
             })
             .collect();
         let granted = self.limiter.grant_quota(domain, &claims).await;
         let mut announce = Vec::new();
-        for ((bucket, state, want), granted) in claimed.into_iter().zip(granted) {
+        for ((bucket, state, want, rate), granted) in claimed.into_iter().zip(granted) {
             let granted = match granted {
                 Ok(Some(granted)) => granted,
                 Ok(None) => continue,
@@ -69,7 +76,7 @@ impl<S: Store> Quotas<S> {
             let Some(watch) = stream.buckets.get_mut(&bucket) else {
                 continue;
             };
-            let grant = (&state, want, granted);
+            let grant = (&state, want, rate, granted);
             actions.extend(self.apply(watch, bucket, grant, (now, reported), &mut announce));
         }
         if !announce.is_empty() {
@@ -95,7 +102,7 @@ impl<S: Store> Quotas<S> {
         now: u64,
         reported: bool,
         actions: &mut Vec<Action>,
-    ) -> Option<(BucketId, QuotaState, u64)> {
+    ) -> Option<(BucketId, QuotaState, u64, Option<Rate>)> {
         let watch = stream.buckets.get_mut(&bucket)?;
         watch.settings = settings_of(&charged);
         if let Some((allowed, denied)) = report {
@@ -114,8 +121,17 @@ impl<S: Store> Quotas<S> {
                     self.watch(&ledger, &stream.inbox);
                     watch.ledger = Some(ledger);
                 }
-                let want = watch.demand.estimate(now).clamp(1, MAX_LEDGER_AMOUNT);
-                Some((bucket, state, want))
+                let demand = watch.demand.estimate(now);
+                let rate = Rate::of(&state);
+                let want = match rate {
+                    // Its requests per window of the rate, from those of the last DEMAND_WINDOW_US.
+                    Some(r) => u64::try_from(
+                        (u128::from(demand) * u128::from(r.window_us)).div_ceil(u128::from(DEMAND_WINDOW_US)),
+                    )
+                    .unwrap_or(u64::MAX),
+                    None => demand,
+                };
+                Some((bucket, state, want.clamp(1, MAX_LEDGER_AMOUNT), rate))
             }
             // No limit, or one that only counts: everything passes.
             _ => {
@@ -137,7 +153,7 @@ impl<S: Store> Quotas<S> {
         &self,
         watch: &mut Watch,
         bucket: BucketId,
-        (state, want, granted): (&QuotaState, u64, Granted),
+        (state, want, rate, granted): (&QuotaState, u64, Option<Rate>, Granted),
         (now, reported): (u64, bool),
         announce: &mut Vec<String>,
     ) -> Option<Action> {
@@ -154,7 +170,10 @@ impl<S: Store> Quotas<S> {
             || granted.entry < watch.entry
             || (reported && granted.held < granted.share);
         watch.entry = granted.entry;
-        let action = self.deliver(watch, bucket, state, granted, now, reported);
+        let action = match rate {
+            Some(rate) => self.deliver_rate(watch, bucket, rate, granted),
+            None => self.deliver(watch, bucket, state, granted, now, reported),
+        };
         if tell {
             watch.announced_want = want;
             announce.extend(watch.ledger.clone());
@@ -205,6 +224,24 @@ impl<S: Store> Quotas<S> {
         self.assign(watch, bucket, strategy, ttl, fresh)
     }
 
+    /// The refilling token bucket of a share of a rate: `granted.held` tokens per window, in a bucket of a quarter
+    /// of that (at least 1), so that an Envoy admits its share every window and at most a quarter more in bursts.
+    fn deliver_rate(&self, watch: &mut Watch, bucket: BucketId, rate: Rate, granted: Granted) -> Action {
+        let ttl = watch.settings.assignment_ttl_s;
+        watch.holding.clear();
+        watch.rate_share = granted.held;
+        let share = u32::try_from(granted.held).unwrap_or(u32::MAX);
+        if share == 0 {
+            return self.assign(watch, bucket, Strategy::DenyAll, ttl, false);
+        }
+        let strategy = Strategy::TokenBucket {
+            max_tokens: share.div_ceil(RATE_BURST_PARTS),
+            tokens_per_fill: share,
+            fill_interval_s: rate.fill_interval_s(),
+        };
+        self.assign(watch, bucket, strategy, ttl, false)
+    }
+
     /// An assignment of `strategy` for `bucket`; see [`Action::Assign`].
     pub(super) fn assign(
         &self,
@@ -244,6 +281,57 @@ impl<S: Store> Quotas<S> {
         }
         .increment(1);
     }
+}
+
+/// The longest window shared as a rate: a quota whose limits all have windows this short (a few report intervals) is
+/// shared as refilling token buckets, one with a longer one as a budget.
+pub const RATE_WINDOW_MAX_US: u64 = 60_000_000;
+
+/// A rate's token bucket holds this fraction of its share per window at most: the burst an Envoy may admit on top of
+/// its share.
+pub const RATE_BURST_PARTS: u32 = 4;
+
+/// The limit a quota shared as a rate is shared by: its most constrained (the fewest requests per second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rate {
+    pub(super) limit: u64,
+    pub(super) window_us: u64,
+}
+
+impl Rate {
+    /// A quota's rate, when every limit's window is at most [`RATE_WINDOW_MAX_US`].
+    fn of(state: &QuotaState) -> Option<Rate> {
+        if state.tiers.is_empty()
+            || state
+                .tiers
+                .iter()
+                .any(|t| t.window_us == 0 || t.window_us > RATE_WINDOW_MAX_US)
+        {
+            return None;
+        }
+        state
+            .tiers
+            .iter()
+            .map(|t| Rate {
+                limit: t.limit,
+                window_us: t.window_us,
+            })
+            .min_by(|a, b| {
+                (u128::from(a.limit) * u128::from(b.window_us)).cmp(&(u128::from(b.limit) * u128::from(a.window_us)))
+            })
+    }
+
+    /// The window in whole seconds, as Envoy's `fill_interval` carries it (at least 1).
+    fn fill_interval_s(self) -> u32 {
+        u32::try_from(self.window_us.div_ceil(1_000_000))
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
+}
+
+/// Whether a quota is shared as a rate (every limit's window at most [`RATE_WINDOW_MAX_US`]), not as a budget.
+pub(super) fn is_rate(state: &QuotaState) -> bool {
+    Rate::of(state).is_some()
 }
 
 /// The settings of the rule a bucket matched (defaults when none did).

@@ -50,6 +50,9 @@ pub(crate) struct Holding {
     after_denial: Option<f64>,
     /// The size of the token bucket the Envoy has from sluice, if any.
     size: Option<u32>,
+    /// The last report had denials and no bucket started full since: the Envoy's bucket ran dry (less than a token,
+    /// and it does not refill), so scaling it would add next to nothing.
+    dry: bool,
 }
 
 impl Holding {
@@ -72,6 +75,7 @@ impl Holding {
         if denied > 0 {
             remaining = remaining.min(self.after_denial.unwrap_or(0.0));
         }
+        self.dry = denied > 0;
         self.remaining = remaining.max(0.0);
         self.exposure = self.remaining;
         self.weight = 1.0;
@@ -109,7 +113,8 @@ impl Holding {
             // holds is not known: scaled only while it may hold at least what is added, as scaling a bucket it has
             // spent would add nothing.
             let least = if reported { 1.0 } else { more.max(1.0) };
-            if let Some(size) = self.size.filter(|_| self.remaining >= least) {
+            // A bucket run dry is replaced by a fresh one: scaled, the fraction of a token it holds would stay one.
+            if let Some(size) = self.size.filter(|_| self.remaining >= least && !self.dry) {
                 // Rounded down to a whole size: the Envoy gains `more` at most.
                 let scaled = (f64::from(size) * (self.remaining + more) / self.remaining).floor();
                 if scaled > f64::from(size) && scaled <= f64::from(u32::MAX) {
@@ -125,6 +130,7 @@ impl Holding {
             self.after_denial = Some(fresh.max(1.0));
             self.exposure += fresh;
             self.size = Some(fresh as u32);
+            self.dry = false;
             Change::Fresh(fresh as u32)
         } else if granted < now {
             match self.size {
@@ -245,6 +251,26 @@ mod tests {
             Change::Fresh(29),
             "its last fraction of a token still counts"
         );
+    }
+
+    #[test]
+    fn a_bucket_spent_to_empty_is_refilled_not_scaled() {
+        let (mut h, mut e) = (Holding::default(), Envoy::default());
+        e.apply(h.resize(10, false));
+        e.spend(3);
+        // Shrunk to 4 tokens: the Envoy's 7 become 7 * 4 / 10 = 2.8.
+        let shrink = h.resize(4, false);
+        e.apply(shrink);
+        e.spend(5);
+        e.report(&mut h);
+        assert!(e.tokens < 1.0 && e.tokens > 0.0, "{}", e.tokens);
+        // It denied requests: its bucket holds a fraction of a token, which scaling would only multiply.
+        let grow = h.resize(20, true);
+        assert!(matches!(grow, Change::Fresh(_)), "{grow:?}");
+        e.apply(grow);
+        e.check(&h);
+        // It holds what it was granted, less the token its dry bucket may still hold by sluice's bound.
+        assert!(e.tokens >= 18.0, "{}", e.tokens);
     }
 
     #[test]

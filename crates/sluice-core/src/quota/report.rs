@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Quotas;
-use super::grant::{Due, settings_of};
+use super::grant::{Due, is_rate, settings_of};
 use super::stream::{QuotaStream, Watch};
 use super::vocabulary::{Action, BucketId, QuotaError, Report, ReportedUsage, Strategy};
 use crate::limiter::{Charged, LimitError, Usage};
@@ -46,6 +46,7 @@ impl<S: Store> Quotas<S> {
         let mut due = Vec::with_capacity(usages.len());
         for (usage, charged) in usages.into_iter().zip(charged) {
             let Some(charged) = charged else { continue };
+            self.stats.wrongful_denials.increment(wrongful(&usage, &charged));
             match self.take_usage(stream, &usage, &charged, now) {
                 Some(action) => actions.push(action),
                 None => due.push(Due {
@@ -152,6 +153,18 @@ impl<S: Store> Quotas<S> {
             Err(LimitError::Store(e)) => Err(QuotaError::Unavailable(e.to_string())),
             Err(e) => Err(QuotaError::Invalid(e.to_string())),
         }
+    }
+}
+
+/// How many of a report's denials its bucket's quota, a budget, still had room for once the report was charged: the
+/// requests refused while quota was left (its limits' least remaining, at most [`MAX_COUNTED`]).
+fn wrongful(usage: &Usage, charged: &Charged) -> u64 {
+    match charged {
+        Charged::Limited(state) if !state.shadow && usage.denied > 0 && !is_rate(state) => {
+            let left = state.tiers.iter().map(|t| t.remaining).min().unwrap_or(0);
+            usage.denied.min(left).min(MAX_COUNTED)
+        }
+        _ => 0,
     }
 }
 

@@ -64,6 +64,10 @@ pub(super) struct Watch {
     pub(super) entry: u64,
     /// The want the bucket's other streams were last told of.
     pub(super) announced_want: u64,
+    /// The reports with this bucket so far: before its second, its demand is not known (it is a newcomer).
+    pub(super) reports: u32,
+    /// Its share of a quota shared as a rate: tokens per window.
+    pub(super) rate_share: u64,
 }
 
 impl QuotaStream {
@@ -96,11 +100,14 @@ impl Watch {
             holding: Holding::default(),
             entry: 0,
             announced_want: 0,
+            reports: 0,
+            rate_share: 0,
         }
     }
 
     /// A report: what the Envoy admitted came out of what it held, and a denial says it had less than a token.
     pub(super) fn consume(&mut self, now: u64, allowed: u64, denied: u64) {
+        self.reports = self.reports.saturating_add(1);
         self.lapse(now);
         self.holding.report(allowed, denied);
     }

@@ -48,6 +48,8 @@ impl<S: Store> Quotas<S> {
                     held: 0,
                     want: 0,
                     ttl_us: 0,
+                    newcomer: false,
+                    rate: None,
                 })
                 .collect();
             let _ = self.limiter.grant_quota(&domain, &claims).await;

@@ -22,6 +22,12 @@ pub struct Grant {
     /// How long its entry lasts without another grant (an entry whose time has come counts for nothing and is
     /// removed).
     pub ttl_us: u64,
+    /// The holder has not said its demand yet (before its second report): it wants at least what any other wants,
+    /// may take the reserve, and, for a budget, gets at most half of what is left.
+    pub newcomer: bool,
+    /// A rate, not a budget: the holders share this many tokens per window of the quota's most constrained limit, as
+    /// refilling token buckets; `held` is the holder's share now, and its entry follows its grant both ways.
+    pub rate: Option<u64>,
 }
 
 /// The most a ledger records of one holder's tokens or wants: exact in the scripts' doubles.
@@ -63,23 +69,91 @@ pub fn fair_shares(capacity: u64, wants: &[(&str, u64)]) -> Vec<u64> {
     shares
 }
 
-/// What a holder holding `held` gets, wanting its `share`, when the others hold `others` (each `(held, share)`) of a
-/// quota with `left` left: the rule of [`Grants::grant`](crate::store::Grants::grant), shared by both stores (`lua/ledger.lua`'s `grant` is its
-/// twin).
-pub fn granted_amount(left: u64, held: u64, share: u64, others: &[(u64, u64)]) -> u64 {
-    if left == 0 {
-        return 0;
+/// The part of what is left that only a newcomer may take, so that one is served at once: one twenty-fifth.
+pub const RESERVE_PARTS: u64 = 25;
+
+/// Wants weigh in the surplus at most this much each (exact in the scripts' doubles, summed over any ledger).
+const WEIGHT_CAP: u64 = 1 << 32;
+
+/// What each holder is to hold of `pool`: its max-min fair share by want ([`fair_shares`]), and of what those leave
+/// over (when every want is met), a part in proportion to its want, rounded down. `lua/ledger.lua`'s `targets` is its
+/// twin, computed in the same doubles.
+pub fn targets(pool: u64, wants: &[(&str, u64)]) -> Vec<u64> {
+    let mut shares = fair_shares(pool, wants);
+    let surplus = pool - shares.iter().sum::<u64>();
+    let weight: u64 = wants.iter().map(|w| w.1.min(WEIGHT_CAP)).sum();
+    if surplus > 0 && weight > 0 {
+        for (share, want) in shares.iter_mut().zip(wants) {
+            *share += (surplus as f64 * want.1.min(WEIGHT_CAP) as f64 / weight as f64).floor() as u64;
+        }
     }
-    let others_held: u64 = others.iter().map(|o| o.0).sum();
+    shares
+}
+
+/// One holder's side of a grant ([`allot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant<'a> {
+    pub name: &'a str,
+    /// What it holds by its entry: for a rate, its share of the rate now.
+    pub held: u64,
+    pub want: u64,
+}
+
+/// What [`allot`] decided for a holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allotted {
+    /// What it may hold from now on.
+    pub amount: u64,
+    /// What it is to hold ([`targets`]).
+    pub share: u64,
+    /// The want its entry records: a newcomer's, raised to the largest of the others'.
+    pub want: u64,
+    /// Its entry: `amount`, or for a budget what it holds if that is more (tokens handed out are not taken back
+    /// before the holder reports them unspent).
+    pub entry: u64,
+}
+
+/// The rule of [`Grants::grant`](crate::store::Grants::grant), shared by both stores (`lua/ledger.lua`'s `grant` is
+/// its twin): what `me` may hold when the others hold and want `others` and the quota has `left` left (for a rate,
+/// `left` is the rate's limit per window, and nothing is kept in reserve).
+pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: bool, rate: bool) -> Allotted {
+    let reserve = if rate { 0 } else { left / RESERVE_PARTS };
+    let mut want = me.want;
+    if newcomer {
+        want = others.iter().map(|o| o.want).fold(want, u64::max);
+    }
+    let mut wants: Vec<(&str, u64)> = others.iter().map(|o| (o.name, o.want)).collect();
+    wants.push((me.name, want));
+    let shares = targets(left - reserve, &wants);
+    let share = shares[others.len()];
+    let held = me.held;
+    let others_held: u64 = others.iter().map(|o| o.held).sum();
     let free = left.saturating_sub(others_held).saturating_sub(held);
-    if held < share {
-        held + (share - held).min(free)
+    let open = if newcomer { free } else { free.saturating_sub(reserve) };
+    let mut amount = if left == 0 {
+        0
+    } else if held < share {
+        held + (share - held).min(open)
     } else {
-        // Give back what the others lack of their shares and cannot take from what is free, and what the holders hold
-        // past what is left (usage admitted outside any grant), never going below the share.
-        let lacking: u64 = others.iter().map(|&(h, s)| s.saturating_sub(h)).sum();
-        let over = (others_held + held).saturating_sub(left);
-        let back = lacking.saturating_sub(free).saturating_add(over);
+        // Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer
+        // took of the reserve, and what the holders hold past what is left (usage admitted outside any grant),
+        // never going below the share.
+        let lacking: u64 = others.iter().zip(&shares).map(|(o, &s)| s.saturating_sub(o.held)).sum();
+        let back = lacking
+            .saturating_sub(free.saturating_sub(reserve))
+            .saturating_add(reserve.saturating_sub(free))
+            .saturating_add((others_held + held).saturating_sub(left));
         share.max(held - back.min(held))
+    };
+    if newcomer && !rate {
+        // A newcomer's first grants stay within half of what is left: its demand is not known yet.
+        amount = amount.min(held.max(left / 2));
+    }
+    let entry = if rate { amount } else { amount.max(held) };
+    Allotted {
+        amount,
+        share,
+        want,
+        entry,
     }
 }

@@ -27,7 +27,8 @@
 --             bounded by that tier's capacity + 1 (burst for buckets, the limit otherwise; `TierSpec::bounded_cost`),
 --             and '' where that equals ARGV[3]. A cost of 0 (a tier's or the hit's) checks without consuming.
 -- then, in the modes 'reserve' and 'reserve_report', the reservation record's TTL in us; in the mode 'grant', the
---             holder, what it holds, what it wants and its entry's TTL in us
+--             holder, what it holds, what it wants, its entry's TTL in us, whether it is a newcomer (1/0), and a
+--             rate's limit per window when the holders share a rate (-1: a budget)
 --
 -- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
 --           then in peek mode the recorded values, newest first }.
@@ -161,8 +162,11 @@ local function decide(k, nk, a)
       if left == nil or rem < left then left = rem end
     end
     local g = first + 5 * tiers
+    -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).
+    local rate = tonumber(arg(g + 5))
+    if rate >= 0 then left = rate end
     return grant(K[k + nk - 1], now, left or 0, arg(g), tonumber(arg(g + 1)), tonumber(arg(g + 2)),
-      tonumber(arg(g + 3)))
+      tonumber(arg(g + 3)), arg(g + 4) == '1', rate >= 0)
   end
   local forced = mode == 'report' and positive
 

@@ -25,10 +25,33 @@ local function fair_shares(capacity, names, wants)
   return shares
 end
 
+-- The part of what is left that only a newcomer may take (`store::RESERVE_PARTS`), and the most a want weighs in the
+-- surplus.
+local RESERVE_PARTS, WEIGHT_CAP = 25, 4294967296
+
+-- What each holder is to hold of `pool`: its fair share, and of what the shares leave over a part in proportion to its
+-- want, rounded down. The twin of `store::targets`.
+local function targets(pool, names, wants)
+  local shares = fair_shares(pool, names, wants)
+  local given, weight = 0, 0
+  for i = 1, #wants do
+    given = given + shares[i]
+    weight = weight + math.min(wants[i], WEIGHT_CAP)
+  end
+  local surplus = pool - given
+  if surplus > 0 and weight > 0 then
+    for i = 1, #wants do
+      shares[i] = shares[i] + math.floor(surplus * math.min(wants[i], WEIGHT_CAP) / weight)
+    end
+  end
+  return shares
+end
+
 -- The holder `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left.
--- Returns { what it may hold now, its fair share, left, live holders, what they all hold, its entry }: the rule of
--- `store::granted_amount`; its entry becomes the larger of what it may hold and what it holds (at most its entry). The entry lasts `ttl` microseconds; the key as long as its latest entry.
-local function grant(lkey, now, left, holder, held, want, ttl)
+-- `newcomer` (1): it has not said its demand yet; `rate` (1): `left` is a rate's limit per window, shared as rates.
+-- Returns { what it may hold now, its share, left, live holders, what they all hold, its entry }: the rule of
+-- `store::allot`. The entry lasts `ttl` microseconds; the key as long as its latest entry.
+local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   local flat = redis.call('HGETALL', lkey)
   local names, wants, helds, stale = {}, {}, {}, {}
   local others, latest, previous = 0, now + ttl, 0
@@ -53,26 +76,37 @@ local function grant(lkey, now, left, holder, held, want, ttl)
   end
   -- A holder holds at most what its entry says it was granted.
   held = math.min(held, previous)
+  local reserve = 0
+  if not rate then reserve = math.floor(left / RESERVE_PARTS) end
+  if newcomer then
+    for i = 1, #wants do want = math.max(want, wants[i]) end
+  end
   local n = #names + 1
   names[n], wants[n], helds[n] = holder, want, held
-  local shares = fair_shares(left, names, wants)
+  local shares = targets(left - reserve, names, wants)
   local share = shares[n]
   local free = max0(max0(left - others) - held)
+  local open = free
+  if not newcomer then open = max0(free - reserve) end
   local amount = 0
   if left <= 0 then
     amount = 0
   elseif held < share then
-    amount = held + math.min(share - held, free)
+    amount = held + math.min(share - held, open)
   else
-    -- Give back what the others lack of their shares and cannot take from what is free, and what the holders hold
-    -- past what is left (usage admitted outside any grant), never going below the share.
+    -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took
+    -- of the reserve, and what the holders hold past what is left (usage admitted outside any grant), never going
+    -- below the share.
     local lacking = 0
     for i = 1, n - 1 do lacking = lacking + max0(shares[i] - helds[i]) end
-    local back = max0(lacking - free) + max0(others + held - left)
+    local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
     amount = math.max(share, held - math.min(back, held))
   end
-  -- Tokens handed out are not taken back before the holder reports them unspent.
-  local entry = math.max(amount, held)
+  -- A newcomer's first grants of a budget stay within half of what is left.
+  if newcomer and not rate then amount = math.min(amount, math.max(held, math.floor(left / 2))) end
+  -- Tokens of a budget handed out are not taken back before the holder reports them unspent.
+  local entry = amount
+  if not rate then entry = math.max(amount, held) end
   redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
   redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
   return { amount, share, left, n, others + entry, entry }

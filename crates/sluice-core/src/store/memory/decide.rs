@@ -7,8 +7,7 @@ use super::{MemoryStore, lock};
 use crate::store::Algorithm;
 use crate::store::algorithm::{self, Check, Expiry, Refund, ceil_ms_us};
 use crate::store::{
-    Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, fair_shares,
-    granted_amount,
+    Claimant, Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, allot,
 };
 
 /// What a tier's hit of `cost` would find in the shard at `now`, by its algorithm's check.
@@ -229,23 +228,33 @@ impl MemoryStore {
             ..Granted::default()
         };
         if want > 0 {
-            let mut wants: Vec<(&str, u64)> = entries.iter().map(|(h, e)| (h.as_str(), e.1)).collect();
-            wants.push((&grant.holder, want));
-            let shares = fair_shares(left, &wants);
-            let others: Vec<(u64, u64)> = entries.values().zip(&shares).map(|(e, &s)| (e.0, s)).collect();
-            let share = shares[shares.len() - 1];
-            let amount = granted_amount(left, held, share, &others);
-            // Tokens handed out are not taken back before the holder reports them unspent.
-            let entry = amount.max(held);
-            granted = Granted {
-                held: amount,
-                share,
-                entry,
-                holders: granted.holders + 1,
-                total_held: granted.total_held + entry,
-                ..granted
+            let left = grant.rate.unwrap_or(left);
+            let others: Vec<Claimant<'_>> = entries
+                .iter()
+                .map(|(name, e)| Claimant {
+                    name,
+                    held: e.0,
+                    want: e.1,
+                })
+                .collect();
+            let me = Claimant {
+                name: &grant.holder,
+                held,
+                want,
             };
-            entries.insert(grant.holder.clone(), (entry, want, now + grant.ttl_us));
+            let allotted = allot(left, me, &others, grant.newcomer, grant.rate.is_some());
+            granted = Granted {
+                held: allotted.amount,
+                share: allotted.share,
+                left,
+                entry: allotted.entry,
+                holders: granted.holders + 1,
+                total_held: granted.total_held + allotted.entry,
+            };
+            entries.insert(
+                grant.holder.clone(),
+                (allotted.entry, allotted.want, now + grant.ttl_us),
+            );
         }
         let until = entries.values().map(|e| e.2).max().unwrap_or(now);
         shard.upsert(key, now, Expiry::Always(until), |Ledger(ledger): &mut Ledger| {

@@ -108,7 +108,7 @@ impl Call {
     }
 
     /// One grant's keys and arguments: decide.lua's mode 'grant', its tiers read at cost 0, with the ledger as the
-    /// last key and the holder's entry after the tiers.
+    /// last key and the holder's entry, whether it is a newcomer and a rate's limit (-1: a budget) after the tiers.
     pub(super) fn grant(now_us: Option<u64>, grant: &Grant) -> Call {
         let hit = Hit {
             tiers: grant.tiers.clone(),
@@ -120,6 +120,8 @@ impl Call {
             amount(grant.held),
             amount(grant.want),
             amount(grant.ttl_us),
+            Value::Integer(i64::from(grant.newcomer)),
+            grant.rate.map_or(Value::Integer(-1), amount),
         ];
         Call::build(ScriptMode::Grant, now_us, &hit, None, Some((&grant.ledger, tail)))
     }

@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 
 use crate::faces::auth::Refused;
 use crate::limiter::Series;
-use crate::metrics::{RLQS_ABANDONED, RLQS_ASSIGNMENTS, RLQS_BUCKETS, RLQS_EXHAUSTED, RLQS_STREAMS, RLQS_USAGE};
+use crate::metrics::{
+    RLQS_ABANDONED, RLQS_ASSIGNMENTS, RLQS_BUCKETS, RLQS_EXHAUSTED, RLQS_STREAMS, RLQS_USAGE, RLQS_WRONGFUL_DENIALS,
+};
 use crate::quota::{Assigned, NO_REFILL_S, Strategy};
 use crate::rules::Domain;
 
@@ -28,9 +30,6 @@ pub const SETTLE_SECONDS: u64 = 2;
 
 /// How far back a heartbeat counts an instance as alive (an instance beats every second).
 pub const ALIVE_SECONDS: u64 = 5;
-
-/// RLQS clients' requests denied while their bucket had quota left; counted by the RLQS core when it knows them.
-const RLQS_WRONGFUL: &str = "sluice_rlqs_wrongful_denials_total";
 
 /// The seconds `from..=to` a series request asks for (empty when `from > to`: nothing new), within `range`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,7 +312,7 @@ pub fn rlqs_in_words(text: &str) -> Vec<String> {
             plural(v, "bucket was", "buckets were")
         ));
     }
-    if let Some(v) = sum(RLQS_WRONGFUL) {
+    if let Some(v) = sum(RLQS_WRONGFUL_DENIALS) {
         words.push(format!(
             "{} denied while their bucket still had quota.",
             plural(v, "request was", "requests were")
