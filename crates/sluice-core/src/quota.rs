@@ -6,16 +6,18 @@
 //! - every report is charged to the bucket's quota, an ordinary counter in the store ([`Limiter::charge_usage`]), so
 //!   all Envoys and all sluice instances on one store share it;
 //! - each Envoy holds a grant: tokens handed to it and not yet reported used, recorded in the bucket's ledger in the
-//!   same store ([`Limiter::grant_quota`], [`crate::store::Grants::grant`]). A grant comes from what no Envoy holds,
-//!   up to the Envoy's max-min fair share, by demand, of what is left (its demand: its requests, allowed or denied,
-//!   over the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the others
-//!   lack. So the tokens all Envoys hold never add up to more than what is left;
-//! - a grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]), sized from what
-//!   sluice knows the Envoy holds (`quota/holding.rs`: Envoy 1.40 keeps a bucket whose settings did not change,
-//!   starts one whose settings changed at the old one's fill fraction, and one after a DENY_ALL full). Tokens handed
-//!   out are not taken back: an Envoy above its share has its bucket shrunk, and its ledger entry goes down when its
-//!   next report says what it did not spend. With nothing for it, an Envoy gets DENY_ALL until a request fits again
-//!   or another Envoy gives tokens back;
+//!   same store ([`Limiter::grant_quota`], [`crate::store::Grants::grant`]). A quota whose limits all have windows of
+//!   a minute or less is shared as a rate (`quota/grant.rs`, [`RATE_WINDOW_MAX_US`]): refilling token buckets whose
+//!   rates add up to its most constrained limit. Any other is a budget: what is left, but a reserve for newcomers, is
+//!   handed out, max-min fair by demand and the surplus by demand (its demand: its requests, allowed or denied, over
+//!   the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the
+//!   others lack. So the tokens all Envoys hold never add up to more than what is left;
+//! - a budget's grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]), sized
+//!   from what sluice knows the Envoy holds (`quota/holding.rs`: Envoy 1.40 keeps a bucket whose settings did not
+//!   change, starts one whose settings changed at the old one's fill fraction, and one after a DENY_ALL full). Tokens
+//!   handed out are not taken back: an Envoy above its share has its bucket shrunk, and its ledger entry goes down
+//!   when its next report says what it did not spend. With nothing for it, an Envoy gets DENY_ALL until a request
+//!   fits again or another Envoy gives tokens back;
 //! - when an Envoy joins a bucket or its demand changes (by half or double), when it gives tokens back, and when a
 //!   report finds it short of its share, every stream of the bucket on every instance is told
 //!   ([`Notice::Quota`](crate::store::Notice::Quota), through the store) and sizes its grant again at once;
@@ -51,6 +53,7 @@ mod vocabulary;
 mod watchers;
 
 pub use demand::DEMAND_WINDOW_US;
+pub use grant::{RATE_BURST_PARTS, RATE_WINDOW_MAX_US};
 pub use stream::{Inbox, QuotaStream};
 pub use vocabulary::{Action, BucketId, NO_REFILL_S, QuotaCaps, QuotaError, Report, ReportedUsage, Strategy, TICK_US};
 
