@@ -67,7 +67,7 @@ def main(limit: int, binary: Path) -> None:
         joins = {i: RUN_S / 6 if i in JOINING else 0.0 for i in range(20)}
         offsets = {i: random.uniform(0, REPORT_S) for i in range(20)}
         envoys, first_report, first_token, last_report, left = {}, {}, {}, {}, set()
-        starving_since, longest_starved, refused_seconds = {}, {}, 0.0
+        starving_since, longest_starved, longest_from, refused_seconds = {}, {}, {}, 0.0
         started = time.monotonic()
         while (now := time.monotonic() - started) < RUN_S:
             for i, at in joins.items():
@@ -75,7 +75,7 @@ def main(limit: int, binary: Path) -> None:
                     envoys[i] = fleet.join(servers[i % 3].grpc_target)
             for i in LEAVING:
                 if i in envoys and i not in left and now >= 0.6 * RUN_S:
-                    envoys[i].stream.close()
+                    envoys[i].leave()
                     left.add(i)
             for i, envoy in envoys.items():
                 if i in left:
@@ -102,7 +102,9 @@ def main(limit: int, binary: Path) -> None:
                 if rate(i, now) > 0 and envoy.tokens() == 0 and unused >= limit / 10:
                     refused_seconds += STEP_S
                     starving_since.setdefault(i, now)
-                    longest_starved[i] = max(longest_starved.get(i, 0.0), now - starving_since[i])
+                    if now - starving_since[i] > longest_starved.get(i, 0.0):
+                        longest_starved[i] = now - starving_since[i]
+                        longest_from[i] = starving_since[i]
                 else:
                     starving_since.pop(i, None)
         admitted = sum(e.admitted for e in fleet.envoys)
@@ -116,7 +118,7 @@ def main(limit: int, binary: Path) -> None:
         print(f"Envoy-seconds refused while a tenth was unused: {refused_seconds:.1f}")
         print(f"longest without a token while a tenth was unused: {max(longest_starved.values(), default=0):.1f} s")
         if "-v" in sys.argv:
-            print({i: round(s, 1) for i, s in sorted(longest_starved.items())})
+            print({i: (round(s, 1), f"from {longest_from[i]:.1f} s") for i, s in sorted(longest_starved.items())})
 
 
 if __name__ == "__main__":

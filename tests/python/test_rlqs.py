@@ -220,6 +220,12 @@ class ModelEnvoy:
         self.stream = QuotaStream(target)
         self.held = None  # None, "allow_all", "deny_all" or [size, tokens]
         self.allowed = self.denied = self.admitted = 0
+        self.gone = False
+
+    def leave(self) -> None:
+        """The Envoy goes away with its stream, and the tokens it holds."""
+        self.gone = True
+        self.stream.close()
 
     def apply(self, response) -> None:
         assert isinstance(response, rlqs_pb2.RateLimitQuotaResponse), response
@@ -284,6 +290,8 @@ class Fleet:
 
     def pump(self) -> None:
         for envoy in self.envoys:
+            if envoy.gone:
+                continue
             for response in envoy.pending():
                 envoy.apply(response)
                 self.pushes += 1

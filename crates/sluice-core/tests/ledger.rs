@@ -4,7 +4,8 @@
 //! holders that leave or lapse count for nothing.
 
 use sluice_core::rules::Algorithm;
-use sluice_core::store::{CounterKey, Grant, Granted, Hit, Store, TierSpec, fair_shares, targets};
+use sluice_core::store::Claimant;
+use sluice_core::store::{CounterKey, Grant, Granted, Hit, Store, TierSpec, allot, fair_shares, targets};
 
 use crate::harness::{T0, tier};
 use sluice_core::store::Mode;
@@ -280,4 +281,20 @@ fn targets_hand_out_the_surplus_by_want_and_never_more_than_the_pool() {
             assert!(t.iter().sum::<u64>() <= pool, "{wants:?} of {pool}: {t:?}");
         }
     }
+}
+
+#[test]
+fn what_is_open_is_shared_by_all_that_lack() {
+    let holder = |name, held, want| Claimant { name, held, want };
+    // 100 left, a reserve of 4: a holds 80, b and c hold nothing, each is to hold 32. 16 are open past the reserve:
+    // b takes its part, 8, and leaves c's 8 for c, rather than all 16.
+    let others = [holder("a", 80, 50), holder("c", 0, 50)];
+    let b = allot(100, holder("b", 0, 50), &others, false, false);
+    assert_eq!((b.amount, b.share, b.entry), (8, 32, 8));
+    // Then c: 8 are open, and it lacks 32 of the 56 lacking.
+    let others = [holder("a", 80, 50), holder("b", 8, 50)];
+    assert_eq!(allot(100, holder("c", 0, 50), &others, false, false).amount, 4);
+    // One token open among many that lack: the first to ask gets it, rather than nobody.
+    let others = [holder("a", 95, 50), holder("c", 0, 50)];
+    assert_eq!(allot(100, holder("b", 0, 50), &others, false, false).amount, 1);
 }

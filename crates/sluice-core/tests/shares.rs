@@ -239,6 +239,7 @@ both_stores!(
     equal_load_is_shared_about_equally,
     shifting_load_never_holds_more_than_the_limit_and_starves_nobody,
     idle_holders_give_way_to_a_newcomer_within_a_report_interval,
+    a_cold_start_serves_every_envoy_within_a_report_interval,
 );
 
 /// Two Envoys, 20 requests a second each against 1 000 an hour: each admits 40 % to 60 % of the limit, and together
@@ -312,4 +313,19 @@ async fn idle_holders_give_way_to_a_newcomer_within_a_report_interval(store: imp
     // Its share is 669 of the 700 left: it holds most of it (what sluice cannot know it holds, it may not count on).
     assert!(tokens[2] >= 500 && tokens[0] <= 3 && tokens[1] <= 3, "{tokens:?}");
     assert!(fleet.peak <= LIMIT);
+}
+
+/// Fifteen Envoys start at once (a fleet's cold start), each a newcomer: the first ones served take no more than
+/// their part of what others wait for, and nobody with demand goes more than one report interval without a token
+/// while a tenth of the limit is unused.
+async fn a_cold_start_serves_every_envoy_within_a_report_interval(store: impl Store) {
+    let mut fleet = fleet(store).await;
+    for _ in 0..15 {
+        fleet.join();
+    }
+    let starved = fleet.run(15, |i, _| 1 + (i as u64 * 7) % 5).await;
+    let admitted = fleet.admitted();
+    assert!(admitted.iter().sum::<u64>() <= LIMIT, "{admitted:?}");
+    assert!(starved.iter().all(|&s| s <= REPORT_EVERY_S), "{starved:?} {admitted:?}");
+    assert!(admitted.iter().all(|&a| a > 0), "{admitted:?}");
 }

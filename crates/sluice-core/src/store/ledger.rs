@@ -130,15 +130,19 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
     let others_held: u64 = others.iter().map(|o| o.held).sum();
     let free = left.saturating_sub(others_held).saturating_sub(held);
     let open = if newcomer { free } else { free.saturating_sub(reserve) };
+    let lacking: u64 = others.iter().zip(&shares).map(|(o, &s)| s.saturating_sub(o.held)).sum();
     let mut amount = if left == 0 {
         0
     } else if held < share {
-        held + (share - held).min(open)
+        // What is open is shared by all that lack, in proportion to what each lacks (at least a token while any is
+        // open): the first to ask does not take what the others wait for.
+        let lack = share - held;
+        let part = (open as f64 * lack.min(WEIGHT_CAP) as f64 / (lacking + lack).min(WEIGHT_CAP) as f64).floor() as u64;
+        held + lack.min(part.max(open.min(1)))
     } else {
         // Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer
         // took of the reserve, and what the holders hold past what is left (usage admitted outside any grant),
         // never going below the share.
-        let lacking: u64 = others.iter().zip(&shares).map(|(o, &s)| s.saturating_sub(o.held)).sum();
         let back = lacking
             .saturating_sub(free.saturating_sub(reserve))
             .saturating_add(reserve.saturating_sub(free))

@@ -88,17 +88,21 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   local free = max0(max0(left - others) - held)
   local open = free
   if not newcomer then open = max0(free - reserve) end
+  local lacking = 0
+  for i = 1, n - 1 do lacking = lacking + max0(shares[i] - helds[i]) end
   local amount = 0
   if left <= 0 then
     amount = 0
   elseif held < share then
-    amount = held + math.min(share - held, open)
+    -- What is open is shared by all that lack, in proportion to what each lacks (at least a token while any is
+    -- open): the first to ask does not take what the others wait for.
+    local lack = share - held
+    local part = math.floor(open * math.min(lack, WEIGHT_CAP) / math.min(lacking + lack, WEIGHT_CAP))
+    amount = held + math.min(lack, math.max(part, math.min(open, 1)))
   else
     -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took
     -- of the reserve, and what the holders hold past what is left (usage admitted outside any grant), never going
     -- below the share.
-    local lacking = 0
-    for i = 1, n - 1 do lacking = lacking + max0(shares[i] - helds[i]) end
     local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
     amount = math.max(share, held - math.min(back, held))
   end
