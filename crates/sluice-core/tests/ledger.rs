@@ -164,8 +164,8 @@ async fn holders_that_leave_or_lapse_count_for_nothing(store: impl Store) {
 }
 
 /// An idle holder (wanting 1) alone holds all but the reserve; a newcomer with demand is served the reserve at once,
-/// the holder gives back all but its part of the surplus, and the newcomer then gets half of what is left, and all
-/// of its share once it said its demand.
+/// the holder gives back all but its part of the surplus, and the newcomer then gets half of what is left and the
+/// reserve, and all of its share once it said its demand.
 async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: impl Store) {
     let t = T0;
     let a = grant(&store, t, 1_000, "a", 0, 1).await;
@@ -187,8 +187,8 @@ async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: i
     let c = newcomer(&store, t, 1_000, "c", 40, 50).await;
     assert_eq!(
         (c.held, c.total_held),
-        (500, 519),
-        "a newcomer gets half of what is left at most"
+        (540, 559),
+        "a newcomer gets half of what is left and the reserve at most"
     );
     let c = grant(&store, t, 1_000, "c", 500, 50).await;
     assert_eq!((c.held, c.total_held), (941, 960), "then its share");

@@ -111,14 +111,15 @@ async fn open<S: Store>(quotas: &Arc<Quotas<S>>) -> QuotaStream {
     quotas.open().expect("room for a stream")
 }
 
-/// One Envoy alone gets half of what is left at its first report (its demand is not known yet); usage past the limit
+/// One Envoy alone gets half of what is left and the reserve at its first report (its demand is not known yet); usage
+/// past the limit
 /// is still counted, and the quota is then DENY_ALL until the window ends, when the next tick sends a new grant.
 async fn usage_is_charged_and_exhaustion_denies_until_the_window_ends(store: impl Store) {
     let (quotas, clock, _) = setup(store).await;
     let mut a = open(&quotas).await;
     let alice = user("alice");
     let first = quotas.report(&mut a, report("q", &[(&alice, 1, 0)])).await.unwrap();
-    assert_eq!(tokens(&first), 49, "half of the 99 left");
+    assert_eq!(tokens(&first), 52, "half of the 99 left, and the reserve of 3");
     assert_eq!(strategy(&first).1, 9, "the rule's TTL");
     // Both the keys order and duplicates in one message are irrelevant.
     let actions = quotas
@@ -159,16 +160,16 @@ async fn grants_are_given_back_when_another_envoy_lacks_its_share(store: impl St
     let bob = user("bob");
     assert_eq!(
         tokens(&quotas.report(&mut a, report("q", &[(&bob, 30, 0)])).await.unwrap()),
-        35,
-        "half of the 70 left: a newcomer's demand is not known yet"
+        37,
+        "half of the 70 left and the reserve of 2: a newcomer's demand is not known yet"
     );
-    // b admitted 50 before any grant (its no-assignment behaviour): 20 are left, and a holds 35 of them, 15 past
+    // b admitted 50 before any grant (its no-assignment behaviour): 20 are left, and a holds 37 of them, 17 past
     // what is left. b gets nothing rather than a token that is not there.
     let b_first = quotas.report(&mut b, report("q", &[(&bob, 50, 0)])).await.unwrap();
     assert_eq!(strategy(&b_first).0, Strategy::DenyAll, "{b_first:?}");
     assert!(woken(&a).await, "a is woken");
-    // The fair shares of the 20 left are 10 each: a's bucket of 35 is resized to 10 (Envoy carries its fill
-    // fraction over). But a may have admitted all 35 already: they stay a's until its next report says otherwise.
+    // The fair shares of the 20 left are 10 each: a's bucket of 37 is resized to 10 (Envoy carries its fill
+    // fraction over). But a may have admitted all 37 already: they stay a's until its next report says otherwise.
     assert_eq!(bucket(&quotas.tick(&mut a).await.unwrap()), (10, false));
     assert!(quotas.tick(&mut b).await.unwrap().is_empty(), "nothing is free yet");
     let a_report = quotas.report(&mut a, report("q", &[(&bob, 0, 0)])).await.unwrap();
@@ -187,7 +188,7 @@ async fn grants_are_given_back_when_another_envoy_lacks_its_share(store: impl St
         .report(&mut a, report("q", &[(&user("carol"), 1, 0)]))
         .await
         .unwrap();
-    assert_eq!(tokens(&carol), 49);
+    assert_eq!(tokens(&carol), 52, "half of the 99 left, and the reserve of 3");
 }
 
 /// Assignments are refreshed before their TTL lapses; a bucket reported with no requests for `abandon_after_seconds`

@@ -23,7 +23,7 @@ pub struct Grant {
     /// removed).
     pub ttl_us: u64,
     /// The holder has not said its demand yet (before its second report): it wants at least what any other wants,
-    /// may take the reserve, and, for a budget, gets at most half of what is left.
+    /// may take the reserve, and, for a budget, gets at most half of what is left and the reserve.
     pub newcomer: bool,
     /// A rate, not a budget: the holders share this many tokens per window of the quota's most constrained limit, as
     /// refilling token buckets; `held` is the holder's share now, and its entry follows its grant both ways.
@@ -150,8 +150,8 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
         share.max(held - back.min(held))
     };
     if newcomer && !rate {
-        // A newcomer's first grants stay within half of what is left: its demand is not known yet.
-        amount = amount.min(held.max(left / 2));
+        // A newcomer's first grants stay within half of what is left and the reserve: its demand is not known yet.
+        amount = amount.min(held.max(left / 2 + reserve));
     }
     let entry = if rate { amount } else { amount.max(held) };
     Allotted {
