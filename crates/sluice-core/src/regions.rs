@@ -25,8 +25,8 @@
 //! Counts therefore leave every interval whatever the round trip, and arrive the link's one-way delay later.
 //!
 //! Local decisions never wait for a link: shipping runs in tasks of its own, each shipment bounded by a timeout.
-//! Stopping ([`Replicator::run`]'s `stop`) ships once more whatever was not shipped, within the timeout,
-//! and names each region that could not be reached with what it missed.
+//! Stopping ([`Replicator::run`]'s `stop`) ships once more whatever was not shipped, within the timeout, and names
+//! each region that could not be reached with what it missed.
 //!
 //! The bound: a region admits a hit when its own count, plus the others' as last shipped, plus the cost fit the
 //! limit. What was shipped is at most `interval` + the link's one-way delay (+ one read and one write) old, so over one
@@ -204,7 +204,7 @@ impl<R: Store + 'static> Replicator<R> {
     /// timeout; logs each region that could not be reached, with what it missed. Returns how many links were reached.
     pub async fn flush<S: Store>(&self, store: &S, now_us: u64) -> usize {
         if let Err(e) = self.collect(store, now_us).await {
-            tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits are not shipped");
+            tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits on those windows are not shipped");
         }
         let missed = self.ship_all(now_us).await;
         let mut reached = 0;

@@ -142,8 +142,7 @@ impl Regions {
 
     /// Notes the windows of global tiers that the answered hits counted in: an admitted hit's (or a forced one's)
     /// tiers with a positive cost, each with the count the store answered it left
-    /// ([`TierOutcome::own`](crate::store::TierOutcome::own)), or to be
-    /// read back where the store did not say.
+    /// ([`TierOutcome::own`](crate::store::TierOutcome::own)), or to be read back where the store did not say.
     pub(crate) fn note(&self, now_us: u64, hits: &[Hit], answers: &Answers) {
         let mut touched = None;
         for (hit, answer) in hits.iter().zip(answers) {
