@@ -3,14 +3,21 @@
 //! of its window, as this region knows it.
 //!
 //! What a region knows of the others is what they ship. Every instance notes the windows of global limits it counted in
-//! (in the limiter's [`Regions`]); every `interval` it reads this region's own count of each ([`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts))
-//! and hands them to one [`Link`] per other region, which keeps them in a backlog (one entry per window, the larger
-//! count kept) and ships it to that region's store ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window is
-//! kept as the larger of what it held and what arrived. Counts are absolute and only grow within a window, so a batch
-//! applied twice, late or out of order counts once, and a link that comes back after a cut ships what its backlog kept.
-//! The backlog holds at most `backlog` windows per link; a window that finds it full is dropped and counted
-//! (`sluice_region_dropped_total`), and windows whose time is over leave it unshipped (they no longer weigh in any
-//! decision).
+//! (in the limiter's [`Regions`]), each with the largest count of it the store answered a hit with: this region's own
+//! count after that hit ([`TierOutcome::own`](crate::store::TierOutcome::own)), so shipping reads nothing back from
+//! the store. A count only grows within a window and each hit's script sees every hit before it, so the hit counted
+//! last in a window saw its final count, and once every instance of the region has shipped what it saw, the largest
+//! of their counts, which is what the other regions keep, is exact. (A window some hit counted in without the store
+//! saying what it left, in Redis the driver's form, is read back instead:
+//! [`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts).)
+//!
+//! Every `interval` an instance hands what it noted to one [`Link`] per other region, which keeps it in a backlog (one
+//! entry per window, the larger count kept) and ships it to that region's store
+//! ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window is
+//! kept as the larger of what it held and what arrived. Counts are absolute, so a batch applied twice, late or out of
+//! order counts once, and a link that comes back after a cut ships what its backlog kept. The backlog holds at most
+//! `backlog` windows per link; a window that finds it full is dropped and counted (`sluice_region_dropped_total`),
+//! and windows whose time is over leave it unshipped (they no longer weigh in any decision).
 //!
 //! A link never waits for its last shipment to be answered before it sends the next: every interval it ships what
 //! was queued since, in a task of its own, so that several shipments may be in flight on a slow link (merges are
@@ -18,8 +25,8 @@
 //! Counts therefore leave every interval whatever the round trip, and arrive the link's one-way delay later.
 //!
 //! Local decisions never wait for a link: shipping runs in tasks of its own, each shipment bounded by a timeout.
-//! Stopping ([`Replicator::run`]'s `stop`) reads and ships once more whatever was not shipped, within the timeout,
-//! and names each region that could not be reached with what it missed.
+//! Stopping ([`Replicator::run`]'s `stop`) ships once more whatever was not shipped, within the timeout, and names
+//! each region that could not be reached with what it missed.
 //!
 //! The bound: a region admits a hit when its own count, plus the others' as last shipped, plus the cost fit the
 //! limit. What was shipped is at most `interval` + the link's one-way delay (+ one read and one write) old, so over one
@@ -119,25 +126,48 @@ impl<R: Store + 'static> Replicator<R> {
         self.shared.clone()
     }
 
-    /// Reads this region's counts of the windows noted since the last time, from `store` at `now_us`, and queues
-    /// them on every link. A read that fails leaves the windows noted, to be read next time.
+    /// Queues on every link this region's counts of the windows noted since the last time, at `now_us`: the largest
+    /// count the decisions saw the store answer, and, for the windows some hit counted in without the store saying
+    /// what it left, the count read from `store`. A read that fails leaves those windows noted, to be read next time
+    /// (the others are queued). Returns how many windows were queued.
     pub async fn collect<S: Store>(&self, store: &S, now_us: u64) -> Result<usize, StoreError> {
-        let windows = self.shared.take();
-        if windows.is_empty() {
+        let noted = self.shared.take();
+        if noted.is_empty() {
             return Ok(0);
         }
-        let counts = match store.window_counts(now_us, &windows).await {
-            Ok(counts) => counts,
-            Err(e) => {
-                self.shared.restore(windows);
-                return Err(e);
-            }
-        };
-        for link in &self.links {
-            link.queue(now_us, &windows, &counts, self.settings.backlog);
-            link.queued.notify_one();
+        let (unread, seen): (Vec<_>, Vec<_>) = noted.into_iter().partition(|(_, n)| n.read);
+        let mut windows: Vec<WindowRef> = Vec::with_capacity(seen.len() + unread.len());
+        let mut counts: Vec<u64> = Vec::with_capacity(windows.capacity());
+        for (window, noted) in seen {
+            windows.push(window);
+            counts.push(noted.seen);
         }
-        Ok(windows.len())
+        let mut failed = None;
+        if !unread.is_empty() {
+            let reads: Vec<WindowRef> = unread.iter().map(|(w, _)| w.clone()).collect();
+            match store.window_counts(now_us, &reads).await {
+                Ok(read) => {
+                    for ((window, noted), read) in unread.into_iter().zip(read) {
+                        windows.push(window);
+                        counts.push(noted.seen.max(read));
+                    }
+                }
+                Err(e) => {
+                    self.shared.restore(unread);
+                    failed = Some(e);
+                }
+            }
+        }
+        if !windows.is_empty() {
+            for link in &self.links {
+                link.queue(now_us, &windows, &counts, self.settings.backlog);
+                link.queued.notify_one();
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(windows.len()),
+        }
     }
 
     /// Ships every link's whole backlog once (what is in flight included), the links concurrently, each bounded by
@@ -170,11 +200,11 @@ impl<R: Store + 'static> Replicator<R> {
         futures::future::join_all(shipments).await
     }
 
-    /// Reads what was counted since the last interval and ships every link's backlog a last time, within the
+    /// Queues what was counted since the last interval and ships every link's backlog a last time, within the
     /// timeout; logs each region that could not be reached, with what it missed. Returns how many links were reached.
     pub async fn flush<S: Store>(&self, store: &S, now_us: u64) -> usize {
         if let Err(e) = self.collect(store, now_us).await {
-            tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits are not shipped");
+            tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits on those windows are not shipped");
         }
         let missed = self.ship_all(now_us).await;
         let mut reached = 0;
@@ -428,4 +458,154 @@ pub fn check_names(own: &str, others: &[String]) -> Result<(), String> {
 /// A poisoned lock's data is still whole here: every update is one insert, remove or retain.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    //! A link's backlog and its shipments in flight, taken and answered in the orders a slow link sees: several
+    //! shipments out at once, answered late, out of order, or not at all.
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::redis::{RedisSettings, RedisStore};
+    use crate::store::{Algorithm, CounterKey, Counters, Hit, TierSpec};
+
+    const MINUTE: u64 = 60_000_000;
+    const NOW: u64 = 1_000 * MINUTE + 10_000_000;
+    const TIMEOUT: Duration = Duration::from_millis(300);
+
+    fn key(name: &str) -> CounterKey {
+        CounterKey::builder("t:", "d")
+            .entry("k", name)
+            .finish()
+            .tier(Algorithm::FixedWindow, MINUTE)
+    }
+
+    fn window(name: &str) -> WindowRef {
+        WindowRef {
+            key: key(name),
+            algorithm: Algorithm::FixedWindow,
+            window_us: MINUTE,
+            start_us: NOW - NOW % MINUTE,
+        }
+    }
+
+    fn link<R>(store: R) -> Link<R> {
+        let regions = Regions::new("eu", &["us".to_string()]);
+        Link {
+            state: regions.links()[0].clone(),
+            store,
+            backlog: Mutex::default(),
+            queued: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// What a batch carries, by window name, in order.
+    fn carried(batch: &[RegionCount]) -> Vec<(String, u64)> {
+        let mut carried: Vec<(String, u64)> = batch
+            .iter()
+            .map(|c| {
+                let name = ["a", "b", "c"]
+                    .into_iter()
+                    .find(|n| window(n) == c.window)
+                    .unwrap_or("?");
+                (name.to_string(), c.count)
+            })
+            .collect();
+        carried.sort();
+        carried
+    }
+
+    fn pairs(expected: &[(&str, u64)]) -> Vec<(String, u64)> {
+        expected.iter().map(|(n, c)| (n.to_string(), *c)).collect()
+    }
+
+    /// Whether the other region, as `store` holds it, admits `cost` more on window `name` against a limit of 10.
+    async fn admits(store: &MemoryStore, name: &str, cost: u64) -> bool {
+        let tier = TierSpec {
+            key: key(name),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            window_us: MINUTE,
+            burst: 10,
+            cost: None,
+            global: true,
+        };
+        let hit = Hit {
+            tiers: vec![tier],
+            cost,
+            mode: crate::store::Mode::Peek,
+            ..Hit::default()
+        };
+        matches!(&store.hit(NOW, &[hit]).await[..], [Ok(o)] if o.tiers[0].ok)
+    }
+
+    #[tokio::test]
+    async fn shipments_in_flight_at_once_send_each_count_once_and_answered_out_of_order_leave_nothing_behind() {
+        let link = link(MemoryStore::new());
+        link.queue(NOW, &[window("a"), window("b")], &[5, 3], 10);
+        let first = link.take(NOW, false);
+        assert_eq!(carried(&first), pairs(&[("a", 5), ("b", 3)]));
+        // While the first is out, a grows and c is counted: the second carries those, not b again.
+        link.queue(NOW, &[window("a"), window("c")], &[8, 1], 10);
+        let second = link.take(NOW, false);
+        assert_eq!(carried(&second), pairs(&[("a", 8), ("c", 1)]));
+        assert!(link.take(NOW, false).is_empty(), "everything waiting is in flight");
+        assert_eq!(link.state.backlog(), 3);
+
+        // The second is answered first: a and c leave the backlog, b waits for the first.
+        assert!(link.ship(NOW, "eu", TIMEOUT, second).await);
+        assert_eq!(link.state.backlog(), 1);
+        assert!(link.take(NOW, false).is_empty(), "b is still in flight");
+        // The first, late, carries a's older count: taken, it lowers nothing there and leaves nothing here.
+        assert!(link.ship(NOW, "eu", TIMEOUT, first).await);
+        assert_eq!(link.state.backlog(), 0);
+        assert!(lock(&link.backlog).in_flight.is_empty());
+        assert_eq!(link.state.shipped(), 4);
+        let us = &link.store;
+        assert!(admits(us, "a", 2).await, "8 of 10 elsewhere: 2 fit");
+        assert!(!admits(us, "a", 3).await, "a's 8 stands, not the late 5");
+        assert!(admits(us, "b", 7).await && !admits(us, "b", 8).await);
+    }
+
+    #[tokio::test]
+    async fn a_count_that_grew_while_its_shipment_was_out_waits_for_the_next() {
+        let link = link(MemoryStore::new());
+        link.queue(NOW, &[window("a")], &[5], 10);
+        let first = link.take(NOW, false);
+        link.queue(NOW, &[window("a")], &[9], 10);
+        assert!(link.ship(NOW, "eu", TIMEOUT, first).await);
+        assert_eq!(link.state.backlog(), 1, "9 was not taken yet");
+        assert_eq!(carried(&link.take(NOW, false)), pairs(&[("a", 9)]));
+        // A window whose time is over leaves the backlog unshipped.
+        link.queue(NOW, &[window("b")], &[2], 10);
+        assert!(link.take(NOW + 3 * MINUTE, false).is_empty());
+        assert_eq!(link.state.backlog(), 0);
+    }
+
+    #[tokio::test]
+    async fn shipments_not_taken_leave_their_counts_to_the_next_one() {
+        // A region that cannot be reached: nothing listens on port 1.
+        let settings = RedisSettings {
+            url: "redis://127.0.0.1:1".into(),
+            timeout: TIMEOUT,
+            pool_size: 1,
+            server_time: true,
+            tls: Default::default(),
+        };
+        let link = link(RedisStore::connect_in_background(&settings).await.expect("built"));
+        link.queue(NOW, &[window("a"), window("b")], &[5, 3], 10);
+        let first = link.take(NOW, false);
+        link.queue(NOW, &[window("a")], &[7], 10);
+        let second = link.take(NOW, false);
+        assert_eq!(carried(&second), pairs(&[("a", 7)]));
+        // Both fail, the newer first: every window waits, none is in flight, and the next shipment carries them all,
+        // each at its largest count.
+        assert!(!link.ship(NOW, "eu", TIMEOUT, second).await);
+        assert!(!link.ship(NOW, "eu", TIMEOUT, first).await);
+        assert!(!link.state.linked());
+        assert_eq!(link.state.backlog(), 2);
+        assert_eq!(link.state.shipped(), 0);
+        assert_eq!(carried(&link.take(NOW, false)), pairs(&[("a", 7), ("b", 3)]));
+    }
 }

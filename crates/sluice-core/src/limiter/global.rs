@@ -1,21 +1,39 @@
 //! This instance as one region of several: what the decision path shares with the shipping of counts to the other
-//! regions. The guard notes here the windows of global limits that its hits counted in; the replicator (the
-//! `regions` module, a layer over the limiter and the store) takes them every interval, reads this region's count of
-//! each and ships it, and keeps here what it knows of each link, which the limiter reports for readiness.
+//! regions. The guard notes here the windows of global limits that its hits counted in, each with the largest count
+//! of it the store answered (this region's own count after the hit); the replicator (the `regions` module, a layer
+//! over the limiter and the store) takes them every interval, reads back from the store only the windows a hit
+//! counted in without the store saying what it left, ships them, and keeps here what it knows of each link, which
+//! the limiter reports for readiness.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::store::{Answers, Hit, WindowRef};
 
 /// What the decision path and the readiness check share with the links: the windows counted in since the last
-/// read, and each link's state.
+/// time they were taken, and each link's state.
 #[derive(Debug)]
 pub struct Regions {
     name: Arc<str>,
-    touched: Mutex<HashSet<WindowRef>>,
+    touched: Mutex<HashMap<WindowRef, Noted>>,
     links: Vec<Arc<LinkState>>,
+}
+
+/// What is known of this region's count of a window counted in since the last time: the largest count the store
+/// answered for it, and whether some hit counted in it without the store saying what it left (the count must then be
+/// read back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Noted {
+    pub(crate) seen: u64,
+    pub(crate) read: bool,
+}
+
+impl Noted {
+    fn add(&mut self, other: Noted) {
+        self.seen = self.seen.max(other.seen);
+        self.read |= other.read;
+    }
 }
 
 /// What is known of one link, for readiness and metrics.
@@ -123,7 +141,8 @@ impl Regions {
     }
 
     /// Notes the windows of global tiers that the answered hits counted in: an admitted hit's (or a forced one's)
-    /// tiers with a positive cost.
+    /// tiers with a positive cost, each with the count the store answered it left
+    /// ([`TierOutcome::own`](crate::store::TierOutcome::own)), or to be read back where the store did not say.
     pub(crate) fn note(&self, now_us: u64, hits: &[Hit], answers: &Answers) {
         let mut touched = None;
         for (hit, answer) in hits.iter().zip(answers) {
@@ -134,22 +153,41 @@ impl Regions {
             if !(outcome.admitted || hit.forced()) {
                 continue;
             }
-            for tier in hit.tiers.iter().filter(|t| t.global && t.bounded_cost(hit.cost) > 0) {
+            for (tier, answered) in hit.tiers.iter().zip(&outcome.tiers) {
+                if !tier.global || tier.bounded_cost(hit.cost) == 0 {
+                    continue;
+                }
+                let mut window = WindowRef::of(tier, now_us);
+                let noted = match answered.own {
+                    Some(own) => {
+                        window.start_us = own.start_us;
+                        Noted {
+                            seen: own.count,
+                            read: false,
+                        }
+                    }
+                    None => Noted { seen: 0, read: true },
+                };
                 touched
                     .get_or_insert_with(|| lock(&self.touched))
-                    .insert(WindowRef::of(tier, now_us));
+                    .entry(window)
+                    .or_default()
+                    .add(noted);
             }
         }
     }
 
     /// The windows noted since the last time, taken.
-    pub(crate) fn take(&self) -> Vec<WindowRef> {
+    pub(crate) fn take(&self) -> Vec<(WindowRef, Noted)> {
         lock(&self.touched).drain().collect()
     }
 
-    /// Notes again windows taken but not read.
-    pub(crate) fn restore(&self, windows: Vec<WindowRef>) {
-        lock(&self.touched).extend(windows);
+    /// Notes again windows taken but not shipped.
+    pub(crate) fn restore(&self, windows: Vec<(WindowRef, Noted)>) {
+        let mut touched = lock(&self.touched);
+        for (window, noted) in windows {
+            touched.entry(window).or_default().add(noted);
+        }
     }
 }
 

@@ -259,6 +259,7 @@ impl<S: Store> Guard<S> {
                     },
                     retry_after_us: Some(if denying { denial.until_us - now_us } else { 0 }),
                     id: None,
+                    own: None,
                 }
             })
             .collect();

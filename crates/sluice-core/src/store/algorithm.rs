@@ -17,7 +17,7 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 
-use super::{TierOutcome, TierSpec};
+use super::{OwnCount, TierOutcome, TierSpec};
 
 use bucketed_window::Buckets;
 use concurrency::Leases;
@@ -257,6 +257,7 @@ impl Check {
             reset_after_us: reset,
             retry_after_us: self.retry,
             id,
+            own: None,
         }
     }
 }
@@ -269,6 +270,23 @@ pub(crate) struct Refund {
     /// What came back: at most the amount asked, less when the state held less.
     pub(crate) given: u64,
     pub(crate) expires_at_us: Option<u64>,
+}
+
+/// What a commit of `cost` by a window tier's `check` leaves as the count of its window (the current one, for a
+/// sliding window), as its commit writes it: a global window's own count after a hit that counted, shipped to the other
+/// regions. `None` for the other algorithms.
+pub(crate) fn own_count(check: &Check, cost: u64) -> Option<OwnCount> {
+    match check.write {
+        Write::Fixed { start, n, .. } => Some(OwnCount {
+            start_us: start,
+            count: n.saturating_add(cost).min(MAX_COUNT),
+        }),
+        Write::Sliding { start, c, .. } => Some(OwnCount {
+            start_us: start,
+            count: c.saturating_add(cost).min(MAX_SLIDING_COUNT),
+        }),
+        _ => None,
+    }
 }
 
 /// A global window's check (`lua/global.lua`, `lua/compact_global.lua`): its algorithm's, made by `check` against its

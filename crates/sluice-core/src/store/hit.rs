@@ -2,7 +2,7 @@
 //! limit), a reservation and its settlement, and the outcome of each ([`Outcome`], [`Settled`]), or why it could not be
 //! decided ([`StoreError`]).
 
-use super::CounterKey;
+use super::{CounterKey, OwnCount};
 use crate::store::Algorithm;
 
 /// One limit of a descriptor, as the store applies it.
@@ -293,6 +293,10 @@ pub struct TierOutcome {
     pub retry_after_us: Option<u64>,
     /// What an admitted hit created: the entry id in a `queue`, the lease in a `concurrency` tier.
     pub id: Option<String>,
+    /// A global window the hit counted in: this region's own count of it after the hit, as the store saw it, which
+    /// is what the other regions are shipped ([`crate::regions`]). `None` for any other tier, and where the store
+    /// does not tell (Redis's driver form): that window's count is then read back before it is shipped.
+    pub own: Option<OwnCount>,
 }
 
 /// The decision on one descriptor's hit.

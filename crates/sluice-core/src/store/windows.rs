@@ -1,5 +1,6 @@
 //! The windows of global limits, counted in every region ([`crate::regions`]): which window of a counter
-//! ([`WindowRef`]) and one region's count in it ([`RegionCount`]).
+//! ([`WindowRef`]), this region's count in it as a hit left it ([`OwnCount`]) and one region's count in it as shipped
+//! ([`RegionCount`]).
 
 use super::{CounterKey, TierSpec};
 use crate::store::Algorithm;
@@ -35,6 +36,14 @@ impl WindowRef {
         };
         self.start_us + windows * self.window_us + 1_000_000
     }
+}
+
+/// This region's own count of a global window, as a hit that counted in it left it ([`TierOutcome::own`](super::TierOutcome::own)): the
+/// window by its first microsecond (the store's window, by the clock the store decided by) and the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnCount {
+    pub start_us: u64,
+    pub count: u64,
 }
 
 /// One region's own count in one window, as shipped to the others ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)).

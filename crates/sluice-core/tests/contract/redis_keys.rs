@@ -75,6 +75,39 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
         "1",
         "the denial counted nothing"
     );
+    // A lone global window (its compact form counts by INCRBY first): folded in at its first hit, whether that hit
+    // fits or not, and a denial leaves the count as it found it, with the expiry its first write set.
+    for (name, held, fits) in [("legacy-global", 5, true), ("legacy-global-full", 6, false)] {
+        let mut h = one(name, Algorithm::FixedWindow, 6, MINUTE, 1);
+        h.fields.clear();
+        h.lease.clear();
+        h.tiers[0].global = true;
+        let base = h.tiers[0].key.as_str().to_string();
+        redis.cli(&["HSET", &base, "w", &start.to_string(), "n", &held.to_string()]);
+        let o = apply(&store, T0, &h).await;
+        assert_eq!(
+            (o.admitted, o.tiers[0].used),
+            (fits, 6 + u64::from(!fits)),
+            "{name}: used counts the hit, denied or not"
+        );
+        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
+        assert_eq!(
+            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            "0",
+            "{name}: folded and deleted"
+        );
+        let window = h.tiers[0].key.window(start);
+        assert_eq!(
+            redis.cli(&["--raw", "GET", window.as_str()]).trim(),
+            "6",
+            "{name}: no denial counted"
+        );
+        let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
+        assert!(
+            ttl > 50_000 && ttl <= 51_000,
+            "{name}: expires a second after its window: {ttl}"
+        );
+    }
     // A hash of a window that has passed counts nothing.
     let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
     let base = h.tiers[0].key.as_str().to_string();

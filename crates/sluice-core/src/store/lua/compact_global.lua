@@ -1,10 +1,10 @@
 -- compact_global.lua: a hit on a descriptor with one global window (`global: true`, a fixed or a sliding window; see
--- global.lua) and nothing else to write, in the fewest Redis commands and arguments: the window's own count read, the
--- other regions' counts read from their hash (`<window key>@regions`, the sum of its values), and when the hit fits,
--- one write; integers back. The decision itself (what is left, when to retry, the sum reported as used) is made by
--- sluice from those integers, the limit and the time, exactly as global.lua's check would make it (and the memory
--- store, by the same `global_check` in `store/algorithm.rs`); the differential test holds the paths to the same
--- answers.
+-- global.lua) and nothing else to write, in the fewest Redis commands and arguments: the other regions' counts read
+-- from their hash (`<window key>@regions`, the sum of its values), the window's own count read and, when the hit
+-- fits, written (a lone fixed window's both at once, by one INCRBY); integers back. The decision itself (what is left,
+-- when to retry, the sum reported as used) is made by sluice from those integers, the limit and the time, exactly as
+-- global.lua's check would make it (and the memory store, by the same `global_check` in `store/algorithm.rs`); the
+-- differential test holds the paths to the same answers.
 --
 -- Keys (as the plain compact forms build them, by sluice's clock, and rebuilt here for the server's window): a fixed
 -- window's key; a sliding window's current and previous windows' keys. Arguments (batch.lua reads them): 'gw' (a
@@ -23,7 +23,10 @@
 -- the counts the previous ones left, exactly as serial hits. A write that fails turns the answers of the hits it
 -- carried into its error.
 -- Invariants: as global.lua's: never counts a denial (nor a cost of 0), never writes the regions' hashes; the window's
--- own key is written as its algorithm's commit writes it.
+-- own key holds what its algorithm's commit writes. A lone unshared fixed window's hit that may fit is counted by
+-- INCRBY before it is decided, and a denial then sets the count back (deletes the key it created) in the same call:
+-- a denial leaves the count as it found it, but costs one more write than a read (a previous form's counter it meets
+-- is folded in either way).
 
 -- Per shared fixed window (by its key as sluice sent it): its count as the hits so far leave it, what it was read as,
 -- and the others' count; and the places of the hits that counted in it.
@@ -60,20 +63,43 @@ end
 local function compact_global_fixed(key, window, limit, cost, times, now, pos, shared)
   local start = now - now % window
   if not shared then
-    -- Read, decided and written at once, with nothing to remember (no table: the commonest call over many keys).
+    -- Decided and written in the fewest commands, with nothing to remember (no table: the commonest call over many
+    -- keys). The others' count first: a hit that cannot fit what they leave only reads the window's count. One that
+    -- may fit is counted at once, by one INCRBY as a lone regional window is, and set back in the same call if it did
+    -- not fit after all (or only some of `times` did): the script runs atomically, so no reader ever sees the count
+    -- it took back.
     local wkey, base = window_of(key, start)
-    local n, exists, folds = window_count(wkey, base, start)
     local others = regions_count(wkey)
-    local fits = global_fits(n, max0(limit - others), cost, times)
-    if fits > 0 then
-      local count = string.format('%d', math.min(n + fits * cost, MAX_COUNT))
-      if exists then
-        redis.call('SET', wkey, count, 'KEEPTTL')
-      else
-        redis.call('SET', wkey, count, 'PX', ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
-        if folds then redis.call('DEL', base) end
+    local room = max0(limit - others)
+    if cost <= 0 or cost > room then
+      answers[pos], answers[pos + 1] = window_count(wkey, base, start), others
+      return
+    end
+    local added = cost * times
+    local n = redis.call('INCRBY', wkey, string.format('%d', added)) - added
+    local fresh = n == 0
+    if fresh then
+      -- The window's first count: a counter of the previous form is folded in, and the expiry is set below.
+      local old, found = legacy(base, start)
+      if found then
+        redis.call('DEL', base)
+        if old > 0 then
+          n = old
+          redis.call('INCRBY', wkey, string.format('%d', old))
+        end
       end
     end
+    local fits = global_fits(n, room, cost, times)
+    if fits < times then
+      local count = n + fits * cost
+      if count == 0 then
+        redis.call('DEL', wkey)
+        fresh = false
+      else
+        redis.call('SET', wkey, string.format('%d', count), 'KEEPTTL')
+      end
+    end
+    if fresh then redis.call('PEXPIRE', wkey, ceil_ms(start + window - now + WINDOW_KEY_GRACE_US)) end
     answers[pos], answers[pos + 1] = n, others
     return
   end

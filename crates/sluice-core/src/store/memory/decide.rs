@@ -69,7 +69,10 @@ impl MemoryStore {
             let id = written
                 .then(|| algorithm::commit(&mut *shard, spec, &check, now, cost, &hit.lease))
                 .flatten();
-            let tier = check.outcome(written, peek, force, id);
+            let mut tier = check.outcome(written, peek, force, id);
+            if spec.global && written {
+                tier.own = algorithm::own_count(&check, cost);
+            }
             longest = longest.max(tier.reset_after_us);
             tiers.push(tier);
         }

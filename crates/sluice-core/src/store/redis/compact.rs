@@ -448,10 +448,16 @@ impl GlobalTier {
         }
     }
 
-    /// The decision from the other regions' count `others` and the algorithm's `check` against a limit.
+    /// The decision from the other regions' count `others` and the algorithm's `check` against a limit. A hit that
+    /// counted reports the count it left in its window ([`TierOutcome::own`](crate::store::TierOutcome::own)): what
+    /// the script wrote.
     fn answer(&self, others: u64, now_us: u64, check: impl FnOnce(u64) -> algorithm::Check) -> Outcome {
         let check = algorithm::global_check((self.limit, self.window_us), now_us, self.cost, others, check);
-        single(&check, self.cost, None)
+        let mut outcome = single(&check, self.cost, None);
+        if check.ok && self.cost > 0 {
+            outcome.tiers[0].own = algorithm::own_count(&check, self.cost);
+        }
+        outcome
     }
 }
 

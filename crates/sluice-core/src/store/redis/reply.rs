@@ -109,6 +109,7 @@ fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {
             reset_after_us: count(&t[3])?,
             retry_after_us: u64::try_from(retry).ok(),
             id,
+            own: None,
         });
     }
     let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
