@@ -108,8 +108,8 @@ pub trait Grants: Send + Sync + 'static {
     ///   newcomer;
     /// - above it: less, by what the others lack of their shares beyond what is free, and what a newcomer took of the
     ///   reserve, never below its share;
-    /// - a newcomer to a budget, at most half of what is left and the reserve; nothing once nothing is left
-    ///   ([`allot`]).
+    /// - a newcomer to a budget with no other holder, at most half of what is left and the reserve; nothing once
+    ///   nothing is left ([`allot`]).
     ///
     /// For a budget its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are
     /// not taken back before the holder says it has not spent them. So, if every holder's amount only ever grows by a

@@ -164,8 +164,7 @@ async fn holders_that_leave_or_lapse_count_for_nothing(store: impl Store) {
 }
 
 /// An idle holder (wanting 1) alone holds all but the reserve; a newcomer with demand is served the reserve at once,
-/// the holder gives back all but its part of the surplus, and the newcomer then gets half of what is left and the
-/// reserve, and all of its share once it said its demand.
+/// the holder gives back all but its part of the surplus, and the newcomer then gets all of its share.
 async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: impl Store) {
     let t = T0;
     let a = grant(&store, t, 1_000, "a", 0, 1).await;
@@ -185,16 +184,15 @@ async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: i
     let a = grant(&store, t, 1_000, "a", 19, 1).await;
     assert_eq!((a.held, a.total_held), (19, 59));
     let c = newcomer(&store, t, 1_000, "c", 40, 50).await;
-    assert_eq!(
-        (c.held, c.total_held),
-        (540, 559),
-        "a newcomer gets half of what is left and the reserve at most"
-    );
-    let c = grant(&store, t, 1_000, "c", 500, 50).await;
-    assert_eq!((c.held, c.total_held), (941, 960), "then its share");
-    // A huge want takes no more than the max-min rule gives it: d's want of 1 is met first.
+    assert_eq!((c.held, c.total_held), (941, 960), "then its share, at once");
+    let c = grant(&store, t, 1_000, "c", 941, 50).await;
+    assert_eq!((c.held, c.total_held), (941, 960), "and after its second report");
+    // Another newcomer takes the reserve, at once.
+    let e = newcomer(&store, t, 1_000, "e", 0, 50).await;
+    assert_eq!((e.held, e.total_held), (40, 1_000));
+    // A huge want gets nothing while nothing is free.
     let d = grant(&store, t, 1_000, "d", 0, sluice_core::store::MAX_LEDGER_AMOUNT).await;
-    assert_eq!((d.held, d.total_held), (0, 960), "nothing is free past the reserve");
+    assert_eq!((d.held, d.total_held), (0, 1_000), "nothing is free");
 }
 
 /// A rate of 100 a window: a lone newcomer gets all of it (no reserve, no half); a second newcomer gets what the first

@@ -23,7 +23,8 @@ pub struct Grant {
     /// removed).
     pub ttl_us: u64,
     /// The holder has not said its demand yet (before its second report): it wants at least what any other wants,
-    /// may take the reserve, and, for a budget, gets at most half of what is left and the reserve.
+    /// may take the reserve, and, for a budget, gets at most half of what is left and the reserve while no other holds
+    /// any.
     pub newcomer: bool,
     /// A rate, not a budget: the holders share this many tokens per window of the quota's most constrained limit, as
     /// refilling token buckets; `held` is the holder's share now, and its entry follows its grant both ways.
@@ -149,8 +150,9 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
             .saturating_add((others_held + held).saturating_sub(left));
         share.max(held - back.min(held))
     };
-    if newcomer && !rate {
-        // A newcomer's first grants stay within half of what is left and the reserve: its demand is not known yet.
+    if newcomer && !rate && others.is_empty() {
+        // A lone newcomer's first grants stay within half of what is left and the reserve: its demand is not known
+        // yet, and another may come at once (with others, its share is the limit).
         amount = amount.min(held.max(left / 2 + reserve));
     }
     let entry = if rate { amount } else { amount.max(held) };

@@ -106,8 +106,8 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
     local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
     amount = math.max(share, held - math.min(back, held))
   end
-  -- A newcomer's first grants of a budget stay within half of what is left and the reserve.
-  if newcomer and not rate then amount = math.min(amount, math.max(held, math.floor(left / 2) + reserve)) end
+  -- A lone newcomer's first grants of a budget stay within half of what is left and the reserve.
+  if newcomer and not rate and n == 1 then amount = math.min(amount, math.max(held, math.floor(left / 2) + reserve)) end
   -- Tokens of a budget handed out are not taken back before the holder reports them unspent.
   local entry = amount
   if not rate then entry = math.max(amount, held) end
