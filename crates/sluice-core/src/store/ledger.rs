@@ -22,7 +22,8 @@ pub struct Grant {
     /// How long its entry lasts without another grant (an entry whose time has come counts for nothing and is
     /// removed).
     pub ttl_us: u64,
-    /// The holder has not said its demand yet (before its second report): it wants at least what any other wants,
+    /// The holder has not said its demand yet (before its second report): it wants at least an equal part of what is
+    /// shared and what any other wants,
     /// may take the reserve, and, for a budget, gets at most half of what is left and the reserve while no other holds
     /// any.
     pub newcomer: bool,
@@ -119,13 +120,16 @@ pub struct Allotted {
 /// `left` is the rate's limit per window, and nothing is kept in reserve).
 pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: bool, rate: bool) -> Allotted {
     let reserve = if rate { 0 } else { left / RESERVE_PARTS };
+    let pool = left - reserve;
     let mut want = me.want;
     if newcomer {
-        want = others.iter().map(|o| o.want).fold(want, u64::max);
+        // Its demand is not known yet: it wants at least an equal part, and as much as any other wants.
+        let equal = pool / (others.len() as u64 + 1);
+        want = others.iter().map(|o| o.want).fold(want.max(equal), u64::max);
     }
     let mut wants: Vec<(&str, u64)> = others.iter().map(|o| (o.name, o.want)).collect();
     wants.push((me.name, want));
-    let shares = targets(left - reserve, &wants);
+    let shares = targets(pool, &wants);
     let share = shares[others.len()];
     let held = me.held;
     let others_held: u64 = others.iter().map(|o| o.held).sum();

@@ -78,10 +78,12 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   held = math.min(held, previous)
   local reserve = 0
   if not rate then reserve = math.floor(left / RESERVE_PARTS) end
+  local n = #names + 1
   if newcomer then
+    -- Its demand is not known yet: it wants at least an equal part, and as much as any other wants.
+    want = math.max(want, math.floor((left - reserve) / n))
     for i = 1, #wants do want = math.max(want, wants[i]) end
   end
-  local n = #names + 1
   names[n], wants[n], helds[n] = holder, want, held
   local shares = targets(left - reserve, names, wants)
   local share = shares[n]
