@@ -22,9 +22,8 @@ pub struct Grant {
     /// How long its entry lasts without another grant (an entry whose time has come counts for nothing and is
     /// removed).
     pub ttl_us: u64,
-    /// The holder has not said its demand yet (before its second report): it wants at least an equal part of what is
-    /// shared and what any other wants,
-    /// may take the reserve, and, for a budget, gets at most half of what is left and the reserve while no other holds
+    /// The holder has not said its demand yet (before its second report): it wants as much as any other wants, may
+    /// take the reserve, and, for a budget, gets at most half of what is left and the reserve while no other holds
     /// any.
     pub newcomer: bool,
     /// A rate, not a budget: the holders share this many tokens per window of the quota's most constrained limit, as
@@ -123,9 +122,8 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
     let pool = left - reserve;
     let mut want = me.want;
     if newcomer {
-        // Its demand is not known yet: it wants at least an equal part, and as much as any other wants.
-        let equal = pool / (others.len() as u64 + 1);
-        want = others.iter().map(|o| o.want).fold(want.max(equal), u64::max);
+        // Its demand is not known yet: it wants as much as any other.
+        want = others.iter().map(|o| o.want).fold(want, u64::max);
     }
     let mut wants: Vec<(&str, u64)> = others.iter().map(|o| (o.name, o.want)).collect();
     wants.push((me.name, want));

@@ -80,8 +80,7 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   if not rate then reserve = math.floor(left / RESERVE_PARTS) end
   local n = #names + 1
   if newcomer then
-    -- Its demand is not known yet: it wants at least an equal part, and as much as any other wants.
-    want = math.max(want, math.floor((left - reserve) / n))
+    -- Its demand is not known yet: it wants as much as any other.
     for i = 1, #wants do want = math.max(want, wants[i]) end
   end
   names[n], wants[n], helds[n] = holder, want, held
