@@ -19,7 +19,8 @@ Records what the sharing policy is chosen by:
 
     .venv/bin/python benches/rlqs_fleet.py [LIMIT] [SECONDS] [SLUICE_BINARY] [-v]
 
-Defaults: 3000 60 target/release/sluice; -v also prints, per Envoy, its longest wait.
+Defaults: 12000 60 target/release/sluice (a limit of about three quarters of what the fleet asks); -v also prints,
+per Envoy, its longest wait and when it began.
 """
 
 import contextlib
@@ -123,7 +124,7 @@ def main(limit: int, binary: Path) -> None:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "-v"]
-    LIMIT = int(args[0]) if len(args) > 0 else 3000
+    LIMIT = int(args[0]) if len(args) > 0 else 12000
     RUN_S = float(args[1]) if len(args) > 1 else 60.0
     BINARY = Path(args[2]) if len(args) > 2 else REPO / "target" / "release" / "sluice"
     main(LIMIT, BINARY)
