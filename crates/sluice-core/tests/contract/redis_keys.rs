@@ -36,22 +36,7 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
             "{name}"
         );
         assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
-        assert_eq!(
-            redis.cli(&["--raw", "EXISTS", &base]).trim(),
-            "0",
-            "{name}: folded and deleted"
-        );
-        let window = h.tiers[0].key.window(start);
-        assert_eq!(
-            redis.cli(&["--raw", "GET", window.as_str()]).trim(),
-            "7",
-            "{name}: the denial counted too"
-        );
-        let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
-        assert!(
-            ttl > 50_000 && ttl <= 51_000,
-            "{name}: expires a second after its window: {ttl}"
-        );
+        folded(&redis, &h, start, "7", &format!("{name}: the denial counted too"));
     }
     // Several windows on one descriptor: each window's hash is folded in at its first write; a denial counts nothing.
     let h = hit(
@@ -91,28 +76,31 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
             "{name}: used counts the hit, denied or not"
         );
         assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
-        assert_eq!(
-            redis.cli(&["--raw", "EXISTS", &base]).trim(),
-            "0",
-            "{name}: folded and deleted"
-        );
-        let window = h.tiers[0].key.window(start);
-        assert_eq!(
-            redis.cli(&["--raw", "GET", window.as_str()]).trim(),
-            "6",
-            "{name}: no denial counted"
-        );
-        let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
-        assert!(
-            ttl > 50_000 && ttl <= 51_000,
-            "{name}: expires a second after its window: {ttl}"
-        );
+        folded(&redis, &h, start, "6", &format!("{name}: no denial counted"));
     }
     // A hash of a window that has passed counts nothing.
     let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
     let base = h.tiers[0].key.as_str().to_string();
     redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
     assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
+}
+
+/// The previous form's hash of `h`'s first tier is gone, folded into the window starting at `start`, which holds
+/// `count` and expires a second after the window ends.
+fn folded(redis: &RedisServer, h: &sluice_core::store::Hit, start: u64, count: &str, what: &str) {
+    let base = h.tiers[0].key.as_str();
+    assert_eq!(
+        redis.cli(&["--raw", "EXISTS", base]).trim(),
+        "0",
+        "{what}: folded and deleted"
+    );
+    let window = h.tiers[0].key.window(start);
+    assert_eq!(redis.cli(&["--raw", "GET", window.as_str()]).trim(), count, "{what}");
+    let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
+    assert!(
+        ttl > 50_000 && ttl <= 51_000,
+        "{what}: expires a second after its window: {ttl}"
+    );
 }
 
 /// A sliding window of the previous form in Redis (a hash {w, c, p} at the counter's own key) counts as the same hits
