@@ -56,6 +56,19 @@ impl RuleSet {
         self.domains.values()
     }
 
+    /// The longest window of any limit (0 with none).
+    pub fn longest_window_us(&self) -> u64 {
+        let mut longest = 0;
+        for domain in self.domains() {
+            domain.each_rule(&mut |rule| {
+                for tier in &rule.tiers {
+                    longest = longest.max(tier.limit.window_us());
+                }
+            });
+        }
+        longest
+    }
+
     /// A hash of every file's name and text: equal digests, equal configurations.
     pub fn digest(&self) -> u64 {
         self.digest

@@ -14,6 +14,7 @@ mod differential;
 mod embedded;
 mod exactness;
 mod instances;
+mod layout;
 mod ledger;
 mod lists;
 mod offenders;

@@ -12,7 +12,7 @@ use sluice_core::metrics::Metrics;
 use sluice_core::rules::{Algorithm, RuleSet};
 use sluice_core::store::memory::MemoryStore;
 use sluice_core::store::redis::{RedisSettings, RedisStore};
-use sluice_core::store::{Answers, CounterKey, Outcome, Store, TierSpec};
+use sluice_core::store::{Answers, CounterKey, KeyLayout, Outcome, Store, TierSpec};
 
 use crate::harness::T0;
 
@@ -20,6 +20,7 @@ use crate::harness::T0;
 pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst: u64) -> TierSpec {
     TierSpec {
         key: CounterKey::builder("test:", "d")
+            .layout(KeyLayout::Compact)
             .entry("k", name)
             .finish()
             .tier(algorithm, window_us),

@@ -15,7 +15,7 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{self, ConfigError};
 use crate::faces::grpc::{EnvoyService, SluiceService};
 use crate::faces::http::{self, JsonListener, RulesReady};
@@ -32,7 +32,7 @@ use crate::sources::reload::{Reloader, WatchError};
 use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::{Store, StoreError};
+use crate::store::{KeyLayout, Store, StoreError};
 
 mod regions;
 
@@ -196,16 +196,40 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
         )),
         None => {
             tracing::info!("store: in memory");
-            start(&settings, rules, metrics, MemoryStore::new(), listeners, None, shutdown).await
+            let layout = settings.limiter.key_layout;
+            start(
+                &settings,
+                rules,
+                metrics,
+                (MemoryStore::new(), layout),
+                listeners,
+                None,
+                shutdown,
+            )
+            .await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
+            let limiter = &settings.limiter;
+            let (longest, now) = (rules.longest_window_us(), SystemClock.now_us());
+            let layout = store
+                .key_layout(limiter.key_layout, &limiter.key_prefix, longest, now)
+                .await;
             let replicator = match &settings.regions {
                 Some(regions) => Some(regions::replicator(redis, regions).await?),
                 None => None,
             };
-            start(&settings, rules, metrics, store, listeners, replicator, shutdown).await
+            start(
+                &settings,
+                rules,
+                metrics,
+                (store, layout),
+                listeners,
+                replicator,
+                shutdown,
+            )
+            .await
         }
     }
 }
@@ -214,7 +238,7 @@ async fn start<S: Store>(
     settings: &Settings,
     rules: RuleSet,
     metrics: Metrics,
-    store: S,
+    (store, key_layout): (S, KeyLayout),
     (grpc, http): (TcpListener, HttpListeners),
     replicator: Option<Replicator<RedisStore>>,
     shutdown: impl Future<Output = ()> + Send,
@@ -224,7 +248,10 @@ async fn start<S: Store>(
         store,
         Arc::new(SystemClock),
         metrics,
-        settings.limiter.clone(),
+        LimiterSettings {
+            key_layout,
+            ..settings.limiter.clone()
+        },
     ));
     // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
     // stops at once if this returns early.

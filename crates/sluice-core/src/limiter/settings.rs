@@ -3,12 +3,15 @@
 
 use crate::breaker::BreakerSettings;
 use crate::rules::FailurePolicy;
+use crate::store::KeyLayout;
 
 /// Switches of the decision core.
 #[derive(Debug, Clone)]
 pub struct LimiterSettings {
     /// Prefix of every counter key (no `{` or `}`).
     pub key_prefix: String,
+    /// How the counters' keys are written (compact unless set; see [`KeyLayout`]).
+    pub key_layout: KeyLayout,
     /// Global shadow mode: an overall OVER_LIMIT is answered OK; statuses keep OVER_LIMIT.
     pub shadow_mode: bool,
     /// Merge the `metadata` of passing rules into the response.
@@ -72,6 +75,7 @@ impl Default for LimiterSettings {
     fn default() -> Self {
         LimiterSettings {
             key_prefix: "sluice:".to_string(),
+            key_layout: KeyLayout::Compact,
             shadow_mode: false,
             response_metadata: false,
             failure_policy: FailurePolicy::Error,

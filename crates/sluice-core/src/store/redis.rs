@@ -58,6 +58,7 @@ mod call;
 mod cluster;
 mod compact;
 mod gather;
+mod layout;
 mod lists;
 mod notices;
 mod regions;
@@ -472,6 +473,9 @@ impl Counters for RedisStore {
         if hits.is_empty() {
             return Vec::new();
         }
+        if let Err(e) = self.move_counters(now_us, hits.iter()).await {
+            return hits.iter().map(|_| Err(e.clone())).collect();
+        }
         self.run(now_us, hits).await
     }
 
@@ -487,7 +491,7 @@ impl Counters for RedisStore {
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
-        self.per_key("DEL", keys, None).await
+        self.per_key("DEL", &layout::with_previous(keys), None).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -505,7 +509,7 @@ impl Counters for RedisStore {
 
 impl Releases for RedisStore {
     async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {
-        self.per_key("ZREM", keys, Some(lease)).await
+        self.per_key("ZREM", &layout::with_previous(keys), Some(lease)).await
     }
 
     async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
@@ -522,6 +526,12 @@ impl Reservations for RedisStore {
         let mut answers: Vec<Result<Settled, StoreError>> = settlements.iter().map(|_| Ok(Settled::Unknown)).collect();
         if counted.is_empty() {
             return answers;
+        }
+        if let Err(e) = self
+            .move_counters(now_us, counted.iter().map(|&i| &settlements[i].hit))
+            .await
+        {
+            return answers.into_iter().map(|_| Err(e.clone())).collect();
         }
         let now = self.now(now_us);
         let settled = self

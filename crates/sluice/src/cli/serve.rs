@@ -113,6 +113,7 @@ fn settings(args: ServeArgs) -> Settings {
         regions: regions.regions(),
         limiter: LimiterSettings {
             key_prefix: storage.key_prefix.clone(),
+            key_layout: storage.key_layout.into(),
             shadow_mode: answers.shadow_mode,
             response_metadata: answers.response_metadata,
             failure_policy: storage.failure_policy.into(),

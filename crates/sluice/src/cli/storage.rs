@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::breaker::BreakerSettings;
 use crate::rules::FailurePolicy;
+use crate::store::KeyLayout;
 use crate::store::redis::{RedisSettings, RedisTls};
 
 /// `serve`'s flags for the store.
@@ -35,6 +36,11 @@ pub(super) struct StorageFlags {
     /// Prefix of every counter key; may not contain '{' or '}'.
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:", value_parser = parse_prefix)]
     pub(super) key_prefix: String,
+    /// How counters' keys are written: `compact` (a digest of the descriptor: short keys, whatever the request
+    /// carries) or `full` (the descriptor's text in every key, as versions before compact keys wrote them). Switching
+    /// to compact moves the counters of the full layout as they are read, until their windows have passed.
+    #[arg(long, env = "SLUICE_KEY_LAYOUT", value_enum, default_value = "compact")]
+    pub(super) key_layout: Layout,
     /// What to answer when Redis fails or times out, for domains whose file does not set `failure_policy`.
     #[arg(long, env = "SLUICE_FAILURE_POLICY", value_enum, default_value = "error")]
     pub(super) failure_policy: Policy,
@@ -70,6 +76,22 @@ impl StorageFlags {
         BreakerSettings {
             failures: self.breaker_failures,
             cooldown: Duration::from_millis(self.breaker_cooldown_ms),
+        }
+    }
+}
+
+/// `--key-layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum Layout {
+    Compact,
+    Full,
+}
+
+impl From<Layout> for KeyLayout {
+    fn from(l: Layout) -> KeyLayout {
+        match l {
+            Layout::Compact => KeyLayout::Compact,
+            Layout::Full => KeyLayout::Full,
         }
     }
 }
