@@ -113,7 +113,8 @@ async fn redis_keeps_one_count_per_sub_window_for_every_limit() {
     let counts: Vec<(String, String)> = redis
         .snapshot()
         .into_iter()
-        .filter(|(k, _, _)| k.contains("|bucketed_window/1:"))
+        // A bucketed window named by its one-second sub-window: `b1` in a compact key, then the sub-window's start.
+        .filter(|(k, _, _)| k.contains("}") && k.contains("b1:"))
         .map(|(k, _, _)| {
             let value = redis.cli(&["--raw", "GET", &k]).trim().to_string();
             (k.rsplit(':').next().unwrap_or_default().to_string(), value)

@@ -33,6 +33,15 @@ pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst:
     }
 }
 
+/// What every counter key of the descriptor `entries` of `domain` starts with, in the compact layout under `prefix`.
+pub fn counters_of(prefix: &str, domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut key = CounterKey::builder(prefix, domain).layout(KeyLayout::Compact);
+    for (k, v) in entries {
+        key = key.entry(k, v);
+    }
+    key.finish().counters().to_string()
+}
+
 /// Compiles a one-file configuration.
 pub fn rules(yaml: &str, metrics: &Metrics) -> RuleSet {
     let file = config::parse(Path::new("test.yaml"), yaml).expect("test config parses");

@@ -15,8 +15,8 @@ use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRe
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, evalsha_count, info_field, keys, limiter, live_server, poll_until, redis_cli,
-    redis_store, redis_store_with,
+    RedisCluster, TestServer, counters_of, evalsha_count, info_field, keys, limiter, live_server, poll_until,
+    redis_cli, redis_store, redis_store_with,
 };
 
 const CONFIG: &str = "
@@ -59,9 +59,10 @@ fn remaining(response: &RateLimitResponse) -> Vec<u32> {
     response.statuses.iter().map(|s| s.limit_remaining).collect()
 }
 
-/// The part of a counter key before `|<algorithm>/<window>`: equal for every key of one descriptor.
+/// The part of a compact counter key before its algorithm and window (`<prefix>{<tag>}<digest>`): equal for every
+/// key of one descriptor.
 fn identity(key: &str) -> &str {
-    key.rsplit_once('|').map_or(key, |(identity, _)| identity)
+    key.find('}').map_or(key, |tag| &key[..tag + 12])
 }
 
 fn slot(port: u16, key: &str) -> u16 {
@@ -169,11 +170,11 @@ async fn hostile_values_route_and_never_collide() {
         "the values spread over primaries"
     );
     for v in &values {
-        let needle = format!("={}:{v}|", v.len());
+        let counters = counters_of("sluice:", "spread", &[("user", v)]);
         let holders: usize = by_primary
             .values()
             .flatten()
-            .filter(|k| identity(k).ends_with(&needle[..needle.len() - 1]))
+            .filter(|k| identity(k) == counters)
             .count();
         assert_eq!(holders, 2, "the counters of {:?}", &v[..v.len().min(16)]);
     }
@@ -189,7 +190,7 @@ async fn one_value_per_primary(
     call(client, request("bulk", &candidates)).await;
     let mut chosen = BTreeMap::new();
     for v in &candidates {
-        if let Some(port) = cluster.owner_of(&format!("={}:{v}|", v.len())) {
+        if let Some(port) = cluster.owner_of(&counters_of("sluice:", "spread", &[("bulk", v)])) {
             chosen.entry(port).or_insert_with(|| v.clone());
         }
     }

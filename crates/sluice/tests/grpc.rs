@@ -20,7 +20,7 @@ use sluice::store::Store;
 use sluice::store::redis::RedisStore;
 
 use crate::harness::{
-    RedisServer, ReplyGate, TestServer, limiter, limiter_with, memory, redis_store, redis_store_with,
+    RedisServer, ReplyGate, TestServer, counters_of, limiter, limiter_with, memory, redis_store, redis_store_with,
 };
 
 const CONFIG: &str = "
@@ -146,7 +146,7 @@ async fn concurrent_requests_share_a_script_call() {
         .snapshot()
         .into_iter()
         .map(|(key, _, _)| key)
-        .find(|key| key.contains("|1:a=1:5|"))
+        .find(|key| key.starts_with(&counters_of("sluice:", "edge", &[("a", "5")])))
         .expect("the counter of a=5");
     redis.cli(&["DEL", &poisoned]);
     redis.cli(&["LPUSH", &poisoned, "x"]);

@@ -18,8 +18,8 @@ use sluice::rules::FailurePolicy;
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, RedisSentinel, RedisServer, ReplyGate, TestServer, free_port, limiter_with, live_server_with,
-    redis_store, rules,
+    RedisCluster, RedisSentinel, RedisServer, ReplyGate, TestServer, counters_of, free_port, limiter_with,
+    live_server_with, redis_store, rules,
 };
 
 const CONFIG: &str = "
@@ -216,7 +216,7 @@ async fn one_bad_key_fails_only_its_own_descriptor() {
     let keys = redis.cli(&["--raw", "KEYS", "*"]);
     let bad = keys
         .lines()
-        .find(|k| k.contains("3:bad"))
+        .find(|k| k.starts_with(&counters_of("sluice:", "edge", &[("user", "bad")])))
         .expect("the counter of user=bad");
     redis.cli(&["DEL", bad]);
     redis.cli(&["LPUSH", bad, "not a counter"]);

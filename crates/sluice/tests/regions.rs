@@ -14,7 +14,7 @@ use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::regions::{RegionSettings, Replicator};
 use sluice::rules::Algorithm;
-use sluice::store::CounterKey;
+use sluice::store::{CounterKey, KeyLayout};
 use tonic::transport::Channel;
 
 /// 2 000 requests an hour per API key, worldwide; the hour never ends during a test (the clocks stand at T0).
@@ -164,6 +164,7 @@ impl World {
 /// The key of the API key's counter.
 fn counter_key(value: &str) -> CounterKey {
     CounterKey::builder("sluice:", "edge")
+        .layout(KeyLayout::Compact)
         .entry("api_key", value)
         .finish()
         .tier(Algorithm::FixedWindow, HOUR_US)

@@ -32,8 +32,8 @@ fn request(value: &str) -> RateLimitRequest {
     }
 }
 
-/// How many rate-limit counters the server on `port` holds: the keys of the `user` limit's windows (the dashboard's
-/// per-second outcome counts, written in the background, are not counted).
+/// How many rate-limit counters the server on `port` holds: the keys of the `user` limit's windows, compact (the
+/// dashboard's per-second outcome counts, written in the background, have a `|` in their keys and are not counted).
 fn counters(port: u16) -> u64 {
     let out = std::process::Command::new("redis-cli")
         .args([
@@ -43,12 +43,12 @@ fn counters(port: u16) -> u64 {
             "-a",
             SENTINEL_REDIS_PASSWORD,
         ])
-        .args(["--raw", "KEYS", "*|fixed_window/*"])
+        .args(["--raw", "KEYS", "sluice:{*"])
         .output()
         .expect("redis-cli runs");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !l.contains('|'))
         .count() as u64
 }
 

@@ -272,6 +272,12 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// What every counter key of this identity starts with: `<prefix>{<tag>}<digest>` in the compact layout, the
+    /// full identity otherwise.
+    pub fn counters(&self) -> &str {
+        self.compact.as_deref().unwrap_or(&self.base)
+    }
+
     /// The key of one limit's state.
     pub fn tier(&self, algorithm: Algorithm, window_us: u64) -> CounterKey {
         self.counter(algorithm, window_us, None)

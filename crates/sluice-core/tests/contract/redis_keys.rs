@@ -3,6 +3,8 @@
 
 use sluice_core::rules::Algorithm;
 
+use sluice_core::store::Counters;
+
 use super::{MINUTE, apply, hit, one, peek};
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
 
@@ -213,4 +215,46 @@ async fn redis_a_window_guessed_across_an_edge_is_counted_in_the_servers() {
     let server = h.tiers[0].key.window(server_now - server_now % MINUTE);
     assert_eq!(redis.cli(&["--raw", "GET", server.as_str()]).trim(), "1");
     assert_eq!(redis.cli(&["--raw", "EXISTS", guessed.as_str()]).trim(), "0");
+}
+
+/// Several fixed windows on one descriptor count by INCRBY first: a window's key of the wrong type fails the
+/// descriptor with what the windows before it counted taken back (created keys deleted), so it is counted whole or
+/// not at all, and the next descriptor of the call is decided all the same.
+#[tokio::test]
+async fn redis_windows_are_counted_whole_or_not_at_all() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let windows = |name: &str| {
+        let mut h = hit(
+            vec![
+                tier(name, Algorithm::FixedWindow, 5, MINUTE, 5),
+                tier(name, Algorithm::FixedWindow, 50, 60 * MINUTE, 50),
+                tier(name, Algorithm::FixedWindow, 500, 24 * 60 * MINUTE, 500),
+            ],
+            1,
+        );
+        // Nothing else to write: the windows' compact form.
+        h.fields.clear();
+        h.lease.clear();
+        h
+    };
+    let (bad, good) = (windows("w-bad"), windows("w-good"));
+    assert!(apply(&store, T0, &bad).await.admitted);
+    let minute = bad.tiers[0].key.window(T0 - T0 % MINUTE);
+    let hour = bad.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
+    let day = bad.tiers[2].key.window(T0 - T0 % (24 * 60 * MINUTE));
+    redis.cli(&["DEL", hour.as_str()]);
+    redis.cli(&["LPUSH", hour.as_str(), "not a count"]);
+    redis.cli(&["DEL", day.as_str()]);
+    let answers = store.hit(T0, &[bad.clone(), good.clone()]).await;
+    assert!(answers[0].is_err(), "{:?}", answers[0]);
+    assert!(answers[1].as_ref().is_ok_and(|o| o.admitted), "{:?}", answers[1]);
+    assert_eq!(redis.cli(&["--raw", "GET", minute.as_str()]).trim(), "1", "taken back");
+    let ttl: i64 = redis.cli(&["--raw", "PTTL", minute.as_str()]).trim().parse().unwrap();
+    assert!(ttl > 0, "its expiry kept: {ttl}");
+    // A window the first hit created and a later window's failure took back is deleted, not left at 0.
+    redis.cli(&["DEL", minute.as_str()]);
+    assert!(store.hit(T0, std::slice::from_ref(&bad)).await[0].is_err());
+    assert_eq!(redis.cli(&["--raw", "EXISTS", minute.as_str()]).trim(), "0");
+    assert_eq!(redis.cli(&["--raw", "EXISTS", day.as_str()]).trim(), "0");
 }

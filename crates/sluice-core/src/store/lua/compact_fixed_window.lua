@@ -39,17 +39,28 @@ local function compact_fixed_window(key, window, cost, text, now, guess)
 end
 
 -- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
--- nothing, as decide.lua decides them: a GET of each window's count and, when the hit fits every window, one INCRBY
--- each (a SET with its expiry for a window's first count). Its keys are the windows' keys (as a lone fixed window's);
--- its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit and the cost (bounded
--- by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
+-- nothing, as decide.lua decides them: one INCRBY of each window's count by its cost, taken back (an INCRBY of minus the cost, and a
+-- DEL of a count the hit created) when the hit does not fit every window, so that a hit that fits, the common case, costs one
+-- command per window and no read before it (a GET for a window whose cost is 0). A window's first count folds in a
+-- counter of the previous form and sets the window's expiry. Its keys are the windows' keys (as a lone fixed
+-- window's); its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit and the cost
+-- (bounded by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
 --
 -- Writes the windows' counts before the hit into answers[pos] to answers[pos + t - 1]; sluice decides from them: the
 -- hit fits when every window's count plus its cost is at most its limit, and was counted when it fits and some cost
--- is positive. Denials count nothing.
+-- is positive. Denials count nothing: the script runs atomically, so no one sees a count it takes back.
 local function compact_windows(keys, a, now, guess, pos)
   local t = number(ARGV[a])
-  local fits, positive, fresh = true, false, nil
+  local fits, positive, fresh = true, false, {}
+  -- Takes back what windows 1 to `upto` counted.
+  local function undo(upto)
+    for j = 1, upto do
+      local text = ARGV[a + 3 * j]
+      if number(text) > 0 and redis.call('INCRBY', keys[j], '-' .. text) == 0 and fresh[j] then
+        redis.call('DEL', keys[j])
+      end
+    end
+  end
   for j = 1, t do
     local window, b = number(ARGV[a + 3 * j - 2]), a + 3 * j
     local start = now - now % window
@@ -58,32 +69,38 @@ local function compact_windows(keys, a, now, guess, pos)
       key = window_of(key, start)
       keys[j] = key
     end
-    local n = tonumber(redis.call('GET', key))
-    if n == nil then
+    local text = ARGV[b]
+    local cost = number(text)
+    -- A key of the wrong type, or one this node does not serve: what the earlier windows counted is taken back first,
+    -- so a descriptor is counted whole or not at all.
+    local n
+    if cost > 0 then n = redis.pcall('INCRBY', key, text) else n = redis.pcall('GET', key) end
+    if type(n) == 'table' and n.err then
+      undo(j - 1)
+      error(n, 0)
+    end
+    n = tonumber(n)
+    if cost > 0 then
+      positive = true
+      n = n - cost
+    end
+    if n == nil or (cost > 0 and n == 0) then
+      -- Perhaps the window's first count: a counter of the previous form stands in, folded in if the hit fits.
       local base = string.match(key, '^(.*):%d+$')
       local old, found = legacy(base, start)
+      if cost > 0 then fresh[j] = { base, found, old, start + window - now } end
       n = old
-      fresh = fresh or {}
-      fresh[j] = { base, found, start + window - now }
     end
     answers[pos + j - 1] = n
-    local cost = number(ARGV[b])
     if n + cost > number(ARGV[b - 1]) then fits = false end
-    if cost > 0 then positive = true end
   end
-  if not (fits and positive) then return end
-  for j = 1, t do
-    local text = ARGV[a + 3 * j]
-    local cost = number(text)
-    if cost > 0 then
-      local f = fresh and fresh[j]
-      if not f then
-        redis.call('INCRBY', keys[j], text)
-      else
-        redis.call('SET', keys[j], string.format('%d', answers[pos + j - 1] + cost), 'PX',
-          ceil_ms(f[3] + WINDOW_KEY_GRACE_US))
-        if f[2] then redis.call('DEL', f[1]) end
-      end
+  if not positive then return end
+  if not fits then return undo(t) end
+  for j, f in pairs(fresh) do
+    if f[2] then
+      if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
+      redis.call('DEL', f[1])
     end
+    redis.call('PEXPIRE', keys[j], ceil_ms(f[4] + WINDOW_KEY_GRACE_US))
   end
 end
