@@ -6,13 +6,18 @@
 # capacity model built on them. Uses the release binaries (built here), one Redis, one sluice with one worker thread.
 # DURATION (10s) is each scenario's length; ROUNDS (1) repeats the whole table; ALGORITHMS (all) limits it, e.g.
 # ALGORITHMS=fixed_window. The floor is measured with short keys (as `redis-benchmark` figures usually are) and with
-# keys as long as sluice's (prefix, hash tag, domain, entry, limit and window: about 80 bytes), since a key's length
-# is part of what Redis does per command.
+# keys as long as the full key layout's (prefix, hash tag, domain, entry, limit and window: about 80 bytes; sluice's
+# compact keys are about 50 with the window), since a key's length is part of what Redis does per command.
+# BEFORE, the path of a directory holding `sluice`, `sluice-bench` and `sluice-budget-bench` built from earlier code
+# (e.g. `git archive <commit> | tar -x -C DIR && cd DIR && cargo build --release -p sluice -p sluice-tools`, then
+# DIR/target/release), adds its rows, each scenario run with both builds back to back on the same Redis (column
+# "build"). KEY_LAYOUT (compact) is this build's `--key-layout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-1}
 ALGORITHMS=${ALGORITHMS:-fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency tiers}
+KEY_LAYOUT=${KEY_LAYOUT:-compact}
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
@@ -73,17 +78,30 @@ floor() {
   python3 -c "print(f'{($after - $before) / ($calls * 32):.2f}')"
 }
 
-grpc=$(free_port)
-http=$(free_port)
-"$sluice" serve --config "$work/cost.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
-  --worker-threads 1 --redis-url "redis://127.0.0.1:$redis_port" >"$work/sluice.log" 2>&1 &
-sluice_pid=$!
-pids+=("$sluice_pid")
-wait_port "$grpc"
+# One sluice per build, on the same Redis, each with one serving thread; `grpc_of` and `pid_of` name them.
+declare -A grpc_of pid_of bench_of budget_of
+builds=(after)
+[ -n "${BEFORE:-}" ] && builds=(before after)
+for build in "${builds[@]}"; do
+  binary=$sluice layout=(--key-layout "$KEY_LAYOUT")
+  bench_of[$build]=$sluice_bench budget_of[$build]=$budget_bench
+  if [ "$build" = before ]; then
+    binary=$BEFORE/sluice layout=() bench_of[$build]=$BEFORE/sluice-bench budget_of[$build]=$BEFORE/sluice-budget-bench
+  fi
+  grpc=$(free_port)
+  http=$(free_port)
+  "$binary" serve --config "$work/cost.yaml" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
+    --worker-threads 1 --redis-url "redis://127.0.0.1:$redis_port" "${layout[@]}" >"$work/sluice-$build.log" 2>&1 &
+  pid_of[$build]=$!
+  grpc_of[$build]=$grpc
+  pids+=("${pid_of[$build]}")
+  wait_port "$grpc"
+done
 
 # One scenario through sluice: Redis CPU per descriptor, and sluice's decisions per second.
 through_sluice() {
-  local key=$1 descriptors=$2 keys=$3
+  local build=$1 key=$2 descriptors=$3 keys=$4
+  local sluice_bench=${bench_of[$build]} grpc=${grpc_of[$build]} sluice_pid=${pid_of[$build]}
   redis-cli -p "$redis_port" flushall >/dev/null
   # Counters that exist already, as in a service that has run for a while: one run of the same load first, long
   # enough over 100 000 keys that nearly every one was hit (about 500 000 hits: fewer than 1 % of the keys missed).
@@ -119,27 +137,31 @@ for round in $(seq "$ROUNDS"); do
   floor_long=$(floor uniform long)
   echo "=== round $round: the floor, Redis CPU per counter: 100k keys $floor_uniform us (keys as long as sluice's:" \
     "$floor_long us), one hot key $floor_hot us"
-  printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' algorithm desc keys "redis_us" "x_floor" "req/s" \
-    "script_us" "desc/call" "sluice_us/req"
+  printf '%-7s %-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' build algorithm desc keys "redis_us" "x_floor" \
+    "req/s" "script_us" "desc/call" "sluice_us/req"
   for key in $ALGORITHMS; do
     for descriptors in 1 3; do
       for keys in hot uniform:100000; do
         [ "$key" = sliding_log ] && [ "$keys" = hot ] && continue
-        read -r per rps script batch sluice_us < <(through_sluice "$key" "$descriptors" "$keys")
-        if [ "$keys" = hot ]; then f=$floor_hot; else f=$floor_uniform; fi
-        ratio=$(python3 -c "print(f'{$per / $f:.2f}')")
-        printf '%-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' "$key" "$descriptors" "$keys" "$per" "$ratio" \
-          "$rps" "$script" "$batch" "$sluice_us"
+        for build in "${builds[@]}"; do
+          read -r per rps script batch sluice_us < <(through_sluice "$build" "$key" "$descriptors" "$keys")
+          if [ "$keys" = hot ]; then f=$floor_hot; else f=$floor_uniform; fi
+          ratio=$(python3 -c "print(f'{$per / $f:.2f}')")
+          printf '%-7s %-15s %-4s %-13s %10s %8s %10s %12s %12s %12s\n' "$build" "$key" "$descriptors" "$keys" "$per" \
+            "$ratio" "$rps" "$script" "$batch" "$sluice_us"
+        done
       done
     done
   done
-  # Reserve + Settle pairs on 1 000 users: Redis CPU per pair (two script calls).
+  # Reserve + Settle pairs on 1 000 users: Redis CPU per pair (two script calls) and per call against the floor.
   case " $ALGORITHMS " in *" tiers "*) ;; *) continue ;; esac
-  redis-cli -p "$redis_port" flushall >/dev/null
-  before=$(redis_cpu_us)
-  rate=$("$budget_bench" --target "http://127.0.0.1:$grpc" --domain bench --callers 64 --users 1000 \
-    --duration "$DURATION" | awk '/^pairs\/s/ { print $2 }')
-  after=$(redis_cpu_us)
-  seconds=${DURATION%s}
-  python3 -c "pairs = $rate * $seconds; print(f'reserve+settle: {($after - $before) / max(pairs, 1):.2f} us of Redis CPU per pair, {$rate:.0f} pairs/s')"
+  for build in "${builds[@]}"; do
+    redis-cli -p "$redis_port" flushall >/dev/null
+    before=$(redis_cpu_us)
+    rate=$("${budget_of[$build]}" --target "http://127.0.0.1:${grpc_of[$build]}" --domain bench --callers 64 \
+      --users 1000 --duration "$DURATION" | awk '/^pairs\/s/ { print $2 }')
+    after=$(redis_cpu_us)
+    seconds=${DURATION%s}
+    python3 -c "pairs = $rate * $seconds; per = ($after - $before) / max(pairs, 1); print(f'$build reserve+settle: {per:.2f} us of Redis CPU per pair ({per / 2 / $floor_uniform:.1f}x the floor per call), {$rate:.0f} pairs/s')"
+  done
 done
