@@ -176,3 +176,41 @@ async fn the_layout_is_chosen_once_per_server() {
     assert_eq!(store.key_layout(KeyLayout::Full, "p:", HOUR, T0).await, KeyLayout::Full);
     assert_eq!(redis.cli(&["--raw", "EXISTS", "p:layout"]).trim(), "0");
 }
+
+/// In the reference's layout (the compatibility mode's), a descriptor's one fixed window counts under the key
+/// envoyproxy/ratelimit gives it: counts carry over from the reference and back, with no burst. Other limits keep
+/// compact keys.
+#[tokio::test]
+async fn the_reference_layout_shares_counts_with_envoyproxy_ratelimit() {
+    let redis = RedisServer::start();
+    let start_s = (T0 / 1_000_000) / 3_600 * 3_600;
+    // What the reference wrote: 7 hits of user u1 in this hour, under its key (prefix "rl:").
+    let key = format!("rl:d_user_u1_{start_s}");
+    redis.cli(&["SET", &key, "7", "EX", "3600"]);
+    let settings = LimiterSettings {
+        key_prefix: "rl:".into(),
+        key_layout: KeyLayout::Reference,
+        local_cache_size: 0,
+        ..LimiterSettings::default()
+    };
+    let (limiter, _) = limiter_with(
+        &config("fixed_window"),
+        redis_store(&redis.url()).await,
+        settings.clone(),
+    );
+    assert_eq!(
+        admitted(&limiter, "u1", 5).await,
+        3,
+        "7 of 10 were counted by the reference"
+    );
+    // sluice counts the reference's way: every hit, denials too (the reference adds its hits before it decides).
+    assert_eq!(redis.cli(&["--raw", "GET", &key]).trim(), "12");
+    let ttl: i64 = redis.cli(&["--raw", "TTL", &key]).trim().parse().unwrap();
+    assert!(ttl > 0 && ttl <= 3_600, "{ttl}");
+    // A descriptor of several limits is one the reference cannot express: compact keys, with the hash tag.
+    let tiers = "domain: d\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 2}\n      - {unit: hour, requests_per_unit: 5}\n";
+    let (limiter, _) = limiter_with(tiers, redis_store(&redis.url()).await, settings);
+    assert_eq!(admitted(&limiter, "u2", 3).await, 2);
+    assert!(keys(&redis, "rl:d_user_u2").is_empty());
+    assert_eq!(keys(&redis, "rl:{").len(), 2, "two windows, compact");
+}

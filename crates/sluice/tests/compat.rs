@@ -111,7 +111,19 @@ fn runs_as_ratelimit_from_the_reference_environment_and_follows_a_symlink_swap()
         .output()
         .unwrap();
     let keys = String::from_utf8_lossy(&scan.stdout);
-    assert!(keys.lines().count() >= 2, "{keys}");
+    // The reference's own keys (`<prefix><domain>_<key>_<value>_<window start in seconds>`), so that counts carry
+    // over from it: an hour's window for alice.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let alice = keys
+        .lines()
+        .find(|k| k.starts_with("compat_edge_user_alice_"))
+        .unwrap_or_default();
+    let start: u64 = alice.trim_start_matches("compat_edge_user_alice_").parse().unwrap_or(0);
+    assert!(start % 3_600 == 0 && now - start < 3_600, "{keys}");
+    assert!(keys.lines().any(|k| k.starts_with("compat_edge_path_/a_")), "{keys}");
     assert!(
         get(prometheus, "/metrics").contains("sluice_"),
         "no metrics on PROMETHEUS_ADDR"

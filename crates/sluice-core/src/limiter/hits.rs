@@ -52,7 +52,7 @@ impl<S: Store> Limiter<S> {
             tiers: tiers
                 .iter()
                 .map(|t| TierSpec {
-                    key: tier_key(&id, t),
+                    key: tier_key(&id, t, tiers.len() == 1),
                     algorithm: t.limit.algorithm,
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
@@ -88,7 +88,16 @@ pub(super) fn identity_of(mut key: KeyBuilder, entries: &[(String, String)], sha
 }
 
 /// The counter key of one limit of a descriptor.
-pub(super) fn tier_key(id: &Identity, tier: &Tier) -> CounterKey {
+pub(super) fn tier_key(id: &Identity, tier: &Tier, lone: bool) -> CounterKey {
+    // A descriptor's one fixed window, counting requests in this region alone, is what the reference can express: in
+    // its layout, under its key.
+    let reference = lone && tier.limit.algorithm == Algorithm::FixedWindow && tier.cost == TierCost::Request;
+    if let Some(key) = id
+        .reference_window(tier.limit.window_us())
+        .filter(|_| reference && !tier.global)
+    {
+        return key;
+    }
     match tier.cost.label() {
         None => id.tier(tier.limit.algorithm, tier.limit.counter_span_us()),
         Some(label) => id.tier_costing(tier.limit.algorithm, tier.limit.window_us(), &label),

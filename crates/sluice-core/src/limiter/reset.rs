@@ -76,7 +76,7 @@ impl<S: Store> Limiter<S> {
             if let Target::Limited { tiers, rule, shared } = target {
                 let id = self.identity(&request.domain, descriptor, shared);
                 for tier in tiers.iter().filter(|t| select(t)) {
-                    let key = tier_key(&id, tier);
+                    let key = tier_key(&id, tier, tiers.len() == 1);
                     let (window, burst) = (tier.limit.window_us(), u64::from(tier.limit.burst));
                     let windows = algorithm::window_starts(tier.limit.algorithm, window, burst, now_us);
                     keys.extend(windows.map(|s| key.window(s)));

@@ -23,6 +23,10 @@ pub enum KeyLayout {
     /// the Redis store moves the counters an earlier version wrote to their compact names before it decides, so a
     /// switch of layout loses no count.
     Moving { until_us: u64 },
+    /// Compact, but a descriptor whose one limit is a fixed window of a second, a minute, an hour or a day keeps it
+    /// under the key envoyproxy/ratelimit gives it, `<prefix><domain>_<key>_<value>_..._<window start in seconds>`
+    /// ([`Identity::reference_window`]), so that counts carry over from the reference and back.
+    Reference,
 }
 
 impl KeyLayout {
@@ -60,6 +64,9 @@ pub struct CounterKey {
     tag: u64,
     /// While the layout moves ([`KeyLayout::Moving`]): the name of the same counter in the full layout.
     previous: Option<String>,
+    /// The reference's counter ([`KeyLayout::Reference`]): its windows are named by their start in seconds, right
+    /// after the key.
+    reference: bool,
 }
 
 /// A key is its name: the name it had in another layout is not part of it.
@@ -141,6 +148,7 @@ impl CounterKey {
             key,
             tag,
             previous: None,
+            reference: false,
         }
     }
 
@@ -162,6 +170,11 @@ impl CounterKey {
     /// The key of one window of a fixed or sliding window's counter in Redis: this key, `:`, and the window's first
     /// microsecond (`algorithm/fixed_window.lua`'s `window_of`, `algorithm/sliding_window.lua`'s `sw_read`).
     pub fn window(&self, start_us: u64) -> CounterKey {
+        if self.reference {
+            let mut key = self.clone();
+            push_decimal(&mut key.key, start_us / 1_000_000);
+            return key;
+        }
         let window = |name: &str| {
             let mut key = String::with_capacity(name.len() + 18);
             key.push_str(name);
@@ -173,6 +186,7 @@ impl CounterKey {
             key: window(&self.key),
             tag: self.tag,
             previous: self.previous.as_deref().map(window),
+            reference: false,
         }
     }
 
@@ -199,6 +213,10 @@ pub struct KeyBuilder {
     /// Where the tag's 16 hex digits go, once the identity is complete.
     tag_at: usize,
     layout: KeyLayout,
+    /// Where the domain's bytes are in `out`.
+    domain: std::ops::Range<usize>,
+    /// In the reference's layout, a descriptor's key in the reference's form so far.
+    reference: Option<String>,
 }
 
 impl KeyBuilder {
@@ -212,20 +230,38 @@ impl KeyBuilder {
         out.push_str("0000000000000000}");
         out.push_str(kind);
         piece(&mut out, domain);
+        let domain = out.len() - domain.len()..out.len();
         KeyBuilder {
             out,
             tag_at,
             layout: KeyLayout::Full,
+            domain,
+            reference: None,
         }
     }
 
-    /// Builds the counters' keys in `layout` (the full layout unless set).
+    /// Builds the counters' keys in `layout` (the full layout unless set). Set before any entry.
     pub fn layout(mut self, layout: KeyLayout) -> KeyBuilder {
         self.layout = layout;
+        // Only a descriptor's identity (no kind before its domain) has a key in the reference's form.
+        let descriptor = self.domain.start > self.tag_at + 17 && self.out.as_bytes()[self.tag_at + 17].is_ascii_digit();
+        if layout == KeyLayout::Reference && descriptor {
+            let mut key = String::with_capacity(self.tag_at + self.domain.len() + 48);
+            key.push_str(&self.out[..self.tag_at - 1]);
+            key.push_str(&self.out[self.domain.clone()]);
+            key.push('_');
+            self.reference = Some(key);
+        }
         self
     }
 
     pub fn entry(mut self, key: &str, value: &str) -> KeyBuilder {
+        if let Some(reference) = &mut self.reference {
+            reference.push_str(key);
+            reference.push('_');
+            reference.push_str(value);
+            reference.push('_');
+        }
         self.out.push('|');
         piece(&mut self.out, key);
         self.out.push('=');
@@ -255,6 +291,7 @@ impl KeyBuilder {
             tag,
             compact,
             moving: matches!(self.layout, KeyLayout::Moving { .. }),
+            reference: self.reference,
         }
     }
 }
@@ -269,6 +306,8 @@ pub struct Identity {
     compact: Option<String>,
     /// Whether each counter's key carries its full name too ([`KeyLayout::Moving`]).
     moving: bool,
+    /// In the reference's layout: `<prefix><domain>_<key>_<value>_...` ([`KeyLayout::Reference`]).
+    reference: Option<String>,
 }
 
 impl Identity {
@@ -276,6 +315,22 @@ impl Identity {
     /// full identity otherwise.
     pub fn counters(&self) -> &str {
         self.compact.as_deref().unwrap_or(&self.base)
+    }
+
+    /// In the reference's layout ([`KeyLayout::Reference`]), the counter of a descriptor's one limit, a fixed window
+    /// of `window_us`, under the key envoyproxy/ratelimit gives it: `<prefix><domain>_<key>_<value>_...`, each
+    /// window's count then under that and its start in seconds ([`CounterKey::window`]). `None` in other layouts and
+    /// for windows the reference has no unit for (a second, a minute, an hour and a day have one). The reference's
+    /// keys carry no hash tag: a lone limit's one key needs none.
+    pub fn reference_window(&self, window_us: u64) -> Option<CounterKey> {
+        const UNITS: [u64; 4] = [1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000];
+        let key = self.reference.as_ref().filter(|_| UNITS.contains(&window_us))?;
+        Some(CounterKey {
+            key: key.clone(),
+            tag: self.tag,
+            previous: None,
+            reference: true,
+        })
     }
 
     /// The key of one limit's state.
@@ -321,6 +376,7 @@ impl Identity {
             key,
             tag: self.tag,
             previous: self.moving.then(full),
+            reference: false,
         }
     }
 
@@ -504,6 +560,33 @@ mod tests {
         // A queue's stream keeps its full name: workers read it.
         let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
         assert!(id.tier(Algorithm::Queue, 60_000_000).as_str().ends_with("|queue/60"));
+    }
+
+    #[test]
+    fn the_reference_layout_names_a_lone_fixed_window_as_the_reference_does() {
+        let id = CounterKey::builder("rl:", "edge")
+            .layout(KeyLayout::Reference)
+            .entry("user", "a_b")
+            .entry("path", "/x")
+            .finish();
+        let minute = id.reference_window(60_000_000).unwrap();
+        assert_eq!(minute.as_str(), "rl:edge_user_a_b_path_/x_");
+        assert_eq!(
+            minute.window(1_700_000_040_123_456).as_str(),
+            "rl:edge_user_a_b_path_/x_1700000040"
+        );
+        assert!(id.reference_window(120_000_000).is_none(), "no unit of two minutes");
+        // Every other limit is compact.
+        assert!(id.tier(Algorithm::FixedWindow, 60_000_000).as_str().starts_with("rl:{"));
+        let full = CounterKey::builder("rl:", "edge").layout(KeyLayout::Compact).finish();
+        assert!(full.reference_window(60_000_000).is_none());
+        let bucket = CounterKey::bucket_builder("rl:", "edge")
+            .layout(KeyLayout::Reference)
+            .finish();
+        assert!(
+            bucket.reference_window(60_000_000).is_none(),
+            "RLQS buckets have no reference key"
+        );
     }
 
     #[test]

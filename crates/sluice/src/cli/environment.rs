@@ -408,12 +408,13 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         if let Some(ratio) = self.read("NEAR_LIMIT_RATIO") {
             self.flag("--near-limit-ratio", ratio);
         }
-        if let Some(prefix) = self.read("CACHE_KEY_PREFIX") {
-            if let Err(e) = sluice_core::store::check_prefix(&prefix) {
-                return Err(invalid("CACHE_KEY_PREFIX", &prefix, &e));
-            }
-            self.flag("--key-prefix", prefix);
+        // The reference's keys, with its prefix (none unless set), so counts carry over at the switch.
+        let prefix = self.read("CACHE_KEY_PREFIX").unwrap_or_default();
+        if let Err(e) = sluice_core::store::check_prefix(&prefix) {
+            return Err(invalid("CACHE_KEY_PREFIX", &prefix, &e));
         }
+        self.flag("--key-prefix", prefix);
+        self.flag("--key-layout", "reference".to_string());
         if self.bool("SHADOW_MODE")? == Some(true) {
             self.switch("--shadow-mode");
         }

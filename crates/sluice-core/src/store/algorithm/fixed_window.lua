@@ -21,9 +21,17 @@ local WINDOW_KEY_GRACE_US = 1000000
 -- The key of the window starting at `start`, from `key`, the key of the window sluice expects (its clock's; the
 -- server's may be across an edge, and that window then gets its own key), and the counter's own key (`key` without
 -- its window), where the previous form kept its hash.
+-- A window key of envoyproxy/ratelimit's layout (`KeyLayout::Reference` in store/key.rs) is the counter's key, which
+-- ends with '_', then the window's start in seconds; such a counter has no own key (nil), and no previous form.
 local function window_of(key, start)
   local base, at = string.match(key, '^(.*):(%d+)$')
-  if base == nil then error('not a window key: ' .. key, 0) end
+  if base == nil then
+    base, at = string.match(key, '^(.*_)(%d+)$')
+    if base == nil then error('not a window key: ' .. key, 0) end
+    local seconds = (start - start % 1000000) / 1000000
+    if tonumber(at) == seconds then return key, nil end
+    return base .. string.format('%d', seconds), nil
+  end
   if tonumber(at) == start then return key, base end
   return base .. ':' .. string.format('%d', start), base
 end
@@ -31,6 +39,7 @@ end
 -- The count a hash of the previous form at `base` holds for the window starting at `start` (0 if none), and whether
 -- there is such a hash to fold into the window's key.
 local function legacy(base, start)
+  if base == nil then return 0, false end
   local f = redis.call('HMGET', base, 'w', 'n')
   if tonumber(f[1]) == start then return tonumber(f[2]) or 0, true end
   return 0, false

@@ -17,14 +17,14 @@ const MOVE: &str = include_str!("../lua/move.lua");
 const MOVE_GRACE_US: u64 = 60_000_000;
 
 impl RedisStore {
-    /// The layout to write counters' keys in, for `wanted` (the configured one) with `prefix`: the full layout as
-    /// asked; else compact, and moving the counters of the full layout while any may still count: from the first
+    /// The layout to write counters' keys in, for `wanted` (the configured one) with `prefix`: the full or the
+    /// reference's layout as asked; else compact, and moving the counters of the full layout while any may still count: from the first
     /// time sluice wrote compact keys to this server, for twice `longest_us` (a sliding window reads its previous
     /// window) and a minute. A server that held no key at that first time has nothing to move. When the marker
     /// cannot be read (the server is down at start), the layout moves from now: a move costs a call, never a count.
     pub async fn key_layout(&self, wanted: KeyLayout, prefix: &str, longest_us: u64, now_us: u64) -> KeyLayout {
-        if wanted == KeyLayout::Full {
-            return KeyLayout::Full;
+        if wanted != KeyLayout::Compact {
+            return wanted;
         }
         let marker = format!("{prefix}layout");
         let span = longest_us.saturating_mul(2).saturating_add(MOVE_GRACE_US);
