@@ -125,13 +125,22 @@ async fn a_window_counted_under_both_names_is_added_up() {
         let new = instance(&redis, algorithm, layout, T0).await;
         let old = instance(&redis, algorithm, KeyLayout::Full, T0).await;
         // The new version counts 3 under the compact name; one of the previous version, during a rollout, 2 under
-        // the full one; the next decision of the new version sees all 5.
+        // the full one. An instance that has not moved the counter yet (one started since) adds them up: 5 of 10.
         assert_eq!(admitted(&new, "u", 3).await, 3, "{algorithm}");
         assert_eq!(admitted(&old, "u", 2).await, 2, "{algorithm}");
-        assert_eq!(admitted(&new, "u", 10).await, 5, "{algorithm}: 5 of 10 left");
+        let started = instance(&redis, algorithm, layout, T0).await;
+        assert_eq!(admitted(&started, "u", 10).await, 5, "{algorithm}: 5 of 10 left");
         assert!(
             keys(&redis, &format!("|{algorithm}/")).is_empty(),
             "{algorithm}: added and deleted"
+        );
+        // An instance moves a counter once: what the previous version counts after that, it does not see.
+        assert_eq!(admitted(&old, "u", 1).await, 1, "{algorithm}");
+        assert_eq!(admitted(&started, "u", 1).await, 0, "{algorithm}");
+        assert_eq!(
+            keys(&redis, &format!("|{algorithm}/")).len(),
+            1,
+            "{algorithm}: left under the full name"
         );
     }
 }

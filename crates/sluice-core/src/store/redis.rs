@@ -125,6 +125,8 @@ pub struct RedisStore {
     batches: Option<Batches>,
     /// Requests queued for a gathering task and not yet taken into a script call.
     waiting: Arc<AtomicUsize>,
+    /// The counters moved from the full key layout to the compact one (`redis/layout.rs`).
+    moved: layout::Moved,
     /// What the instances sharing this Redis tell each other.
     notices: Notices,
     /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
@@ -186,6 +188,7 @@ impl RedisStore {
                 server_time: settings.server_time,
                 batches: None,
                 waiting,
+                moved: layout::Moved::default(),
                 notices,
                 region_scripts: Arc::default(),
             });
@@ -216,6 +219,7 @@ impl RedisStore {
             server_time: settings.server_time,
             batches: Some(batches),
             waiting,
+            moved: layout::Moved::default(),
             notices,
             region_scripts: Arc::default(),
         })
