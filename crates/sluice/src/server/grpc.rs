@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::body::Incoming as RequestBody;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::sync::watch;
@@ -34,7 +35,7 @@ type CallFuture = BoxFuture<http::Response<Body>, Infallible>;
 /// The services of the gRPC listener, routed by name: [`Unimplemented`], then each [`Routes::add`]ed one.
 pub trait Routes: Send + Sync + 'static {
     /// Starts `request`, a call to the service its path names.
-    fn route(&self, request: http::Request<Body>) -> CallFuture;
+    fn route(&self, request: http::Request<RequestBody>) -> CallFuture;
 
     /// These routes, with the calls to `service`'s name going to it.
     fn add<A>(self, service: A) -> Route<A, Self>
@@ -55,7 +56,7 @@ pub struct Route<A, B> {
 
 impl<A, B> Routes for Route<A, B>
 where
-    A: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible, Future = CallFuture>
+    A: Service<http::Request<RequestBody>, Response = http::Response<Body>, Error = Infallible, Future = CallFuture>
         + NamedService
         + Clone
         + Send
@@ -63,7 +64,7 @@ where
         + 'static,
     B: Routes,
 {
-    fn route(&self, request: http::Request<Body>) -> CallFuture {
+    fn route(&self, request: http::Request<RequestBody>) -> CallFuture {
         if names(request.uri().path(), A::NAME) {
             // A generated service is always ready, and its clone is one `Arc`'s.
             self.service.clone().call(request)
@@ -88,7 +89,7 @@ fn names(path: &str, service: &str) -> bool {
 pub struct Unimplemented;
 
 impl Routes for Unimplemented {
-    fn route(&self, _request: http::Request<Body>) -> CallFuture {
+    fn route(&self, _request: http::Request<RequestBody>) -> CallFuture {
         Box::pin(std::future::ready(Ok(status_response(Status::unimplemented("")))))
     }
 }
@@ -107,7 +108,7 @@ impl<R> Clone for Shared<R> {
     }
 }
 
-impl<R: Routes> Service<http::Request<Body>> for Shared<R> {
+impl<R: Routes> Service<http::Request<RequestBody>> for Shared<R> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = CallFuture;
@@ -116,7 +117,7 @@ impl<R: Routes> Service<http::Request<Body>> for Shared<R> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> CallFuture {
+    fn call(&mut self, request: http::Request<RequestBody>) -> CallFuture {
         self.0.route(request)
     }
 }
@@ -134,14 +135,14 @@ impl<R> Clone for Calls<R> {
     }
 }
 
-impl<R: Routes> hyper::service::Service<http::Request<hyper::body::Incoming>> for Calls<R> {
+impl<R: Routes> hyper::service::Service<http::Request<RequestBody>> for Calls<R> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = Deadline<tracing::instrument::Instrumented<CallFuture>>;
 
-    fn call(&self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, request: http::Request<RequestBody>) -> Self::Future {
         let timeout = grpc_timeout(request.headers());
-        let call = self.routes.clone().call(request.map(Body::new));
+        let call = self.routes.clone().call(request);
         Deadline {
             call,
             expires: timeout.map(|t| Box::pin(tokio::time::sleep(t))),
