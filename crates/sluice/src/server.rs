@@ -34,8 +34,10 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{KeyLayout, Store, StoreError};
 
+mod grpc;
 mod regions;
 
+use grpc::Routes as _;
 use regions::Shipping;
 
 /// Where the rules come from.
@@ -410,7 +412,7 @@ async fn report_health(health: &HealthReporter, ready: RulesReady) -> JoinHandle
 /// The servers' tasks, one per listener; the JSON API's and the metrics listener's end at once when they have no
 /// listener.
 struct Servers {
-    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    grpc: JoinHandle<()>,
     http: JoinHandle<std::io::Result<()>>,
     json: JoinHandle<std::io::Result<()>>,
     metrics: JoinHandle<std::io::Result<()>>,
@@ -506,7 +508,7 @@ fn spawn_grpc<S: Store>(
     cx: &Context<'_, S>,
     listener: TcpListener,
     health: HealthServer<impl Health>,
-) -> Result<JoinHandle<Result<(), tonic::transport::Error>>, ServerError> {
+) -> Result<JoinHandle<()>, ServerError> {
     fn reflection(b: tonic_reflection::server::Builder<'static>) -> tonic_reflection::server::Builder<'static> {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -518,32 +520,32 @@ fn spawn_grpc<S: Store>(
         .build_v1alpha()
         .map_err(|e| ServerError::Serve(format!("reflection: {e}")))?;
     let (limiter, headers) = (&cx.limiter, &cx.options.response_headers);
-    let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .layer(crate::operations::telemetry::GrpcTraceLayer)
-        .add_service(RateLimitServiceServer::new(EnvoyService::new(
-            limiter.clone(),
-            headers.clone(),
-        )))
-        .add_service(RateLimiterServer::new(SluiceService::new(
+    // The hot service last: it is matched first.
+    let routes = grpc::Unimplemented
+        .add(reflection_v1alpha)
+        .add(reflection_v1)
+        .add(health)
+        // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
+        .add(
+            RateLimitQuotaServiceServer::new(QuotaService::new(cx.quotas.clone(), cx.stopped.clone()))
+                .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
+        )
+        .add(RateLimiterServer::new(SluiceService::new(
             limiter.clone(),
             headers.clone(),
             cx.admin_token.clone(),
         )))
-        .add_service(
-            // A report over --max-request-bytes is refused before it is decoded (see faces::rlqs).
-            RateLimitQuotaServiceServer::new(QuotaService::new(cx.quotas.clone(), cx.stopped.clone()))
-                .max_decoding_message_size(limiter.settings().caps.max_request_bytes),
-        )
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(
-            crate::operations::tls::incoming(listener, cx.options.tls.as_ref())
-                .map_err(|e| ServerError::Serve(e.to_string()))?,
-            until_stopped(cx.stopped.clone()),
-        );
-    Ok(tokio::spawn(server))
+        .add(RateLimitServiceServer::new(EnvoyService::new(
+            limiter.clone(),
+            headers.clone(),
+        )));
+    let incoming = crate::operations::tls::incoming(listener, cx.options.tls.as_ref())
+        .map_err(|e| ServerError::Serve(e.to_string()))?;
+    Ok(tokio::spawn(grpc::serve(
+        routes,
+        incoming,
+        until_stopped(cx.stopped.clone()),
+    )))
 }
 
 /// Spawns a server that may not be served: without one, the task ends at once.

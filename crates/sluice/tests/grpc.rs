@@ -420,6 +420,83 @@ async fn health_metrics_and_graceful_shutdown() {
         .expect("drains and stops");
 }
 
+/// Calls are routed by the service their path names: each service answers its own methods, and a call to a service
+/// or a method not served is answered UNIMPLEMENTED.
+#[tokio::test]
+async fn calls_reach_the_service_they_name() {
+    use tokio_stream::StreamExt as _;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let response = RateLimitServiceClient::new(channel.clone())
+        .should_rate_limit(three())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    let remaining = RateLimiterClient::new(channel.clone())
+        .get_remaining(GetRemainingRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor("a", "1")],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(remaining.descriptors[0].remaining, 4);
+
+    let mut reflection = ServerReflectionClient::new(channel.clone());
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter([list]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(services)) = answers.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("reflection answers a list of services");
+    };
+    let names: Vec<_> = services.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{names:?}"
+    );
+    assert!(names.contains(&"sluice.v1.RateLimiter"), "{names:?}");
+
+    // A service not served, a method its service lacks, and a path with no method.
+    for path in [
+        "/no.such.Service/Call",
+        "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod",
+        "/envoy.service.ratelimit.v3.RateLimitService/",
+    ] {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<RateLimitRequest, RateLimitRequest>::default();
+        let answer = grpc
+            .unary(
+                tonic::Request::new(three()),
+                http::uri::PathAndQuery::from_static(path),
+                codec,
+            )
+            .await;
+        assert_eq!(answer.unwrap_err().code(), GrpcCode::Unimplemented, "{path}");
+    }
+    server.shutdown().await;
+}
+
 const ALGORITHMS: &str = "
 domain: jobs
 descriptors:
