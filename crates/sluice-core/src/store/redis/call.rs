@@ -141,18 +141,6 @@ impl Call {
         } else {
             &hit.fields
         };
-        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
-        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
-        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
-            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
-            _ => Value::from(t.key.as_str()),
-        }));
-        if let Some(r) = record {
-            keys.push(Value::from(r.key.as_str()));
-        }
-        if let Some((key, _)) = &extra {
-            keys.push(Value::from(key.as_str()));
-        }
         let slot = hit
             .tiers
             .first()
@@ -176,6 +164,19 @@ impl Call {
                     probe: None,
                 };
             }
+        }
+        // Built only here: a compact form writes its keys itself.
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
+        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
+        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
+            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
+            _ => Value::from(t.key.as_str()),
+        }));
+        if let Some(r) = record {
+            keys.push(Value::from(r.key.as_str()));
+        }
+        if let Some((key, _)) = &extra {
+            keys.push(Value::from(key.as_str()));
         }
         let tail = extra.map(|r| r.1).unwrap_or_default();
         let args = driver_args(mode, now_us, hit, record, fields, keys.len(), tail);
