@@ -311,19 +311,17 @@ impl RedisStore {
         call: impl Fn(&I) -> Call + Sync,
         parse: impl Fn(Reply, &I) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
+        let Some(cluster) = &self.cluster else {
+            return self.run_on_server(items, call, parse).await;
+        };
         let mut results: Vec<Option<Result<T, StoreError>>> = items.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..items.len()).collect();
         // The cluster's routing and the script's reload are boxed: inline, their states would make this future (held
         // in every request's future, and moved with it) some kilobytes instead of a few hundred bytes.
         for attempt in 0..2 {
             let sent = self.loads.now();
-            let answers = match &self.cluster {
-                Some(cluster) => {
-                    let make = |j: usize| call(&items[pending[j]]);
-                    Box::pin(route::by_node(cluster, &self.sha, self.timeout, pending.len(), make)).await
-                }
-                None => self.send(pending.iter().map(|&i| call(&items[i])).collect()).await,
-            };
+            let make = |j: usize| call(&items[pending[j]]);
+            let answers = Box::pin(route::by_node(cluster, &self.sha, self.timeout, pending.len(), make)).await;
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 results[i] = Some(match answer {
@@ -347,23 +345,42 @@ impl RedisStore {
                 break;
             }
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::Script("script still missing after reload".into()))))
-            .collect()
+        results.into_iter().map(|r| r.unwrap_or_else(missing_answer)).collect()
     }
 
-    /// Sends `calls` to the one server through the gathering task and returns one answer per call.
-    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Reply, (FredError, Option<Node>)>> {
-        let n = calls.len();
+    /// [`RedisStore::run_calls`] against one server, where the calls go out as one request through the gathering task
+    /// and share its fate: every call is answered, or they all failed together (NOSCRIPT included, after which they
+    /// all go again once the script is loaded).
+    async fn run_on_server<I, T>(
+        &self,
+        items: &[I],
+        call: impl Fn(&I) -> Call,
+        parse: impl Fn(Reply, &I) -> Result<T, StoreError>,
+    ) -> Vec<Result<T, StoreError>> {
+        let all = |e: StoreError| items.iter().map(|_| Err(e.clone())).collect();
         let Some(batches) = &self.batches else {
             let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
-            return (0..n).map(|_| Err((e.clone(), None))).collect();
+            return all(self.classify(e));
         };
-        match batches.send(calls).await {
-            Ok(values) => values.into_iter().map(Ok).collect(),
-            Err(e) => vec![Err((e, None)); n],
+        for attempt in 0..2 {
+            let sent = self.loads.now();
+            match batches.send(items.iter().map(&call).collect()).await {
+                Ok(replies) => {
+                    let mut replies = replies.into_iter();
+                    return items
+                        .iter()
+                        .map(|item| replies.next().map_or_else(missing_answer, |reply| parse(reply, item)))
+                        .collect();
+                }
+                Err(e) if attempt == 0 && is_noscript(&e) => {
+                    if let Err(e) = Box::pin(self.load_script(sent, Vec::new())).await {
+                        return all(e);
+                    }
+                }
+                Err(e) => return all(self.classify(e)),
+            }
         }
+        all(StoreError::Script("script still missing after reload".into()))
     }
 
     /// Loads the script where calls sent after `sent` (see [`ScriptLoads::now`]) met NOSCRIPT: on the one server, or
@@ -430,6 +447,11 @@ impl RedisStore {
             .map(|node| node.pool.next().clone())
             .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
     }
+}
+
+/// The answer of a call that got none.
+fn missing_answer<T>() -> Result<T, StoreError> {
+    Err(StoreError::Script("script still missing after reload".into()))
 }
 
 /// fred's configuration of `settings`: the URL, and the TLS files when given (which need a TLS URL).
