@@ -293,9 +293,10 @@ impl RedisStore {
     /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
     async fn run(&self, now_us: u64, hits: &[Hit]) -> Answers {
         let now = self.now(now_us);
+        let routed = self.cluster.is_some();
         self.run_calls(
             hits,
-            |hit| Call::new(now, hit),
+            |hit| Call::new(now, hit, routed),
             |value, hit| parse(value, hit.tiers.len()),
         )
         .await
@@ -601,10 +602,11 @@ impl Reservations for RedisStore {
             return answers;
         }
         let now = self.now(now_us);
+        let routed = self.cluster.is_some();
         let settled = self
             .run_calls(
                 &counted,
-                |&i| Call::settle(now, &settlements[i]),
+                |&i| Call::settle(now, &settlements[i], routed),
                 |value, &i| parse_settled(value, settlements[i].hit.tiers.len()),
             )
             .await;
@@ -621,7 +623,8 @@ impl Grants for RedisStore {
             return Vec::new();
         }
         let now = self.now(now_us);
-        self.run_calls(grants, |g| Call::grant(now, g), |value, _| parse_granted(value))
+        let routed = self.cluster.is_some();
+        self.run_calls(grants, |g| Call::grant(now, g, routed), |value, _| parse_granted(value))
             .await
     }
 }
