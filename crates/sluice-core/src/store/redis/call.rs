@@ -320,9 +320,17 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut shares: Vec<Option<usize>> = vec![None; calls.len()];
     if compact > 1 {
         let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(compact);
+        // The previous window's counter, whose first call is known without hashing its key again: under load the
+        // calls of one hot counter follow one another.
+        let mut last: Option<(&str, usize)> = None;
         for (i, call) in calls.iter().enumerate() {
             if let (true, Some(l)) = (window(call), &call.compact) {
-                let j = *first.entry(l.key.as_str()).or_insert(i);
+                let key = l.key.as_str();
+                let j = match last {
+                    Some((k, j)) if k == key => j,
+                    _ => *first.entry(key).or_insert(i),
+                };
+                last = Some((key, j));
                 shares[i] = (j != i).then_some(j);
             }
         }
