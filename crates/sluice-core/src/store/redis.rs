@@ -15,12 +15,13 @@
 //! ([`CLUSTER_SCRIPT`]). A dead primary fails only its own slots' descriptors, and a descriptor whose slot has moved
 //! or is migrating is refused by the script before anything of it is written and sent again alone to its slot,
 //! following MOVED and ASK (`route`).
-//! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again and only
-//! the calls that failed are resent, which is safe because a NOSCRIPT call ran nothing. Every command is bounded by
-//! the store's timeout (fred's own, one timer per command: a second timer around the call cost about 8% of sluice's
-//! CPU per decision); a failure surfaces as a [`StoreError`] for the descriptors it concerns, and the others keep
-//! their decisions. An error inside one descriptor's decision (a key of the wrong type) fails that descriptor alone.
-//! Settlements of reservations take the same path, each a descriptor's call in the script's mode 'settle'.
+//! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again, once per
+//! server for all the calls that met it together (`ScriptLoads`), and only the calls that failed are resent, which
+//! is safe because a NOSCRIPT call ran nothing. Every command is bounded by the store's timeout (fred's own, one
+//! timer per command: a second timer around the call cost about 8% of sluice's CPU per decision); a failure surfaces
+//! as a [`StoreError`] for the descriptors it concerns, and the others keep their decisions. An error inside one
+//! descriptor's decision (a key of the wrong type) fails that descriptor alone. Settlements of reservations take the
+//! same path, each a descriptor's call in the script's mode 'settle'.
 //!
 //! A Redis that is down, unreachable or not yet a formed cluster at start is not fatal: connections are retried in
 //! the background (fred's `fail_fast` off), calls fail by the failure policy meanwhile, and `/readyz` turns ready by
@@ -38,8 +39,9 @@
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fred::clients::{Client, Pool};
@@ -132,6 +134,54 @@ pub struct RedisStore {
     /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
     /// which loads them, rather than by an EVALSHA that would cost a NOSCRIPT round trip first.
     region_scripts: Arc<std::sync::atomic::AtomicBool>,
+    /// The decision script's loads after NOSCRIPT, one at a time.
+    loads: Arc<ScriptLoads>,
+}
+
+/// The decision script's loads after NOSCRIPT, one in flight at a time per store: the calls that met NOSCRIPT
+/// together (every call in flight when the server lost its scripts) wait for one SCRIPT LOAD per server rather than
+/// send one each, and share its outcome, a failure included (so a server that does not answer costs each waiting
+/// call the one load's timeout, not one after the other's).
+#[derive(Default)]
+struct ScriptLoads {
+    /// Loads ended, all servers together: a call reads it before it is sent.
+    clock: AtomicU64,
+    /// Per server (its address; `""` for the one server outside a cluster), the value of `clock` its last load ended
+    /// at, and how it ended. Held across a load, so that calls that meet NOSCRIPT meanwhile wait for it; a load
+    /// dropped half-way releases it unrecorded, and the next caller loads.
+    ended: tokio::sync::Mutex<HashMap<Arc<str>, LoadEnded>>,
+}
+
+/// When a load ended (the value of [`ScriptLoads::clock`] it left) and how.
+type LoadEnded = (u64, Result<(), StoreError>);
+
+impl ScriptLoads {
+    /// The value to give [`ScriptLoads::load`] for calls sent after this moment.
+    fn now(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    /// Runs `load` on every server of `servers` (address, what loads there) unless a load there ended since `sent`
+    /// (see [`ScriptLoads::now`]), whose outcome then stands for this one; one load at a time per store.
+    async fn load<P, F>(&self, sent: u64, servers: Vec<(Arc<str>, P)>, load: impl Fn(P) -> F) -> Result<(), StoreError>
+    where
+        F: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        let mut ended = self.ended.lock().await;
+        for (addr, server) in servers {
+            let outcome = match ended.get(&addr) {
+                Some((at, outcome)) if *at > sent => outcome.clone(),
+                _ => {
+                    let outcome = load(server).await;
+                    let at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+                    ended.insert(addr, (at, outcome.clone()));
+                    outcome
+                }
+            };
+            outcome?;
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -191,6 +241,7 @@ impl RedisStore {
                 moved: layout::Moved::default(),
                 notices,
                 region_scripts: Arc::default(),
+                loads: Arc::default(),
             });
         }
         pool.connect();
@@ -222,6 +273,7 @@ impl RedisStore {
             moved: layout::Moved::default(),
             notices,
             region_scripts: Arc::default(),
+            loads: Arc::default(),
         })
     }
 
@@ -246,9 +298,10 @@ impl RedisStore {
     /// reloads the script and resends the calls that met NOSCRIPT. Each hit gets its own answer.
     async fn run(&self, now_us: u64, hits: &[Hit]) -> Answers {
         let now = self.now(now_us);
+        let routed = self.cluster.is_some();
         self.run_calls(
             hits,
-            |hit| Call::new(now, hit),
+            |hit| Call::new(now, hit, routed),
             |value, hit| parse(value, hit.tiers.len()),
         )
         .await
@@ -264,16 +317,17 @@ impl RedisStore {
         call: impl Fn(&I) -> Call + Sync,
         parse: impl Fn(Reply, &I) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
+        let Some(cluster) = &self.cluster else {
+            return self.run_on_server(items, call, parse).await;
+        };
         let mut results: Vec<Option<Result<T, StoreError>>> = items.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..items.len()).collect();
+        // The cluster's routing and the script's reload are boxed: inline, their states would make this future (held
+        // in every request's future, and moved with it) some kilobytes instead of a few hundred bytes.
         for attempt in 0..2 {
-            let answers = match &self.cluster {
-                Some(cluster) => {
-                    let make = |j: usize| call(&items[pending[j]]);
-                    route::by_node(cluster, &self.sha, self.timeout, pending.len(), make).await
-                }
-                None => self.send(pending.iter().map(|&i| call(&items[i])).collect()).await,
-            };
+            let sent = self.loads.now();
+            let make = |j: usize| call(&items[pending[j]]);
+            let answers = Box::pin(route::by_node(cluster, &self.sha, self.timeout, pending.len(), make)).await;
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 results[i] = Some(match answer {
@@ -290,50 +344,69 @@ impl RedisStore {
             }
             let nodes: Vec<Option<Node>> = missing.iter().map(|(_, n)| n.clone()).collect();
             pending = missing.into_iter().map(|(i, _)| i).collect();
-            if let Err(e) = self.load_script(nodes).await {
+            if let Err(e) = Box::pin(self.load_script(sent, nodes)).await {
                 for &i in &pending {
                     results[i] = Some(Err(e.clone()));
                 }
                 break;
             }
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::Script("script still missing after reload".into()))))
-            .collect()
+        results.into_iter().map(|r| r.unwrap_or_else(missing_answer)).collect()
     }
 
-    /// Sends `calls` to the one server through the gathering task and returns one answer per call.
-    async fn send(&self, calls: Vec<Call>) -> Vec<Result<Reply, (FredError, Option<Node>)>> {
-        let n = calls.len();
+    /// [`RedisStore::run_calls`] against one server, where the calls go out as one request through the gathering task
+    /// and share its fate: every call is answered, or they all failed together (NOSCRIPT included, after which they
+    /// all go again once the script is loaded).
+    async fn run_on_server<I, T>(
+        &self,
+        items: &[I],
+        call: impl Fn(&I) -> Call,
+        parse: impl Fn(Reply, &I) -> Result<T, StoreError>,
+    ) -> Vec<Result<T, StoreError>> {
+        let all = |e: StoreError| items.iter().map(|_| Err(e.clone())).collect();
         let Some(batches) = &self.batches else {
             let e = FredError::new(ErrorKind::Config, "the redis store has no connections");
-            return (0..n).map(|_| Err((e.clone(), None))).collect();
+            return all(self.classify(e));
         };
-        match batches.send(calls).await {
-            Ok(values) => values.into_iter().map(Ok).collect(),
-            Err(e) => vec![Err((e, None)); n],
-        }
-    }
-
-    /// Loads the script where calls met NOSCRIPT: on the one server, or on each cluster node named.
-    async fn load_script(&self, nodes: Vec<Option<Node>>) -> Result<(), StoreError> {
-        let mut pools: Vec<Pool> = Vec::new();
-        let mut seen: Vec<Arc<str>> = Vec::new();
-        for node in nodes.into_iter().flatten() {
-            if !seen.contains(&node.addr) {
-                seen.push(node.addr.clone());
-                pools.push(node.pool);
+        for attempt in 0..2 {
+            let sent = self.loads.now();
+            match batches.send(items.iter().map(&call).collect()).await {
+                Ok(replies) => {
+                    let mut replies = replies.into_iter();
+                    return items
+                        .iter()
+                        .map(|item| replies.next().map_or_else(missing_answer, |reply| parse(reply, item)))
+                        .collect();
+                }
+                Err(e) if attempt == 0 && is_noscript(&e) => {
+                    if let Err(e) = Box::pin(self.load_script(sent, Vec::new())).await {
+                        return all(e);
+                    }
+                }
+                Err(e) => return all(self.classify(e)),
             }
         }
-        if pools.is_empty() {
-            pools.push(self.pool.clone());
+        all(StoreError::Script("script still missing after reload".into()))
+    }
+
+    /// Loads the script where calls sent after `sent` (see [`ScriptLoads::now`]) met NOSCRIPT: on the one server, or
+    /// on each cluster node named; not where a load completed since they were sent, and one load at a time.
+    async fn load_script(&self, sent: u64, nodes: Vec<Option<Node>>) -> Result<(), StoreError> {
+        let mut servers: Vec<(Arc<str>, Pool)> = Vec::new();
+        for node in nodes.into_iter().flatten() {
+            if !servers.iter().any(|(addr, _)| *addr == node.addr) {
+                servers.push((node.addr, node.pool));
+            }
         }
-        for pool in pools {
-            let loaded: Result<String, FredError> = pool.next().script_load(self.script).await;
-            loaded.map_err(|e| self.classify(e))?;
+        if servers.is_empty() {
+            servers.push((Arc::from(""), self.pool.clone()));
         }
-        Ok(())
+        self.loads
+            .load(sent, servers, |pool| async move {
+                let loaded: Result<String, FredError> = pool.next().script_load(self.script).await;
+                loaded.map(drop).map_err(|e| self.classify(e))
+            })
+            .await
     }
 
     /// Sends one single-key command per key, each to the server that holds the key, all before any answer is
@@ -380,6 +453,11 @@ impl RedisStore {
             .map(|node| node.pool.next().clone())
             .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
     }
+}
+
+/// The answer of a call that got none.
+fn missing_answer<T>() -> Result<T, StoreError> {
+    Err(StoreError::Script("script still missing after reload".into()))
 }
 
 /// fred's configuration of `settings`: the URL, and the TLS files when given (which need a TLS URL).
@@ -538,10 +616,11 @@ impl Reservations for RedisStore {
             return answers.into_iter().map(|_| Err(e.clone())).collect();
         }
         let now = self.now(now_us);
+        let routed = self.cluster.is_some();
         let settled = self
             .run_calls(
                 &counted,
-                |&i| Call::settle(now, &settlements[i]),
+                |&i| Call::settle(now, &settlements[i], routed),
                 |value, &i| parse_settled(value, settlements[i].hit.tiers.len()),
             )
             .await;
@@ -558,7 +637,8 @@ impl Grants for RedisStore {
             return Vec::new();
         }
         let now = self.now(now_us);
-        self.run_calls(grants, |g| Call::grant(now, g), |value, _| parse_granted(value))
+        let routed = self.cluster.is_some();
+        self.run_calls(grants, |g| Call::grant(now, g, routed), |value, _| parse_granted(value))
             .await
     }
 }

@@ -67,15 +67,17 @@ pub(super) struct Call {
     args: Vec<Value>,
     /// The call's compact form (`store/redis/compact.rs`): what sluice needs to decide from the integers it gets.
     compact: Option<Compact>,
-    /// The cluster slot of its keys, which share one hash tag.
+    /// The cluster slot of its keys, which share one hash tag; `None` when it is not routed (against one server,
+    /// where working it out cost more than anything else in building the call).
     pub(super) slot: Option<u16>,
     /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
     probe: Option<Value>,
 }
 
 impl Call {
-    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock.
-    pub(super) fn new(now_us: Option<u64>, hit: &Hit) -> Call {
+    /// One descriptor's keys and arguments (see `lua/decide.lua`); `now_us` is `None` to decide by the server's clock,
+    /// `routed` whether the call goes to a cluster (its slot is then worked out).
+    pub(super) fn new(now_us: Option<u64>, hit: &Hit, routed: bool) -> Call {
         let peek = hit.peeks();
         let record = hit.record.as_ref().filter(|r| peek || r.value.is_some());
         // A peek never writes a reservation; nor does a hit whose tiers cannot hold one.
@@ -89,11 +91,11 @@ impl Call {
         };
         // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
         let reservation = reservation.map(|r| (&r.key, vec![Value::Integer(r.bounded_ttl_us() as i64)]));
-        Call::build(mode, now_us, hit, record, reservation)
+        Call::build(mode, now_us, hit, record, reservation, routed)
     }
 
     /// One settlement's keys and arguments: decide.lua's mode 'settle', with the record as the last key.
-    pub(super) fn settle(now_us: Option<u64>, settlement: &Settlement) -> Call {
+    pub(super) fn settle(now_us: Option<u64>, settlement: &Settlement, routed: bool) -> Call {
         Call::build(
             if settlement.reap {
                 ScriptMode::Reap
@@ -104,12 +106,13 @@ impl Call {
             &settlement.hit,
             None,
             Some((&settlement.reservation, Vec::new())),
+            routed,
         )
     }
 
     /// One grant's keys and arguments: decide.lua's mode 'grant', its tiers read at cost 0, with the ledger as the
     /// last key and the holder's entry, whether it is a newcomer and a rate's limit (-1: a budget) after the tiers.
-    pub(super) fn grant(now_us: Option<u64>, grant: &Grant) -> Call {
+    pub(super) fn grant(now_us: Option<u64>, grant: &Grant, routed: bool) -> Call {
         let hit = Hit {
             tiers: grant.tiers.clone(),
             ..Hit::default()
@@ -123,7 +126,14 @@ impl Call {
             Value::Integer(i64::from(grant.newcomer)),
             grant.rate.map_or(Value::Integer(-1), amount),
         ];
-        Call::build(ScriptMode::Grant, now_us, &hit, None, Some((&grant.ledger, tail)))
+        Call::build(
+            ScriptMode::Grant,
+            now_us,
+            &hit,
+            None,
+            Some((&grant.ledger, tail)),
+            routed,
+        )
     }
 
     /// The call in `mode`; `extra`: the key after the tiers' (a reservation's record, a grant's ledger), and the
@@ -134,6 +144,7 @@ impl Call {
         hit: &Hit,
         record: Option<&RecordSpec>,
         extra: Option<(&CounterKey, Vec<Value>)>,
+        routed: bool,
     ) -> Call {
         // A settlement carries no queue fields: its tiers all count.
         let fields: &[(String, String)] = if matches!(mode, ScriptMode::Settle | ScriptMode::Reap) {
@@ -141,24 +152,13 @@ impl Call {
         } else {
             &hit.fields
         };
-        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
-        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
-        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
-            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
-            _ => Value::from(t.key.as_str()),
-        }));
-        if let Some(r) = record {
-            keys.push(Value::from(r.key.as_str()));
-        }
-        if let Some((key, _)) = &extra {
-            keys.push(Value::from(key.as_str()));
-        }
         let slot = hit
             .tiers
             .first()
             .map(|t| &t.key)
             .or(record.map(|r| &r.key))
             .or(extra.as_ref().map(|r| r.0))
+            .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
         if let (ScriptMode::Hit, None, []) = (mode, record, fields) {
@@ -176,6 +176,19 @@ impl Call {
                     probe: None,
                 };
             }
+        }
+        // Built only here: a compact form writes its keys itself.
+        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
+        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
+        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
+            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
+            _ => Value::from(t.key.as_str()),
+        }));
+        if let Some(r) = record {
+            keys.push(Value::from(r.key.as_str()));
+        }
+        if let Some((key, _)) = &extra {
+            keys.push(Value::from(key.as_str()));
         }
         let tail = extra.map(|r| r.1).unwrap_or_default();
         let args = driver_args(mode, now_us, hit, record, fields, keys.len(), tail);
@@ -307,9 +320,17 @@ fn coalesce(mut calls: Vec<Call>) -> (Vec<Call>, Vec<Planned>) {
     let mut shares: Vec<Option<usize>> = vec![None; calls.len()];
     if compact > 1 {
         let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(compact);
+        // The previous window's counter, whose first call is known without hashing its key again: under load the
+        // calls of one hot counter follow one another.
+        let mut last: Option<(&str, usize)> = None;
         for (i, call) in calls.iter().enumerate() {
             if let (true, Some(l)) = (window(call), &call.compact) {
-                let j = *first.entry(l.key.as_str()).or_insert(i);
+                let key = l.key.as_str();
+                let j = match last {
+                    Some((k, j)) if k == key => j,
+                    _ => *first.entry(key).or_insert(i),
+                };
+                last = Some((key, j));
                 shares[i] = (j != i).then_some(j);
             }
         }

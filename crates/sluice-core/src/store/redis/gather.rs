@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fred::clients::Pool;
+use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::types::Value;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
 
 use super::call::{Call, Form, eval};
 use super::reply::Reply;
@@ -70,8 +72,11 @@ struct Job {
 /// together in the next. Bounding the calls in flight is what makes the batches grow whichever scheduler runs the
 /// task (on a multi-threaded runtime, an idle worker would otherwise take each request out alone). A request that
 /// waited for a call longer than the store's timeout fails with a timeout instead of going out; as every call is
-/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout. The task ends
-/// with its queue.
+/// bounded by the timeout too, an unanswering Redis fails any request within three times the timeout.
+///
+/// The task drives its calls in flight itself rather than spawning a task per call: a spawn per call, and the hop
+/// from that task back to this one, cost more than anything else between a request and its EVALSHA. Once its queue
+/// is closed, the task ends when its calls in flight have answered.
 async fn gather(
     pool: Pool,
     sha: Value,
@@ -80,21 +85,30 @@ async fn gather(
     mut queue: mpsc::UnboundedReceiver<Job>,
     waiting: Arc<AtomicUsize>,
 ) {
-    let flights = Arc::new(Semaphore::new(pool.size().max(2)));
+    let flights = pool.size().max(2);
+    let mut in_flight = FuturesUnordered::new();
     let mut next: Option<Job> = None;
     loop {
-        let Ok(permit) = flights.clone().acquire_owned().await else {
-            return;
+        // A call is free and a request waits, or one comes: take it and whatever waits behind it into a call.
+        let first = tokio::select! {
+            biased;
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => continue,
+            job = async {
+                match next.take() {
+                    Some(job) => Some(job),
+                    None => queue.recv().await.map(|job| taken(&waiting, job)),
+                }
+            }, if in_flight.len() < flights => match job {
+                Some(job) => job,
+                None => break,
+            },
         };
         let mut batch = Vec::new();
         let mut descriptors = 0;
+        let mut job = Some(first);
         while descriptors < MAX_BATCH {
-            let job = match next.take() {
+            let job = match job.take() {
                 Some(job) => job,
-                None if batch.is_empty() => match queue.recv().await {
-                    Some(job) => taken(&waiting, job),
-                    None => return,
-                },
                 None => match queue.try_recv() {
                     Ok(job) => taken(&waiting, job),
                     Err(_) => break,
@@ -114,30 +128,33 @@ async fn gather(
             descriptors += job.calls.len();
             batch.push(job);
         }
-        let client = pool.next().clone();
-        let sha = sha.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut calls = Vec::with_capacity(batch.len());
-            let mut replies = Vec::with_capacity(batch.len());
-            for job in batch {
-                replies.push((job.reply, job.calls.len()));
-                calls.extend(job.calls);
+        if !batch.is_empty() {
+            in_flight.push(call(pool.next().clone(), sha.clone(), form, batch));
+        }
+    }
+    while in_flight.next().await.is_some() {}
+}
+
+/// One script call deciding `batch`, each request answered with its calls' answers.
+async fn call(client: Client, sha: Value, form: Form, batch: Vec<Job>) {
+    let mut calls = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for job in batch {
+        replies.push((job.reply, job.calls.len()));
+        calls.extend(job.calls);
+    }
+    match eval(&client, sha, calls, form, false).await {
+        Ok(values) => {
+            let mut values = values.into_iter();
+            for (reply, n) in replies {
+                let _ = reply.send(Ok(values.by_ref().take(n).collect()));
             }
-            match eval(&client, sha, calls, form, false).await {
-                Ok(values) => {
-                    let mut values = values.into_iter();
-                    for (reply, n) in replies {
-                        let _ = reply.send(Ok(values.by_ref().take(n).collect()));
-                    }
-                }
-                Err(e) => {
-                    for (reply, _) in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+        }
+        Err(e) => {
+            for (reply, _) in replies {
+                let _ = reply.send(Err(e.clone()));
             }
-        });
+        }
     }
 }
 

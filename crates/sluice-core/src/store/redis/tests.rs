@@ -47,3 +47,61 @@ async fn tls_files_are_checked_before_connecting() {
         .to_string();
     assert!(e.contains("needs its key"), "{e}");
 }
+
+/// How many times the server ran `command` (`INFO commandstats`, e.g. `script|load`).
+fn runs(redis: &sluice_testkit::RedisServer, command: &str) -> u64 {
+    let stats = redis.cli(&["--raw", "INFO", "commandstats"]);
+    let line = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Every request in flight when the server lost its scripts meets NOSCRIPT; the script is loaded once for all of
+/// them, and each is decided once it is.
+#[tokio::test]
+async fn requests_that_meet_noscript_together_load_the_script_once() {
+    use crate::store::{Algorithm, TierSpec};
+    let redis = sluice_testkit::RedisServer::start();
+    let store = RedisStore::connect(&RedisSettings {
+        url: redis.url(),
+        timeout: Duration::from_secs(2),
+        pool_size: 2,
+        server_time: true,
+        tls: RedisTls::default(),
+    })
+    .await
+    .unwrap();
+    let hit = |i: usize| Hit {
+        tiers: vec![TierSpec {
+            key: CounterKey::builder("test:", "d")
+                .entry("k", &i.to_string())
+                .finish()
+                .tier(Algorithm::FixedWindow, 60_000_000),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            window_us: 60_000_000,
+            burst: 0,
+            cost: None,
+            global: false,
+        }],
+        cost: 1,
+        ..Hit::default()
+    };
+    for round in 0..3 {
+        assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+        assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+        let requests = (0..64).map(|i| {
+            let store = store.clone();
+            let hits = vec![hit(i)];
+            tokio::spawn(async move { store.hit(0, &hits).await })
+        });
+        for answer in futures::future::join_all(requests).await {
+            let answer = answer.unwrap().pop().unwrap().unwrap();
+            assert!(answer.admitted && answer.tiers[0].used == round + 1, "{answer:?}");
+        }
+        assert_eq!(runs(&redis, "script|load"), 1, "round {round}");
+    }
+}

@@ -23,7 +23,7 @@ fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
     let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
     assert_eq!(slot, fred::util::redis_keyslot(id.records().as_str().as_bytes()));
     // Not the slot of the first argument (the SHA), which fred would hash by default.
-    assert_eq!(Call::new(None, &hit).slot, Some(slot));
+    assert_eq!(Call::new(None, &hit, true).slot, Some(slot));
 }
 
 fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
@@ -49,9 +49,9 @@ fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
     // A forced hit goes through the driver's form, which has a probe (a compact fixed window needs none).
     let mut hit = fixed_window_hit(&id);
     hit.mode = Mode::Report;
-    let mut compact = Call::new(None, &fixed_window_hit(&id));
+    let mut compact = Call::new(None, &fixed_window_hit(&id), true);
     assert!(compact.probe() && compact.probe.is_none());
-    let mut call = Call::new(None, &hit);
+    let mut call = Call::new(None, &hit, true);
     assert!(call.probe());
     let probe = call.probe.as_ref().and_then(Value::as_string).unwrap_or_default();
     let key = hit.tiers[0].key.as_str();
@@ -99,7 +99,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     let calls = || {
         ids.iter()
             .map(|id| {
-                let mut call = Call::new(Some(7), &fixed_window_hit(id));
+                let mut call = Call::new(Some(7), &fixed_window_hit(id), true);
                 assert!(call.probe());
                 call
             })
@@ -137,7 +137,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     // The driver's form is headed by minus its key count, then a probe in a node's batch.
     let mut reserve = fixed_window_hit(&ids[0]);
     reserve.mode = Mode::Report;
-    let mut call = Call::new(Some(7), &reserve);
+    let mut call = Call::new(Some(7), &reserve, true);
     assert!(call.probe());
     let forced = text(&super::node(Value::from("sha"), vec![call], None));
     assert_eq!(
@@ -174,7 +174,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         ..Hit::default()
     };
     let mode = |call: &Call| call.args[2].as_string();
-    let reserve = Call::new(None, &hit);
+    let reserve = Call::new(None, &hit, true);
     assert_eq!((reserve.keys.len(), mode(&reserve).as_deref()), (2, Some("reserve")));
     assert_eq!(
         reserve.args.last().and_then(Value::as_i64),
@@ -187,6 +187,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
             mode: Mode::of(true, hit.reservation().cloned()),
             ..hit.clone()
         },
+        true,
     );
     assert_eq!(mode(&forced).as_deref(), Some("reserve_report"));
     let peek = Call::new(
@@ -195,11 +196,12 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
             mode: Mode::Peek,
             ..hit.clone()
         },
+        true,
     );
     assert_eq!((peek.keys.len(), mode(&peek).as_deref()), (1, Some("peek")));
     let mut mixed = hit.clone();
     mixed.tiers.push(tier(Algorithm::Concurrency));
-    let mixed = Call::new(None, &mixed);
+    let mixed = Call::new(None, &mixed, true);
     assert_eq!((mixed.keys.len(), mode(&mixed).as_deref()), (2, Some("hit")));
     let settle = Call::settle(
         None,
@@ -211,6 +213,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
             reservation: id.reservation("r"),
             reap: false,
         },
+        true,
     );
     assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
     assert_eq!(settle.args.len(), 2 + 7 + 5, "no queue fields, no TTL");
@@ -222,6 +225,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
             reservation: id.reservation("r"),
             reap: false,
         },
+        true,
     );
     assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
 }
@@ -250,7 +254,7 @@ fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
         cost: u64::MAX,
         ..Hit::default()
     };
-    let call = Call::new(Some(1), &hit);
+    let call = Call::new(Some(1), &hit, true);
     let arg = |v: &Value| {
         v.as_i64()
             .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
