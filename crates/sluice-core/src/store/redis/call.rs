@@ -617,4 +617,4 @@ fn script_algorithm(t: &TierSpec) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -63,7 +63,6 @@ fn runs(redis: &sluice_testkit::RedisServer, command: &str) -> u64 {
 /// them, and each is decided once it is.
 #[tokio::test]
 async fn requests_that_meet_noscript_together_load_the_script_once() {
-    use crate::store::{Algorithm, TierSpec};
     let redis = sluice_testkit::RedisServer::start();
     let store = RedisStore::connect(&RedisSettings {
         url: redis.url(),
@@ -74,21 +73,8 @@ async fn requests_that_meet_noscript_together_load_the_script_once() {
     })
     .await
     .unwrap();
-    let hit = |i: usize| Hit {
-        tiers: vec![TierSpec {
-            key: CounterKey::builder("test:", "d")
-                .entry("k", &i.to_string())
-                .finish()
-                .tier(Algorithm::FixedWindow, 60_000_000),
-            algorithm: Algorithm::FixedWindow,
-            limit: 10,
-            window_us: 60_000_000,
-            burst: 0,
-            cost: None,
-            global: false,
-        }],
-        cost: 1,
-        ..Hit::default()
+    let hit = |i: usize| {
+        super::call::tests::fixed_window_hit(&CounterKey::builder("test:", "d").entry("k", &i.to_string()).finish())
     };
     for round in 0..3 {
         assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");

@@ -26,7 +26,7 @@ fn a_call_is_routed_to_the_slot_of_the_descriptor_keys() {
     assert_eq!(Call::new(None, &hit, true).slot, Some(slot));
 }
 
-fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
+pub(in crate::store::redis) fn fixed_window_hit(id: &crate::store::Identity) -> Hit {
     use crate::store::Algorithm;
     Hit {
         tiers: vec![crate::store::TierSpec {
