@@ -8,7 +8,7 @@ use crate::store::Algorithm;
 
 /// How the keys of counters are written: the counters of a descriptor's limits ([`Identity::tier`]), and the windows
 /// derived from them. Every other key (hit records, reservations, grant ledgers, lists, top offenders, queues' streams)
-/// keeps the full layout in both.
+/// keeps the full form whatever the layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyLayout {
     /// The full identity in every key, as earlier versions wrote them: `<prefix>{<tag>}<identity>|<algorithm>/<window
