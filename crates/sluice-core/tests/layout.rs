@@ -218,8 +218,18 @@ async fn the_reference_layout_shares_counts_with_envoyproxy_ratelimit() {
     assert!(ttl > 0 && ttl <= 3_600, "{ttl}");
     // A descriptor of several limits is one the reference cannot express: compact keys, with the hash tag.
     let tiers = "domain: d\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: minute, requests_per_unit: 2}\n      - {unit: hour, requests_per_unit: 5}\n";
-    let (limiter, _) = limiter_with(tiers, redis_store(&redis.url()).await, settings);
+    let (limiter, _) = limiter_with(tiers, redis_store(&redis.url()).await, settings.clone());
     assert_eq!(admitted(&limiter, "u2", 3).await, 2);
     assert!(keys(&redis, "rl:d_user_u2").is_empty());
     assert_eq!(keys(&redis, "rl:{").len(), 2, "two windows, compact");
+    // So is one that keeps hit records beside its count: they share the descriptor's hash tag.
+    let recorded = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5, record: {key: user, size: 2}}\n";
+    let settings = LimiterSettings {
+        key_prefix: "rr:".into(),
+        ..settings
+    };
+    let (limiter, _) = limiter_with(recorded, redis_store(&redis.url()).await, settings);
+    assert_eq!(admitted(&limiter, "u3", 1).await, 1);
+    assert!(keys(&redis, "rr:d_user_u3").is_empty());
+    assert_eq!(keys(&redis, "rr:{").len(), 2, "the window and the records, compact");
 }

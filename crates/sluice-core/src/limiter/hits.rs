@@ -52,7 +52,7 @@ impl<S: Store> Limiter<S> {
             tiers: tiers
                 .iter()
                 .map(|t| TierSpec {
-                    key: tier_key(&id, t, tiers.len() == 1),
+                    key: tier_key(&id, t, alone(tiers, rule)),
                     algorithm: t.limit.algorithm,
                     limit: u64::from(t.limit.requests),
                     window_us: t.limit.window_us(),
@@ -85,6 +85,13 @@ pub(super) fn identity_of(mut key: KeyBuilder, entries: &[(String, String)], sha
         key = key.entry(k, value);
     }
     key.finish()
+}
+
+/// Whether a descriptor's limits are one limit and nothing else it writes (no hit records): what the reference's
+/// layout may name by the reference's key, which has no hash tag, so nothing else of the descriptor need share its
+/// cluster slot.
+pub(super) fn alone(tiers: &[Tier], rule: Option<&Rule>) -> bool {
+    tiers.len() == 1 && rule.is_none_or(|r| r.record.is_none())
 }
 
 /// The counter key of one limit of a descriptor.

@@ -3,7 +3,7 @@
 
 use super::Limiter;
 use super::decision::{LimitError, QueuedWork, ResetReport};
-use super::hits::tier_key;
+use super::hits::{alone, tier_key};
 use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
 use super::settings::Cap;
@@ -76,7 +76,7 @@ impl<S: Store> Limiter<S> {
             if let Target::Limited { tiers, rule, shared } = target {
                 let id = self.identity(&request.domain, descriptor, shared);
                 for tier in tiers.iter().filter(|t| select(t)) {
-                    let key = tier_key(&id, tier, tiers.len() == 1);
+                    let key = tier_key(&id, tier, alone(tiers, *rule));
                     let (window, burst) = (tier.limit.window_us(), u64::from(tier.limit.burst));
                     let windows = algorithm::window_starts(tier.limit.algorithm, window, burst, now_us);
                     keys.extend(windows.map(|s| key.window(s)));
