@@ -36,12 +36,24 @@ fn request(user: &str) -> Request {
 
 /// A limiter over its own connections to `redis`, writing keys in `layout`, its clock at `now`.
 async fn instance(redis: &RedisServer, algorithm: &str, layout: KeyLayout, now: u64) -> Arc<Limiter<RedisStore>> {
+    instance_at(&redis.url(), "sluice:", algorithm, layout, now).await
+}
+
+/// [`instance`] on the Redis at `url`, under `prefix`.
+async fn instance_at(
+    url: &str,
+    prefix: &str,
+    algorithm: &str,
+    layout: KeyLayout,
+    now: u64,
+) -> Arc<Limiter<RedisStore>> {
     let settings = LimiterSettings {
+        key_prefix: prefix.into(),
         key_layout: layout,
         local_cache_size: 0,
         ..LimiterSettings::default()
     };
-    let (limiter, clock) = limiter_with(&config(algorithm), redis_store(&redis.url()).await, settings);
+    let (limiter, clock) = limiter_with(&config(algorithm), redis_store(url).await, settings);
     clock.set(now);
     limiter
 }
@@ -113,6 +125,22 @@ async fn switching_to_compact_keys_moves_every_counter_with_no_burst() {
             if algorithm == "leaky_bucket" { 1 } else { 3 }
         );
     }
+}
+
+/// The documented least-privilege ACL user (docs/src/storage.md) may run what the switch runs: the marker's script
+/// and the move's.
+#[tokio::test]
+async fn the_documented_acl_user_can_switch_layouts() {
+    let redis = RedisServer::start();
+    let url = redis.acl_user_url();
+    let before = instance_at(&url, "test:", "sliding_window", KeyLayout::Full, T0).await;
+    assert_eq!(admitted(&before, "u", 6).await, 6);
+    let store = redis_store(&url).await;
+    let layout = store.key_layout(KeyLayout::Compact, "test:", HOUR, T0).await;
+    assert!(matches!(layout, KeyLayout::Moving { .. }), "{layout:?}");
+    let after = instance_at(&url, "test:", "sliding_window", layout, T0).await;
+    assert_eq!(admitted(&after, "u", 10).await, 4, "moved as the ACL user");
+    assert!(keys(&redis, "|sliding_window/").is_empty());
 }
 
 #[tokio::test]

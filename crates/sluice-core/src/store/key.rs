@@ -162,6 +162,11 @@ impl CounterKey {
         self.previous.as_ref().map(|p| CounterKey::named(p.clone(), self.tag))
     }
 
+    /// Whether this key has a name in the full layout to move from ([`CounterKey::previous`]).
+    pub fn has_previous(&self) -> bool {
+        self.previous.is_some()
+    }
+
     /// The hash of the identity: equal for every key of one descriptor.
     pub fn tag(&self) -> u64 {
         self.tag

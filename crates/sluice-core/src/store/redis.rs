@@ -555,7 +555,10 @@ impl Counters for RedisStore {
         if hits.is_empty() {
             return Vec::new();
         }
-        if let Err(e) = self.move_counters(now_us, hits.iter()).await {
+        // Boxed: the move's state stays out of every decision's future.
+        if layout::moving(hits.iter())
+            && let Err(e) = Box::pin(self.move_counters(now_us, hits.iter())).await
+        {
             return hits.iter().map(|_| Err(e.clone())).collect();
         }
         self.run(now_us, hits).await
@@ -609,9 +612,9 @@ impl Reservations for RedisStore {
         if counted.is_empty() {
             return answers;
         }
-        if let Err(e) = self
-            .move_counters(now_us, counted.iter().map(|&i| &settlements[i].hit))
-            .await
+        let hits = || counted.iter().map(|&i| &settlements[i].hit);
+        if layout::moving(hits())
+            && let Err(e) = Box::pin(self.move_counters(now_us, hits())).await
         {
             return answers.into_iter().map(|_| Err(e.clone())).collect();
         }

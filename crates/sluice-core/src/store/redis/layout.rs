@@ -96,7 +96,7 @@ impl RedisStore {
             for hit in hits {
                 let (mut keys, mut kinds) = (Vec::new(), Vec::new());
                 for t in &hit.tiers {
-                    if t.key.previous().is_some() && !moved.contains(t.key.as_str()) {
+                    if t.key.has_previous() && !moved.contains(t.key.as_str()) {
                         pairs(t, now_us, &mut keys, &mut kinds);
                         counters.push(t.key.as_str().into());
                     }
@@ -132,6 +132,12 @@ impl RedisStore {
         moved.extend(counters);
         Ok(())
     }
+}
+
+/// Whether a limit of `hits` carries a name of the full layout: only then is there anything to move, so a decision
+/// outside a move takes no lock and builds no call.
+pub(super) fn moving<'a>(mut hits: impl Iterator<Item = &'a Hit>) -> bool {
+    hits.any(|hit| hit.tiers.iter().any(|t| t.key.has_previous()))
 }
 
 /// Every key with a name of the full layout among `keys`, under both names: what a reset or a release touches while
