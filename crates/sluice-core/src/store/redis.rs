@@ -93,6 +93,7 @@ macro_rules! decision_script {
             include_str!("lua/compact_global.lua"),
             include_str!("lua/ledger.lua"),
             include_str!("lua/decide.lua"),
+            include_str!("lua/compact_reservation.lua"),
             include_str!("lua/batch.lua"),
         )
     };
@@ -648,12 +649,9 @@ impl Grants for RedisStore {
 
 impl Announcements for RedisStore {
     async fn announce(&self, notice: Notice) {
-        let message = notices::encode(&notice);
-        let sent: Result<Value, FredError> = self.pool.next().publish(NOTICE_CHANNEL, message).await;
-        match sent {
-            Err(e) if notices::refused(&e) => self.notices.refuse(),
-            Err(e) => tracing::warn!(error = %self.classify(e), "a notice to the other instances could not be sent"),
-            Ok(_) => {}
+        match notice {
+            Notice::Freed(keys) => self.notices.freed(&self.pool, keys),
+            notice => self.notices.publish(&self.pool, &notice).await,
         }
     }
 

@@ -12,7 +12,8 @@
 --           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
 --           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
---           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), or minus its key
+--           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), a reservation's
+--           or a settlement's on fixed windows alone ('r' or 'e', then compact_reservation.lua's), or minus its key
 --           count, its argument count, and its arguments as decide.lua reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
@@ -25,8 +26,8 @@
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
--- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows, the two or
--- three of compact_global.lua, or decide.lua's
+-- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows or of a
+-- compact reservation, the 1 + 3t integers of a compact settlement, the two or three of compact_global.lua, or decide.lua's
 -- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
 -- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
@@ -178,6 +179,19 @@ for _ = 1, n do
     if not ok then compact_failure(err, t + 1) end
     compact_done(5, t)
     o = o + t + 1
+  elseif head == 'r' or head == 'e' then
+    -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
+    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
+    local t = number(ARGV[a + 1])
+    local count, width, run = 2 + 3 * t, 1 + 3 * t, compact_settle
+    if head == 'r' then count, width, run = count + 1, t, compact_reserve end
+    local _, at = compact_key_and_time(count)
+    local keys = compact_keys(count, t + 1)
+    local rkey = table.remove(keys)
+    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
+    if not ok then compact_failure(err, width) end
+    compact_done(count, t + 1)
+    o = o + width
   elseif head == 'w' then
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])

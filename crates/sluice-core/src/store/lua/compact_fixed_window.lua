@@ -48,8 +48,11 @@ end
 --
 -- Writes the windows' counts before the hit into answers[pos] to answers[pos + t - 1]; sluice decides from them: the
 -- hit fits when every window's count plus its cost is at most its limit, and was counted when it fits and some cost
--- is positive. Denials count nothing: the script runs atomically, so no one sees a count it takes back.
-local function compact_windows(keys, a, now, guess, pos)
+-- is positive. Denials count nothing: the script runs atomically, so no one sees a count it takes back. With
+-- `written`, a hit that fits and was counted then calls written(rkey, a, t, now, ttl) (a reservation writes its record:
+-- compact_reservation.lua); if that fails, the hit is taken back and the error raised, so a descriptor is still
+-- counted whole or not at all.
+local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
   local t = number(ARGV[a])
   local fits, positive, fresh = true, false, {}
   -- Takes back what windows 1 to `upto` counted.
@@ -96,6 +99,13 @@ local function compact_windows(keys, a, now, guess, pos)
   end
   if not positive then return end
   if not fits then return undo(t) end
+  if written ~= nil then
+    local ok, err = pcall(written, rkey, a, t, now, ttl)
+    if not ok then
+      undo(t)
+      error(err, 0)
+    end
+  end
   for j, f in pairs(fresh) do
     if f[2] then
       if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end

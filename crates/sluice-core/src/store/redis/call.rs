@@ -161,10 +161,15 @@ impl Call {
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
-        if let (ScriptMode::Hit, None, []) = (mode, record, fields) {
-            let compact = match &hit.tiers[..] {
-                [tier] => Compact::of(now_us, tier, hit.cost, &hit.lease),
-                tiers => Compact::windows(now_us, tiers, hit.cost),
+        if let (None, []) = (record, fields) {
+            let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
+                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, hit.cost, &hit.lease),
+                (ScriptMode::Hit, tiers, _, _) => Compact::windows(now_us, tiers, hit.cost),
+                (ScriptMode::Reserve, tiers, Some(reservation), _) => {
+                    Compact::reserve(now_us, tiers, hit.cost, reservation)
+                }
+                (ScriptMode::Settle, tiers, _, Some((record, _))) => Compact::settle(now_us, tiers, hit.cost, record),
+                _ => None,
             };
             if let Some(compact) = compact {
                 // Its key and arguments are written when the script call is assembled (see `Compact::parts`).
@@ -519,7 +524,7 @@ pub(super) async fn eval(
         .map(|p| match (p.own, &values[p.sent]) {
             (Some(compact), value) => compact
                 .answer(value, p.ahead, compact.now_us().unwrap_or(server_now))
-                .map_or_else(|| Reply::Script(value.clone()), Reply::Decided),
+                .unwrap_or_else(|| Reply::Script(value.clone())),
             (None, _) => Reply::Script(std::mem::replace(&mut values[p.sent], Value::Null)),
         })
         .collect())

@@ -2,7 +2,8 @@
 //! window (`lua/compact_fixed_window.lua`), a token or leaky bucket (`lua/compact_bucket.lua`), a sliding window
 //! (`lua/compact_sliding_window.lua`), a sliding log or a concurrency limit (`lua/compact_sorted_set.lua`), or with
 //! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`), or a
-//! global fixed or sliding window (`lua/compact_global.lua`). Each
+//! global fixed or sliding window (`lua/compact_global.lua`), or a reservation or a settlement on fixed windows alone
+//! (`lua/compact_reservation.lua`). Each
 //! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
 //! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
 //! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
@@ -11,9 +12,10 @@
 
 use fred::types::Value;
 
+use super::reply::Reply;
 use crate::store::Algorithm;
 use crate::store::algorithm::{self, concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
-use crate::store::{CounterKey, Outcome, TierSpec};
+use crate::store::{CounterKey, Outcome, ReservationSpec, Settled, TierSettled, TierSpec};
 
 /// A call in its compact form: its counter's key (a fixed window's key is built from it when the call is assembled; for several
 /// windows, the first's) and what sluice decides it by.
@@ -35,6 +37,19 @@ pub(super) enum CompactTier {
     Set(SetTier),
     /// A global fixed or sliding window.
     Global(GlobalTier),
+    /// A reservation on fixed windows alone: each window with its counter's key and its estimate as the cost, the
+    /// record's key and its TTL.
+    Reserve {
+        windows: Vec<(CounterKey, WindowTier)>,
+        record: CounterKey,
+        ttl_us: u64,
+    },
+    /// A settlement on fixed windows alone: each window with its counter's key and its actual cost as the cost, and
+    /// the record's key.
+    Settle {
+        windows: Vec<(CounterKey, WindowTier)>,
+        record: CounterKey,
+    },
 }
 
 /// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
@@ -190,6 +205,38 @@ impl Compact {
         })
     }
 
+    /// A reservation whose tiers are all fixed windows, with nothing else to write, in its compact form; `None` when
+    /// the form does not apply (as for [`Compact::windows`], but for one window too).
+    pub(super) fn reserve(
+        now_us: Option<u64>,
+        tiers: &[TierSpec],
+        cost: u64,
+        reservation: &ReservationSpec,
+    ) -> Option<Compact> {
+        let windows = budget_windows(now_us, tiers, cost)?;
+        Some(Compact {
+            key: tiers[0].key.clone(),
+            tier: CompactTier::Reserve {
+                windows,
+                record: reservation.key.clone(),
+                ttl_us: reservation.bounded_ttl_us(),
+            },
+        })
+    }
+
+    /// A settlement of the reservation `record` whose tiers are all fixed windows, each at its actual cost, in its
+    /// compact form; `None` when the form does not apply (as for [`Compact::reserve`]).
+    pub(super) fn settle(now_us: Option<u64>, tiers: &[TierSpec], cost: u64, record: &CounterKey) -> Option<Compact> {
+        let windows = budget_windows(now_us, tiers, cost)?;
+        Some(Compact {
+            key: tiers[0].key.clone(),
+            tier: CompactTier::Settle {
+                windows,
+                record: record.clone(),
+            },
+        })
+    }
+
     /// Marks a bucket, sliding window or global window that another compact call of the same script call hits too:
     /// the script then reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit
     /// once is written at once, with nothing to remember.
@@ -198,7 +245,11 @@ impl Compact {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
             CompactTier::Global(t) => t.shared = true,
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => {}
+            CompactTier::Window(_)
+            | CompactTier::Windows(_)
+            | CompactTier::Set(_)
+            | CompactTier::Reserve { .. }
+            | CompactTier::Settle { .. } => {}
         }
     }
 
@@ -210,7 +261,11 @@ impl Compact {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
             CompactTier::Global(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
-            CompactTier::Window(_) | CompactTier::Windows(_) | CompactTier::Set(_) => None,
+            CompactTier::Window(_)
+            | CompactTier::Windows(_)
+            | CompactTier::Set(_)
+            | CompactTier::Reserve { .. }
+            | CompactTier::Settle { .. } => None,
         }
     }
 
@@ -218,6 +273,8 @@ impl Compact {
     pub(super) fn key_count(&self) -> usize {
         match &self.tier {
             CompactTier::Windows(tiers) => tiers.len(),
+            // The windows' and the record's.
+            CompactTier::Reserve { windows, .. } | CompactTier::Settle { windows, .. } => windows.len() + 1,
             CompactTier::Sliding(_) => 2,
             CompactTier::Global(t) => 1 + usize::from(t.sliding),
             CompactTier::Window(_) | CompactTier::Bucket(_) | CompactTier::Set(_) => 1,
@@ -228,6 +285,9 @@ impl Compact {
     pub(super) fn width(&self) -> usize {
         match &self.tier {
             CompactTier::Set(_) => 3,
+            CompactTier::Reserve { windows, .. } => windows.len(),
+            // Whether the record was found, then per window its estimate, what came back and its count after.
+            CompactTier::Settle { windows, .. } => 1 + 3 * windows.len(),
             // The own counts, then the others'.
             CompactTier::Global(_) => self.key_count() + 1,
             _ => self.key_count(),
@@ -237,7 +297,7 @@ impl Compact {
     /// The keys, in the script's form: a fixed window's is its window's key, by the server's clock the window's at
     /// `guess`, this host's time when the call is assembled, which the script checks against the server's; several
     /// windows' are theirs; a sliding window's are its window's and the previous one's, built alike; a bucket's is
-    /// its counter's.
+    /// its counter's; a reservation's or a settlement's are its windows' and its record's.
     pub(super) fn push_keys(&self, guess: u64, out: &mut Vec<Value>) {
         let start = |now_us: Option<u64>, window_us: u64| {
             let now = now_us.unwrap_or(guess);
@@ -248,6 +308,10 @@ impl Compact {
             CompactTier::Window(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
             CompactTier::Windows(tiers) => {
                 out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
+            }
+            CompactTier::Reserve { windows, record, .. } | CompactTier::Settle { windows, record } => {
+                out.extend(windows.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))));
+                out.push(Value::from(record.as_str()));
             }
             CompactTier::Sliding(SlidingTier { now_us, window_us, .. })
             | CompactTier::Global(GlobalTier {
@@ -269,7 +333,9 @@ impl Compact {
     /// when shared), the interval, the burst and the cost. A sliding window: 's' ('S' when shared), the window, the
     /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. A global
     /// window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, the window, the limit, the cost and how many
-    /// identical hits. Then the decision's time, when it is given.
+    /// identical hits. A reservation: 'r', its number of windows, each one's window, limit and estimate, and the
+    /// record's TTL. A settlement: 'e', its number of windows, and each one's window, limit and actual cost. Then the
+    /// decision's time, when it is given.
     pub(super) fn push_args(&self, out: &mut Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -311,13 +377,42 @@ impl Compact {
             ]),
             CompactTier::Windows(tiers) => {
                 out.extend([Value::from("w"), int(tiers.len() as u64)]);
-                for (_, t) in tiers {
-                    out.extend([int(t.window_us), int(t.limit), int(t.cost)]);
-                }
+                push_windows(tiers, out);
+            }
+            CompactTier::Reserve { windows, ttl_us, .. } => {
+                out.extend([Value::from("r"), int(windows.len() as u64)]);
+                push_windows(windows, out);
+                out.push(int(*ttl_us));
+            }
+            CompactTier::Settle { windows, .. } => {
+                out.extend([Value::from("e"), int(windows.len() as u64)]);
+                push_windows(windows, out);
             }
         }
         out.extend(self.tier.now_us().map(int));
     }
+}
+
+/// Each window's window, limit and cost, as the script reads several windows.
+fn push_windows(windows: &[(CounterKey, WindowTier)], out: &mut Vec<Value>) {
+    for (_, t) in windows {
+        out.extend([t.window_us, t.limit, t.cost].map(|n| Value::Integer(n as i64)));
+    }
+}
+
+/// A reservation's or a settlement's windows, each at its own bounded cost; `None` unless every tier is a fixed window
+/// that fits a compact form (not global).
+fn budget_windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Vec<(CounterKey, WindowTier)>> {
+    let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
+    if tiers.is_empty() || !tiers.iter().all(fits) {
+        return None;
+    }
+    Some(
+        tiers
+            .iter()
+            .map(|t| (t.key.clone(), WindowTier::of(now_us, t, t.bounded_cost(cost))))
+            .collect(),
+    )
 }
 
 /// Whether a tier's numbers fit a compact form: a window, and a time and window within i64.
@@ -332,16 +427,26 @@ impl CompactTier {
             CompactTier::Window(t) => t.now_us,
             CompactTier::Bucket(t) => t.now_us,
             CompactTier::Sliding(t) => t.now_us,
-            CompactTier::Windows(tiers) => tiers.first().and_then(|(_, t)| t.now_us),
+            CompactTier::Windows(tiers)
+            | CompactTier::Reserve { windows: tiers, .. }
+            | CompactTier::Settle { windows: tiers, .. } => tiers.first().and_then(|(_, t)| t.now_us),
             CompactTier::Set(t) => t.now_us,
             CompactTier::Global(t) => t.now_us,
         }
     }
 
-    /// The decision from the script's answer at `now_us` (a fixed window's count plus `ahead`, the counted costs of
-    /// the hits ahead of it in a shared count); `None` when the answer is not of the call's shape (an error, which the
-    /// caller passes on).
-    pub(super) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Outcome> {
+    /// The answer from the script's at `now_us` (a fixed window's count plus `ahead`, the counted costs of the hits
+    /// ahead of it in a shared count): a decision, or a settlement; `None` when the answer is not of the call's shape
+    /// (an error, which the caller passes on).
+    pub(super) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Reply> {
+        match self {
+            CompactTier::Settle { windows, .. } => settled(windows, value, now_us).map(Reply::Settled),
+            _ => self.decided(value, ahead, now_us).map(Reply::Decided),
+        }
+    }
+
+    /// A hit's decision from the script's answer (see [`CompactTier::answer`]).
+    fn decided(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Outcome> {
         let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
         match (self, value) {
             (CompactTier::Window(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64 + ahead, now_us)),
@@ -374,9 +479,16 @@ impl CompactTier {
                 }
                 _ => None,
             },
-            (CompactTier::Windows(tiers), Value::Array(counts)) if counts.len() == tiers.len() => {
+            (CompactTier::Windows(tiers), Value::Array(counts))
+            | (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts))
+                if counts.len() == tiers.len() =>
+            {
                 let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
                 Some(windows_answer(tiers, &counts, now_us))
+            }
+            // A reservation on one window answers its count alone.
+            (CompactTier::Reserve { windows, .. }, Value::Integer(n)) if windows.len() == 1 => {
+                Some(windows_answer(windows, &[(*n).max(0) as u64], now_us))
             }
             _ => None,
         }
@@ -413,6 +525,37 @@ fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u6
             .collect(),
         records: Vec::new(),
     }
+}
+
+/// A settlement from the script's answer: whether the record was found, then per window its estimate, what came back
+/// and its count after; each window reported as a peek of cost 1 at `now_us` reports it.
+fn settled(windows: &[(CounterKey, WindowTier)], value: &Value, now_us: u64) -> Option<Settled> {
+    let Value::Array(values) = value else {
+        return None;
+    };
+    let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
+    if values.len() != 1 + 3 * windows.len() {
+        return None;
+    }
+    if int(&values[0])? == 0 {
+        return Some(Settled::Unknown);
+    }
+    let mut tiers = Vec::with_capacity(windows.len());
+    let mut checks = Vec::with_capacity(windows.len());
+    for ((_, t), v) in windows.iter().zip(values[1..].chunks_exact(3)) {
+        let mut settled = TierSettled::new(int(&v[0])?, t.cost);
+        settled.refunded = int(&v[1])?;
+        tiers.push(settled);
+        checks.push(fixed_window::check_count(t.limit, t.window_us, now_us, 1, int(&v[2])?));
+    }
+    Some(Settled::Done {
+        tiers,
+        outcome: Outcome {
+            admitted: checks.iter().all(|c| c.ok),
+            tiers: checks.iter().map(|c| c.outcome(false, true, false, None)).collect(),
+            records: Vec::new(),
+        },
+    })
 }
 
 impl WindowTier {

@@ -13,11 +13,11 @@
 //! says why. A PUBLISH refused later does the same. While refused it tries again every second, and once a hello goes
 //! through (the user's ACL was mended) it subscribes again and trusts the notices from then on, no restart needed.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fred::clients::SubscriberClient;
+use fred::clients::{Pool, SubscriberClient};
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::Value;
 use fred::types::config::Config;
@@ -38,7 +38,12 @@ pub(super) struct Notices {
     /// The user may not use the channel.
     refused: Arc<AtomicBool>,
     subscriber: SubscriberClient,
+    /// Freed keys waiting for their notice, and whether a task is sending them ([`Notices::freed`]).
+    outbox: Arc<Mutex<(Vec<String>, bool)>>,
 }
+
+/// The most keys one notice of freed keys carries.
+const MAX_FREED: usize = 1024;
 
 impl Notices {
     /// Starts the subscriber: it connects, and subscribes again after every reconnection, in the background.
@@ -51,6 +56,7 @@ impl Notices {
             hearing: Arc::new(AtomicBool::new(false)),
             refused: Arc::new(AtomicBool::new(false)),
             subscriber,
+            outbox: Arc::default(),
         };
         let mut messages = notices.subscriber.message_rx();
         let tx = notices.tx.clone();
@@ -116,6 +122,45 @@ impl Notices {
 
     pub(super) fn listen(&self) -> broadcast::Receiver<Notice> {
         self.tx.subscribe()
+    }
+
+    /// Publishes through `pool` that `keys` were freed. The keys freed while a notice is on its way go out together
+    /// in the next one (at most [`MAX_FREED`] keys each), so that concurrent refunds cost one PUBLISH per round trip
+    /// rather than one each. A task of its own sends them: a caller that gives up stops nothing.
+    pub(super) fn freed(&self, pool: &Pool, keys: Vec<String>) {
+        {
+            let mut outbox = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            outbox.0.extend(keys);
+            if outbox.1 {
+                return;
+            }
+            outbox.1 = true;
+        }
+        let (this, pool) = (self.clone(), pool.clone());
+        tokio::spawn(async move {
+            loop {
+                let keys: Vec<String> = {
+                    let mut outbox = this.outbox.lock().unwrap_or_else(|e| e.into_inner());
+                    if outbox.0.is_empty() {
+                        outbox.1 = false;
+                        break;
+                    }
+                    let n = outbox.0.len().min(MAX_FREED);
+                    outbox.0.drain(..n).collect()
+                };
+                this.publish(&pool, &Notice::Freed(keys)).await;
+            }
+        });
+    }
+
+    /// Publishes `notice` through `pool`; a refusal means the user may not use the channel ([`Notices::refuse`]).
+    pub(super) async fn publish(&self, pool: &Pool, notice: &Notice) {
+        let sent: Result<Value, fred::error::Error> = pool.next().publish(CHANNEL, encode(notice)).await;
+        match sent {
+            Err(e) if refused(&e) => self.refuse(),
+            Err(e) => tracing::warn!(error = %e, "a notice to the other instances could not be sent"),
+            Ok(_) => {}
+        }
     }
 }
 

@@ -7,11 +7,12 @@ use fred::types::Value;
 
 use crate::store::{Granted, Outcome, Settled, StoreError, TierOutcome, TierSettled};
 
-/// One descriptor's answer from a script call: decided by sluice from a compact form's integers, or the script's own
-/// answer (the driver's, an error, or nil: not decided there).
+/// One descriptor's answer from a script call: decided or settled by sluice from a compact form's integers, or the
+/// script's own answer (the driver's, an error, or nil: not decided there).
 #[derive(Debug, Clone)]
 pub(super) enum Reply {
     Decided(Outcome),
+    Settled(Settled),
     Script(Value),
 }
 
@@ -42,9 +43,12 @@ pub(super) fn parse(reply: Reply, tiers: usize) -> Result<Outcome, StoreError> {
     }
 }
 
-/// Reads `decide.lua`'s answer in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
+/// Reads a settlement's answer: settled from a compact form, or `decide.lua`'s in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
 /// refunded), then an outcome.
 pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, StoreError> {
+    if let Reply::Settled(settled) = reply {
+        return Ok(settled);
+    }
     let mut items = items(reply)?;
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
     match items.first().and_then(Value::as_i64) {

@@ -164,8 +164,9 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         cost: None,
         global: false,
     };
+    // A token bucket: fixed windows alone take the compact form (below).
     let hit = Hit {
-        tiers: vec![tier(Algorithm::FixedWindow)],
+        tiers: vec![tier(Algorithm::TokenBucket)],
         cost: 1,
         mode: Mode::Reserve(ReservationSpec {
             key: id.reservation("r"),
@@ -228,6 +229,94 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         true,
     );
     assert_eq!(alone.slot, reserve.slot, "routed by the record when there is no tier");
+}
+
+#[test]
+fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
+    use crate::store::Algorithm;
+    use crate::store::{ReservationSpec, TierSpec};
+    let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
+    let tier = |algorithm, window_us| TierSpec {
+        key: id.tier(algorithm, window_us),
+        algorithm,
+        limit: 10,
+        window_us,
+        burst: 10,
+        cost: None,
+        global: false,
+    };
+    let reservation = ReservationSpec {
+        key: id.reservation("r"),
+        ttl_us: u64::MAX,
+    };
+    let hit = Hit {
+        tiers: vec![
+            tier(Algorithm::FixedWindow, 1_000_000),
+            tier(Algorithm::FixedWindow, 60_000_000),
+        ],
+        cost: 99,
+        mode: Mode::Reserve(reservation.clone()),
+        ..Hit::default()
+    };
+    let parts = |call: &Call| {
+        let compact = call.compact.as_ref().expect("compact");
+        let (mut keys, mut args) = (Vec::new(), Vec::new());
+        compact.push_keys(7_000_000, &mut keys);
+        compact.push_args(&mut args);
+        let text = |v: &Vec<Value>| v.iter().map(|v| v.as_string().unwrap_or_default()).collect::<Vec<_>>();
+        (text(&keys), text(&args), compact.width())
+    };
+    let (keys, args, width) = parts(&Call::new(Some(7_500_000), &hit, false));
+    assert_eq!(keys.len(), 3, "two windows and the record");
+    assert_eq!(keys[2], reservation.key.as_str());
+    assert!(keys[0].ends_with(":7000000") && keys[1].ends_with(":0"), "{keys:?}");
+    // Each window's window, limit and cost bounded by its limit + 1, the record's TTL bounded, the time.
+    let expected = [
+        "r",
+        "2",
+        "1000000",
+        "10",
+        "11",
+        "60000000",
+        "10",
+        "11",
+        "281474976710656",
+        "7500000",
+    ];
+    assert_eq!((args, width), (expected.map(String::from).to_vec(), 2));
+    let settlement = Settlement {
+        hit: Hit {
+            cost: 3,
+            mode: Mode::Hit,
+            ..hit.clone()
+        },
+        reservation: reservation.key.clone(),
+        reap: false,
+    };
+    let (keys, args, width) = parts(&Call::settle(None, &settlement, false));
+    assert_eq!(keys.len(), 3);
+    let expected = ["e", "2", "1000000", "10", "3", "60000000", "10", "3"];
+    assert_eq!((args, width), (expected.map(String::from).to_vec(), 1 + 3 * 2));
+    // Reaping, a tier of another algorithm, hit records or queue fields: the driver's form.
+    let reap = Settlement {
+        reap: true,
+        ..settlement.clone()
+    };
+    assert!(Call::settle(None, &reap, false).compact.is_none());
+    let mut mixed = settlement.clone();
+    mixed.hit.tiers.push(tier(Algorithm::SlidingWindow, 1_000_000));
+    assert!(Call::settle(None, &mixed, false).compact.is_none());
+    let mut fields = hit.clone();
+    fields.fields = vec![("k".into(), "v".into())];
+    assert!(Call::new(None, &fields, false).compact.is_none());
+    let forced = Hit {
+        mode: Mode::of(true, Some(reservation)),
+        ..hit
+    };
+    assert!(
+        Call::new(None, &forced, false).compact.is_none(),
+        "a forced reservation"
+    );
 }
 
 #[test]
