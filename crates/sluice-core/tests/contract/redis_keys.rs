@@ -3,10 +3,23 @@
 
 use sluice_core::rules::Algorithm;
 
-use sluice_core::store::Counters;
+use sluice_core::store::{CounterKey, Counters, Hit, KeyLayout};
 
 use super::{MINUTE, apply, hit, one, peek};
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
+
+/// `h` with its tiers' keys in `layout` (of the descriptor `k=<name>`): the previous form was only ever written in the
+/// full layout, and a compact key holds one only while the layout moves (move.lua renames it there).
+fn in_layout(mut h: Hit, name: &str, layout: KeyLayout) -> Hit {
+    for t in &mut h.tiers {
+        let id = CounterKey::builder("test:", "d")
+            .layout(layout)
+            .entry("k", name)
+            .finish();
+        t.key = id.tier(t.algorithm, t.window_us);
+    }
+    h
+}
 
 /// A counter of the previous form in Redis (a hash {w, n} at the counter's own key) is found and folded into the
 /// window's key at its first write, so an upgrade admits no burst; one of another window counts nothing.
@@ -16,7 +29,7 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
     let store = redis_store(&redis.url()).await;
     let start = T0 - T0 % MINUTE;
     for (name, lone) in [("legacy-lone", true), ("legacy-driver", false)] {
-        let mut h = one(name, Algorithm::FixedWindow, 6, MINUTE, 1);
+        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, KeyLayout::Full);
         if lone {
             h.fields.clear();
             h.lease.clear();
@@ -48,6 +61,7 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
         ],
         1,
     );
+    let h = in_layout(h, "legacy-windows", KeyLayout::Full);
     let base = h.tiers[0].key.as_str().to_string();
     redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
     let o = apply(&store, T0, &h).await;
@@ -65,7 +79,7 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
     // A lone global window (its compact form counts by INCRBY first): folded in at its first hit, whether that hit
     // fits or not, and a denial leaves the count as it found it, with the expiry its first write set.
     for (name, held, fits) in [("legacy-global", 5, true), ("legacy-global-full", 6, false)] {
-        let mut h = one(name, Algorithm::FixedWindow, 6, MINUTE, 1);
+        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, KeyLayout::Full);
         h.fields.clear();
         h.lease.clear();
         h.tiers[0].global = true;
@@ -81,10 +95,38 @@ async fn redis_counters_of_the_previous_form_are_folded_in() {
         folded(&redis, &h, start, "6", &format!("{name}: no denial counted"));
     }
     // A hash of a window that has passed counts nothing.
-    let h = one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let h = in_layout(
+        one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1),
+        "legacy-old",
+        KeyLayout::Full,
+    );
     let base = h.tiers[0].key.as_str().to_string();
     redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
     assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
+    // While the layout moves, a hash moved to a compact key is found there too, by every compact form; once the move
+    // is over no compact key is looked at for one.
+    let moving = KeyLayout::Moving { until_us: T0 + MINUTE };
+    for (name, lone) in [("legacy-moving-lone", true), ("legacy-moving-driver", false)] {
+        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, moving);
+        if lone {
+            h.fields.clear();
+            h.lease.clear();
+        }
+        let previous = h.tiers[0].key.previous().expect("a name in the full layout");
+        redis.cli(&["HSET", previous.as_str(), "w", &start.to_string(), "n", "5"]);
+        let o = apply(&store, T0, &h).await;
+        assert_eq!((o.admitted, o.tiers[0].used), (true, 6), "{name}");
+        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
+        folded(&redis, &h, start, "7", &format!("{name}: the denial counted too"));
+    }
+    let h = one("legacy-compact", Algorithm::FixedWindow, 6, MINUTE, 1);
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
+    assert_eq!(
+        apply(&store, T0, &h).await.tiers[0].used,
+        1,
+        "a compact key outside a move holds no previous form"
+    );
 }
 
 /// The previous form's hash of `h`'s first tier is gone, folded into the window starting at `start`, which holds

@@ -36,10 +36,22 @@ local function window_of(key, start)
   return base .. ':' .. string.format('%d', start), base
 end
 
+-- Whether a hash of the previous form may be found under a compact key (one without a '|', which every key of the full
+-- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
+-- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
+-- from its header.
+local previous_forms = true
+
+-- The counter's own key of the window key `key`, where a hash of the previous form may be; nil where none can be.
+local function base_of(key)
+  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
+  return string.match(key, '^(.*):%d+$')
+end
+
 -- The count a hash of the previous form at `base` holds for the window starting at `start` (0 if none), and whether
 -- there is such a hash to fold into the window's key.
 local function legacy(base, start)
-  if base == nil then return 0, false end
+  if base == nil or (not previous_forms and not string.find(base, '|', 1, true)) then return 0, false end
   local f = redis.call('HMGET', base, 'w', 'n')
   if tonumber(f[1]) == start then return tonumber(f[2]) or 0, true end
   return 0, false

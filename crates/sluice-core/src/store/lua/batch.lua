@@ -23,7 +23,8 @@
 --
 -- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock, the
 -- lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once per
--- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
+-- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key. Headed by 'm' while
+-- the key layout moves: compact keys may then hold counters of the previous form (fixed_window.lua's previous_forms).
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
 -- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows or of a
@@ -51,7 +52,10 @@ if node then
   K = ARGV
   n, a = tonumber(ARGV[2]), 4
 end
-local guess = tonumber(ARGV[a - 1])
+local header = ARGV[a - 1]
+previous_forms = string.byte(header, 1) == 109
+if previous_forms then header = string.sub(header, 2) end
+local guess = tonumber(header)
 local now
 if guess ~= nil then now = clock('') end
 

@@ -20,13 +20,13 @@ local function compact_fixed_window(key, window, cost, text, now, guess)
   if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
   if cost == 0 then
     local n = tonumber(redis.call('GET', key))
-    if n == nil then n = legacy(string.match(key, '^(.*):%d+$'), start) end
+    if n == nil then n = legacy(base_of(key), start) end
     return n
   end
   local n = redis.call('INCRBY', key, text)
   if n == cost then
     -- The window's first count: fold in a counter of the previous form, and set the window's expiry.
-    local base = string.match(key, '^(.*):%d+$')
+    local base = base_of(key)
     local old, found = legacy(base, start)
     if found then
       redis.call('DEL', base)
@@ -89,7 +89,7 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
     end
     if n == nil or (cost > 0 and n == 0) then
       -- Perhaps the window's first count: a counter of the previous form stands in, folded in if the hit fits.
-      local base = string.match(key, '^(.*):%d+$')
+      local base = base_of(key)
       local old, found = legacy(base, start)
       if cost > 0 then fresh[j] = { base, found, old, start + window - now } end
       n = old

@@ -56,7 +56,7 @@ local function settle_window(j, key, window, estimate, actual, at, now, fresh)
   -- (a key at 0 exists only once the window was written, which folded the previous form's count); a count of the
   -- previous form, if any, gives back.
   redis.call('DEL', key)
-  local base = string.match(key, '^(.*):%d+$')
+  local base = base_of(key)
   local old, found = legacy(base, start)
   if not found then return 0, nil, 0, false end
   local given = math.min(old, r)
@@ -111,7 +111,7 @@ local function compact_settle(keys, rkey, a, now, guess, pos)
       redis.call('SET', f[1], string.format('%d', f[4]), 'PX', ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
       redis.call('DEL', f[3])
     elseif f ~= nil then
-      local base = string.match(f[1], '^(.*):%d+$')
+      local base = base_of(f[1])
       local old, found = legacy(base, now - now % window)
       if found then
         redis.call('DEL', base)
@@ -125,7 +125,7 @@ local function compact_settle(keys, rkey, a, now, guess, pos)
     end
     if not n then
       local start = now - now % window
-      n = window_count(keys[j], string.match(keys[j], '^(.*):%d+$'), start)
+      n = window_count(keys[j], base_of(keys[j]), start)
     end
     answers[pos + 3 * j] = n
   end

@@ -72,6 +72,9 @@ pub(super) struct Call {
     pub(super) slot: Option<u16>,
     /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
     probe: Option<Value>,
+    /// Whether a key of the call may hold a counter of the fixed window's previous form under its compact name: while
+    /// the key layout moves (see `lua/batch.lua`'s timing header).
+    moving: bool,
 }
 
 impl Call {
@@ -160,6 +163,7 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
+        let moving = hit.tiers.iter().any(|t| t.key.has_previous());
         // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
         if let (None, []) = (record, fields) {
             let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
@@ -179,6 +183,7 @@ impl Call {
                     compact: Some(compact),
                     slot,
                     probe: None,
+                    moving,
                 };
             }
         }
@@ -203,6 +208,7 @@ impl Call {
             compact: None,
             slot,
             probe: None,
+            moving,
         }
     }
 
@@ -477,6 +483,7 @@ pub(super) async fn eval(
     form: Form,
     asking: bool,
 ) -> Result<Vec<Reply>, FredError> {
+    let moving = calls.iter().any(|c| c.moving);
     let (calls, plan) = coalesce(calls);
     let widths: Vec<usize> = calls
         .iter()
@@ -492,9 +499,10 @@ pub(super) async fn eval(
         .iter()
         .any(|c| c.compact.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
         .then(host_now_us);
+    let header = timing(guess, moving);
     let command = match form {
-        Form::Declared => declared(sha, calls, guess),
-        Form::Node => node(sha, calls, guess),
+        Form::Declared => declared(sha, calls, guess, header),
+        Form::Node => node(sha, calls, guess, header),
     };
     let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
     let answer: Value = if asking {
@@ -552,14 +560,20 @@ fn gather(values: Vec<Value>, widths: &[usize]) -> Vec<Value> {
 }
 
 /// The header argument that says how compact fixed windows are timed: `guess`, this host's time the keys were built
-/// for, when they are decided by the server's clock; '' when each carries its time.
-fn timing(guess: Option<u64>) -> Value {
-    guess.map_or(Value::from(""), |g| Value::Integer(g as i64))
+/// for, when they are decided by the server's clock; '' when each carries its time. Headed by 'm' while the key layout
+/// moves (`moving`): the script then looks for counters of the fixed window's previous form under compact keys too.
+fn timing(guess: Option<u64>, moving: bool) -> Value {
+    match (guess, moving) {
+        (Some(g), false) => Value::Integer(g as i64),
+        (None, false) => Value::from(""),
+        (Some(g), true) => Value::from(format!("m{g}")),
+        (None, true) => Value::from("m"),
+    }
 }
 
 /// EVALSHA's arguments in the declared form: every call's keys, then n, the timing header, then every call's
 /// arguments.
-fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
+fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let keys: usize = calls
         .iter()
         .map(|c| c.compact.as_ref().map_or(c.keys.len(), Compact::key_count))
@@ -575,7 +589,7 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> 
         }
     }
     command.push(Value::Integer(calls.len() as i64));
-    command.push(timing(guess));
+    command.push(header);
     for call in calls {
         match &call.compact {
             Some(compact) => compact.push_args(&mut command),
@@ -588,14 +602,14 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> 
 /// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact fixed window's
 /// arguments and its key, or the driver form's two counts, its probe key ('' when it has none: the script then
 /// decides nothing of it), its keys and the rest of its arguments.
-fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>) -> Vec<Value> {
+fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len().max(3)).sum();
     let mut command = Vec::with_capacity(5 + size);
     command.push(sha);
     command.push(Value::Integer(0));
     command.push(Value::from("node"));
     command.push(Value::Integer(calls.len() as i64));
-    command.push(timing(guess));
+    command.push(header);
     for call in calls {
         if let Some(compact) = &call.compact {
             compact.push_args(&mut command);

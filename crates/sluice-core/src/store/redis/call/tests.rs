@@ -111,7 +111,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
         .map(|id| fixed_window_hit(id).tiers[0].key.window(0).as_str().to_string())
         .collect();
     let args = ["60000000", "1", "7"];
-    let batch = text(&node(Value::from("sha"), calls(), None));
+    let batch = text(&node(Value::from("sha"), calls(), None, timing(None, false)));
     let mut expected: Vec<String> = ["sha", "0", "node", "2", ""].map(String::from).to_vec();
     for key in &keys {
         expected.extend(args.map(String::from));
@@ -121,7 +121,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
         batch, expected,
         "no probe: its own key's command is refused where the probe's would be"
     );
-    let declared = text(&declared(Value::from("sha"), calls(), None));
+    let declared = text(&declared(Value::from("sha"), calls(), None, timing(None, false)));
     let mut expected: Vec<String> = vec![
         "sha".into(),
         "2".into(),
