@@ -187,8 +187,9 @@ for _ = 1, n do
     -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
     -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
     local t = number(ARGV[a + 1])
-    local count, width, run = 2 + 3 * t, 1 + 3 * t, compact_settle
-    if head == 'r' then count, width, run = count + 1, t, compact_reserve end
+    local forms = reservation_forms()
+    local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
+    if head == 'r' then count, width, run = count + 1, t, forms.reserve end
     local _, at = compact_key_and_time(count)
     local keys = compact_keys(count, t + 1)
     local rkey = table.remove(keys)

@@ -7,126 +7,135 @@
 -- The record is decide.lua's: a hash {e = each window's estimate, in order, joined by ',', t = when it was charged,
 -- x = when it expires by the decision's clock}, expiring RESERVATION_GRACE_MS after x.
 
--- Writes a reservation's record `rkey` for the windows whose arguments compact_windows read from ARGV[a] on (the
--- costs sluice sends are decimal integers, as the record keeps them), charged at `now`, for `ttl` milliseconds.
-local function write_reservation(rkey, a, t, now, ttl)
-  local e = ARGV[a + 3]
-  if t > 1 then
-    local costs = {}
-    for j = 1, t do costs[j] = ARGV[a + 3 * j] end
-    e = table.concat(costs, ',')
-  end
-  redis.call('HSET', rkey, 'e', e, 't', string.format('%d', now), 'x', string.format('%d', now + ttl * 1000))
-  redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
-end
-
--- A reservation: as compact_windows (its arguments at ARGV[a] on: t, then per window the window, the limit and the
--- cost), then the record's TTL in microseconds at ARGV[a + 3t + 1]. A hit that fits and counts something also writes
--- the record `rkey`, after the windows and before their first counts' expiries; a record that cannot be written
--- takes the hit back. Writes the windows' counts before the hit as compact_windows does.
-local function compact_reserve(keys, rkey, a, now, guess, pos)
-  local t = number(ARGV[a])
-  compact_windows(keys, a, now, guess, pos, write_reservation, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
-end
-
--- One window of a settlement: its window's key `key` (for the server's clock), the window, the estimate and the actual
--- cost, the time `at` the reservation was charged. Counts a larger actual cost as a forced hit of the difference, or
--- gives a smaller one back with an INCRBY of minus the difference, set right where fewer were counted. Returns what came back, the window's
--- count after (nil: not written, to be read), and what to take back if a later window fails (the count added, and
--- whether the key was created); and in `fresh[j]` what to finish once every window is written.
-local function settle_window(j, key, window, estimate, actual, at, now, fresh)
-  local start = now - now % window
-  if actual > estimate then
-    local c = actual - estimate
-    local n = redis.call('INCRBY', key, string.format('%d', c))
-    -- Perhaps the window's first count: it folds in a counter of the previous form and sets the expiry, below.
-    if n == c then fresh[j] = { key, start + window - now } end
-    return 0, n, c, n == c
-  end
-  if estimate <= actual or at - at % window ~= start then return 0, nil, 0, false end
-  local r = estimate - actual
-  local n = redis.call('INCRBY', key, string.format('%d', -r))
-  if n >= 0 then return r, n, -r, false end
-  if n > -r then
-    -- Fewer than r were counted: all of them come back.
-    redis.call('INCRBY', key, string.format('%d', -n))
-    return n + r, 0, -(n + r), false
-  end
-  -- The window counted nothing: its key held 0, or the INCRBY created it. Either way it goes, which reads the same
-  -- (a key at 0 exists only once the window was written, which folded the previous form's count); a count of the
-  -- previous form, if any, gives back.
-  redis.call('DEL', key)
-  local base = base_of(key)
-  local old, found = legacy(base, start)
-  if not found then return 0, nil, 0, false end
-  local given = math.min(old, r)
-  fresh[j] = { key, start + window - now, base, old - given }
-  return given, old - given, 0, false
-end
-
--- A settlement: its arguments at ARGV[a] on, t, then per window the window, the limit (unused here) and the actual
--- cost; its keys the windows' (for sluice's clock, rebuilt for the server's as compact_windows does) and the record's.
---
--- Writes into answers[pos] 1 if the record was found live with one estimate per window (else 0, and nothing is
--- written), then per window from answers[pos + 1] on: its estimate, what was given back (a refund reaches only the
--- window the reservation was counted in, if it is still the current one, and never below 0), and the window's count
--- after the settlement, which sluice reports as a peek of cost 1.
---
--- A window charged more counts the difference as a forced hit (its first count folds in a counter of the previous
--- form and sets the expiry); one charged less gives it back. A command refused (a key of the wrong type) takes back
--- what the earlier windows did, before the record is deleted: a settlement is whole or not at all.
-local function compact_settle(keys, rkey, a, now, guess, pos)
-  local t = number(ARGV[a])
-  for j = 0, 3 * t do answers[pos + j] = 0 end
-  local e, at = live_reservation(rkey, now, t, false)
-  if e == nil then return end
-  -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created.
-  local done, fresh = {}, {}
-  for j = 1, t do
-    local window = number(ARGV[a + 3 * j - 2])
-    local key = keys[j]
-    if guess ~= nil and now - now % window ~= guess - guess % window then
-      key = window_of(key, now - now % window)
-      keys[j] = key
+-- Its functions are made on the first reservation or settlement of a call (`reservation_forms`): a call without one
+-- does not pay for them.
+local reservations
+local function reservation_forms()
+  if reservations ~= nil then return reservations end
+  -- Writes a reservation's record `rkey` for the windows whose arguments compact_windows read from ARGV[a] on (the
+  -- costs sluice sends are decimal integers, as the record keeps them), charged at `now`, for `ttl` milliseconds.
+  local function write_reservation(rkey, a, t, now, ttl)
+    local e = ARGV[a + 3]
+    if t > 1 then
+      local costs = {}
+      for j = 1, t do costs[j] = ARGV[a + 3 * j] end
+      e = table.concat(costs, ',')
     end
-    local ok, given, after, added, created = pcall(settle_window, j, key, window, e[j], number(ARGV[a + 3 * j]), at,
-      now, fresh)
-    if not ok then
-      for i = #done - 2, 1, -3 do
-        if done[i + 1] ~= 0 and redis.call('INCRBY', done[i], string.format('%d', -done[i + 1])) == 0 and done[i + 2] then
-          redis.call('DEL', done[i])
+    redis.call('HSET', rkey, 'e', e, 't', string.format('%d', now), 'x', string.format('%d', now + ttl * 1000))
+    redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
+  end
+
+  -- A reservation: as compact_windows (its arguments at ARGV[a] on: t, then per window the window, the limit and the
+  -- cost), then the record's TTL in microseconds at ARGV[a + 3t + 1]. A hit that fits and counts something also writes
+  -- the record `rkey`, after the windows and before their first counts' expiries; a record that cannot be written
+  -- takes the hit back. Writes the windows' counts before the hit as compact_windows does.
+  local function compact_reserve(keys, rkey, a, now, guess, pos)
+    local t = number(ARGV[a])
+    compact_windows(keys, a, now, guess, pos, write_reservation, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
+  end
+
+  -- One window of a settlement: its window's key `key` (for the server's clock), the window, the estimate and the actual
+  -- cost, the time `at` the reservation was charged. Counts a larger actual cost as a forced hit of the difference, or
+  -- gives a smaller one back with an INCRBY of minus the difference, set right where fewer were counted. Returns what came back, the window's
+  -- count after (nil: not written, to be read), and what to take back if a later window fails (the count added, and
+  -- whether the key was created); and in `fresh[j]` what to finish once every window is written.
+  local function settle_window(j, key, window, estimate, actual, at, now, fresh)
+    local start = now - now % window
+    if actual > estimate then
+      local c = actual - estimate
+      local n = redis.call('INCRBY', key, string.format('%d', c))
+      -- Perhaps the window's first count: it folds in a counter of the previous form and sets the expiry, below.
+      if n == c then fresh[j] = { key, start + window - now } end
+      return 0, n, c, n == c
+    end
+    if estimate <= actual or at - at % window ~= start then return 0, nil, 0, false end
+    local r = estimate - actual
+    local n = redis.call('INCRBY', key, string.format('%d', -r))
+    if n >= 0 then return r, n, -r, false end
+    if n > -r then
+      -- Fewer than r were counted: all of them come back.
+      redis.call('INCRBY', key, string.format('%d', -n))
+      return n + r, 0, -(n + r), false
+    end
+    -- The window counted nothing: its key held 0, or the INCRBY created it. Either way it goes, which reads the same
+    -- (a key at 0 exists only once the window was written, which folded the previous form's count); a count of the
+    -- previous form, if any, gives back.
+    redis.call('DEL', key)
+    local base = base_of(key)
+    local old, found = legacy(base, start)
+    if not found then return 0, nil, 0, false end
+    local given = math.min(old, r)
+    fresh[j] = { key, start + window - now, base, old - given }
+    return given, old - given, 0, false
+  end
+
+  -- A settlement: its arguments at ARGV[a] on, t, then per window the window, the limit (unused here) and the actual
+  -- cost; its keys the windows' (for sluice's clock, rebuilt for the server's as compact_windows does) and the record's.
+  --
+  -- Writes into answers[pos] 1 if the record was found live with one estimate per window (else 0, and nothing is
+  -- written), then per window from answers[pos + 1] on: its estimate, what was given back (a refund reaches only the
+  -- window the reservation was counted in, if it is still the current one, and never below 0), and the window's count
+  -- after the settlement, which sluice reports as a peek of cost 1.
+  --
+  -- A window charged more counts the difference as a forced hit (its first count folds in a counter of the previous
+  -- form and sets the expiry); one charged less gives it back. A command refused (a key of the wrong type) takes back
+  -- what the earlier windows did, before the record is deleted: a settlement is whole or not at all.
+  local function compact_settle(keys, rkey, a, now, guess, pos)
+    local t = number(ARGV[a])
+    for j = 0, 3 * t do answers[pos + j] = 0 end
+    local e, at = live_reservation(rkey, now, t, false)
+    if e == nil then return end
+    -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created.
+    local done, fresh = {}, {}
+    for j = 1, t do
+      local window = number(ARGV[a + 3 * j - 2])
+      local key = keys[j]
+      if guess ~= nil and now - now % window ~= guess - guess % window then
+        key = window_of(key, now - now % window)
+        keys[j] = key
+      end
+      local ok, given, after, added, created = pcall(settle_window, j, key, window, e[j], number(ARGV[a + 3 * j]), at,
+        now, fresh)
+      if not ok then
+        for i = #done - 2, 1, -3 do
+          if done[i + 1] ~= 0 and redis.call('INCRBY', done[i], string.format('%d', -done[i + 1])) == 0 and done[i + 2] then
+            redis.call('DEL', done[i])
+          end
         end
+        error(given, 0)
       end
-      error(given, 0)
+      if t > 1 then done[#done + 1], done[#done + 2], done[#done + 3] = key, added, created end
+      answers[pos + 3 * j - 2], answers[pos + 3 * j - 1], answers[pos + 3 * j] = e[j], given, after or false
     end
-    if t > 1 then done[#done + 1], done[#done + 2], done[#done + 3] = key, added, created end
-    answers[pos + 3 * j - 2], answers[pos + 3 * j - 1], answers[pos + 3 * j] = e[j], given, after or false
-  end
-  redis.call('DEL', rkey)
-  answers[pos] = 1
-  for j = 1, t do
-    local f, n, window = fresh[j], answers[pos + 3 * j], number(ARGV[a + 3 * j - 2])
-    if f ~= nil and f[3] ~= nil then
-      -- A refund from the previous form's count: its rest moves to the window's key.
-      redis.call('SET', f[1], string.format('%d', f[4]), 'PX', ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
-      redis.call('DEL', f[3])
-    elseif f ~= nil then
-      local base = base_of(f[1])
-      local old, found = legacy(base, now - now % window)
-      if found then
-        redis.call('DEL', base)
-        if old > 0 then n = redis.call('INCRBY', f[1], string.format('%d', old)) end
+    redis.call('DEL', rkey)
+    answers[pos] = 1
+    for j = 1, t do
+      local f, n, window = fresh[j], answers[pos + 3 * j], number(ARGV[a + 3 * j - 2])
+      if f ~= nil and f[3] ~= nil then
+        -- A refund from the previous form's count: its rest moves to the window's key.
+        redis.call('SET', f[1], string.format('%d', f[4]), 'PX', ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
+        redis.call('DEL', f[3])
+      elseif f ~= nil then
+        local base = base_of(f[1])
+        local old, found = legacy(base, now - now % window)
+        if found then
+          redis.call('DEL', base)
+          if old > 0 then n = redis.call('INCRBY', f[1], string.format('%d', old)) end
+        end
+        redis.call('PEXPIRE', f[1], ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
       end
-      redis.call('PEXPIRE', f[1], ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
+      if n and n > MAX_COUNT then
+        redis.call('SET', keys[j], string.format('%d', MAX_COUNT), 'KEEPTTL')
+        n = MAX_COUNT
+      end
+      if not n then
+        local start = now - now % window
+        n = window_count(keys[j], base_of(keys[j]), start)
+      end
+      answers[pos + 3 * j] = n
     end
-    if n and n > MAX_COUNT then
-      redis.call('SET', keys[j], string.format('%d', MAX_COUNT), 'KEEPTTL')
-      n = MAX_COUNT
-    end
-    if not n then
-      local start = now - now % window
-      n = window_count(keys[j], base_of(keys[j]), start)
-    end
-    answers[pos + 3 * j] = n
   end
+
+  reservations = { reserve = compact_reserve, settle = compact_settle }
+  return reservations
 end
