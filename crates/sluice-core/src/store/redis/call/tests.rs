@@ -68,6 +68,7 @@ fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
         compact: None,
         slot: Some(fred::util::redis_keyslot(b"plain")),
         probe: None,
+        moving: false,
     };
     assert!(
         !untagged.probe(),
@@ -139,7 +140,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     reserve.mode = Mode::Report;
     let mut call = Call::new(Some(7), &reserve, true);
     assert!(call.probe());
-    let forced = text(&super::node(Value::from("sha"), vec![call], None));
+    let forced = text(&super::node(Value::from("sha"), vec![call], None, timing(None, false)));
     assert_eq!(
         forced[5..9],
         ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
@@ -356,4 +357,24 @@ fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
         ["4", "", "6", "0"],
         "each bounded by its tier's capacity + 1; '' where that is the hit's as sent"
     );
+}
+
+#[test]
+fn the_timing_header_says_when_compact_keys_may_hold_the_previous_form() {
+    let text = |v: Value| v.as_string().unwrap_or_default();
+    assert_eq!(text(timing(None, false)), "");
+    assert_eq!(text(timing(Some(7), false)), "7");
+    assert_eq!(text(timing(None, true)), "m");
+    assert_eq!(text(timing(Some(7), true)), "m7");
+    let id = CounterKey::builder("p:", "d")
+        .layout(crate::store::KeyLayout::Moving { until_us: 1 })
+        .entry("k", "v")
+        .finish();
+    let calls = |id: &crate::store::Identity| vec![Call::new(None, &fixed_window_hit(id), false)];
+    assert!(
+        calls(&id).iter().all(|c| c.moving),
+        "a key with a name in the full layout"
+    );
+    let compact = CounterKey::builder("p:", "d").entry("k", "v").finish();
+    assert!(calls(&compact).iter().all(|c| !c.moving));
 }
