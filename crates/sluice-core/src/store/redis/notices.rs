@@ -38,12 +38,55 @@ pub(super) struct Notices {
     /// The user may not use the channel.
     refused: Arc<AtomicBool>,
     subscriber: SubscriberClient,
-    /// Freed keys waiting for their notice, and whether a task is sending them ([`Notices::freed`]).
-    outbox: Arc<Mutex<(Vec<String>, bool)>>,
+    /// Freed keys waiting for their notice ([`Notices::freed`]).
+    outbox: Arc<Mutex<Outbox>>,
 }
 
 /// The most keys one notice of freed keys carries.
 const MAX_FREED: usize = 1024;
+
+/// The most freed keys that wait for a notice (a Redis that does not answer holds them up). Past it a key's notice is
+/// dropped, as one that cannot be sent is: an instance whose subscription is down trusts none of its denials.
+const MAX_WAITING: usize = 64 * MAX_FREED;
+
+/// Freed keys waiting for their notice, and whether a task is sending them.
+#[derive(Debug, Default)]
+struct Outbox {
+    keys: Vec<String>,
+    sending: bool,
+    /// Keys dropped since the outbox was last emptied (said once, when the first is dropped).
+    dropped: usize,
+}
+
+impl Outbox {
+    /// Adds `keys` (those past [`MAX_WAITING`] are dropped); true when no task is sending, and the caller must start
+    /// one.
+    fn add(&mut self, keys: Vec<String>) -> bool {
+        let room = MAX_WAITING.saturating_sub(self.keys.len());
+        if keys.len() > room {
+            if self.dropped == 0 {
+                tracing::warn!(
+                    waiting = self.keys.len(),
+                    "notices of freed counters are waiting on Redis; further ones are dropped until they go out"
+                );
+            }
+            self.dropped += keys.len() - room;
+        }
+        self.keys.extend(keys.into_iter().take(room));
+        !std::mem::replace(&mut self.sending, true)
+    }
+
+    /// The keys of the next notice, at most [`MAX_FREED`]; none once the outbox is empty, and then no task sends.
+    fn next(&mut self) -> Vec<String> {
+        if self.keys.is_empty() {
+            self.sending = false;
+            self.dropped = 0;
+            return Vec::new();
+        }
+        let n = self.keys.len().min(MAX_FREED);
+        self.keys.drain(..n).collect()
+    }
+}
 
 impl Notices {
     /// Starts the subscriber: it connects, and subscribes again after every reconnection, in the background.
@@ -128,26 +171,16 @@ impl Notices {
     /// in the next one (at most [`MAX_FREED`] keys each), so that concurrent refunds cost one PUBLISH per round trip
     /// rather than one each. A task of its own sends them: a caller that gives up stops nothing.
     pub(super) fn freed(&self, pool: &Pool, keys: Vec<String>) {
-        {
-            let mut outbox = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
-            outbox.0.extend(keys);
-            if outbox.1 {
-                return;
-            }
-            outbox.1 = true;
+        if !self.outbox.lock().unwrap_or_else(|e| e.into_inner()).add(keys) {
+            return;
         }
         let (this, pool) = (self.clone(), pool.clone());
         tokio::spawn(async move {
             loop {
-                let keys: Vec<String> = {
-                    let mut outbox = this.outbox.lock().unwrap_or_else(|e| e.into_inner());
-                    if outbox.0.is_empty() {
-                        outbox.1 = false;
-                        break;
-                    }
-                    let n = outbox.0.len().min(MAX_FREED);
-                    outbox.0.drain(..n).collect()
-                };
+                let keys = this.outbox.lock().unwrap_or_else(|e| e.into_inner()).next();
+                if keys.is_empty() {
+                    break;
+                }
                 this.publish(&pool, &Notice::Freed(keys)).await;
             }
         });
@@ -233,6 +266,27 @@ fn decode(value: &Value) -> Option<Option<Notice>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freed_keys_wait_for_one_sender_and_go_out_in_bounded_notices() {
+        let keys = |from: usize, n: usize| (from..from + n).map(|i| i.to_string()).collect::<Vec<_>>();
+        let mut outbox = Outbox::default();
+        assert!(outbox.add(keys(0, 3)), "the first caller starts the sender");
+        assert!(!outbox.add(keys(3, MAX_FREED)), "later ones join its next notice");
+        assert_eq!(
+            outbox.next(),
+            keys(0, MAX_FREED),
+            "at most MAX_FREED keys a notice, in order"
+        );
+        assert_eq!(outbox.next(), keys(MAX_FREED, 3));
+        assert!(outbox.next().is_empty() && !outbox.sending, "empty: the sender stops");
+        assert!(outbox.add(keys(0, 1)), "and the next caller starts another");
+        // A Redis that does not answer: what waits is bounded, and drained as it goes out.
+        outbox.add(keys(1, MAX_WAITING + 10));
+        assert_eq!((outbox.keys.len(), outbox.dropped), (MAX_WAITING, 11));
+        while !outbox.next().is_empty() {}
+        assert_eq!((outbox.keys.len(), outbox.dropped, outbox.sending), (0, 0, false));
+    }
 
     #[test]
     fn notices_travel_as_they_were_sent() {
