@@ -3,7 +3,9 @@
 
 use sluice_core::rules::Algorithm;
 
-use sluice_core::store::{CounterKey, Counters, Hit, KeyLayout};
+use sluice_core::store::{
+    CounterKey, Counters, Hit, KeyLayout, Mode, ReservationSpec, Reservations, Settled, Settlement,
+};
 
 use super::{MINUTE, apply, hit, one, peek};
 use crate::harness::{RedisServer, T0, memory, redis_store, tier};
@@ -299,4 +301,71 @@ async fn redis_windows_are_counted_whole_or_not_at_all() {
     assert!(store.hit(T0, std::slice::from_ref(&bad)).await[0].is_err());
     assert_eq!(redis.cli(&["--raw", "EXISTS", minute.as_str()]).trim(), "0");
     assert_eq!(redis.cli(&["--raw", "EXISTS", day.as_str()]).trim(), "0");
+}
+
+/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: a record key of
+/// the wrong type fails the reservation with nothing counted (the windows it created deleted); a window key of the
+/// wrong type fails the settlement with the windows before it set back and the record kept, so that the settlement,
+/// once the key is mended, applies whole.
+#[tokio::test]
+async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let id = CounterKey::builder("test:", "d")
+        .layout(KeyLayout::Compact)
+        .entry("k", "budget")
+        .finish();
+    let mut h = hit(
+        vec![
+            tier("budget", Algorithm::FixedWindow, 100, MINUTE, 100),
+            tier("budget", Algorithm::FixedWindow, 1000, 60 * MINUTE, 1000),
+        ],
+        10,
+    );
+    h.fields.clear();
+    h.lease.clear();
+    let reserve = |rid: &str| Hit {
+        mode: Mode::Reserve(ReservationSpec {
+            key: id.reservation(rid),
+            ttl_us: MINUTE,
+        }),
+        ..h.clone()
+    };
+    let minute = h.tiers[0].key.window(T0 - T0 % MINUTE);
+    let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
+    let get = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
+    redis.cli(&["LPUSH", id.reservation("bad").as_str(), "not a record"]);
+    assert!(store.hit(T0, &[reserve("bad")]).await[0].is_err());
+    assert_eq!(
+        redis.cli(&["--raw", "EXISTS", minute.as_str(), hour.as_str()]).trim(),
+        "0"
+    );
+    assert!(apply(&store, T0, &reserve("r")).await.admitted);
+    assert_eq!((get(&minute), get(&hour)), ("10".into(), "10".into()));
+    let settlement = Settlement {
+        hit: Hit { cost: 4, ..h.clone() },
+        reservation: id.reservation("r"),
+        reap: false,
+    };
+    redis.cli(&["DEL", hour.as_str()]);
+    redis.cli(&["LPUSH", hour.as_str(), "not a count"]);
+    assert!(store.settle(T0, std::slice::from_ref(&settlement)).await[0].is_err());
+    assert_eq!(get(&minute), "10", "the minute's refund set back");
+    let record = id.reservation("r");
+    assert_eq!(
+        redis.cli(&["--raw", "EXISTS", record.as_str()]).trim(),
+        "1",
+        "the record kept"
+    );
+    redis.cli(&["DEL", hour.as_str()]);
+    redis.cli(&["SET", hour.as_str(), "10", "PX", "3600000"]);
+    match store.settle(T0, &[settlement]).await.remove(0) {
+        Ok(Settled::Done { tiers, outcome }) => {
+            assert_eq!((tiers[0].refunded, tiers[1].refunded), (6, 6));
+            assert_eq!((outcome.tiers[0].used, outcome.tiers[1].used), (4, 4));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((get(&minute), get(&hour)), ("4".into(), "4".into()));
+    assert_eq!(redis.cli(&["--raw", "EXISTS", record.as_str()]).trim(), "0");
 }

@@ -18,9 +18,28 @@
 -- decision's time is given to the script rather than read from the server's clock.
 local WINDOW_KEY_GRACE_US = 1000000
 
+-- Whether a hash of the previous form may be found under a compact key (one without a '|', which every key of the full
+-- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
+-- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
+-- from its header.
+local previous_forms = true
+
+-- `base`, a counter's own key, if a hash of the previous form may be there; nil where none can be.
+local function previous_at(base)
+  if base == nil or previous_forms or string.find(base, '|', 1, true) then return base end
+  return nil
+end
+
+-- The counter's own key of the window key `key`, if a hash of the previous form may be there (as previous_at, without
+-- matching the key where it cannot be); nil where none can be.
+local function base_of(key)
+  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
+  return string.match(key, '^(.*):%d+$')
+end
+
 -- The key of the window starting at `start`, from `key`, the key of the window sluice expects (its clock's; the
 -- server's may be across an edge, and that window then gets its own key), and the counter's own key (`key` without
--- its window), where the previous form kept its hash.
+-- its window), where the previous form kept its hash, if one may be there (previous_at).
 -- A window key of envoyproxy/ratelimit's layout (`KeyLayout::Reference` in store/key.rs) is the counter's key, which
 -- ends with '_', then the window's start in seconds; such a counter has no own key (nil), and no previous form.
 local function window_of(key, start)
@@ -32,26 +51,14 @@ local function window_of(key, start)
     if tonumber(at) == seconds then return key, nil end
     return base .. string.format('%d', seconds), nil
   end
-  if tonumber(at) == start then return key, base end
-  return base .. ':' .. string.format('%d', start), base
-end
-
--- Whether a hash of the previous form may be found under a compact key (one without a '|', which every key of the full
--- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
--- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
--- from its header.
-local previous_forms = true
-
--- The counter's own key of the window key `key`, where a hash of the previous form may be; nil where none can be.
-local function base_of(key)
-  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
-  return string.match(key, '^(.*):%d+$')
+  if tonumber(at) == start then return key, previous_at(base) end
+  return base .. ':' .. string.format('%d', start), previous_at(base)
 end
 
 -- The count a hash of the previous form at `base` holds for the window starting at `start` (0 if none), and whether
 -- there is such a hash to fold into the window's key.
 local function legacy(base, start)
-  if base == nil or (not previous_forms and not string.find(base, '|', 1, true)) then return 0, false end
+  if base == nil then return 0, false end
   local f = redis.call('HMGET', base, 'w', 'n')
   if tonumber(f[1]) == start then return tonumber(f[2]) or 0, true end
   return 0, false

@@ -191,14 +191,10 @@ impl Compact {
     /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
     /// apply: another algorithm among them, a global window, a window of 0, a time past i64, fewer than two tiers.
     pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Compact> {
-        let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
-        if tiers.len() < 2 || !tiers.iter().all(fits) {
+        if tiers.len() < 2 {
             return None;
         }
-        let windows = tiers
-            .iter()
-            .map(|t| (t.key.clone(), WindowTier::of(now_us, t, t.bounded_cost(cost))))
-            .collect();
+        let windows = fixed_windows(now_us, tiers, cost)?;
         Some(Compact {
             key: tiers[0].key.clone(),
             tier: CompactTier::Windows(windows),
@@ -213,7 +209,7 @@ impl Compact {
         cost: u64,
         reservation: &ReservationSpec,
     ) -> Option<Compact> {
-        let windows = budget_windows(now_us, tiers, cost)?;
+        let windows = fixed_windows(now_us, tiers, cost)?;
         Some(Compact {
             key: tiers[0].key.clone(),
             tier: CompactTier::Reserve {
@@ -227,7 +223,7 @@ impl Compact {
     /// A settlement of the reservation `record` whose tiers are all fixed windows, each at its actual cost, in its
     /// compact form; `None` when the form does not apply (as for [`Compact::reserve`]).
     pub(super) fn settle(now_us: Option<u64>, tiers: &[TierSpec], cost: u64, record: &CounterKey) -> Option<Compact> {
-        let windows = budget_windows(now_us, tiers, cost)?;
+        let windows = fixed_windows(now_us, tiers, cost)?;
         Some(Compact {
             key: tiers[0].key.clone(),
             tier: CompactTier::Settle {
@@ -400,9 +396,9 @@ fn push_windows(windows: &[(CounterKey, WindowTier)], out: &mut Vec<Value>) {
     }
 }
 
-/// A reservation's or a settlement's windows, each at its own bounded cost; `None` unless every tier is a fixed window
-/// that fits a compact form (not global).
-fn budget_windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Vec<(CounterKey, WindowTier)>> {
+/// Each tier's window at its own bounded cost, for several windows, a reservation or a settlement; `None` unless every
+/// tier is a fixed window that fits a compact form (not global).
+fn fixed_windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Vec<(CounterKey, WindowTier)>> {
     let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
     if tiers.is_empty() || !tiers.iter().all(fits) {
         return None;
