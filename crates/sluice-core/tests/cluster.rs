@@ -14,7 +14,7 @@ use sluice_core::store::redis::RedisStore;
 use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, evalsha_count, node_id, own_slots, redis_cli, redis_store_with, reshard,
+    RedisCluster, T0, decided, node_id, own_slots, redis_cli, redis_store_with, reshard, script_calls,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -124,14 +124,10 @@ async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
             .iter()
             .all(|o| o.admitted)
     );
-    let calls = evalsha_count(source);
+    let calls = script_calls(source);
     let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1), hit(&e, 1)]).await);
     assert!(out.iter().all(|o| o.admitted));
-    assert_eq!(
-        evalsha_count(source),
-        calls + 1,
-        "one call for descriptors of two slots"
-    );
+    assert_eq!(script_calls(source), calls + 1, "one call for descriptors of two slots");
 
     // The slot migrates from `source` to `target`: `a`'s counter is still on `source`, `c` has none yet.
     let s_text = s.to_string();

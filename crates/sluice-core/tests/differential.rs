@@ -314,6 +314,8 @@ fn op(settle_in: u32, force: f64, reserve: f64) -> impl Strategy<Value = Op> {
 #[derive(Clone, Copy)]
 enum On {
     Server,
+    /// One server, whose user is refused functions: the decision script runs by EVALSHA.
+    Eval,
     Cluster,
 }
 
@@ -367,6 +369,21 @@ fn shared_bucketed_windows_agree() {
     );
 }
 
+/// Every algorithm and reservations, fewer cases, with the script run by EVALSHA (a server that refuses functions),
+/// where it makes its definitions afresh at every call rather than once: both forms must answer alike.
+#[test]
+fn lua_scripts_by_evalsha_and_memory_store_agree() {
+    agree(
+        On::Eval,
+        "diff-eval:",
+        (
+            tier_shapes(&Algorithm::ALL),
+            prop::collection::vec(op(3, 0.25, 0.5), 1..40),
+        ),
+        64,
+    );
+}
+
 /// Every algorithm and reservations, fewer cases, through a cluster's node batches.
 #[test]
 fn cluster_node_batches_and_memory_store_agree() {
@@ -381,12 +398,33 @@ fn cluster_node_batches_and_memory_store_agree() {
     );
 }
 
+/// A URL of `redis` for the documented ACL user (keys under `prefix`) without `+fcall` and `+function|load`.
+fn without_functions(redis: &RedisServer, prefix: &str) -> String {
+    let mut setuser = vec!["ACL".to_string(), "SETUSER".into()];
+    setuser.extend(
+        crate::harness::readme_acl_user(prefix)
+            .into_iter()
+            .filter(|r| r != "+fcall" && r != "+function|load"),
+    );
+    let args: Vec<&str> = setuser.iter().map(String::as_str).collect();
+    assert_eq!(redis.cli(&args).trim(), "OK");
+    format!(
+        "redis://sluice:{}@127.0.0.1:{}",
+        crate::harness::ACL_PASSWORD,
+        redis.port
+    )
+}
+
 /// Runs `cases` cases of `strategy` through both stores (keys under `prefix`), asking identical answers.
 fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, Vec<Op>)>, cases: u32) {
     let (url, _server): (String, Box<dyn std::any::Any>) = match on {
         On::Server => {
             let redis = RedisServer::start();
             (redis.url(), Box::new(redis))
+        }
+        On::Eval => {
+            let redis = RedisServer::start();
+            (without_functions(&redis, prefix), Box::new(redis))
         }
         On::Cluster => {
             let cluster = RedisCluster::start();
@@ -523,5 +561,13 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+    if let (On::Eval, Some(redis)) = (on, _server.downcast_ref::<RedisServer>()) {
+        let stats = redis.cli(&["INFO", "commandstats"]);
+        assert!(
+            stats.contains("cmdstat_evalsha:") && !stats.contains("cmdstat_fcall:calls=")
+                || stats.contains("cmdstat_fcall:calls=0,"),
+            "decided by EVALSHA: {stats}"
+        );
     }
 }

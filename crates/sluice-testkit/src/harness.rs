@@ -71,14 +71,14 @@ pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
 }
 
-/// How many EVALSHA calls a server has run.
-pub fn evalsha_count(port: u16) -> u64 {
+/// How many calls of the decision script a server has run: FCALLs of its function, and EVALSHAs where the server
+/// refuses functions (the regions' and the key move's scripts, called by EVALSHA too, count as well).
+pub fn script_calls(port: u16) -> u64 {
     redis_cli(port, &["INFO", "commandstats"])
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(['=', ',']).nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Polls `check` every 50 ms until it holds or `limit` passes; says whether it held.

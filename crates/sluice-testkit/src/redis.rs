@@ -59,6 +59,13 @@ impl RedisServer {
         format!("redis://sluice:{ACL_PASSWORD}@127.0.0.1:{}", self.port)
     }
 
+    /// Forgets every script and function, as a restart without persistence does: the next decision meets the
+    /// decision script missing (NOSCRIPT, or its function not found).
+    pub fn flush_scripts(&self) {
+        assert_eq!(self.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+        assert_eq!(self.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    }
+
     /// Runs one command with `redis-cli` and returns its raw output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

@@ -368,10 +368,13 @@ async fn faults_in_a_row_never_latch_nor_overshoot() {
     }
 
     clients.next_round();
-    redis.cli(&["SCRIPT", "FLUSH"]);
+    redis.flush_scripts();
     let flushed = Instant::now();
     let took = clients.recovered(&ports, flushed, RECOVERY).await;
-    timings.push(("scripts flushed", took.expect("deciding again after SCRIPT FLUSH")));
+    timings.push((
+        "scripts flushed",
+        took.expect("deciding again after the scripts are flushed"),
+    ));
 
     clients.next_round();
     std::fs::write(&file, config(true)).unwrap();

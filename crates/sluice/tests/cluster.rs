@@ -15,8 +15,8 @@ use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRe
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, counters_of, evalsha_count, info_field, keys, limiter, live_server, poll_until,
-    redis_cli, redis_store, redis_store_with,
+    RedisCluster, TestServer, counters_of, info_field, keys, limiter, live_server, poll_until, redis_cli, redis_store,
+    redis_store_with, script_calls,
 };
 
 const CONFIG: &str = "
@@ -210,7 +210,7 @@ async fn primaries_work_on_one_request_concurrently() {
     let mut ordered: Vec<(u16, String)> = chosen.iter().map(|(p, v)| (*p, v.clone())).collect();
     ordered.sort_by_key(|(p, _)| *p != paused);
     let values: Vec<String> = ordered.iter().map(|(_, v)| v.clone()).collect();
-    let before: Vec<u64> = ordered.iter().map(|(p, _)| evalsha_count(*p)).collect();
+    let before: Vec<u64> = ordered.iter().map(|(p, _)| script_calls(*p)).collect();
 
     // The first primary stops running scripts; the other two must still get and run theirs while the call waits.
     assert_eq!(redis_cli(paused, &["CLIENT", "PAUSE", "5000", "WRITE"]).trim(), "OK");
@@ -220,7 +220,7 @@ async fn primaries_work_on_one_request_concurrently() {
         ordered[1..]
             .iter()
             .zip(&before[1..])
-            .all(|((p, _), b)| evalsha_count(*p) > *b)
+            .all(|((p, _), b)| script_calls(*p) > *b)
     });
     let still_waiting = !pending.is_finished();
     assert_eq!(redis_cli(paused, &["CLIENT", "UNPAUSE"]).trim(), "OK");
@@ -231,18 +231,12 @@ async fn primaries_work_on_one_request_concurrently() {
     assert!(still_waiting, "the call waits for the paused primary");
     let response = pending.await.unwrap().expect("the call succeeds").into_inner();
     assert_eq!(response.overall_code, Code::Ok as i32);
-    assert_eq!(evalsha_count(paused), before[0] + 1);
+    assert_eq!(script_calls(paused), before[0] + 1);
     eprintln!(
         "cluster concurrency: other primaries answered while one was paused; call took {:?}",
         started.elapsed()
     );
     server.shutdown().await;
-}
-
-fn script_sha() -> String {
-    fred::types::scripts::Script::from_lua(sluice::store::redis::CLUSTER_SCRIPT)
-        .sha1()
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,12 +247,13 @@ async fn scripts_come_back_after_flush_and_restart() {
     let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
     let chosen = one_value_per_primary(&cluster, &mut client).await;
     let values: Vec<String> = chosen.values().cloned().collect();
-    let sha = script_sha();
-    let loaded = |port: u16| redis_cli(port, &["SCRIPT", "EXISTS", &sha]).trim() == "1";
-    assert!(chosen.keys().all(|&p| loaded(p)), "the script is on every primary");
+    // The decision script runs as a function: its library, named `sluice_<its SHA1's first 16 hex digits>`.
+    let loaded = |port: u16| redis_cli(port, &["FUNCTION", "LIST", "LIBRARYNAME", "sluice_"]).contains("sluice_");
+    assert!(chosen.keys().all(|&p| loaded(p)), "the library is on every primary");
 
-    // SCRIPT FLUSH on one primary: the very next call reloads it there and succeeds.
+    // Functions and scripts flushed on one primary: the very next call reloads the library there and succeeds.
     let (&flushed, _) = chosen.iter().next().unwrap();
+    assert_eq!(redis_cli(flushed, &["FUNCTION", "FLUSH"]).trim(), "OK");
     assert_eq!(redis_cli(flushed, &["SCRIPT", "FLUSH"]).trim(), "OK");
     assert!(!loaded(flushed));
     let response = call(&mut client, request("bulk", &values)).await;

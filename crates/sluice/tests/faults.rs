@@ -203,13 +203,8 @@ async fn the_breaker_closes_when_redis_answers_again() {
     assert!(l.metrics().render().contains("sluice_breaker_state 0"));
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cli(&["--raw", "INFO", "commandstats"]);
-    let line = stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .unwrap_or_default();
-    line.split(['=', ',']).nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+fn script_calls(redis: &RedisServer) -> u64 {
+    crate::harness::script_calls(redis.port)
 }
 
 #[tokio::test]
@@ -239,7 +234,7 @@ descriptors:
     for _ in 0..3 {
         l.should_rate_limit(&flood).await.unwrap();
     }
-    let before = evalsha_calls(&redis);
+    let before = script_calls(&redis);
     for _ in 0..200 {
         let d = l.should_rate_limit(&flood).await.unwrap();
         assert_eq!(d.overall, Code::OverLimit);
@@ -250,12 +245,12 @@ descriptors:
         );
         assert!(d.statuses[0].limit.is_some());
     }
-    assert_eq!(evalsha_calls(&redis), before, "no Redis call while the denial holds");
+    assert_eq!(script_calls(&redis), before, "no Redis call while the denial holds");
     assert!(l.metrics().render().contains("sluice_local_cache_hits_total 200"));
     // At the window's end the cache lets the next hit through to Redis, which admits it.
     clock.advance(50_000_000);
     assert_eq!(l.should_rate_limit(&flood).await.unwrap().overall, Code::Ok);
-    assert_eq!(evalsha_calls(&redis), before + 1);
+    assert_eq!(script_calls(&redis), before + 1);
     // Shadow-mode rules still answer OK from the cache.
     let mut trial = request("flood", "t");
     trial.descriptors[0].entries[0].0 = "trial".into();

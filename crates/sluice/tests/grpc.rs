@@ -58,21 +58,16 @@ async fn envoy_client(server: &TestServer) -> RateLimitServiceClient<tonic::tran
         .expect("connects")
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cli(&["--raw", "INFO", "commandstats"]);
-    stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(['=', ',']).nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+fn script_calls(redis: &RedisServer) -> u64 {
+    sluice_testkit::script_calls(redis.port)
 }
 
-/// Waits (a bounded poll of `INFO commandstats`, not a time window) until Redis has run `n` EVALSHAs since `since`.
-async fn wait_for_evalsha(redis: &RedisServer, since: u64, n: u64) -> u64 {
+/// Waits (a bounded poll of `INFO commandstats`, not a time window) until Redis has run `n` script calls since
+/// `since`.
+async fn wait_for_script_calls(redis: &RedisServer, since: u64, n: u64) -> u64 {
     let mut sent = 0;
     for _ in 0..200 {
-        sent = evalsha_calls(redis) - since;
+        sent = script_calls(redis) - since;
         if sent >= n {
             break;
         }
@@ -97,20 +92,20 @@ async fn gated_server_and_limiter(timeout: Duration) -> (RedisServer, ReplyGate,
 }
 
 #[tokio::test]
-async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
+async fn three_descriptors_cost_one_round_trip_and_one_script_call() {
     let (redis, gate, server) = gated_server(Duration::from_secs(10)).await;
     let mut client = envoy_client(&server).await;
     // The first call loads the script (NOSCRIPT, SCRIPT LOAD, retry); measure a steady-state call.
     client.should_rate_limit(three()).await.unwrap();
-    let calls = evalsha_calls(&redis);
+    let calls = script_calls(&redis);
 
     // Hold every reply back: the request is decided by the one script call that reached Redis before any reply.
     gate.hold();
     let call = tokio::spawn(async move { client.should_rate_limit(three()).await });
     assert_eq!(
-        wait_for_evalsha(&redis, calls, 1).await,
+        wait_for_script_calls(&redis, calls, 1).await,
         1,
-        "the EVALSHA reached Redis before any reply"
+        "the script call reached Redis before any reply"
     );
     gate.release();
     let response = call.await.unwrap().unwrap().into_inner();
@@ -120,9 +115,9 @@ async fn three_descriptors_cost_one_round_trip_and_one_evalsha() {
         [3, 3, 3]
     );
     assert_eq!(
-        evalsha_calls(&redis) - calls,
+        script_calls(&redis) - calls,
         1,
-        "one EVALSHA for the request's three counters, nothing else"
+        "one script call for the request's three counters, nothing else"
     );
     for (key, _, ttl) in redis.snapshot() {
         assert!(ttl > 0, "{key} has no TTL");
@@ -150,7 +145,7 @@ async fn concurrent_requests_share_a_script_call() {
         .expect("the counter of a=5");
     redis.cli(&["DEL", &poisoned]);
     redis.cli(&["LPUSH", &poisoned, "x"]);
-    let calls = evalsha_calls(&redis);
+    let calls = script_calls(&redis);
 
     // Two calls may be in flight (the store's pool has one connection): hold their replies, so that the six requests
     // sent next wait together for the next call.
@@ -163,7 +158,7 @@ async fn concurrent_requests_share_a_script_call() {
     for value in 1..=2 {
         answers.push(send(value));
         assert_eq!(
-            wait_for_evalsha(&redis, calls, value as u64).await,
+            wait_for_script_calls(&redis, calls, value as u64).await,
             value as u64,
             "a free call goes out at once"
         );
@@ -179,7 +174,7 @@ async fn concurrent_requests_share_a_script_call() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(
-        evalsha_calls(&redis) - calls,
+        script_calls(&redis) - calls,
         2,
         "nothing else went out while both calls were in flight"
     );
@@ -199,7 +194,7 @@ async fn concurrent_requests_share_a_script_call() {
         assert_eq!(response.statuses[0].limit_remaining, 4, "a={value}");
     }
     assert_eq!(
-        evalsha_calls(&redis) - calls,
+        script_calls(&redis) - calls,
         3,
         "the six waiting requests were decided by one script call"
     );
@@ -219,12 +214,12 @@ async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs()
     // rounds; the requests that have waited a timeout fail instead of going out.
     gate.hold();
     let started = std::time::Instant::now();
-    let calls = evalsha_calls(&redis);
+    let calls = script_calls(&redis);
     let mut answers = Vec::new();
     for n in 1..=2 {
         let mut client = client.clone();
         answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
-        assert_eq!(wait_for_evalsha(&redis, calls, n).await, n);
+        assert_eq!(wait_for_script_calls(&redis, calls, n).await, n);
     }
     for _ in 0..300 {
         let mut client = client.clone();
@@ -328,7 +323,7 @@ async fn store_failures_are_unavailable_and_scripts_reload() {
     assert_eq!(server.http_get("/readyz").await.0, 200);
 
     // Scripts flushed: the next call reloads and succeeds.
-    redis.cli(&["SCRIPT", "FLUSH"]);
+    redis.flush_scripts();
     let response = client.should_rate_limit(three()).await.unwrap().into_inner();
     assert_eq!(response.statuses[0].limit_remaining, 3);
 

@@ -312,9 +312,7 @@ async fn a_denial_in_flight_across_a_reload_is_not_kept() {
     gate.hold();
     let mut held = c.clone();
     let pending = tokio::spawn(async move { call(&mut held, request(&[("tight", "t")]), deadline).await });
-    let sent = crate::harness::poll_until(Duration::from_secs(2), || {
-        crate::harness::evalsha_count(redis.port) >= 2
-    });
+    let sent = crate::harness::poll_until(Duration::from_secs(2), || crate::harness::script_calls(redis.port) >= 2);
     assert!(sent, "the second call reached Redis");
     let metrics = l.metrics().clone();
     l.reload(rules(

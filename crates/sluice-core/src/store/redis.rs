@@ -46,9 +46,8 @@ use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, LuaInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, PubsubInterface};
 use fred::types::config::{Config, ServerConfig, TlsConnector};
-use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
@@ -66,6 +65,7 @@ mod notices;
 mod regions;
 mod reply;
 mod route;
+mod script;
 mod settings;
 mod tallies;
 
@@ -74,15 +74,15 @@ use cluster::{Cluster, Node};
 use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
 use notices::Notices;
-use reply::{Reply, is_noscript, parse, parse_granted, parse_settled};
+use reply::{Reply, parse, parse_granted, parse_settled};
+use script::DecisionScript;
 use settings::build_pool;
 pub use settings::{RedisSettings, RedisTls};
 
-/// The files of the decision script in order, after `head`.
-macro_rules! decision_script {
-    ($($head:literal)?) => {
+/// The files of the decision script in order: the definitions, then `batch.lua`'s entry, `batch()`.
+macro_rules! decision_files {
+    () => {
         concat!(
-            $($head,)?
             include_str!("lua/prelude.lua"),
             include_str!(concat!(env!("OUT_DIR"), "/algorithms.lua")),
             include_str!("lua/global.lua"),
@@ -99,16 +99,26 @@ macro_rules! decision_script {
     };
 }
 
-/// The decision script: the helpers, every algorithm, the fast path, the driver and the batch entry, in one atomic
-/// unit, as one server (standalone, or found through Sentinel) runs it. (`benches/run.sh` loads the same files in
-/// the same order to time the script under `redis-benchmark`.)
-pub const SCRIPT: &str = decision_script!();
+/// The decision script's definitions: the helpers, every algorithm, the fast path, the driver and the batch entry,
+/// which read the call's keys and arguments from the locals `KEYS` and `ARGV` declared ahead of them. Run as a Redis
+/// function (`redis/script.rs`) or, as [`SCRIPT`], by EVALSHA.
+pub const LIBRARY_BODY: &str = decision_files!();
+
+/// The decision script as EVALSHA runs it against one server (standalone, or found through Sentinel): the
+/// definitions, then the call of the entry, in one atomic unit. (`benches/run.sh` loads the same files in the same
+/// order to time the script under `redis-benchmark`.)
+pub const SCRIPT: &str = concat!("local KEYS, ARGV = KEYS, ARGV\n", decision_files!(), "return batch()\n");
 
 /// The decision script as a Redis Cluster runs it: [`SCRIPT`] declaring the flag `allow-cross-slot-keys`, so that a
 /// node's shared call may touch keys of several of its slots (`lua/batch.lua`'s node form). Declaring flags also
 /// makes Redis refuse the whole call up front, rather than at its first write, when the node is out of memory or is a
-/// replica. Redis 7 or later.
-pub const CLUSTER_SCRIPT: &str = decision_script!("#!lua flags=allow-cross-slot-keys\n");
+/// replica (as it does every function's). Redis 7 or later.
+pub const CLUSTER_SCRIPT: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    "local KEYS, ARGV = KEYS, ARGV\n",
+    decision_files!(),
+    "return batch()\n"
+);
 
 /// State in Redis.
 #[derive(Clone)]
@@ -117,10 +127,8 @@ pub struct RedisStore {
     pool: Pool,
     /// In a cluster: the slot map, and each node's connections and shared calls.
     cluster: Option<Arc<Cluster>>,
-    /// The decision script: [`SCRIPT`], or in a cluster [`CLUSTER_SCRIPT`].
-    script: &'static str,
-    /// The decision script's SHA1, the first argument of every EVALSHA.
-    sha: Value,
+    /// The decision script, and whether it is called as a function or by EVALSHA.
+    script: Arc<DecisionScript>,
     timeout: Duration,
     server_time: bool,
     /// Against one server (standalone, or found through Sentinel): the queue of the task that gathers the requests
@@ -215,8 +223,7 @@ impl RedisStore {
         let timeout = settings.timeout;
         let clustered = matches!(config.server, ServerConfig::Clustered { .. });
         let pool = build_pool(config.clone(), timeout, settings.pool_size)?;
-        let script = if clustered { CLUSTER_SCRIPT } else { SCRIPT };
-        let sha = Value::from(Script::from_lua(script).sha1().clone());
+        let script = Arc::new(DecisionScript::new(clustered));
         let waiting = Arc::new(AtomicUsize::new(0));
         let notices = Notices::start(config.clone(), timeout)?;
         notices.mend(pool.clone());
@@ -226,7 +233,7 @@ impl RedisStore {
                 timeout,
                 settings.pool_size,
                 patience,
-                sha.clone(),
+                script.clone(),
                 waiting.clone(),
             )
             .await;
@@ -234,7 +241,6 @@ impl RedisStore {
                 pool,
                 cluster: Some(Arc::new(cluster)),
                 script,
-                sha,
                 timeout,
                 server_time: settings.server_time,
                 batches: None,
@@ -261,12 +267,11 @@ impl RedisStore {
                 }
             }
         }
-        let batches = Batches::start(pool.clone(), sha.clone(), timeout, Form::Declared, waiting.clone());
+        let batches = Batches::start(pool.clone(), script.clone(), timeout, Form::Declared, waiting.clone());
         Ok(RedisStore {
             pool,
             cluster: None,
             script,
-            sha,
             timeout,
             server_time: settings.server_time,
             batches: Some(batches),
@@ -328,12 +333,12 @@ impl RedisStore {
         for attempt in 0..2 {
             let sent = self.loads.now();
             let make = |j: usize| call(&items[pending[j]]);
-            let answers = Box::pin(route::by_node(cluster, &self.sha, self.timeout, pending.len(), make)).await;
+            let answers = Box::pin(route::by_node(cluster, &self.script, self.timeout, pending.len(), make)).await;
             let mut missing = Vec::new();
             for (&i, answer) in pending.iter().zip(answers) {
                 results[i] = Some(match answer {
                     Ok(value) => parse(value, &items[i]),
-                    Err((e, node)) if attempt == 0 && is_noscript(&e) => {
+                    Err((e, node)) if attempt == 0 && self.script.is_missing(&e) => {
                         missing.push((i, node));
                         continue;
                     }
@@ -379,7 +384,7 @@ impl RedisStore {
                         .map(|item| replies.next().map_or_else(missing_answer, |reply| parse(reply, item)))
                         .collect();
                 }
-                Err(e) if attempt == 0 && is_noscript(&e) => {
+                Err(e) if attempt == 0 && self.script.is_missing(&e) => {
                     if let Err(e) = Box::pin(self.load_script(sent, Vec::new())).await {
                         return all(e);
                     }
@@ -404,8 +409,7 @@ impl RedisStore {
         }
         self.loads
             .load(sent, servers, |pool| async move {
-                let loaded: Result<String, FredError> = pool.next().script_load(self.script).await;
-                loaded.map(drop).map_err(|e| self.classify(e))
+                self.script.load(pool.next()).await.map_err(|e| self.classify(e))
             })
             .await
     }
@@ -534,6 +538,12 @@ async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<S
     Ok(reset)
 }
 
+/// Whether an error's `details` are about the decision script or its function (a failure to run or load it).
+fn about_script(details: &str) -> bool {
+    let lower = details.to_ascii_lowercase();
+    lower.contains("script") || lower.contains("function")
+}
+
 impl RedisStore {
     fn classify(&self, e: FredError) -> StoreError {
         match e.kind() {
@@ -541,7 +551,7 @@ impl RedisStore {
             ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Routing | ErrorKind::Cluster | ErrorKind::Sentinel => {
                 StoreError::Connection(e.details().to_string())
             }
-            _ if is_noscript(&e) || e.details().contains("script") => StoreError::Script(e.details().to_string()),
+            _ if self.script.is_missing(&e) || about_script(e.details()) => StoreError::Script(e.details().to_string()),
             _ => StoreError::Other(e.details().to_string()),
         }
     }

@@ -402,7 +402,7 @@ async fn redis_reservation_records_expire_and_settle_away() {
     assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1 + grace_ms as i64, "{ttl}");
 }
 
-/// Settlements go through the hits' path: after a SCRIPT FLUSH the script is loaded again and the settlement resent
+/// Settlements go through the hits' path: after the scripts are flushed the script is loaded again and the settlement resent
 /// (a NOSCRIPT call ran nothing); in a cluster each settlement goes to the primary of its own slot.
 #[tokio::test]
 async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
@@ -414,7 +414,7 @@ async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
             .await
             .admitted
     );
-    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    redis.flush_scripts();
     let (_, _, refunded, o) = done(settle(&store, T0, &h(0), "res-noscript", "a", 1).await);
     assert_eq!((refunded, o.tiers[0].used), (5, 1));
 

@@ -45,19 +45,10 @@
 -- read once per call. Compact calls are the exception: each reads its keys (one slot's) before it writes any, and a read
 -- is refused exactly where the probe's read would be, before anything is written, so they need no probe.
 
-local node = ARGV[1] == 'node'
-local n, k, a = tonumber(ARGV[1]), 1, 3
-local served = {}
-if node then
-  K = ARGV
-  n, a = tonumber(ARGV[2]), 4
-end
-local header = ARGV[a - 1]
-previous_forms = string.byte(header, 1) == 109
-if previous_forms then header = string.sub(header, 2) end
-local guess = tonumber(header)
-local now
-if guess ~= nil then now = clock('') end
+-- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
+-- arguments (a) are, the probe keys read (node form), the timing (guess) and the server's time it gives (now), and
+-- where the next answer goes (o: a descriptor's answer takes one place, or as many as its compact form returns).
+local node, k, a, served, guess, now, o
 
 -- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
 -- and forgets what was read (compact_bucket.lua, compact_sliding_window.lua).
@@ -123,130 +114,153 @@ local slidings = { s = false, S = true }
 local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
   gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
 
--- Where the next answer goes: a descriptor's answer takes one place, or as many as its compact form returns.
-local o = 1
-
 -- A compact call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
 local function compact_failure(err, width)
   answers[o] = compact_error(err)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
-for _ = 1, n do
-  local head = ARGV[a]
-  local shared = buckets[head]
-  if shared ~= nil then
-    -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
-    local key, at = compact_key_and_time(4)
-    local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
-      shared)
-    if ok then answers[o] = answer else compact_failure(answer, 1) end
-    compact_done(4)
-    o = o + 1
-  elseif slidings[head] ~= nil then
-    -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
-    local cur, at = compact_key_and_time(4)
-    local prev = K[k + 1]
-    if node then prev = ARGV[a + compact_width(4) + 1] end
-    local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
-    if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
-    compact_done(4, 2)
-    o = o + 2
-  elseif head == 'l' or head == 'c' then
-    -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
-    -- the node form its key.
-    local count = 4
-    if head == 'c' then count = 5 end
-    local key, at = compact_key_and_time(count)
-    local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 4], at, o)
-    if not ok then compact_failure(err, 3) end
-    compact_done(count)
-    o = o + 3
-  elseif globals[head] ~= nil then
-    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
-    -- the node form its one or two keys.
-    local g = globals[head]
-    local t = g.fixed and 1 or 2
-    local key, at = compact_key_and_time(5)
-    local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
-      number(ARGV[a + 4])
-    local ok, err
-    if g.fixed then
-      ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
-    else
-      local prev = K[k + 1]
-      if node then prev = ARGV[a + compact_width(5) + 1] end
-      ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
-    end
-    if not ok then compact_failure(err, t + 1) end
-    compact_done(5, t)
-    o = o + t + 1
-  elseif head == 'r' or head == 'e' then
-    -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
-    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
-    local t = number(ARGV[a + 1])
-    local forms = reservation_forms()
-    local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
-    if head == 'r' then count, width, run = count + 1, t, forms.reserve end
-    local _, at = compact_key_and_time(count)
-    local keys = compact_keys(count, t + 1)
-    local rkey = table.remove(keys)
-    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
-    if not ok then compact_failure(err, width) end
-    compact_done(count, t + 1)
-    o = o + width
-  elseif head == 'w' then
-    -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
-    local t = number(ARGV[a + 1])
-    local _, at = compact_key_and_time(2 + 3 * t)
-    local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
-    if not ok then compact_failure(err, t) end
-    compact_done(2 + 3 * t, t)
-    o = o + t
-  else
-    local h = number(head)
-    if h > 0 then
-      -- A lone fixed window: window, cost, (time), and in the node form its key.
-      local key, at = compact_key_and_time(2)
-      local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
-      if ok then answers[o] = answer else compact_failure(answer, 1) end
-      compact_done(2)
-    else
-      local nk, na = -h, tonumber(ARGV[a + 1])
-      a = a + 2
-      local here = true
-      if node then
-        local probe = ARGV[a]
-        k = a + 1
-        a = a + 1 + nk
-        here = served[probe]
-        if here == nil then
-          here = probe ~= '' and (pcall(redis.call, 'GET', probe))
-          served[probe] = here
-        end
-      end
-      local answer = false
-      if here then
-        -- The driver's form may read a bucket a compact call of this batch moved: write those first.
-        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
-          flush_compact()
-        end
-        local ok
-        ok, answer = pcall(decide, k, nk, a)
-        if not ok then
-          if type(answer) == 'table' then answer = answer.err end
-          answer = tostring(answer)
-        end
-      end
-      answers[o] = answer
-      if not node then k = k + nk end
-      a = a + na
-    end
-    o = o + 1
+-- The entry: decides the call's descriptors (KEYS and ARGV, as above) and returns their answers. Everything a call
+-- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
+-- every call, where run by EVALSHA they are made again at each.
+local function batch()
+  K, decision, numbers, answers, server_now = KEYS, 0, {}, {}, nil
+  if next(bucket_written) ~= nil then bucket_written = {} end
+  if next(bucket_tats) ~= nil or next(bucket_writes) ~= nil or next(bucket_movers) ~= nil then
+    bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
   end
+  if next(sliding_states) ~= nil or next(sliding_movers) ~= nil then sliding_states, sliding_movers = {}, {} end
+  if next(global_fixed) ~= nil or next(global_fixed_movers) ~= nil then global_fixed, global_fixed_movers = {}, {} end
+  node = ARGV[1] == 'node'
+  local n
+  n, k, a, served, o = tonumber(ARGV[1]), 1, 3, {}, 1
+  if node then
+    K = ARGV
+    n, a = tonumber(ARGV[2]), 4
+  end
+  local header = ARGV[a - 1]
+  previous_forms = string.byte(header, 1) == 109
+  if previous_forms then header = string.sub(header, 2) end
+  guess = tonumber(header)
+  now = nil
+  if guess ~= nil then now = clock('') end
+
+  for _ = 1, n do
+    local head = ARGV[a]
+    local shared = buckets[head]
+    if shared ~= nil then
+      -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
+      local key, at = compact_key_and_time(4)
+      local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
+        shared)
+      if ok then answers[o] = answer else compact_failure(answer, 1) end
+      compact_done(4)
+      o = o + 1
+    elseif slidings[head] ~= nil then
+      -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
+      local cur, at = compact_key_and_time(4)
+      local prev = K[k + 1]
+      if node then prev = ARGV[a + compact_width(4) + 1] end
+      local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
+        number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
+      if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
+      compact_done(4, 2)
+      o = o + 2
+    elseif head == 'l' or head == 'c' then
+      -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
+      -- the node form its key.
+      local count = 4
+      if head == 'c' then count = 5 end
+      local key, at = compact_key_and_time(count)
+      local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
+        number(ARGV[a + 3]), ARGV[a + 4], at, o)
+      if not ok then compact_failure(err, 3) end
+      compact_done(count)
+      o = o + 3
+    elseif globals[head] ~= nil then
+      -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
+      -- the node form its one or two keys.
+      local g = globals[head]
+      local t = g.fixed and 1 or 2
+      local key, at = compact_key_and_time(5)
+      local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+        number(ARGV[a + 4])
+      local ok, err
+      if g.fixed then
+        ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
+      else
+        local prev = K[k + 1]
+        if node then prev = ARGV[a + compact_width(5) + 1] end
+        ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
+      end
+      if not ok then compact_failure(err, t + 1) end
+      compact_done(5, t)
+      o = o + t + 1
+    elseif head == 'r' or head == 'e' then
+      -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
+      -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
+      local t = number(ARGV[a + 1])
+      local forms = reservation_forms()
+      local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
+      if head == 'r' then count, width, run = count + 1, t, forms.reserve end
+      local _, at = compact_key_and_time(count)
+      local keys = compact_keys(count, t + 1)
+      local rkey = table.remove(keys)
+      local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
+      if not ok then compact_failure(err, width) end
+      compact_done(count, t + 1)
+      o = o + width
+    elseif head == 'w' then
+      -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
+      local t = number(ARGV[a + 1])
+      local _, at = compact_key_and_time(2 + 3 * t)
+      local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
+      if not ok then compact_failure(err, t) end
+      compact_done(2 + 3 * t, t)
+      o = o + t
+    else
+      local h = number(head)
+      if h > 0 then
+        -- A lone fixed window: window, cost, (time), and in the node form its key.
+        local key, at = compact_key_and_time(2)
+        local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
+        if ok then answers[o] = answer else compact_failure(answer, 1) end
+        compact_done(2)
+      else
+        local nk, na = -h, tonumber(ARGV[a + 1])
+        a = a + 2
+        local here = true
+        if node then
+          local probe = ARGV[a]
+          k = a + 1
+          a = a + 1 + nk
+          here = served[probe]
+          if here == nil then
+            here = probe ~= '' and (pcall(redis.call, 'GET', probe))
+            served[probe] = here
+          end
+        end
+        local answer = false
+        if here then
+          -- The driver's form may read a bucket a compact call of this batch moved: write those first.
+          if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
+            flush_compact()
+          end
+          local ok
+          ok, answer = pcall(decide, k, nk, a)
+          if not ok then
+            if type(answer) == 'table' then answer = answer.err end
+            answer = tostring(answer)
+          end
+        end
+        answers[o] = answer
+        if not node then k = k + nk end
+        a = a + na
+      end
+      o = o + 1
+    end
+  end
+  flush_compact()
+  answers[o] = server_now or 0
+  return answers
 end
-flush_compact()
-answers[o] = server_now or 0
-return answers

@@ -9,6 +9,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::compact::{Compact, CompactTier, GlobalTier};
 use super::reply::Reply;
+use super::script::DecisionScript;
 use crate::store::Algorithm;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
@@ -478,7 +479,7 @@ struct Planned {
 /// custom command: fred's typed `evalsha` takes the keys and arguments apart, which this layout does not fit.)
 pub(super) async fn eval(
     client: &Client,
-    sha: Value,
+    script: &DecisionScript,
     calls: Vec<Call>,
     form: Form,
     asking: bool,
@@ -500,11 +501,12 @@ pub(super) async fn eval(
         .any(|c| c.compact.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
         .then(host_now_us);
     let header = timing(guess, moving);
+    let (verb, name) = script.command();
     let command = match form {
-        Form::Declared => declared(sha, calls, guess, header),
-        Form::Node => node(sha, calls, guess, header),
+        Form::Declared => declared(name, calls, guess, header),
+        Form::Node => node(name, calls, guess, header),
     };
-    let command_kind = CustomCommand::new_static("EVALSHA", route.clone(), false);
+    let command_kind = CustomCommand::new_static(verb, route.clone(), false);
     let answer: Value = if asking {
         // After ASK the call must follow ASKING on the same connection: a pipeline writes both together.
         let pipeline = client.pipeline();

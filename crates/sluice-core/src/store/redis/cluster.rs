@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 
 use super::call::Form;
 use super::gather::Batches;
+use super::script::DecisionScript;
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: usize = 16_384;
@@ -82,7 +83,7 @@ struct Inner {
     timeout: Duration,
     pool_size: usize,
     /// The decision script's SHA1, for each node's gathering task.
-    sha: Value,
+    script: Arc<DecisionScript>,
     /// The store's count of requests waiting to be taken into a script call, shared by every node's task.
     waiting: Arc<AtomicUsize>,
     map: ArcSwap<SlotMap>,
@@ -96,13 +97,13 @@ struct Inner {
 impl Cluster {
     /// Starts routing for the cluster that `config` (a clustered configuration) names, reading the slot map once
     /// (for at most `patience`); it is read again in the background until it is complete. Each node's shared calls
-    /// run the script `sha`, and count their waiting requests in `waiting`.
+    /// run `script`, and count their waiting requests in `waiting`.
     pub async fn start(
         config: Config,
         timeout: Duration,
         pool_size: usize,
         patience: Duration,
-        sha: Value,
+        script: Arc<DecisionScript>,
         waiting: Arc<AtomicUsize>,
     ) -> Cluster {
         let seeds = match &config.server {
@@ -114,7 +115,7 @@ impl Cluster {
             seeds,
             timeout,
             pool_size: pool_size.max(1),
-            sha,
+            script,
             waiting,
             map: ArcSwap::from_pointee(SlotMap::empty()),
             settled: std::sync::atomic::AtomicBool::new(false),
@@ -252,7 +253,7 @@ impl Inner {
         pool.connect();
         let batches = Batches::start(
             pool.clone(),
-            self.sha.clone(),
+            self.script.clone(),
             self.timeout,
             Form::Node,
             self.waiting.clone(),

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::types::Value;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
 use super::call::{Call, Form, eval};
 use super::reply::Reply;
+use super::script::DecisionScript;
 
 /// The most descriptors one shared script call decides (a request with more goes alone): it bounds how long one call
 /// holds Redis, where each descriptor costs a few microseconds.
@@ -31,9 +31,15 @@ pub(super) struct Batches {
 impl Batches {
     /// Starts the task that gathers the requests for the server `pool` reaches into script calls in `form`, and
     /// returns its queue. The task ends once every handle to the queue is dropped.
-    pub(super) fn start(pool: Pool, sha: Value, timeout: Duration, form: Form, waiting: Arc<AtomicUsize>) -> Batches {
+    pub(super) fn start(
+        pool: Pool,
+        script: Arc<DecisionScript>,
+        timeout: Duration,
+        form: Form,
+        waiting: Arc<AtomicUsize>,
+    ) -> Batches {
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(gather(pool, sha, timeout, form, jobs, waiting.clone()));
+        tokio::spawn(gather(pool, script, timeout, form, jobs, waiting.clone()));
         Batches { queue, waiting }
     }
 
@@ -79,7 +85,7 @@ struct Job {
 /// is closed, the task ends when its calls in flight have answered.
 async fn gather(
     pool: Pool,
-    sha: Value,
+    script: Arc<DecisionScript>,
     timeout: Duration,
     form: Form,
     mut queue: mpsc::UnboundedReceiver<Job>,
@@ -129,21 +135,21 @@ async fn gather(
             batch.push(job);
         }
         if !batch.is_empty() {
-            in_flight.push(call(pool.next().clone(), sha.clone(), form, batch));
+            in_flight.push(call(pool.next().clone(), &script, form, batch));
         }
     }
     while in_flight.next().await.is_some() {}
 }
 
 /// One script call deciding `batch`, each request answered with its calls' answers.
-async fn call(client: Client, sha: Value, form: Form, batch: Vec<Job>) {
+async fn call(client: Client, script: &DecisionScript, form: Form, batch: Vec<Job>) {
     let mut calls = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for job in batch {
         replies.push((job.reply, job.calls.len()));
         calls.extend(job.calls);
     }
-    match eval(&client, sha, calls, form, false).await {
+    match eval(&client, script, calls, form, false).await {
         Ok(values) => {
             let mut values = values.into_iter();
             for (reply, n) in replies {

@@ -23,6 +23,7 @@ use fred::types::Value;
 use super::call::{Call, Form, eval};
 use super::cluster::{Cluster, Node};
 use super::reply::{Reply, is_tryagain, redirection, refused_by_topology, unserved};
+use super::script::DecisionScript;
 
 /// One descriptor's answer, or the error that stopped it with the node that gave it (where a NOSCRIPT reloads).
 pub(super) type Answer = Result<Reply, (FredError, Option<Node>)>;
@@ -36,7 +37,7 @@ const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(1);
 /// descriptor, in order.
 pub(super) async fn by_node(
     cluster: &Cluster,
-    sha: &Value,
+    script: &DecisionScript,
     timeout: Duration,
     count: usize,
     make: impl Fn(usize) -> Call,
@@ -63,7 +64,11 @@ pub(super) async fn by_node(
             .iter_mut()
             .map(|(node, _, calls)| node.batches.send(std::mem::take(calls))),
     );
-    let lone = futures::future::join_all(alone.iter().map(|&i| to_slot(cluster, sha, timeout, move || make(i))));
+    let lone = futures::future::join_all(
+        alone
+            .iter()
+            .map(|&i| to_slot(cluster, script, timeout, move || make(i))),
+    );
     let (batched, lone) = futures::join!(batched, lone);
 
     let mut answers: Vec<Option<Answer>> = (0..count).map(|_| None).collect();
@@ -96,8 +101,12 @@ pub(super) async fn by_node(
     if !again.is_empty() {
         cluster.refresh_soon();
         cluster.count_resent(again.len());
-        let resent =
-            futures::future::join_all(again.iter().map(|&i| to_slot(cluster, sha, timeout, move || make(i)))).await;
+        let resent = futures::future::join_all(
+            again
+                .iter()
+                .map(|&i| to_slot(cluster, script, timeout, move || make(i))),
+        )
+        .await;
         for (i, answer) in again.into_iter().zip(resent) {
             answers[i] = Some(answer);
         }
@@ -113,11 +122,16 @@ pub(super) async fn by_node(
 /// primary and a node that failed to answer ask for a new slot map. TRYAGAIN (a call of several keys while a
 /// migration has split its slot's keys between two nodes; it ran nothing) is tried again from the slot's primary,
 /// after pauses that double from [`FIRST_RETRY_PAUSE`], while the store's `timeout` has not passed.
-pub(super) async fn to_slot(cluster: &Cluster, sha: &Value, timeout: Duration, make: impl Fn() -> Call) -> Answer {
+pub(super) async fn to_slot(
+    cluster: &Cluster,
+    script: &DecisionScript,
+    timeout: Duration,
+    make: impl Fn() -> Call,
+) -> Answer {
     let started = Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
-        let answer = to_slot_once(cluster, sha, &make).await;
+        let answer = to_slot_once(cluster, script, &make).await;
         match &answer {
             Err((e, _)) if is_tryagain(e) && started.elapsed() + pause < timeout => {
                 tokio::time::sleep(pause).await;
@@ -129,14 +143,14 @@ pub(super) async fn to_slot(cluster: &Cluster, sha: &Value, timeout: Duration, m
 }
 
 /// [`to_slot`]'s call, and the redirection it may follow.
-async fn to_slot_once(cluster: &Cluster, sha: &Value, make: &impl Fn() -> Call) -> Answer {
+async fn to_slot_once(cluster: &Cluster, script: &DecisionScript, make: &impl Fn() -> Call) -> Answer {
     let call = make();
     let slot = call.slot.unwrap_or(0);
     let Some(node) = cluster.owner(slot) else {
         let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
         return Err((e, None));
     };
-    let first = eval(node.pool.next(), sha.clone(), vec![call], Form::Declared, false).await;
+    let first = eval(node.pool.next(), script, vec![call], Form::Declared, false).await;
     let e = match first {
         Ok(mut values) => return Ok(values.pop().unwrap_or(Reply::Script(Value::Null))),
         Err(e) => e,
@@ -149,7 +163,7 @@ async fn to_slot_once(cluster: &Cluster, sha: &Value, make: &impl Fn() -> Call) 
     let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
         return Err((e, Some(node)));
     };
-    eval(target.pool.next(), sha.clone(), vec![make()], Form::Declared, asking)
+    eval(target.pool.next(), script, vec![make()], Form::Declared, asking)
         .await
         .map(|mut values| values.pop().unwrap_or(Reply::Script(Value::Null)))
         .map_err(|e| (e, Some(target)))

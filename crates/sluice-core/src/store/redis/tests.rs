@@ -59,35 +59,56 @@ fn runs(redis: &sluice_testkit::RedisServer, command: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-/// Every request in flight when the server lost its scripts meets NOSCRIPT; the script is loaded once for all of
-/// them, and each is decided once it is.
+/// Every request in flight when the server lost its scripts meets the decision script missing; it is loaded once for
+/// all of them, and each is decided once it is: as a function (FUNCTION LOAD), or by EVALSHA (SCRIPT LOAD) for a user
+/// the server refuses functions.
 #[tokio::test]
-async fn requests_that_meet_noscript_together_load_the_script_once() {
+async fn requests_that_meet_the_script_missing_together_load_it_once() {
     let redis = sluice_testkit::RedisServer::start();
-    let store = RedisStore::connect(&RedisSettings {
-        url: redis.url(),
-        timeout: Duration::from_secs(2),
-        pool_size: 2,
-        server_time: true,
-        tls: RedisTls::default(),
-    })
-    .await
-    .unwrap();
-    let hit = |i: usize| {
-        super::call::tests::fixed_window_hit(&CounterKey::builder("test:", "d").entry("k", &i.to_string()).finish())
-    };
-    for round in 0..3 {
-        assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
-        assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
-        let requests = (0..64).map(|i| {
-            let store = store.clone();
-            let hits = vec![hit(i)];
-            tokio::spawn(async move { store.hit(0, &hits).await })
-        });
-        for answer in futures::future::join_all(requests).await {
-            let answer = answer.unwrap().pop().unwrap().unwrap();
-            assert!(answer.admitted && answer.tiers[0].used == round + 1, "{answer:?}");
+    // The documented user without what functions need: the server refuses them, and the store turns to EVALSHA.
+    let mut rules: Vec<String> = sluice_testkit::readme_acl_user("test:")
+        .into_iter()
+        .filter(|r| r != "+fcall" && r != "+function|load")
+        .collect();
+    rules[0] = "old".into();
+    let mut setuser = vec!["ACL", "SETUSER"];
+    setuser.extend(rules.iter().map(String::as_str));
+    assert_eq!(redis.cli(&setuser).trim(), "OK");
+    let refused = format!("redis://old:{}@127.0.0.1:{}", sluice_testkit::ACL_PASSWORD, redis.port);
+    for (url, load, call) in [
+        (redis.url(), "function|load", "fcall"),
+        (refused, "script|load", "evalsha"),
+    ] {
+        let store = RedisStore::connect(&RedisSettings {
+            url,
+            timeout: Duration::from_secs(2),
+            pool_size: 2,
+            server_time: true,
+            tls: RedisTls::default(),
+        })
+        .await
+        .unwrap();
+        let hit = |i: usize| {
+            let key = CounterKey::builder("test:", call).entry("k", &i.to_string()).finish();
+            super::call::tests::fixed_window_hit(&key)
+        };
+        for round in 0..3 {
+            redis.flush_scripts();
+            assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+            let requests = (0..64).map(|i| {
+                let store = store.clone();
+                let hits = vec![hit(i)];
+                tokio::spawn(async move { store.hit(0, &hits).await })
+            });
+            for answer in futures::future::join_all(requests).await {
+                let answer = answer.unwrap().pop().unwrap().unwrap();
+                assert!(
+                    answer.admitted && answer.tiers[0].used == round + 1,
+                    "{call}: {answer:?}"
+                );
+            }
+            assert_eq!(runs(&redis, load), 1, "{call}, round {round}");
+            assert!(runs(&redis, call) >= 2, "{call}, round {round}: decided by {call}");
         }
-        assert_eq!(runs(&redis, "script|load"), 1, "round {round}");
     }
 }
