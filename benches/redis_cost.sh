@@ -121,7 +121,7 @@ through_sluice() {
     --allow-errors --json)
   local after; after=$(redis_cpu_us)
   local sluice_after; sluice_after=$(cpu_us "$sluice_pid")
-  local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
+  local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep -E '^cmdstat_(fcall|evalsha):' | head -1 || true)
   python3 - "$report" "$before" "$after" "$descriptors" "$stats" "$sluice_before" "$sluice_after" <<'PY'
 import json, re, sys
 report, before, after, descriptors, stats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]

@@ -98,7 +98,7 @@ calibrate() {
   rps=$(redis-benchmark -p "$redis_port" -r 100000 -q "$@" 2>/dev/null | tr '\r' '\n' | grep -Eo '[0-9.]+ requests per second' |
     tail -1)
   local usec
-  usec=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' |
+  usec=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep -E '^cmdstat_(evalsha|fcall):' | head -1 |
     sed 's/.*usec_per_call=\([0-9.]*\).*/\1/')
   echo "--- calibration: $label: $rps, $usec us per call inside Redis"
 }
@@ -132,8 +132,17 @@ fi
 if command -v redis-benchmark >/dev/null; then
   counter=$(redis-cli -p "$redis_port" script load \
     "local n = redis.call('INCRBY', KEYS[1], 1) if n == 1 then redis.call('PEXPIRE', KEYS[1], 60000) end return n")
-  decide=$(redis-cli -p "$redis_port" script load "$(cd crates/sluice-core/src/store && cat lua/prelude.lua algorithm/*.lua \
-    lua/compact_fixed_window.lua lua/decide.lua lua/batch.lua)")
+  # The decision script as sluice loads it, a function library (crates/sluice-core/src/store/redis.rs, LIBRARY_BODY,
+  # and redis/script.rs): the same files in the same order, named sluice_bench here.
+  decide=sluice_bench
+  (
+    printf '#!lua name=%s\nlocal KEYS, ARGV\n' "$decide"
+    cd crates/sluice-core/src/store
+    cat lua/prelude.lua algorithm/*.lua lua/global.lua lua/compact_fixed_window.lua lua/compact_bucket.lua \
+      lua/compact_sliding_window.lua lua/compact_sorted_set.lua lua/compact_global.lua lua/ledger.lua lua/decide.lua \
+      lua/compact_reservation.lua lua/batch.lua
+    printf "\nredis.register_function{ function_name = '%s', callback = function(keys, argv) KEYS, ARGV = keys, argv return batch() end }\n" "$decide"
+  ) | redis-cli -p "$redis_port" -x function load replace >/dev/null
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
   # One descriptor as crates/sluice-core/src/store/lua/batch.lua reads it: n, the timing header (this host's time, the call then
@@ -142,14 +151,14 @@ if command -v redis-benchmark >/dev/null; then
   now_us=$(( $(date +%s) * 1000000 ))
   start_us=$(( now_us - now_us % 3600000000 ))
   fixed=(3600000000 1)
-  calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 evalsha "$decide" 1 \
+  calibrate "sluice's script, lone fixed window, unpipelined" -n 200000 -c 50 fcall "$decide" 1 \
     "s:__rand_int__:$start_us" 1 "$now_us" "${fixed[@]}"
-  calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 evalsha "$decide" 1 \
+  calibrate "sluice's script, lone fixed window, pipelined" -n 1000000 -c 50 -P 16 fcall "$decide" 1 \
     "t:__rand_int__:$start_us" 1 "$now_us" "${fixed[@]}"
   keys=(); args=()
   for _ in $(seq 32); do keys+=("b:__rand_int__:$start_us"); args+=("${fixed[@]}"); done
   calibrate "sluice's script, 32 lone fixed windows per call (x32 for descriptors/s), pipelined" -n 40000 -c 50 -P 16 \
-    evalsha "$decide" 32 "${keys[@]}" 32 "$now_us" "${args[@]}"
+    fcall "$decide" 32 "${keys[@]}" 32 "$now_us" "${args[@]}"
   redis-cli -p "$redis_port" flushall >/dev/null
 fi
 
@@ -167,7 +176,7 @@ stop_sluice
 start_sluice redis --redis-url "redis://127.0.0.1:$redis_port"
 redis-cli -p "$redis_port" config resetstat >/dev/null
 scenarios "redis"
-calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
+calls=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep -E '^cmdstat_(evalsha|fcall):' || true)
 echo "--- redis commands during the Redis scenarios: $calls"
 run "redis, over-limit flood of one key, local cache on" --descriptor-key flood --keys hot --concurrency 256
 quota "redis"

@@ -248,7 +248,7 @@ async fn scripts_come_back_after_flush_and_restart() {
     let chosen = one_value_per_primary(&cluster, &mut client).await;
     let values: Vec<String> = chosen.values().cloned().collect();
     // The decision script runs as a function: its library, named `sluice_<its SHA1's first 16 hex digits>`.
-    let loaded = |port: u16| redis_cli(port, &["FUNCTION", "LIST", "LIBRARYNAME", "sluice_"]).contains("sluice_");
+    let loaded = |port: u16| redis_cli(port, &["FUNCTION", "LIST", "LIBRARYNAME", "sluice_*"]).contains("sluice_");
     assert!(chosen.keys().all(|&p| loaded(p)), "the library is on every primary");
 
     // Functions and scripts flushed on one primary: the very next call reloads the library there and succeeds.

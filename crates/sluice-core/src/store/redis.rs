@@ -1,23 +1,24 @@
-//! The Redis store: state kept by the Lua scripts in `store/lua/`, run by EVALSHA through fred.
+//! The Redis store: state kept by the Lua scripts in `store/lua/`, run through fred as a Redis function (FCALL) or by
+//! EVALSHA (`script`).
 //!
-//! The scripts are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
+//! The decision script's files are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
 //! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua`, `compact_sorted_set.lua` and
 //! `compact_global.lua` (compact forms of the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
 //! tiers, atomically) and `batch.lua`, the
 //! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
-//! descriptors are one EVALSHA, one network round trip, and a task gathers the requests that wait at the same moment
-//! into a shared EVALSHA (`gather`): under load, Redis parses one command and runs one script for up to
+//! descriptors are one script call, one network round trip, and a task gathers the requests that wait at the same moment
+//! into a shared script call (`gather`): under load, Redis parses one command and runs one script for up to
 //! `MAX_BATCH` descriptors, and fred frames, writes and reads one command instead of one per
 //! request. In a cluster each primary has such a task of its own, over its own connections (`cluster`): the
-//! descriptors of concurrent requests that live on one primary share an EVALSHA whatever their slots (each
+//! descriptors of concurrent requests that live on one primary share a script call whatever their slots (each
 //! descriptor's keys share a hash tag, so a descriptor is on one slot), with the keys among the arguments, since
 //! Redis refuses declared keys of several slots; the script runs there with the flag `allow-cross-slot-keys`
 //! ([`CLUSTER_SCRIPT`]). A dead primary fails only its own slots' descriptors, and a descriptor whose slot has moved
 //! or is migrating is refused by the script before anything of it is written and sent again alone to its slot,
 //! following MOVED and ASK (`route`).
-//! A script missing from the server (NOSCRIPT after a restart, failover or `SCRIPT FLUSH`) is loaded again, once per
-//! server for all the calls that met it together (`ScriptLoads`), and only the calls that failed are resent, which
-//! is safe because a NOSCRIPT call ran nothing. Every command is bounded by the store's timeout (fred's own, one
+//! A script missing from the server (the function not found, or NOSCRIPT, after a restart, `FUNCTION FLUSH` or
+//! `SCRIPT FLUSH`) is loaded again, once per server for all the calls that met it together (`ScriptLoads`), and only
+//! the calls that failed are resent, which is safe because a call that found its script missing ran nothing. Every command is bounded by the store's timeout (fred's own, one
 //! timer per command: a second timer around the call cost about 8% of sluice's CPU per decision); a failure surfaces
 //! as a [`StoreError`] for the descriptors it concerns, and the others keep their decisions. An error inside one
 //! descriptor's decision (a key of the wrong type) fails that descriptor alone. Settlements of reservations take the
@@ -27,13 +28,13 @@
 //! the background (fred's `fail_fast` off), calls fail by the failure policy meanwhile, and `/readyz` turns ready by
 //! itself once the store answers.
 //!
-//! fred writes each EVALSHA with a write of its own (it flushes after every script and custom command, whatever is
+//! fred writes each script call with a write of its own (it flushes after every script and custom command, whatever is
 //! queued behind it), one more reason to send fewer, larger calls.
 //!
 //! Deployments, all by URL: one server (`redis://`), a Redis Cluster (`redis-cluster://h:p?node=h2:p2`; the seeds
 //! lead to every node, MOVED and ASK are followed, and the slot map is read again after a failover), or a primary
 //! found through Sentinel (`redis-sentinel://h:26379?sentinelServiceName=mymaster`; after a failover the next
-//! connection asks the sentinels again). In a cluster a request's EVALSHAs are written to their primaries without
+//! connection asks the sentinels again). In a cluster a request's script calls are written to their primaries without
 //! waiting for any answer, so primaries work on one request's descriptors concurrently; a cluster needs Redis 7 or
 //! later (script flags). TLS is the `rediss`
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
@@ -143,12 +144,12 @@ pub struct RedisStore {
     /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
     /// which loads them, rather than by an EVALSHA that would cost a NOSCRIPT round trip first.
     region_scripts: Arc<std::sync::atomic::AtomicBool>,
-    /// The decision script's loads after NOSCRIPT, one at a time.
+    /// The decision script's loads after a call found it missing, one at a time.
     loads: Arc<ScriptLoads>,
 }
 
-/// The decision script's loads after NOSCRIPT, one in flight at a time per store: the calls that met NOSCRIPT
-/// together (every call in flight when the server lost its scripts) wait for one SCRIPT LOAD per server rather than
+/// The decision script's loads after calls found it missing, one in flight at a time per store: the calls that did
+/// together (every call in flight when the server lost its scripts) wait for one load per server rather than
 /// send one each, and share its outcome, a failure included (so a server that does not answer costs each waiting
 /// call the one load's timeout, not one after the other's).
 #[derive(Default)]

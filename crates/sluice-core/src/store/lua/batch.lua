@@ -52,18 +52,25 @@ local node, k, a, served, guess, now, o
 
 -- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
 -- and forgets what was read (compact_bucket.lua, compact_sliding_window.lua).
+-- (A table left empty is kept: most calls use none of them.)
 local function flush_compact()
-  for key, at in pairs(bucket_writes) do
-    local tat = bucket_tats[key]
-    local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX',
-      string.format('%d', ceil_ms(tat - at)))
-    if not ok then compact_failed(bucket_movers[key], err) end
+  if next(bucket_tats) ~= nil or next(bucket_writes) ~= nil then
+    for key, at in pairs(bucket_writes) do
+      local tat = bucket_tats[key]
+      local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX',
+        string.format('%d', ceil_ms(tat - at)))
+      if not ok then compact_failed(bucket_movers[key], err) end
+    end
+    bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
   end
-  bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
-  for key in pairs(sliding_movers) do sliding_write(key) end
-  sliding_states = {}
-  for key in pairs(global_fixed_movers) do global_fixed_write(key) end
-  global_fixed = {}
+  if next(sliding_states) ~= nil or next(sliding_movers) ~= nil then
+    for key in pairs(sliding_movers) do sliding_write(key) end
+    sliding_states = {}
+  end
+  if next(global_fixed) ~= nil or next(global_fixed_movers) ~= nil then
+    for key in pairs(global_fixed_movers) do global_fixed_write(key) end
+    global_fixed = {}
+  end
 end
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
@@ -124,7 +131,7 @@ end
 -- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
 -- every call, where run by EVALSHA they are made again at each.
 local function batch()
-  K, decision, numbers, answers, server_now = KEYS, 0, {}, {}, nil
+  K, decision, server_now = KEYS, 0, nil
   if next(bucket_written) ~= nil then bucket_written = {} end
   if next(bucket_tats) ~= nil or next(bucket_writes) ~= nil or next(bucket_movers) ~= nil then
     bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
@@ -133,9 +140,9 @@ local function batch()
   if next(global_fixed) ~= nil or next(global_fixed_movers) ~= nil then global_fixed, global_fixed_movers = {}, {} end
   node = ARGV[1] == 'node'
   local n
-  n, k, a, served, o = tonumber(ARGV[1]), 1, 3, {}, 1
+  n, k, a, o = tonumber(ARGV[1]), 1, 3, 1
   if node then
-    K = ARGV
+    K, served = ARGV, {}
     n, a = tonumber(ARGV[2]), 4
   end
   local header = ARGV[a - 1]
@@ -261,6 +268,7 @@ local function batch()
     end
   end
   flush_compact()
-  answers[o] = server_now or 0
+  -- The answers end at the first nil: what an earlier, larger call left past them is not part of this one's.
+  answers[o], answers[o + 1] = server_now or 0, nil
   return answers
 end

@@ -28,7 +28,7 @@
 -- a denial leaves the count as it found it, but costs one more write than a read (a previous form's counter it meets
 -- is folded in either way).
 
--- Per shared fixed window (by its key as sluice sent it): its count as the hits so far leave it, what it was read as,
+-- Per shared fixed window of this call (by its key as sluice sent it): its count as the hits so far leave it, what it was read as,
 -- and the others' count; and the places of the hits that counted in it.
 local global_fixed, global_fixed_movers = {}, {}
 

@@ -1,7 +1,10 @@
 -- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
--- algorithm files, compact_fixed_window.lua, compact_bucket.lua, compact_sliding_window.lua, compact_sorted_set.lua, ledger.lua, decide.lua and
--- batch.lua (in that order), so that any mix of algorithms on one descriptor, and a batch of descriptors, is decided
--- in one atomic call.
+-- algorithm files, global.lua, the compact_*.lua files, ledger.lua, decide.lua, compact_reservation.lua and batch.lua
+-- (in that order, `store/redis.rs`), so that any mix of algorithms on one descriptor, and a batch of descriptors, is
+-- decided in one atomic call. Its entry is batch.lua's batch(), which reads the call's keys and arguments from the
+-- locals KEYS and ARGV declared ahead of these files: run as a Redis function, the definitions are made once, when the
+-- library is loaded, and every call sets KEYS and ARGV and calls batch(); run by EVALSHA, they are made at every call.
+-- Either way batch() sets afresh, at its start, everything a call leaves behind (the state below marked per call; what is kept from call to call says so).
 --
 -- Every algorithm file adds a loader to L that returns a table with two functions over one key:
 --   check(key, now, cost, limit, window, burst, force) -> state, read-only, with the fields
@@ -27,16 +30,16 @@
 -- MAX_DEBT_US. Numbers that go into strings are formatted with '%d': Lua's own number-to-string conversion keeps
 -- only 14 digits.
 
--- The loaders keep a call from building the functions of algorithms it does not use: the script's body runs on
--- every call, and defining every algorithm's closures cost about a tenth of a lone fixed window's time in Redis.
+-- The loaders keep a call by EVALSHA from building the functions of algorithms it does not use: the script's body
+-- runs on every such call, and defining every algorithm's closures cost about a tenth of a lone fixed window's time.
 
 local L, loaded = {}, {}
 
--- The table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one cluster slot);
+-- Per call: the table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one cluster slot);
 -- batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the arguments.
 local K = KEYS
 
--- The number of the descriptor's decision under way in this call (decide.lua counts them): tiers that share a
+-- Per call: the number of the descriptor's decision under way in this call (decide.lua counts them): tiers that share a
 -- counter (bucketed_window.lua) write it once per decision.
 local decision = 0
 
@@ -78,22 +81,26 @@ local function max0(x)
   return x
 end
 
--- Each argument that heads a descriptor or counts a cost is read as a number once per call: most are the same few
--- strings (a handful of windows, a cost of 1), and tonumber costs more than a table lookup.
-local numbers = {}
+-- Each argument that heads a descriptor or counts a cost is read as a number once: most are the same few strings (a
+-- handful of windows, a cost of 1), and tonumber costs more than a table lookup. Where the definitions outlive a call
+-- (a Redis function) the numbers read are kept from call to call, up to 4 096 strings, then started afresh.
+local numbers, numbered = {}, 0
 local function number(s)
   local v = numbers[s]
   if v == nil then
     v = tonumber(s)
+    if numbered >= 4096 then numbers, numbered = {}, 0 end
     numbers[s] = v
+    numbered = numbered + 1
   end
   return v
 end
 
--- The call's answers, in order: one value per descriptor, or as many as its compact form returns (batch.lua).
+-- The call's answers, in order: one value per descriptor, or as many as its compact form returns, ended by a nil
+-- (batch.lua); the table is kept from call to call where the definitions outlive a call.
 local answers = {}
 
--- The time of a call: `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
+-- The time of a call (per call): `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
 -- that every descriptor of a batch is decided at the same instant.
 local server_now
 local function clock(arg)
