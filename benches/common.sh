@@ -32,10 +32,11 @@ open(sys.argv[1], "wb").write(b"\x00" + struct.pack(">I", len(message)) + messag
 PY
 }
 
-# start_redis: one redis-server on a free port of loopback, stopped on exit; sets $redis_port and $redis_pid.
+# start_redis [ARGS]: one redis-server on a free port of loopback, with ARGS added to its options, stopped on exit;
+# sets $redis_port and $redis_pid.
 start_redis() {
   redis_port=$(free_port)
-  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no "$@" >"$work/redis.log" 2>&1 &
   redis_pid=$!
   pids+=("$redis_pid")
   wait_port "$redis_port"

@@ -11,7 +11,9 @@
 # BEFORE, the path of a directory holding `sluice`, `sluice-bench` and `sluice-budget-bench` built from earlier code
 # (e.g. `git archive <commit> | tar -x -C DIR && cd DIR && cargo build --release -p sluice -p sluice-tools`, then
 # DIR/target/release), adds its rows, each scenario run with both builds back to back on the same Redis (column
-# "build"). KEY_LAYOUT (compact) is this build's `--key-layout`.
+# "build"). KEY_LAYOUT (compact) is this build's `--key-layout`. SCRIPTS=eval runs Redis with its user refused
+# functions, so that sluice calls its decision script by EVALSHA, as against Redis 6 (the default, functions, calls it
+# by FCALL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -53,7 +55,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 YAML
 
-start_redis
+if [ "${SCRIPTS:-functions}" = eval ]; then
+  start_redis --user default on nopass '~*' '&*' +@all -fcall -function
+else
+  start_redis
+fi
 
 # A process's CPU so far (utime + stime), in microseconds: Redis's by default.
 cpu_us() {
