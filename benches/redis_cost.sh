@@ -7,7 +7,8 @@
 # DURATION (10s) is each scenario's length; ROUNDS (1) repeats the whole table; ALGORITHMS (all) limits it, e.g.
 # ALGORITHMS=fixed_window. The floor is measured with short keys (as `redis-benchmark` figures usually are) and with
 # keys as long as the full key layout's (prefix, hash tag, domain, entry, limit and window: about 80 bytes; sluice's
-# compact keys are about 50 with the window), since a key's length is part of what Redis does per command.
+# compact keys are 28 for an hour's window, 31 for a second's), since a key's length is part of what Redis does per
+# command: up to 28 bytes a key fits Redis's smallest allocation.
 # BEFORE, the path of a directory holding `sluice`, `sluice-bench` and `sluice-budget-bench` built from earlier code
 # (e.g. `git archive <commit> | tar -x -C DIR && cd DIR && cargo build --release -p sluice -p sluice-tools`, then
 # DIR/target/release), adds its rows, each scenario run with both builds back to back on the same Redis (column

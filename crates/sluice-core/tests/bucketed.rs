@@ -3,6 +3,7 @@
 //! error bound, and the configuration's refusals.
 
 use sluice_core::limiter::{Code, Decision, Descriptor, QueuedWork, Report, Request};
+use sluice_core::rules::Algorithm;
 use sluice_core::store::Store;
 
 use crate::harness::{T0, limiter};
@@ -110,11 +111,12 @@ async fn redis_keeps_one_count_per_sub_window_for_every_limit() {
     }
     clock.advance(SECOND);
     decide(&l, &r).await;
+    let counter = crate::harness::counter_of("sluice:", "bw", &[("api", "k")], Algorithm::BucketedWindow, SECOND);
     let counts: Vec<(String, String)> = redis
         .snapshot()
         .into_iter()
-        // A bucketed window named by its one-second sub-window: `b1` in a compact key, then the sub-window's start.
-        .filter(|(k, _, _)| k.contains("}") && k.contains("b1:"))
+        // A bucketed window named by its one-second sub-window (its counter's key), then the sub-window's start.
+        .filter(|(k, _, _)| k.starts_with(&format!("{counter}:")))
         .map(|(k, _, _)| {
             let value = redis.cli(&["--raw", "GET", &k]).trim().to_string();
             (k.rsplit(':').next().unwrap_or_default().to_string(), value)

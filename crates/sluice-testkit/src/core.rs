@@ -33,13 +33,20 @@ pub fn tier(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, burst:
     }
 }
 
-/// What every counter key of the descriptor `entries` of `domain` starts with, in the compact layout under `prefix`.
-pub fn counters_of(prefix: &str, domain: &str, entries: &[(&str, &str)]) -> String {
+/// The key of the counter of one limit (`algorithm` over `window_us`) of the descriptor `entries` of `domain`, in the
+/// compact layout under `prefix`: its windows' keys start with it.
+pub fn counter_of(
+    prefix: &str,
+    domain: &str,
+    entries: &[(&str, &str)],
+    algorithm: Algorithm,
+    window_us: u64,
+) -> String {
     let mut key = CounterKey::builder(prefix, domain).layout(KeyLayout::Compact);
     for (k, v) in entries {
         key = key.entry(k, v);
     }
-    key.finish().counters().to_string()
+    key.finish().tier(algorithm, window_us).as_str().to_string()
 }
 
 /// Compiles a one-file configuration.

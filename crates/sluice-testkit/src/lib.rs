@@ -13,7 +13,7 @@ pub mod sentinel;
 pub mod tls;
 
 pub use cluster::{RedisCluster, keys, node_id, own_slots, reshard};
-pub use core::{counters_of, decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
+pub use core::{counter_of, decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
 pub use harness::*;
 pub use link::Link;
 pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};

@@ -4,6 +4,8 @@
 //! replica is promoted, without restarting sluice.
 
 use std::collections::BTreeMap;
+
+use sluice::rules::Algorithm;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRe
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, counters_of, info_field, keys, limiter, live_server, poll_until, redis_cli, redis_store,
+    RedisCluster, TestServer, counter_of, info_field, keys, limiter, live_server, poll_until, redis_cli, redis_store,
     redis_store_with, script_calls,
 };
 
@@ -59,12 +61,6 @@ fn remaining(response: &RateLimitResponse) -> Vec<u32> {
     response.statuses.iter().map(|s| s.limit_remaining).collect()
 }
 
-/// The part of a compact counter key before its algorithm and window (`<prefix>{<tag>}<digest>`): equal for every
-/// key of one descriptor.
-fn identity(key: &str) -> &str {
-    key.find('}').map_or(key, |tag| &key[..tag + 12])
-}
-
 fn slot(port: u16, key: &str) -> u16 {
     redis_cli(port, &["CLUSTER", "KEYSLOT", key])
         .trim()
@@ -78,19 +74,32 @@ fn keys_by_primary(cluster: &RedisCluster) -> BTreeMap<u16, Vec<String>> {
 }
 
 /// Checks that every descriptor's keys share one slot and one primary; returns the number of descriptors seen.
-fn assert_descriptors_on_one_slot(by_primary: &BTreeMap<u16, Vec<String>>) -> usize {
-    let mut identities: BTreeMap<&str, (u16, u16)> = BTreeMap::new();
-    for (&port, keys) in by_primary {
-        for key in keys {
-            let here = (port, slot(port, key));
-            let first = *identities.entry(identity(key)).or_insert(here);
-            assert_eq!(
-                first, here,
-                "every key of one descriptor on one slot of one primary: {key}"
+/// Checks that each `user` value's two counters (a minute's and an hour's fixed window) hold one window's key each,
+/// both on one slot of one primary, and that nothing else is there.
+fn assert_descriptors_on_one_slot(by_primary: &BTreeMap<u16, Vec<String>>, values: &[String]) {
+    let mut seen = 0;
+    for v in values {
+        let mut places = Vec::new();
+        for window_us in [60_000_000, 3_600_000_000] {
+            let counter = format!(
+                "{}:",
+                counter_of("sluice:", "spread", &[("user", v)], Algorithm::FixedWindow, window_us)
             );
+            let held: Vec<(u16, &String)> = by_primary
+                .iter()
+                .flat_map(|(&port, keys)| keys.iter().map(move |k| (port, k)))
+                .filter(|(_, k)| k.starts_with(&counter))
+                .collect();
+            assert_eq!(held.len(), 1, "one window of {counter} for {:?}", &v[..v.len().min(16)]);
+            places.extend(held.iter().map(|&(port, key)| (port, slot(port, key))));
         }
+        assert_eq!(
+            places[0], places[1],
+            "every key of one descriptor on one slot of one primary"
+        );
+        seen += 2;
     }
-    identities.len()
+    assert_eq!(by_primary.values().map(Vec::len).sum::<usize>(), seen, "no other key");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +135,7 @@ async fn limits_hold_on_every_primary() {
         24 * 2,
         "two limits per descriptor"
     );
-    assert_eq!(assert_descriptors_on_one_slot(&by_primary), 24);
+    assert_descriptors_on_one_slot(&by_primary, &values);
     server.shutdown().await;
 }
 
@@ -164,20 +173,11 @@ async fn hostile_values_route_and_never_collide() {
         values.len() * 2,
         "one pair of counters per distinct value"
     );
-    assert_eq!(assert_descriptors_on_one_slot(&by_primary), values.len());
+    assert_descriptors_on_one_slot(&by_primary, &values);
     assert!(
         by_primary.values().filter(|k| !k.is_empty()).count() >= 2,
         "the values spread over primaries"
     );
-    for v in &values {
-        let counters = counters_of("sluice:", "spread", &[("user", v)]);
-        let holders: usize = by_primary
-            .values()
-            .flatten()
-            .filter(|k| identity(k) == counters)
-            .count();
-        assert_eq!(holders, 2, "the counters of {:?}", &v[..v.len().min(16)]);
-    }
     server.shutdown().await;
 }
 
@@ -190,7 +190,13 @@ async fn one_value_per_primary(
     call(client, request("bulk", &candidates)).await;
     let mut chosen = BTreeMap::new();
     for v in &candidates {
-        if let Some(port) = cluster.owner_of(&counters_of("sluice:", "spread", &[("bulk", v)])) {
+        if let Some(port) = cluster.owner_of(&counter_of(
+            "sluice:",
+            "spread",
+            &[("bulk", v)],
+            Algorithm::FixedWindow,
+            3_600_000_000,
+        )) {
             chosen.entry(port).or_insert_with(|| v.clone());
         }
     }

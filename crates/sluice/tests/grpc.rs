@@ -16,11 +16,12 @@ use tonic::Code as GrpcCode;
 use sluice::limiter::{Caps, Limiter, LimiterSettings};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use sluice::proto::sluice::v1::{ReleaseRequest, ResetRequest};
+use sluice::rules::Algorithm;
 use sluice::store::Store;
 use sluice::store::redis::RedisStore;
 
 use crate::harness::{
-    RedisServer, ReplyGate, TestServer, counters_of, limiter, limiter_with, memory, redis_store, redis_store_with,
+    RedisServer, ReplyGate, TestServer, counter_of, limiter, limiter_with, memory, redis_store, redis_store_with,
 };
 
 const CONFIG: &str = "
@@ -141,7 +142,15 @@ async fn concurrent_requests_share_a_script_call() {
         .snapshot()
         .into_iter()
         .map(|(key, _, _)| key)
-        .find(|key| key.starts_with(&counters_of("sluice:", "edge", &[("a", "5")])))
+        .find(|key| {
+            key.starts_with(&counter_of(
+                "sluice:",
+                "edge",
+                &[("a", "5")],
+                Algorithm::FixedWindow,
+                3_600_000_000,
+            ))
+        })
         .expect("the counter of a=5");
     redis.cli(&["DEL", &poisoned]);
     redis.cli(&["LPUSH", &poisoned, "x"]);

@@ -14,11 +14,11 @@ use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice::proto::envoy::r#type::v3::RateLimitUnit;
-use sluice::rules::FailurePolicy;
+use sluice::rules::{Algorithm, FailurePolicy};
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, RedisSentinel, RedisServer, ReplyGate, TestServer, counters_of, free_port, limiter_with,
+    RedisCluster, RedisSentinel, RedisServer, ReplyGate, TestServer, counter_of, free_port, limiter_with,
     live_server_with, redis_store, rules,
 };
 
@@ -216,7 +216,15 @@ async fn one_bad_key_fails_only_its_own_descriptor() {
     let keys = redis.cli(&["--raw", "KEYS", "*"]);
     let bad = keys
         .lines()
-        .find(|k| k.starts_with(&counters_of("sluice:", "edge", &[("user", "bad")])))
+        .find(|k| {
+            k.starts_with(&counter_of(
+                "sluice:",
+                "edge",
+                &[("user", "bad")],
+                Algorithm::FixedWindow,
+                3_600_000_000,
+            ))
+        })
         .expect("the counter of user=bad");
     redis.cli(&["DEL", bad]);
     redis.cli(&["LPUSH", bad, "not a counter"]);

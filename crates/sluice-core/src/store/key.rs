@@ -14,9 +14,10 @@ pub enum KeyLayout {
     /// The full identity in every key, as earlier versions wrote them: `<prefix>{<tag>}<identity>|<algorithm>/<window
     /// seconds>`, readable, and as long as the request's text.
     Full,
-    /// `<prefix>{<tag>}<digest><code><window seconds>`: the same hash tag (so a counter keeps its cluster slot), then
-    /// 11 characters of digest of the identity, one letter for the algorithm and the window; about 40 bytes, whatever
-    /// the request carries.
+    /// `<prefix>{<slot>}<digest>`: three characters that hash to the full layout's cluster slot (so a counter keeps
+    /// its slot), then 10 characters of digest of the counter's full name; a fixed or sliding window's count then
+    /// `:<window number in hex>`. 28 bytes for an hour's window with the default prefix, whatever the request
+    /// carries.
     #[default]
     Compact,
     /// Compact, with each counter's name in the full layout alongside ([`CounterKey::previous`]) until `until_us`:
@@ -53,20 +54,34 @@ impl KeyLayout {
 /// `<tag>` is 16 hex digits of a 64-bit FNV-1a hash of `<identity>`: a Redis hash tag that keeps every key of one
 /// descriptor on one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
 ///
-/// In the compact layout ([`KeyLayout::Compact`]) a limit's counter is `<prefix>{<tag>}<digest><code><window
-/// seconds>`, and `/<label>` after it for a limit that counts a cost of its own (the label written as a piece):
-/// `<digest>` is the first 64 bits of the SHA-256 of `<identity>` in 11 characters of URL-safe base64, and `<code>`
-/// one letter per algorithm ([`code`]). Two identities share a key only if both their FNV-1a and their SHA-256
-/// collide, which no request text can arrange. A queue's stream keeps its full name: workers read it.
+/// In the compact layout ([`KeyLayout::Compact`]) a limit's counter is `<prefix>{<slot>}<digest>`: `<slot>` is the
+/// first of the three-character strings of URL-safe base64 (in alphabet order) whose Redis hash slot is that of
+/// `<tag>` ([`slot_tag`]), so a counter lands on the slot of its descriptor's other keys; `<digest>` is the first 60
+/// bits of the SHA-256 of the counter's name in the full layout after its hash tag (`<identity>|<algorithm>/<window
+/// seconds>`, and `/<label>` for a limit that counts a cost of its own, the label written as a piece), in 10
+/// characters of URL-safe base64. A fixed or sliding window's count is that key, `:`, and the window's number
+/// (its first microsecond divided by the window's length) in lowercase hex, `lua/algorithm/fixed_window.lua`'s
+/// `window_of`; a bucketed window's sub-windows keep the first microsecond in decimal. Two counters share a key only
+/// if 60 bits of their SHA-256 and their slots collide. A queue's stream keeps its full name: workers read it.
 #[derive(Debug, Clone)]
 pub struct CounterKey {
     key: String,
     tag: u64,
     /// While the layout moves ([`KeyLayout::Moving`]): the name of the same counter in the full layout.
     previous: Option<String>,
-    /// The reference's counter ([`KeyLayout::Reference`]): its windows are named by their start in seconds, right
-    /// after the key.
-    reference: bool,
+    /// How the keys of its windows are named ([`CounterKey::window`]).
+    windows: Windows,
+}
+
+/// How a counter's windows are named after its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Windows {
+    /// `:<first microsecond>` in decimal: the full layout, and the sub-windows of a bucketed window.
+    Start,
+    /// `:<first microsecond / window>` in lowercase hex: a compact fixed or sliding window of this many microseconds.
+    Number(u64),
+    /// The start in seconds, right after the key: the reference's counter ([`KeyLayout::Reference`]).
+    Reference,
 }
 
 /// A key is its name: the name it had in another layout is not part of it.
@@ -148,7 +163,7 @@ impl CounterKey {
             key,
             tag,
             previous: None,
-            reference: false,
+            windows: Windows::Start,
         }
     }
 
@@ -172,26 +187,35 @@ impl CounterKey {
         self.tag
     }
 
-    /// The key of one window of a fixed or sliding window's counter in Redis: this key, `:`, and the window's first
-    /// microsecond (`algorithm/fixed_window.lua`'s `window_of`, `algorithm/sliding_window.lua`'s `sw_read`).
+    /// The key of one window of a fixed or sliding window's counter in Redis (`algorithm/fixed_window.lua`'s
+    /// `window_of`, `algorithm/sliding_window.lua`'s `sw_read`): this key, `:`, and the window's first microsecond, or
+    /// in the compact layout its number in hex (see [`CounterKey`]); in the reference's layout, the start in seconds.
     pub fn window(&self, start_us: u64) -> CounterKey {
-        if self.reference {
-            let mut key = self.clone();
-            push_decimal(&mut key.key, start_us / 1_000_000);
-            return key;
+        let mut key = String::with_capacity(self.key.len() + 18);
+        key.push_str(&self.key);
+        match self.windows {
+            Windows::Reference => push_decimal(&mut key, start_us / 1_000_000),
+            Windows::Number(window_us) => {
+                key.push(':');
+                push_hex(&mut key, start_us / window_us);
+            }
+            Windows::Start => {
+                key.push(':');
+                push_decimal(&mut key, start_us);
+            }
         }
-        let window = |name: &str| {
-            let mut key = String::with_capacity(name.len() + 18);
-            key.push_str(name);
-            key.push(':');
-            push_decimal(&mut key, start_us);
-            key
-        };
+        let previous = self.previous.as_deref().map(|name| {
+            let mut previous = String::with_capacity(name.len() + 18);
+            previous.push_str(name);
+            previous.push(':');
+            push_decimal(&mut previous, start_us);
+            previous
+        });
         CounterKey {
-            key: window(&self.key),
+            key,
             tag: self.tag,
-            previous: self.previous.as_deref().map(window),
-            reference: false,
+            previous,
+            windows: Windows::Start,
         }
     }
 
@@ -285,14 +309,16 @@ impl KeyBuilder {
         self.out
             .replace_range(digits.clone(), std::str::from_utf8(&hex).unwrap_or_default());
         let compact = (self.layout != KeyLayout::Full).then(|| {
-            let digest = Sha256::digest(&self.out.as_bytes()[digits.end + 1..]);
-            let mut key = String::with_capacity(digits.end + 1 + 11 + 12);
-            key.push_str(&self.out[..digits.end + 1]);
-            push_base64(&mut key, &digest[..8]);
-            key
+            let mut head = String::with_capacity(self.tag_at + 4);
+            head.push_str(&self.out[..self.tag_at]);
+            let slot = crc16(&hex) % SLOTS;
+            head.push_str(std::str::from_utf8(&slot_tag(slot)).unwrap_or_default());
+            head.push('}');
+            head
         });
         Identity {
             base: self.out,
+            tail_at: digits.end + 1,
             tag,
             compact,
             moving: matches!(self.layout, KeyLayout::Moving { .. }),
@@ -306,8 +332,10 @@ impl KeyBuilder {
 pub struct Identity {
     /// The identity in the full layout: `<prefix>{<tag>}<identity>`.
     base: String,
+    /// Where `<identity>` starts in `base`, after the hash tag.
+    tail_at: usize,
     tag: u64,
-    /// In the compact layouts: `<prefix>{<tag>}<digest>`.
+    /// In the compact layouts: `<prefix>{<slot>}`, what every counter's key starts with.
     compact: Option<String>,
     /// Whether each counter's key carries its full name too ([`KeyLayout::Moving`]).
     moving: bool,
@@ -316,12 +344,6 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// What every counter key of this identity starts with: `<prefix>{<tag>}<digest>` in the compact layout, the
-    /// full identity otherwise.
-    pub fn counters(&self) -> &str {
-        self.compact.as_deref().unwrap_or(&self.base)
-    }
-
     /// In the reference's layout ([`KeyLayout::Reference`]), the counter of a descriptor's one limit, a fixed window
     /// of `window_us`, under the key envoyproxy/ratelimit gives it: `<prefix><domain>_<key>_<value>_...`, each
     /// window's count then under that and its start in seconds ([`CounterKey::window`]). `None` in other layouts and
@@ -334,7 +356,7 @@ impl Identity {
             key: key.clone(),
             tag: self.tag,
             previous: None,
-            reference: true,
+            windows: Windows::Reference,
         })
     }
 
@@ -351,37 +373,43 @@ impl Identity {
 
     /// A limit's counter, in this identity's layout.
     fn counter(&self, algorithm: Algorithm, window_us: u64, label: Option<&str>) -> CounterKey {
+        // What the full layout writes after the identity: `|<algorithm>/<window seconds>[/<label>]`.
+        let name = algorithm.name();
+        let mut suffix = String::with_capacity(name.len() + 24);
+        suffix.push('|');
+        suffix.push_str(name);
+        suffix.push('/');
+        push_decimal(&mut suffix, window_us / 1_000_000);
+        if let Some(label) = label {
+            suffix.push('/');
+            piece(&mut suffix, label);
+        }
         let full = || {
-            let name = algorithm.name();
-            let mut key = String::with_capacity(self.base.len() + name.len() + 22);
+            let mut key = String::with_capacity(self.base.len() + suffix.len());
             key.push_str(&self.base);
-            key.push('|');
-            key.push_str(name);
-            key.push('/');
-            push_decimal(&mut key, window_us / 1_000_000);
-            if let Some(label) = label {
-                key.push('/');
-                piece(&mut key, label);
-            }
+            key.push_str(&suffix);
             key
         };
-        let compact = match &self.compact {
-            Some(compact) if algorithm != Algorithm::Queue => compact,
+        let head = match &self.compact {
+            Some(head) if algorithm != Algorithm::Queue => head,
             _ => return CounterKey::named(full(), self.tag),
         };
-        let mut key = String::with_capacity(compact.len() + 12);
-        key.push_str(compact);
-        key.push(code(algorithm));
-        push_decimal(&mut key, window_us / 1_000_000);
-        if let Some(label) = label {
-            key.push('/');
-            piece(&mut key, label);
-        }
+        let mut digest = Sha256::new();
+        digest.update(&self.base.as_bytes()[self.tail_at..]);
+        digest.update(suffix.as_bytes());
+        let digest = digest.finalize();
+        let mut key = String::with_capacity(head.len() + 10 + 10);
+        key.push_str(head);
+        push_base64(&mut key, &digest[..8], DIGEST_CHARS);
+        let windows = match algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow if window_us > 0 => Windows::Number(window_us),
+            _ => Windows::Start,
+        };
         CounterKey {
             key,
             tag: self.tag,
             previous: self.moving.then(full),
-            reference: false,
+            windows,
         }
     }
 
@@ -402,43 +430,88 @@ impl Identity {
     }
 }
 
-/// The letter of an algorithm in a compact key. Never changed once released: counters are found by it.
-pub fn code(algorithm: Algorithm) -> char {
-    match algorithm {
-        Algorithm::FixedWindow => 'f',
-        Algorithm::SlidingWindow => 's',
-        Algorithm::SlidingLog => 'l',
-        Algorithm::TokenBucket => 't',
-        Algorithm::LeakyBucket => 'k',
-        Algorithm::Concurrency => 'c',
-        Algorithm::Queue => 'q',
-        Algorithm::BucketedWindow => 'b',
-    }
-}
+/// How many characters of URL-safe base64 a compact key's digest has: 60 bits.
+const DIGEST_CHARS: usize = 10;
 
-/// Appends `bytes` in URL-safe base64 without padding: no brace, colon or bar, so a compact key's digest can never
-/// end its hash tag or look like a window's suffix.
-fn push_base64(out: &mut String, bytes: &[u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+/// URL-safe base64's alphabet: no brace, colon or bar, so a compact key's digest or slot can never end its hash tag
+/// or look like a window's suffix.
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// Appends the first `chars` characters of `bytes` in URL-safe base64 (six bits each; `bytes` holds enough).
+fn push_base64(out: &mut String, bytes: &[u8], chars: usize) {
     let mut bits = 0u32;
     let mut held = 0;
+    let mut written = 0;
     for &b in bytes {
         bits = (bits << 8) | u32::from(b);
         held += 8;
-        while held >= 6 {
+        while held >= 6 && written < chars {
             held -= 6;
-            out.push(char::from(ALPHABET[((bits >> held) & 63) as usize]));
+            out.push(char::from(BASE64[((bits >> held) & 63) as usize]));
+            written += 1;
         }
     }
-    if held > 0 {
-        out.push(char::from(ALPHABET[((bits << (6 - held)) & 63) as usize]));
+}
+
+/// Redis Cluster's hash slots.
+const SLOTS: u16 = 16_384;
+
+/// The CRC16 (XMODEM) Redis Cluster hashes keys with: a key's slot is that of its hash tag, modulo [`SLOTS`].
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
     }
+    crc
+}
+
+/// The compact layout's hash tag for the cluster slot `slot`: the first three characters of URL-safe base64, in
+/// alphabet order (`AAA`, `AAB`, ...), whose slot it is. Every slot has one (a unit test checks), found once per
+/// process in a table of 16 384.
+pub fn slot_tag(slot: u16) -> [u8; 3] {
+    static TAGS: std::sync::OnceLock<Vec<[u8; 3]>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![[0u8; 3]; usize::from(SLOTS)];
+        let mut found = vec![false; usize::from(SLOTS)];
+        for &a in BASE64 {
+            for &b in BASE64 {
+                for &c in BASE64 {
+                    let s = usize::from(crc16(&[a, b, c]) % SLOTS);
+                    if !found[s] {
+                        found[s] = true;
+                        tags[s] = [a, b, c];
+                    }
+                }
+            }
+        }
+        tags
+    });
+    tags[usize::from(slot % SLOTS)]
 }
 
 fn piece(out: &mut String, s: &str) {
     push_decimal(out, s.len() as u64);
     out.push(':');
     out.push_str(s);
+}
+
+/// Appends `n` in lowercase hex.
+fn push_hex(out: &mut String, n: u64) {
+    let digits = if n == 0 {
+        1
+    } else {
+        (64 - n.leading_zeros()).div_ceil(4)
+    };
+    for i in (0..digits).rev() {
+        out.push(char::from(b"0123456789abcdef"[((n >> (4 * i)) & 0xf) as usize]));
+    }
 }
 
 /// Appends `n` in decimal, without going through `fmt` (keys are built on every hit).
@@ -513,22 +586,75 @@ mod tests {
         b.finish().tier(Algorithm::FixedWindow, 60_000_000)
     }
 
+    /// The Redis Cluster slot of a key, as Redis computes it: its hash tag's.
+    fn slot(key: &str) -> u16 {
+        let open = key.find('{').unwrap();
+        let close = open + 1 + key[open + 1..].find('}').unwrap();
+        crc16(&key.as_bytes()[open + 1..close]) % SLOTS
+    }
+
     #[test]
-    fn compact_keys_keep_the_tag_and_are_short() {
+    fn crc16_is_redis_clusters() {
+        // Redis Cluster's specification gives this check value, and CLUSTER KEYSLOT these slots.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(crc16(b"foo") % SLOTS, 12182);
+        assert_eq!(crc16(b"bar") % SLOTS, 5061);
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_of_three_characters() {
+        for s in 0..SLOTS {
+            let tag = slot_tag(s);
+            assert!(tag.iter().all(|c| BASE64.contains(c)), "{tag:?}");
+            assert_eq!(crc16(&tag) % SLOTS, s);
+        }
+        assert_eq!(&slot_tag(crc16(b"AAA") % SLOTS), b"AAA");
+    }
+
+    #[test]
+    fn compact_keys_keep_the_slot_and_are_short() {
         let full = key(&[("user", "{x}")]);
         let k = compact(KeyLayout::Compact, &[("user", "{x}")]);
-        // Byte for byte: the tag of the full layout (the same cluster slot), the digest, the algorithm, the window.
-        assert_eq!(k.as_str(), "p:{424ad63badd19887}TOG7--mLoiMf60");
-        assert_eq!(k.as_str()[..19], full[..19]);
+        // Byte for byte: the full layout's slot in three characters, then the digest of the counter's full name.
+        assert_eq!(k.as_str(), "p:{Eoq}KiwG5YuOLc");
+        assert_eq!(slot(k.as_str()), slot(&full));
         assert_eq!(k.previous(), None);
+        // A window's count is the window's number in hex.
+        assert_eq!(
+            k.window(60_000_000 * 0x1c0a3b7 + 5).as_str(),
+            "p:{Eoq}KiwG5YuOLc:1c0a3b7"
+        );
+        assert_eq!(k.window(0).as_str(), "p:{Eoq}KiwG5YuOLc:0");
         let long = "v".repeat(4_000);
         let k = compact(KeyLayout::Compact, &[("user", &long), ("path", "/a/b")]);
-        assert_eq!(k.as_str().len(), "p:".len() + 18 + 11 + 3, "{}", k.as_str());
-        let labelled = CounterKey::builder("p:", "d")
+        assert_eq!(k.as_str().len(), "p:".len() + 5 + 10, "{}", k.as_str());
+        // An hour's window under the default prefix: 28 bytes, the most Redis keeps in its smallest allocation.
+        let id = CounterKey::builder("sluice:", "d")
             .layout(KeyLayout::Compact)
-            .finish()
-            .tier_costing(Algorithm::TokenBucket, 60_000_000, "input");
-        assert!(labelled.as_str().ends_with("t60/5:input"), "{}", labelled.as_str());
+            .entry("user", &long)
+            .finish();
+        let hour = id
+            .tier(Algorithm::FixedWindow, 3_600_000_000)
+            .window(1_764_032_400_000_000);
+        assert_eq!(hour.as_str().len(), 28, "{}", hour.as_str());
+        // The example of the storage guide.
+        let alice = CounterKey::builder("sluice:", "edge")
+            .layout(KeyLayout::Compact)
+            .entry("user", "alice")
+            .finish();
+        let hour = alice.tier(Algorithm::FixedWindow, 3_600_000_000);
+        assert_eq!(
+            hour.window(1_764_032_400_000_000).as_str(),
+            "sluice:{At7}Fgmw5t8Vq2:77a19"
+        );
+        // A label is part of the digest; a bucketed window's sub-windows keep their first microsecond.
+        let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
+        let input = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "input");
+        let output = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "output");
+        assert_ne!(input, output);
+        assert_eq!(input.as_str().len(), 2 + 5 + 10);
+        let bucketed = id.tier(Algorithm::BucketedWindow, 60_000_000);
+        assert_eq!(bucketed.window(120).as_str(), format!("{}:120", bucketed.as_str()));
     }
 
     #[test]
@@ -553,13 +679,15 @@ mod tests {
     fn a_moving_layout_names_the_full_key_alongside() {
         let moving = KeyLayout::Moving { until_us: 10 };
         let k = compact(moving, &[("user", "{x}")]);
-        assert_eq!(k.as_str(), "p:{424ad63badd19887}TOG7--mLoiMf60");
+        assert_eq!(k.as_str(), "p:{Eoq}KiwG5YuOLc");
         assert_eq!(k.previous().unwrap().as_str(), key(&[("user", "{x}")]));
+        assert_eq!(k.window(120_000_000).as_str(), "p:{Eoq}KiwG5YuOLc:2");
         assert_eq!(
-            k.window(120).previous().unwrap().as_str(),
-            format!("{}:120", key(&[("user", "{x}")]))
+            k.window(120_000_000).previous().unwrap().as_str(),
+            format!("{}:120000000", key(&[("user", "{x}")]))
         );
         assert!(k.regions(120).previous().unwrap().as_str().ends_with("60:120@regions"));
+        assert!(k.regions(120).as_str().ends_with(":0@regions"));
         assert_eq!(moving.at(9), moving);
         assert_eq!(moving.at(10), KeyLayout::Compact);
         // A queue's stream keeps its full name: workers read it.
@@ -582,7 +710,10 @@ mod tests {
         );
         assert!(id.reference_window(120_000_000).is_none(), "no unit of two minutes");
         // Every other limit is compact.
-        assert!(id.tier(Algorithm::FixedWindow, 60_000_000).as_str().starts_with("rl:{"));
+        assert_eq!(
+            id.tier(Algorithm::FixedWindow, 60_000_000).as_str().len(),
+            "rl:".len() + 5 + 10
+        );
         let full = CounterKey::builder("rl:", "edge").layout(KeyLayout::Compact).finish();
         assert!(full.reference_window(60_000_000).is_none());
         let bucket = CounterKey::bucket_builder("rl:", "edge")

@@ -1,7 +1,8 @@
 -- fixed_window.lua: at most `limit` hits per epoch-aligned window of `window` us.
 --
--- State: one integer string per window, `<key>:<start>` (`start` the window's first microsecond, as a decimal
--- integer: `window_of` below; sluice sends the key of the window it expects), counted with INCRBY, which expires a
+-- State: one integer string per window, `<key>:<window>` (prelude.lua's `window_key`: the window's number in hex
+-- under a compact key, its first microsecond in decimal in the full layout; sluice sends the key of the window it
+-- expects), counted with INCRBY, which expires a
 -- second after its window ends. The commonest call,
 -- compact_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
 -- is simply another key.
@@ -34,25 +35,25 @@ end
 -- matching the key where it cannot be); nil where none can be.
 local function base_of(key)
   if not previous_forms and not string.find(key, '|', 1, true) then return nil end
-  return string.match(key, '^(.*):%d+$')
+  return string.match(key, '^(.*):%x+$')
 end
 
--- The key of the window starting at `start`, from `key`, the key of the window sluice expects (its clock's; the
--- server's may be across an edge, and that window then gets its own key), and the counter's own key (`key` without
--- its window), where the previous form kept its hash, if one may be there (previous_at).
+-- The key of the window of `window` us starting at `start`, from `key`, the key of the window sluice expects (its
+-- clock's; the server's may be across an edge, and that window then gets its own key), and the counter's own key
+-- (`key` without its window), where the previous form kept its hash, if one may be there (previous_at).
 -- A window key of envoyproxy/ratelimit's layout (`KeyLayout::Reference` in store/key.rs) is the counter's key, which
 -- ends with '_', then the window's start in seconds; such a counter has no own key (nil), and no previous form.
-local function window_of(key, start)
-  local base, at = string.match(key, '^(.*):(%d+)$')
+local function window_of(key, start, window)
+  local base = string.match(key, '^(.*):%x+$')
   if base == nil then
+    local at
     base, at = string.match(key, '^(.*_)(%d+)$')
     if base == nil then error('not a window key: ' .. key, 0) end
     local seconds = (start - start % 1000000) / 1000000
     if tonumber(at) == seconds then return key, nil end
     return base .. string.format('%d', seconds), nil
   end
-  if tonumber(at) == start then return key, previous_at(base) end
-  return base .. ':' .. string.format('%d', start), previous_at(base)
+  return window_key(base, start, window), previous_at(base)
 end
 
 -- The count a hash of the previous form at `base` holds for the window starting at `start` (0 if none), and whether
@@ -78,7 +79,7 @@ function L.fixed_window()
 
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
-    local wkey, base = window_of(key, start)
+    local wkey, base = window_of(key, start, window)
     local n, exists, folds = window_count(wkey, base, start)
     local reset = start + window - now
     local ok = n + cost <= limit
@@ -107,7 +108,7 @@ function L.fixed_window()
   function M.refund(key, now, at, amount, limit, window)
     local start = now - now % window
     if at - at % window ~= start then return nil end
-    local wkey, base = window_of(key, start)
+    local wkey, base = window_of(key, start, window)
     local n, exists, folds = window_count(wkey, base, start)
     if not exists and not folds then return nil end
     local given = math.min(n, amount)

@@ -30,7 +30,7 @@ end
 
 -- The keys of the counter `base`'s window starting at `start` and of the one before.
 local function sw_keys(base, start, window)
-  return string.format('%s:%d', base, start), string.format('%s:%d', base, start - window)
+  return window_key(base, start, window), window_key(base, start - window, window)
 end
 
 -- The counter whose windows starting at `start` and before have the keys `cur` and `prev`: their counts (c, p),
@@ -41,7 +41,7 @@ local function sw_read(cur, prev, start, window)
   local s = { start = start, cur = cur, prev = prev, c = c or 0, p = p or 0, fresh = c == nil, pfresh = p == nil,
     old = false }
   if c == nil then
-    s.base = string.match(cur, '^(.*):%d+$')
+    s.base = string.match(cur, '^(.*):%x+$')
     local f = redis.call('HMGET', s.base, 'w', 'c', 'p')
     local w = tonumber(f[1])
     if w ~= nil then

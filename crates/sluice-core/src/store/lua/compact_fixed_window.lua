@@ -4,7 +4,7 @@
 -- (whether the hit fits, what is left, when to retry) is made by sluice from that integer, the limit and the time,
 -- exactly as fixed_window.lua's check would make it; the differential test holds the two paths to the same answers.
 --
--- Its key is the window's key (fixed_window.lua's `window_of`: the counter's key, ':', the window's start), built by
+-- Its key is the window's key (prelude.lua's `window_key`: the counter's key, ':', the window's number), built by
 -- sluice; its arguments (batch.lua reads them): the window in microseconds, the cost to count (0 for a hit that is
 -- not counted: a cost of 0, or one above the limit, which can never fit; a positive cost is at most the limit), the
 -- decision's time `now` (`text` is the cost as the arguments spell it: Redis takes a string for less than a
@@ -17,7 +17,7 @@
 
 local function compact_fixed_window(key, window, cost, text, now, guess)
   local start = now - now % window
-  if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start) end
+  if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start, window) end
   if cost == 0 then
     local n = tonumber(redis.call('GET', key))
     if n == nil then n = legacy(base_of(key), start) end
@@ -69,7 +69,7 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
     local start = now - now % window
     local key = keys[j]
     if guess ~= nil and start ~= guess - guess % window then
-      key = window_of(key, start)
+      key = window_of(key, start, window)
       keys[j] = key
     end
     local text = ARGV[b]

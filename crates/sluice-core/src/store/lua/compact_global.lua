@@ -68,7 +68,7 @@ local function compact_global_fixed(key, window, limit, cost, times, now, pos, s
     -- may fit is counted at once, by one INCRBY as a lone regional window is, and set back in the same call if it did
     -- not fit after all (or only some of `times` did): the script runs atomically, so no reader ever sees the count
     -- it took back.
-    local wkey, base = window_of(key, start)
+    local wkey, base = window_of(key, start, window)
     local others = regions_count(wkey)
     local room = max0(limit - others)
     if cost <= 0 or cost > room then
@@ -109,7 +109,7 @@ local function compact_global_fixed(key, window, limit, cost, times, now, pos, s
     g = nil
   end
   if g == nil then
-    local wkey, base = window_of(key, start)
+    local wkey, base = window_of(key, start, window)
     local n, exists, folds = window_count(wkey, base, start)
     g = { wkey = wkey, base = base, start = start, window = window, n = n, exists = exists, folds = folds,
       others = regions_count(wkey) }
@@ -128,8 +128,9 @@ end
 local function compact_global_sliding(cur, prev, window, limit, cost, times, now, pos, shared)
   local start = now - now % window
   local key = cur
-  if tonumber(string.match(cur, ':(%d+)$')) ~= start then
-    cur, prev = window_of(cur, start), window_of(cur, start - window)
+  local wcur = window_of(cur, start, window)
+  if wcur ~= cur then
+    cur, prev = wcur, window_of(cur, start - window, window)
   end
   local s = sliding_state(key, cur, prev, start, window, now, shared)
   local elapsed = now - start

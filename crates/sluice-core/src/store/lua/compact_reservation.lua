@@ -91,7 +91,7 @@ local function reservation_forms()
       local window = number(ARGV[a + 3 * j - 2])
       local key = keys[j]
       if guess ~= nil and now - now % window ~= guess - guess % window then
-        key = window_of(key, now - now % window)
+        key = window_of(key, now - now % window, window)
         keys[j] = key
       end
       local ok, given, after, added, created = pcall(settle_window, j, key, window, e[j], number(ARGV[a + 3 * j]), at,

@@ -57,7 +57,7 @@ local function compact_sliding_window(cur, prev, window, limit, cost, text, now,
   local start = now - now % window
   local key = cur
   if guess ~= nil and start ~= guess - guess % window then
-    cur, prev = window_of(cur, start), window_of(cur, start - window)
+    cur, prev = window_of(cur, start, window), window_of(cur, start - window, window)
   end
   local s = sliding_state(key, cur, prev, start, window, now, shared)
   local c, p = s.c, s.p

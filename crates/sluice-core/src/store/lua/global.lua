@@ -40,8 +40,8 @@ local function global_of(name, others)
   end
 end
 
-L['global:fixed_window'] = global_of('fixed_window', function(key, start)
-  return regions_count(window_of(key, start))
+L['global:fixed_window'] = global_of('fixed_window', function(key, start, _, window)
+  return regions_count(window_of(key, start, window))
 end)
 
 L['global:sliding_window'] = global_of('sliding_window', function(key, start, now, window)

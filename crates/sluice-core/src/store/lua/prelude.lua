@@ -76,6 +76,15 @@ local MAX_DEBT_US = 281474976710656 -- 2^48
 -- (`RESERVATION_GRACE_US` in store.rs).
 local RESERVATION_GRACE_MS = 60000
 
+-- The key of the window starting at `start` of the counter whose own key is `base` (store/key.rs, `CounterKey::window`):
+-- `base`, ':', then the window's number (start / window) in hex where `base` is a compact key (`<prefix>{<slot>}` and
+-- 10 characters of digest: the prefix holds no brace), else the window's first microsecond in decimal.
+local function window_key(base, start, window)
+  local close = string.find(base, '}', 1, true)
+  if close ~= nil and #base == close + 10 then return base .. ':' .. string.format('%x', start / window) end
+  return base .. ':' .. string.format('%d', start)
+end
+
 local function max0(x)
   if x < 0 then return 0 end
   return x
