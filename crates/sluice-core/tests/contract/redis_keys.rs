@@ -157,20 +157,29 @@ async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
     let start = T0 - T0 % MINUTE;
-    // The hash's window, its counts, and the hits that leave the memory store with the same counts.
-    let cases: [(&str, bool, u64, u64, u64); 4] = [
-        ("sw-legacy-lone", true, start, 2, 6),
-        ("sw-legacy-driver", false, start, 2, 6),
-        ("sw-legacy-rolled-lone", true, start - MINUTE, 5, 0),
-        ("sw-legacy-rolled-driver", false, start - MINUTE, 5, 0),
+    // The hash's window, its counts, and the hits that leave the memory store with the same counts; in the full
+    // layout, or under a full name while the layout moves to compact keys (move.lua renames it to the compact one).
+    let (full, moving) = (KeyLayout::Full, KeyLayout::Moving { until_us: T0 + MINUTE });
+    let cases: [(&str, bool, u64, u64, u64, KeyLayout); 6] = [
+        ("sw-legacy-lone", true, start, 2, 6, full),
+        ("sw-legacy-driver", false, start, 2, 6, full),
+        ("sw-legacy-rolled-lone", true, start - MINUTE, 5, 0, full),
+        ("sw-legacy-rolled-driver", false, start - MINUTE, 5, 0, full),
+        ("sw-legacy-moving-lone", true, start, 2, 6, moving),
+        ("sw-legacy-moving-driver", false, start, 2, 6, moving),
     ];
-    for (name, lone, w, c, p) in cases {
-        let mut h = one(name, Algorithm::SlidingWindow, 10, MINUTE, 1);
+    for (name, lone, w, c, p, layout) in cases {
+        let mut h = in_layout(one(name, Algorithm::SlidingWindow, 10, MINUTE, 1), name, layout);
         if lone {
             h.fields.clear();
             h.lease.clear();
         }
-        let base = h.tiers[0].key.as_str().to_string();
+        let counter = &h.tiers[0].key;
+        let base = counter
+            .previous()
+            .unwrap_or_else(|| counter.clone())
+            .as_str()
+            .to_string();
         redis.cli(&[
             "HSET",
             &base,
@@ -206,7 +215,7 @@ async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
             );
         }
         assert_eq!(
-            redis.cli(&["--raw", "EXISTS", &base]).trim(),
+            redis.cli(&["--raw", "EXISTS", &base, h.tiers[0].key.as_str()]).trim(),
             "0",
             "{name}: folded and deleted"
         );
@@ -221,6 +230,14 @@ async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
         let ttl: i64 = redis.cli(&["--raw", "PTTL", previous.as_str()]).trim().parse().unwrap();
         assert!(ttl > 50_000 && ttl <= 51_000, "{name}: {ttl}");
     }
+    let h = one("sw-legacy-compact", Algorithm::SlidingWindow, 10, MINUTE, 1);
+    let base = h.tiers[0].key.as_str().to_string();
+    redis.cli(&["HSET", &base, "w", &start.to_string(), "c", "2", "p", "6"]);
+    assert_eq!(
+        apply(&store, T0, &h).await.tiers[0].used,
+        1,
+        "a compact key outside a move holds no previous form"
+    );
 }
 
 /// Decided by the server's clock, a lone fixed window's key is built by sluice for its own time; when the server's
@@ -368,4 +385,49 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     }
     assert_eq!((get(&minute), get(&hour)), ("4".into(), "4".into()));
     assert_eq!(redis.cli(&["--raw", "EXISTS", record.as_str()]).trim(), "0");
+}
+
+/// A lone sliding window counts its hit before it reads the previous window: a hit the estimate has no room for is
+/// taken back in the same call (the key it created deleted, or the count set back), and a previous window's key of the
+/// wrong type fails the hit with nothing counted; another descriptor of the call is decided all the same.
+#[tokio::test]
+async fn redis_a_lone_sliding_window_takes_back_what_does_not_fit() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let start = T0 - T0 % MINUTE;
+    let mut h = one("sw-undo", Algorithm::SlidingWindow, 3, MINUTE, 1);
+    h.fields.clear();
+    h.lease.clear();
+    let (cur, prev) = (h.tiers[0].key.window(start), h.tiers[0].key.window(start - MINUTE));
+    let count = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
+    // Six in the window before, five sixths of it still weighing: no room for a hit of a limit of 3.
+    redis.cli(&["SET", prev.as_str(), "6", "PX", "60000"]);
+    let o = apply(&store, T0, &h).await;
+    assert_eq!((o.admitted, o.tiers[0].used), (false, 6), "five weighing, and the hit");
+    assert_eq!(
+        redis.cli(&["--raw", "EXISTS", cur.as_str()]).trim(),
+        "0",
+        "the key it created is gone"
+    );
+    // With the previous window gone, two hits fit; then it weighs again, and the third is taken back.
+    redis.cli(&["DEL", prev.as_str()]);
+    for used in 1..=2 {
+        assert_eq!(apply(&store, T0, &h).await.tiers[0].used, used);
+    }
+    let ttl: i64 = redis.cli(&["--raw", "PTTL", cur.as_str()]).trim().parse().unwrap();
+    assert!(
+        ttl > 110_000 && ttl <= 111_000,
+        "read as the previous window all through the next: {ttl}"
+    );
+    redis.cli(&["SET", prev.as_str(), "2", "PX", "60000"]);
+    assert!(!apply(&store, T0, &h).await.admitted);
+    assert_eq!(count(&cur), "2", "the count set back");
+    // A previous window of the wrong type: an error, the count as it was, and the other descriptor decided.
+    redis.cli(&["DEL", prev.as_str()]);
+    redis.cli(&["LPUSH", prev.as_str(), "not a count"]);
+    let other = one("sw-undo-other", Algorithm::SlidingWindow, 3, MINUTE, 1);
+    let answers = store.hit(T0, &[h.clone(), other]).await;
+    assert!(answers[0].is_err(), "{:?}", answers[0]);
+    assert_eq!(answers[1].as_ref().map(|o| o.tiers[0].used).ok(), Some(1));
+    assert_eq!(count(&cur), "2", "nothing counted");
 }

@@ -19,25 +19,6 @@
 -- decision's time is given to the script rather than read from the server's clock.
 local WINDOW_KEY_GRACE_US = 1000000
 
--- Whether a hash of the previous form may be found under a compact key (one without a '|', which every key of the full
--- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
--- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
--- from its header.
-local previous_forms = true
-
--- `base`, a counter's own key, if a hash of the previous form may be there; nil where none can be.
-local function previous_at(base)
-  if base == nil or previous_forms or string.find(base, '|', 1, true) then return base end
-  return nil
-end
-
--- The counter's own key of the window key `key`, if a hash of the previous form may be there (as previous_at, without
--- matching the key where it cannot be); nil where none can be.
-local function base_of(key)
-  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
-  return string.match(key, '^(.*):%x+$')
-end
-
 -- The key of the window of `window` us starting at `start`, from `key`, the key of the window sluice expects (its
 -- clock's; the server's may be across an edge, and that window then gets its own key), and the counter's own key
 -- (`key` without its window), where the previous form kept its hash, if one may be there (previous_at).

@@ -35,13 +35,14 @@ end
 
 -- The counter whose windows starting at `start` and before have the keys `cur` and `prev`: their counts (c, p),
 -- whether each key is missing (fresh, pfresh), and whether a hash of the previous form, at the counter's own key
--- (`cur` without its window), stands in (old). Two GETs cost Redis less than one MGET's table.
+-- (`cur` without its window), stands in (old; looked for only where one may be: prelude.lua's base_of). Two GETs cost
+-- Redis less than one MGET's table.
 local function sw_read(cur, prev, start, window)
   local c, p = tonumber(redis.call('GET', cur)), tonumber(redis.call('GET', prev))
   local s = { start = start, cur = cur, prev = prev, c = c or 0, p = p or 0, fresh = c == nil, pfresh = p == nil,
     old = false }
-  if c == nil then
-    s.base = string.match(cur, '^(.*):%x+$')
+  if c == nil then s.base = base_of(cur) end
+  if s.base ~= nil then
     local f = redis.call('HMGET', s.base, 'w', 'c', 'p')
     local w = tonumber(f[1])
     if w ~= nil then

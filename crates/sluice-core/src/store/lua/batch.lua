@@ -24,7 +24,7 @@
 -- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock, the
 -- lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once per
 -- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key. Headed by 'm' while
--- the key layout moves: compact keys may then hold counters of the previous form (fixed_window.lua's previous_forms).
+-- the key layout moves: compact keys may then hold counters of the previous form (prelude.lua's previous_forms).
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
 -- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows or of a

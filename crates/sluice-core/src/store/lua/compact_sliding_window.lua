@@ -11,6 +11,8 @@
 --
 -- Returns c, p: the counts of the current window and of the previous one the hit found.
 --
+-- A hit whose counter no other hit of the call shares is counted before it is checked (sliding_counted below).
+--
 -- As a lone bucket, a counter that several compact calls of one script call hit is read once and written once
 -- (compact_bucket.lua); a hit of such a counter in another window than the one read (the calls' times straddle an edge)
 -- writes what the earlier hits counted and reads again.
@@ -53,11 +55,38 @@ local function sliding_state(key, cur, prev, start, window, now, shared)
   return s
 end
 
+-- A hit that may fit, on a counter that no other hit of this call shares and no previous form can stand in for:
+-- counted first, by one INCRBY, then the previous window read, and the count taken back in the same call when the
+-- estimate leaves no room for it (the script runs atomically: no reader sees a count taken back). A hit that fits
+-- costs an INCRBY and a GET, with no read before the write, and the window's first count a PEXPIRE; one that does
+-- not, one more INCRBY (or the DEL of the key it created). A previous window's key of the wrong type (or one this node
+-- does not serve) takes the count back before its error goes up. Returns c, p as compact_sliding_window does.
+local function sliding_counted(cur, prev, start, window, limit, cost, text, now)
+  local c = redis.call('INCRBY', cur, text) - cost
+  local p = redis.pcall('GET', prev)
+  local fits = type(p) ~= 'table'
+  if fits then
+    p = tonumber(p) or 0
+    fits = sw_estimate(p, c, now - start, window) + cost <= limit
+  end
+  if not fits then
+    if c == 0 then redis.call('DEL', cur) else redis.call('INCRBY', cur, '-' .. text) end
+    if type(p) == 'table' then error(p, 0) end
+  elseif c == 0 then
+    -- The window's first count (or the first since a refund took it back to 0): its expiry, as sw_add gives it.
+    redis.call('PEXPIRE', cur, ceil_ms(start + 2 * window - now + WINDOW_KEY_GRACE_US))
+  end
+  return c, p
+end
+
 local function compact_sliding_window(cur, prev, window, limit, cost, text, now, guess, pos, shared)
   local start = now - now % window
   local key = cur
   if guess ~= nil and start ~= guess - guess % window then
     cur, prev = window_of(cur, start, window), window_of(cur, start - window, window)
+  end
+  if not shared and cost > 0 and cost <= limit and base_of(cur) == nil then
+    return sliding_counted(cur, prev, start, window, limit, cost, text, now)
   end
   local s = sliding_state(key, cur, prev, start, window, now, shared)
   local c, p = s.c, s.p

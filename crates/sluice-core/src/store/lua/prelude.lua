@@ -85,6 +85,26 @@ local function window_key(base, start, window)
   return base .. ':' .. string.format('%d', start)
 end
 
+-- Per call: whether a hash of the previous form (a fixed or sliding window's counter as earlier versions kept it,
+-- fixed_window.lua, sliding_window.lua) may be found under a compact key (one without a '|', which every key of the full
+-- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
+-- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
+-- from its header.
+local previous_forms = true
+
+-- `base`, a counter's own key, if a hash of the previous form may be there; nil where none can be.
+local function previous_at(base)
+  if base == nil or previous_forms or string.find(base, '|', 1, true) then return base end
+  return nil
+end
+
+-- The counter's own key of the window key `key`, if a hash of the previous form may be there (as previous_at, without
+-- matching the key where it cannot be); nil where none can be.
+local function base_of(key)
+  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
+  return string.match(key, '^(.*):%x+$')
+end
+
 local function max0(x)
   if x < 0 then return 0 end
   return x
