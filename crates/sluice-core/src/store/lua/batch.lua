@@ -154,8 +154,17 @@ local function batch()
 
   for _ = 1, n do
     local head = ARGV[a]
+    -- The commonest call first: a lone fixed window, headed by its window (a number read before: see `number`), in
+    -- the declared form.
+    local window = numbers[head]
     local shared = buckets[head]
-    if shared ~= nil then
+    if window ~= nil and window > 0 and not node then
+      local text, at, width = ARGV[a + 1], now, 2
+      if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
+      local ok, answer = pcall(compact_fixed_window, K[k], window, number(text), text, at, guess)
+      if ok then answers[o] = answer else compact_failure(answer, 1) end
+      a, k, o = a + width, k + 1, o + 1
+    elseif shared ~= nil then
       -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
       local key, at = compact_key_and_time(4)
       local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
