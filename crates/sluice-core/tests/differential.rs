@@ -400,19 +400,7 @@ fn cluster_node_batches_and_memory_store_agree() {
 
 /// A URL of `redis` for the documented ACL user (keys under `prefix`) without `+fcall` and `+function|load`.
 fn without_functions(redis: &RedisServer, prefix: &str) -> String {
-    let mut setuser = vec!["ACL".to_string(), "SETUSER".into()];
-    setuser.extend(
-        crate::harness::readme_acl_user(prefix)
-            .into_iter()
-            .filter(|r| r != "+fcall" && r != "+function|load"),
-    );
-    let args: Vec<&str> = setuser.iter().map(String::as_str).collect();
-    assert_eq!(redis.cli(&args).trim(), "OK");
-    format!(
-        "redis://sluice:{}@127.0.0.1:{}",
-        crate::harness::ACL_PASSWORD,
-        redis.port
-    )
+    crate::harness::user_without_functions(redis, "sluice", prefix)
 }
 
 /// Runs `cases` cases of `strategy` through both stores (keys under `prefix`), asking identical answers.

@@ -29,6 +29,18 @@ pub fn readme_acl_user(key_prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// Makes `user` on `redis` the documented ACL user (keys under `key_prefix`) without `+fcall` and `+function|load`
+/// (as a Redis 6, or an ACL written before functions, leaves it), and returns its URL.
+pub fn user_without_functions(redis: &crate::RedisServer, user: &str, key_prefix: &str) -> String {
+    let mut rules = readme_acl_user(key_prefix);
+    rules.retain(|r| r != "+fcall" && r != "+function|load");
+    rules[0] = user.to_string();
+    let mut setuser = vec!["ACL", "SETUSER"];
+    setuser.extend(rules.iter().map(String::as_str));
+    assert_eq!(redis.cli(&setuser).trim(), "OK");
+    format!("redis://{user}:{ACL_PASSWORD}@127.0.0.1:{}", redis.port)
+}
+
 /// A port nobody listens on right now, for a process the test starts to listen on.
 ///
 /// Taken below the kernel's ephemeral range (`ip_local_port_range`), where neither outgoing connections nor

@@ -5,10 +5,13 @@
 //!
 //! The library is named by the script's SHA1 (`sluice_<16 hex digits>`), so instances of two versions sharing a Redis
 //! during an upgrade each call their own. A server that refuses functions (Redis 6: unknown command; an ACL without
-//! `fcall` and `function|load`: NOPERM) turns this store to EVALSHA for good, with one warning: the answers are the
-//! same, only the cost differs.
+//! `fcall` and `function|load`: NOPERM) turns this store to EVALSHA, with a warning: the answers are the same, only
+//! the cost differs. A minute later it tries functions again (the first call fails with the function unknown or
+//! refused, is answered by loading the library, or the script where functions are still refused, and is sent again),
+//! so that a grant of `fcall` and `function|load`, or a failover to a server that has functions, needs no restart.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use fred::error::Error as FredError;
 use fred::interfaces::{FunctionInterface, LuaInterface};
@@ -18,11 +21,20 @@ use fred::types::scripts::Script;
 
 use super::{CLUSTER_SCRIPT, LIBRARY_BODY, SCRIPT};
 
+/// How long calls go by EVALSHA after the server refused functions, before they are tried again.
+const FUNCTIONS_RETRY: Duration = Duration::from_secs(60);
+
 /// The decision script in its two forms, and which one this store calls.
 #[derive(Debug)]
 pub(super) struct DecisionScript {
-    /// Whether calls go by FCALL: until the server refuses functions.
+    /// Whether calls go by FCALL: until the server refuses functions, and again [`FUNCTIONS_RETRY`] after.
     functions: AtomicBool,
+    /// When the server last refused functions, in milliseconds after `epoch`.
+    refused_ms: AtomicU64,
+    epoch: Instant,
+    /// Whether the refusal was told with a warning (once: the tries after it are told at debug level).
+    warned: AtomicBool,
+
     /// EVALSHA's first argument: [`SCRIPT`]'s SHA1 (or [`CLUSTER_SCRIPT`]'s).
     sha: Value,
     /// FCALL's first argument: the library's one function, named as the library.
@@ -51,6 +63,9 @@ impl DecisionScript {
         );
         DecisionScript {
             functions: AtomicBool::new(true),
+            refused_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            warned: AtomicBool::new(false),
             sha: Value::from(sha),
             function: Value::from(name),
             script,
@@ -61,11 +76,30 @@ impl DecisionScript {
     /// The command a call is sent as, and its first argument (the function's name or the script's SHA1); the rest
     /// (the number of keys, the keys, the arguments) is the same for both.
     pub(super) fn command(&self) -> (&'static str, Value) {
+        self.command_at(Instant::now())
+    }
+
+    /// [`command`](DecisionScript::command) at `now`: by EVALSHA for [`FUNCTIONS_RETRY`] after the server refused
+    /// functions, then by FCALL again.
+    fn command_at(&self, now: Instant) -> (&'static str, Value) {
+        if !self.functions.load(Ordering::Relaxed) {
+            let since = now.saturating_duration_since(self.epoch);
+            let retry = self.refused_ms.load(Ordering::Relaxed) + FUNCTIONS_RETRY.as_millis() as u64;
+            if since.as_millis() as u64 >= retry {
+                self.functions.store(true, Ordering::Relaxed);
+            }
+        }
         if self.functions.load(Ordering::Relaxed) {
             ("FCALL", self.function.clone())
         } else {
             ("EVALSHA", self.sha.clone())
         }
+    }
+
+    /// Tries functions again at the next call, as [`FUNCTIONS_RETRY`] after a refusal (tests).
+    #[cfg(test)]
+    pub(super) fn try_functions_again(&self) {
+        self.functions.store(true, Ordering::Relaxed);
     }
 
     /// Whether a call failed because the server lacks what it named, and may be sent again once [`load`] ran: the
@@ -87,12 +121,16 @@ impl DecisionScript {
             match loaded {
                 Ok(_) => return Ok(()),
                 Err(e) if refuses(e.details(), "function") => {
-                    if self.functions.swap(false, Ordering::Relaxed) {
+                    let since = self.epoch.elapsed().as_millis() as u64;
+                    self.refused_ms.store(since, Ordering::Relaxed);
+                    if self.functions.swap(false, Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
                             error = %e.details(),
                             "the redis server refuses functions; the decision script runs by EVALSHA, which makes \
-                             its definitions again at every call"
+                             its definitions again at every call (functions are tried again every minute)"
                         );
+                    } else {
+                        tracing::debug!(error = %e.details(), "the redis server still refuses functions");
                     }
                 }
                 Err(e) => return Err(e),
@@ -157,5 +195,17 @@ mod tests {
         assert_eq!(one.command().0, "FCALL");
         one.functions.store(false, Ordering::Relaxed);
         assert_eq!(one.command(), ("EVALSHA", one.sha.clone()));
+    }
+
+    #[test]
+    fn functions_are_tried_again_a_minute_after_a_refusal() {
+        let script = DecisionScript::new(false);
+        script.refused_ms.store(5_000, Ordering::Relaxed);
+        script.functions.store(false, Ordering::Relaxed);
+        let at = |ms: u64| script.command_at(script.epoch + Duration::from_millis(ms)).0;
+        assert_eq!(at(5_000), "EVALSHA");
+        assert_eq!(at(64_999), "EVALSHA");
+        assert_eq!(at(65_000), "FCALL");
+        assert_eq!(at(65_001), "FCALL", "until the server refuses them again");
     }
 }

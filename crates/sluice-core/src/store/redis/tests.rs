@@ -66,15 +66,7 @@ fn runs(redis: &sluice_testkit::RedisServer, command: &str) -> u64 {
 async fn requests_that_meet_the_script_missing_together_load_it_once() {
     let redis = sluice_testkit::RedisServer::start();
     // The documented user without what functions need: the server refuses them, and the store turns to EVALSHA.
-    let mut rules: Vec<String> = sluice_testkit::readme_acl_user("test:")
-        .into_iter()
-        .filter(|r| r != "+fcall" && r != "+function|load")
-        .collect();
-    rules[0] = "old".into();
-    let mut setuser = vec!["ACL", "SETUSER"];
-    setuser.extend(rules.iter().map(String::as_str));
-    assert_eq!(redis.cli(&setuser).trim(), "OK");
-    let refused = format!("redis://old:{}@127.0.0.1:{}", sluice_testkit::ACL_PASSWORD, redis.port);
+    let refused = sluice_testkit::user_without_functions(&redis, "old", "test:");
     for (url, load, call) in [
         (redis.url(), "function|load", "fcall"),
         (refused, "script|load", "evalsha"),
@@ -111,4 +103,52 @@ async fn requests_that_meet_the_script_missing_together_load_it_once() {
             assert!(runs(&redis, call) >= 2, "{call}, round {round}: decided by {call}");
         }
     }
+}
+
+/// A server that refuses functions turns the store to EVALSHA, not for good: once the user is granted `fcall` and
+/// `function|load`, the store's next try of functions (a minute after the refusal; here when the test says) loads the library,
+/// and calls go by FCALL again, with no call failed on the way.
+#[tokio::test]
+async fn functions_granted_later_are_used_without_a_restart() {
+    let redis = sluice_testkit::RedisServer::start();
+    let store = RedisStore::connect(&RedisSettings {
+        url: sluice_testkit::user_without_functions(&redis, "late", "test:"),
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        server_time: true,
+        tls: RedisTls::default(),
+    })
+    .await
+    .unwrap();
+    let key = CounterKey::builder("test:", "late").entry("k", "v").finish();
+    let hit = super::call::tests::fixed_window_hit(&key);
+    let used = |answers: Answers| answers.into_iter().next().unwrap().unwrap().tiers[0].used;
+    assert_eq!(used(store.hit(0, std::slice::from_ref(&hit)).await), 1);
+    assert_eq!(
+        (runs(&redis, "fcall"), runs(&redis, "evalsha")),
+        (0, 1),
+        "refused: by EVALSHA"
+    );
+    // Within the minute, EVALSHA alone.
+    assert_eq!(used(store.hit(0, std::slice::from_ref(&hit)).await), 2);
+    assert_eq!(runs(&redis, "function|load"), 0);
+    // Still refused when tried again: the call is decided by EVALSHA after the refusal, and none fails.
+    store.script.try_functions_again();
+    assert_eq!(used(store.hit(0, std::slice::from_ref(&hit)).await), 3);
+    assert_eq!(runs(&redis, "evalsha"), 3);
+    // Granted: the next try loads the library, and calls go by FCALL.
+    assert_eq!(
+        redis
+            .cli(&["ACL", "SETUSER", "late", "+fcall", "+function|load"])
+            .trim(),
+        "OK"
+    );
+    assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+    store.script.try_functions_again();
+    for n in 4..=6 {
+        assert_eq!(used(store.hit(0, std::slice::from_ref(&hit)).await), n);
+    }
+    assert_eq!(runs(&redis, "function|load"), 1);
+    assert!(runs(&redis, "fcall") >= 3, "by FCALL once granted");
+    assert_eq!(runs(&redis, "evalsha"), 0);
 }
