@@ -99,9 +99,11 @@ local function compact_key_and_time(count)
   return key, at
 end
 
--- The `t` keys of the compact call at `a` that takes `count` arguments.
+-- The `t` keys of the compact call at `a` that takes `count` arguments, in a table kept from call to call (each compact
+-- call is done with it before the next).
+local call_keys = {}
 local function compact_keys(count, t)
-  local keys, from, src = {}, k, K
+  local keys, from, src = call_keys, k, K
   if node then from, src = a + compact_width(count), ARGV end
   for j = 1, t do keys[j] = src[from + j - 1] end
   return keys
@@ -221,7 +223,7 @@ local function batch()
       if head == 'r' then count, width, run = count + 1, t, forms.reserve end
       local _, at = compact_key_and_time(count)
       local keys = compact_keys(count, t + 1)
-      local rkey = table.remove(keys)
+      local rkey = keys[t + 1]
       local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
       if not ok then compact_failure(err, width) end
       compact_done(count, t + 1)

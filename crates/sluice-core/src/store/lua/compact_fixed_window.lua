@@ -38,6 +38,21 @@ local function compact_fixed_window(key, window, cost, text, now, guess)
   return n - cost
 end
 
+-- What windows 1 to `upto` of the compact_windows call at ARGV[a] counted, taken back (`fresh[j]` set where window j
+-- was created by its count).
+local function windows_undo(keys, a, upto, fresh)
+  for j = 1, upto do
+    local text = ARGV[a + 3 * j]
+    if number(text) > 0 and redis.call('INCRBY', keys[j], '-' .. text) == 0 and fresh[j] then
+      redis.call('DEL', keys[j])
+    end
+  end
+end
+
+-- Per window of the compact_windows call under way, what a window's first count leaves to finish: kept from call to
+-- call and cleared as it is used, so that a hit on windows that exist allocates nothing.
+local windows_fresh = {}
+
 -- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
 -- nothing, as decide.lua decides them: one INCRBY of each window's count by its cost, taken back (an INCRBY of minus the cost, and a
 -- DEL of a count the hit created) when the hit does not fit every window, so that a hit that fits, the common case, costs one
@@ -54,16 +69,8 @@ end
 -- counted whole or not at all.
 local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
   local t = number(ARGV[a])
-  local fits, positive, fresh = true, false, {}
-  -- Takes back what windows 1 to `upto` counted.
-  local function undo(upto)
-    for j = 1, upto do
-      local text = ARGV[a + 3 * j]
-      if number(text) > 0 and redis.call('INCRBY', keys[j], '-' .. text) == 0 and fresh[j] then
-        redis.call('DEL', keys[j])
-      end
-    end
-  end
+  local fits, positive, fresh, any = true, false, windows_fresh, false
+  for j = 1, t do fresh[j] = nil end
   for j = 1, t do
     local window, b = number(ARGV[a + 3 * j - 2]), a + 3 * j
     local start = now - now % window
@@ -79,7 +86,7 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
     local n
     if cost > 0 then n = redis.pcall('INCRBY', key, text) else n = redis.pcall('GET', key) end
     if type(n) == 'table' and n.err then
-      undo(j - 1)
+      windows_undo(keys, a, j - 1, fresh)
       error(n, 0)
     end
     n = tonumber(n)
@@ -91,26 +98,33 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
       -- Perhaps the window's first count: a counter of the previous form stands in, folded in if the hit fits.
       local base = base_of(key)
       local old, found = legacy(base, start)
-      if cost > 0 then fresh[j] = { base, found, old, start + window - now } end
+      if cost > 0 then
+        fresh[j] = { base, found, old, start + window - now }
+        any = true
+      end
       n = old
     end
     answers[pos + j - 1] = n
     if n + cost > number(ARGV[b - 1]) then fits = false end
   end
   if not positive then return end
-  if not fits then return undo(t) end
+  if not fits then return windows_undo(keys, a, t, fresh) end
   if written ~= nil then
     local ok, err = pcall(written, rkey, a, t, now, ttl)
     if not ok then
-      undo(t)
+      windows_undo(keys, a, t, fresh)
       error(err, 0)
     end
   end
-  for j, f in pairs(fresh) do
-    if f[2] then
-      if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
-      redis.call('DEL', f[1])
+  if not any then return end
+  for j = 1, t do
+    local f = fresh[j]
+    if f ~= nil then
+      if f[2] then
+        if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
+        redis.call('DEL', f[1])
+      end
+      redis.call('PEXPIRE', keys[j], ceil_ms(f[4] + WINDOW_KEY_GRACE_US))
     end
-    redis.call('PEXPIRE', keys[j], ceil_ms(f[4] + WINDOW_KEY_GRACE_US))
   end
 end

@@ -14,6 +14,8 @@ local function reservation_forms()
   if reservations ~= nil then return reservations end
   -- Writes a reservation's record `rkey` for the windows whose arguments compact_windows read from ARGV[a] on (the
   -- costs sluice sends are decimal integers, as the record keeps them), charged at `now`, for `ttl` milliseconds.
+  -- The times a record holds, as the last one written spelled them: the reservations of one call share them.
+  local written_now, written_at, written_ttl, written_x
   local function write_reservation(rkey, a, t, now, ttl)
     local e = ARGV[a + 3]
     if t > 1 then
@@ -21,7 +23,11 @@ local function reservation_forms()
       for j = 1, t do costs[j] = ARGV[a + 3 * j] end
       e = table.concat(costs, ',')
     end
-    redis.call('HSET', rkey, 'e', e, 't', string.format('%d', now), 'x', string.format('%d', now + ttl * 1000))
+    if now ~= written_now or ttl ~= written_ttl then
+      written_now, written_ttl = now, ttl
+      written_at, written_x = string.format('%d', now), string.format('%d', now + ttl * 1000)
+    end
+    redis.call('HSET', rkey, 'e', e, 't', written_at, 'x', written_x)
     redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
   end
 
@@ -69,6 +75,8 @@ local function reservation_forms()
     return given, old - given, 0, false
   end
 
+  local settle_done, settle_fresh = {}, {}
+
   -- A settlement: its arguments at ARGV[a] on, t, then per window the window, the limit (unused here) and the actual
   -- cost; its keys the windows' (for sluice's clock, rebuilt for the server's as compact_windows does) and the record's.
   --
@@ -85,8 +93,11 @@ local function reservation_forms()
     for j = 0, 3 * t do answers[pos + j] = 0 end
     local e, at = live_reservation(rkey, now, t, false)
     if e == nil then return end
-    -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created.
-    local done, fresh = {}, {}
+    -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created
+    -- (with more than one window); and what a window's first count leaves to finish.
+    local done, fresh = settle_done, settle_fresh
+    for j = 1, #done do done[j] = nil end
+    for j = 1, t do fresh[j] = nil end
     for j = 1, t do
       local window = number(ARGV[a + 3 * j - 2])
       local key = keys[j]

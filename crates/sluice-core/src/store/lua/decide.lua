@@ -56,10 +56,19 @@
 -- Redis has expired the key yet (it expires by its own clock). A record that does not hold one estimate per tier
 -- (the settlement names other tiers than the reservation did) is not this settlement's: nil, and it is left as it is.
 -- With `expired`, the other way round: only a record whose x has come (kept RESERVATION_GRACE_MS past it) is found.
+-- The estimates come in a table kept from call to call for a lone tier (the commonest), a new one for several.
+local one_estimate = {}
 local function live_reservation(rkey, now, tiers, expired)
   local f = redis.call('HMGET', rkey, 'e', 't', 'x')
   local at, x = tonumber(f[2]), tonumber(f[3])
   if type(f[1]) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
+  if tiers == 1 then
+    -- One estimate, no comma: the same as the pieces below would read.
+    local n = tonumber(f[1])
+    if n == nil then return nil end
+    one_estimate[1] = n
+    return one_estimate, at
+  end
   local e = {}
   for v in string.gmatch(f[1], '[^,]+') do
     local n = tonumber(v)
