@@ -6,7 +6,8 @@
 # the figure that holds across hosts.
 #
 # Limitador is built from its public source outside this repository (see BENCHMARKS.md, "Side by side"); give its
-# binary as LIMITADOR=/path/to/limitador-server. ROUNDS (3) and REQUESTS (300000 on Redis, 3x that in memory)
+# binary as LIMITADOR=/path/to/limitador-server; without one the rounds run sluice alone (its CPU on Redis against
+# in memory, the same way). ROUNDS (3) and REQUESTS (300000 on Redis, 3x that in memory)
 # change the length. After the rounds, sluice alone with 1, 2 and 4 serving threads (THREADS), the same way: the
 # default sizes itself from the CPUs (one thread on a machine of two).
 set -euo pipefail
@@ -14,7 +15,11 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 REQUESTS=${REQUESTS:-300000}
 LIMITADOR=${LIMITADOR:-$(command -v limitador-server || true)}
-[ -x "$LIMITADOR" ] || { echo "give Limitador's binary as LIMITADOR=/path/to/limitador-server" >&2; exit 1; }
+servers=(sluice limitador)
+if [ ! -x "$LIMITADOR" ]; then
+  echo "no Limitador binary (LIMITADOR=/path/to/limitador-server): sluice alone" >&2
+  servers=(sluice)
+fi
 for tool in redis-server redis-cli h2load python3 bc; do
   command -v "$tool" >/dev/null || { echo "$tool is missing (tests/run.sh installs redis; h2load: nghttp2-client; bc: bc)" >&2; exit 1; }
 done
@@ -94,8 +99,9 @@ for round in $(seq "$ROUNDS"); do
   for store in redis memory; do
     n=$REQUESTS
     [ "$store" = memory ] && n=$((REQUESTS * 3))
-    if [ $((round % 2)) -eq 1 ]; then order="sluice limitador"; else order="limitador sluice"; fi
-    for name in $order; do measure "$name" "$store" "$n"; done
+    order=("${servers[@]}")
+    if [ $((round % 2)) -eq 0 ]; then order=($(printf '%s\n' "${servers[@]}" | tac)); fi
+    for name in "${order[@]}"; do measure "$name" "$store" "$n"; done
   done
 done
 echo "--- sluice with 1, 2 and 4 serving threads"
