@@ -431,3 +431,63 @@ async fn redis_a_lone_sliding_window_takes_back_what_does_not_fit() {
     assert_eq!(answers[1].as_ref().map(|o| o.tiers[0].used).ok(), Some(1));
     assert_eq!(count(&cur), "2", "nothing counted");
 }
+
+/// Decided by the server's clock, lone fixed windows in a row that share their window and cost travel as one run
+/// ('f' in the decision script's declared form): each is answered in its place, a key of the wrong type among them
+/// fails that one alone, and those after it are counted on their own keys.
+#[tokio::test]
+async fn redis_lone_windows_in_a_run_are_each_answered_in_their_place() {
+    let redis = RedisServer::start();
+    let store = sluice_core::store::redis::RedisStore::connect(&sluice_core::store::redis::RedisSettings {
+        url: redis.url(),
+        timeout: std::time::Duration::from_secs(2),
+        pool_size: 1,
+        server_time: true,
+        tls: Default::default(),
+    })
+    .await
+    .unwrap();
+    let now: u64 = {
+        let t = redis.cli(&["--raw", "TIME"]);
+        let parts: Vec<u64> = t.lines().map(|l| l.trim().parse().unwrap()).collect();
+        parts[0] * 1_000_000 + parts[1]
+    };
+    let lone = |name: &str, cost: u64| {
+        let mut h = one(name, Algorithm::FixedWindow, 10, 60 * MINUTE, cost);
+        h.fields.clear();
+        h.lease.clear();
+        h
+    };
+    let bad = lone("run-bad", 1);
+    let hour = |h: &Hit| h.tiers[0].key.window(now - now % (60 * MINUTE));
+    redis.cli(&["LPUSH", hour(&bad).as_str(), "not a count"]);
+    let hits = [
+        lone("run-a", 1),
+        lone("run-b", 1),
+        bad,
+        lone("run-c", 1),
+        lone("run-d", 2),
+        lone("run-a", 1),
+    ];
+    for round in 1..=2u64 {
+        let answers = store.hit(now, &hits).await;
+        let used: Vec<Option<u64>> = answers
+            .iter()
+            .map(|a| a.as_ref().ok().map(|o| o.tiers[0].used))
+            .collect();
+        assert_eq!(
+            used,
+            [
+                Some(2 * round - 1),
+                Some(round),
+                None,
+                Some(round),
+                Some(2 * round),
+                Some(2 * round)
+            ],
+            "round {round}"
+        );
+    }
+    assert_eq!(redis.cli(&["--raw", "GET", hour(&hits[0]).as_str()]).trim(), "4");
+    assert_eq!(redis.cli(&["--raw", "GET", hour(&hits[4]).as_str()]).trim(), "4");
+}

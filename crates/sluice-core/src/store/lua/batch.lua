@@ -7,8 +7,10 @@
 --
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors; ARGV[2]: the timing of compact calls (below); then per descriptor,
---           either a lone fixed window's arguments (compact_fixed_window.lua: the window, a positive number, first), a
+--           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing of compact calls
+--           (below); then per descriptor, either a lone fixed window's arguments (compact_fixed_window.lua: the window,
+--           a positive number, first), a run of lone fixed windows that share their window and cost and are decided by
+--           the server's clock ('f', their number, the window, the cost; a key each), a
 --           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
 --           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
@@ -166,6 +168,17 @@ local function batch()
       local ok, answer = pcall(compact_fixed_window, K[k], window, number(text), text, at, guess)
       if ok then answers[o] = answer else compact_failure(answer, 1) end
       a, k, o = a + width, k + 1, o + 1
+    elseif head == 'f' then
+      -- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form):
+      -- 'f', their number, the window and the cost; a key each.
+      local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
+      local cost = number(text)
+      for _ = 1, m do
+        local ok, answer = pcall(compact_fixed_window, K[k], w, cost, text, now, guess)
+        if ok then answers[o] = answer else compact_failure(answer, 1) end
+        k, o = k + 1, o + 1
+      end
+      a = a + 4
     elseif shared ~= nil then
       -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
       local key, at = compact_key_and_time(4)

@@ -574,7 +574,8 @@ fn timing(guess: Option<u64>, moving: bool) -> Value {
 }
 
 /// EVALSHA's arguments in the declared form: every call's keys, then n, the timing header, then every call's
-/// arguments.
+/// arguments, where lone fixed windows in a row that share their window and cost (decided by the server's clock) go
+/// as one run, 'f', their number, the window and the cost, n counting each run once.
 fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let keys: usize = calls
         .iter()
@@ -590,14 +591,29 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
             None => command.append(&mut call.keys),
         }
     }
-    command.push(Value::Integer(calls.len() as i64));
-    command.push(header);
-    for call in calls {
-        match &call.compact {
-            Some(compact) => compact.push_args(&mut command),
-            None => command.extend(call.args),
+    let mut args = Vec::with_capacity(args);
+    let mut heads = 0;
+    let mut calls = calls.into_iter().peekable();
+    while let Some(call) = calls.next() {
+        heads += 1;
+        let lone = call.compact.as_ref().and_then(Compact::lone_window);
+        let mut run = 1;
+        while lone.is_some() && calls.peek().and_then(|c| c.compact.as_ref()?.lone_window()) == lone {
+            calls.next();
+            run += 1;
+        }
+        match (&call.compact, lone) {
+            (Some(_), Some((window, cost))) if run > 1 => {
+                let int = |n: u64| Value::Integer(n as i64);
+                args.extend([Value::from("f"), int(run), int(window), int(cost)]);
+            }
+            (Some(compact), _) => compact.push_args(&mut args),
+            (None, _) => args.extend(call.args),
         }
     }
+    command.push(Value::Integer(heads));
+    command.push(header);
+    command.append(&mut args);
     command
 }
 

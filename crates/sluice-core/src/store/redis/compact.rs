@@ -129,6 +129,15 @@ pub(super) struct BucketTier {
 }
 
 impl Compact {
+    /// A lone fixed window decided by the server's clock: its window and the cost it counts. Several in a row that
+    /// share both travel as one run in the declared form (`call::declared`).
+    pub(super) fn lone_window(&self) -> Option<(u64, u64)> {
+        match &self.tier {
+            CompactTier::Window(t) if t.now_us.is_none() => Some((t.window_us, t.counted)),
+            _ => None,
+        }
+    }
+
     /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
     /// does not apply: another algorithm, a window of 0, a time past i64.
     pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64, lease: &str) -> Option<Compact> {

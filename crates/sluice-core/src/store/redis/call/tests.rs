@@ -135,6 +135,31 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
         expected.extend(args.map(String::from));
     }
     assert_eq!(declared, expected);
+    // Decided by the server's clock, lone fixed windows in a row that share their window and cost go as one run.
+    let served = |v: &str| {
+        let id = CounterKey::builder("p:", "d").entry("k", v).finish();
+        Call::new(None, &fixed_window_hit(&id), false)
+    };
+    let mut denied = fixed_window_hit(&ids[0]);
+    denied.cost = 2;
+    let runs = vec![
+        served("a"),
+        served("b"),
+        served("c"),
+        Call::new(None, &denied, false),
+        served("d"),
+    ];
+    let batch = text(&super::declared(
+        Value::from("sha"),
+        runs,
+        Some(0),
+        timing(Some(0), false),
+    ));
+    assert_eq!(
+        batch[7..],
+        ["3", "0", "f", "3", "60000000", "1", "60000000", "2", "60000000", "1"].map(String::from),
+        "three in a run, then two lone ones: {batch:?}"
+    );
     // The driver's form is headed by minus its key count, then a probe in a node's batch.
     let mut reserve = fixed_window_hit(&ids[0]);
     reserve.mode = Mode::Report;
