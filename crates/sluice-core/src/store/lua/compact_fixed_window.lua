@@ -49,8 +49,9 @@ local function windows_undo(keys, a, upto, fresh)
   end
 end
 
--- Per window of the compact_windows call under way, what a window's first count leaves to finish: kept from call to
--- call and cleared as it is used, so that a hit on windows that exist allocates nothing.
+-- Per window of the compact_windows call under way, what a window's first count leaves to finish (what is left of the
+-- window, or a table where a counter of the previous form is folded in): kept from call to call and cleared as it is
+-- used, so that a hit allocates nothing.
 local windows_fresh = {}
 
 -- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
@@ -99,7 +100,8 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
       local base = base_of(key)
       local old, found = legacy(base, start)
       if cost > 0 then
-        fresh[j] = { base, found, old, start + window - now }
+        -- What is left of the window, and the previous form's counter where one stands in (rare: a table then).
+        if found then fresh[j] = { base, found, old, start + window - now } else fresh[j] = start + window - now end
         any = true
       end
       n = old
@@ -119,11 +121,12 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
   if not any then return end
   for j = 1, t do
     local f = fresh[j]
-    if f ~= nil then
-      if f[2] then
-        if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
-        redis.call('DEL', f[1])
-      end
+    if type(f) == 'number' then
+      redis.call('PEXPIRE', keys[j], ceil_ms(f + WINDOW_KEY_GRACE_US))
+    elseif f ~= nil then
+      -- A counter of the previous form stood in: its count folded into the window's key, and the counter deleted.
+      if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
+      redis.call('DEL', f[1])
       redis.call('PEXPIRE', keys[j], ceil_ms(f[4] + WINDOW_KEY_GRACE_US))
     end
   end
