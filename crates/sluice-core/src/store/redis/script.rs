@@ -34,7 +34,6 @@ pub(super) struct DecisionScript {
     epoch: Instant,
     /// Whether the refusal was told with a warning (once: the tries after it are told at debug level).
     warned: AtomicBool,
-
     /// EVALSHA's first argument: [`SCRIPT`]'s SHA1 (or [`CLUSTER_SCRIPT`]'s).
     sha: Value,
     /// FCALL's first argument: the library's one function, named as the library.
