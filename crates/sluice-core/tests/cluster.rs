@@ -68,7 +68,7 @@ fn serves(ranges: &[(u16, u16)], slot: u16) -> bool {
 
 /// Each counter whose key starts with `prefix` on the node at `port`, with its count, read by one script there.
 fn counters(port: u16, prefix: &str) -> HashMap<String, u64> {
-    // A fixed window's count is a string per window, `<counter>:<start>` (this test's windows are all current).
+    // A fixed window's count is a string per window, `<counter>:<window>` (this test's windows are all current).
     let script = "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
                   out[#out + 1] = k; out[#out + 1] = redis.call('GET', k) end return out";
     let out = redis_cli(port, &["EVAL", script, "0", &format!("{prefix}*")]);

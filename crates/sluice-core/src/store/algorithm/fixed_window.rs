@@ -1,5 +1,5 @@
 //! The fixed window, the twin of `fixed_window.lua`, beside it: at most `limit` hits per epoch-aligned window, counted in a
-//! [`Fixed`] state that expires when its window ends (in Redis, one integer per window under `<counter>:<start>`).
+//! [`Fixed`] state that expires when its window ends (in Redis, one integer per window under `<counter>:<window>`).
 //! Same integer arithmetic as the script, step by step. A settlement's refund lowers the current window's count,
 //! never below 0, and keeps the expiry. The compact form (`lua/compact_fixed_window.lua`) returns the window's count
 //! before the hit, and the same [`check_count`] decides from it.

@@ -4,8 +4,8 @@
 -- the current window's start. It assumes the previous window's hits were spread evenly; the error bound is in the
 -- README.
 --
--- State: one integer string per window, `<key>:<start>` as a fixed window keeps it (`start` the window's first
--- microsecond, as a decimal integer), read with a GET beside the previous window's and counted with INCRBY (SET with
+-- State: one integer string per window, `<key>:<window>` as a fixed window keeps it (prelude.lua's `window_key`: the
+-- window's number in hex under a compact key, its first microsecond in the full layout), read with a GET beside the previous window's and counted with INCRBY (SET with
 -- its expiry on the window's first count). A window's key is read as the previous one all through the next window,
 -- so it expires a second after that.
 -- Counters of the previous form, a hash {w = current window start, c, p} at `<key>` itself, are still read: when the

@@ -1,6 +1,6 @@
 -- counts.lua: this region's own counts of global windows, read for shipping to the other regions (`regions.rs`).
 --
--- KEYS[i]   one window's key (`<key>:<start>`, as fixed_window.lua and sliding_window.lua keep it)
+-- KEYS[i]   one window's key (`<key>:<window>`, as fixed_window.lua and sliding_window.lua keep it)
 -- Returns each window's count, in order (0 for a key that does not exist).
 -- Invariants: reads only.
 
