@@ -311,7 +311,7 @@ impl KeyBuilder {
         let compact = (self.layout != KeyLayout::Full).then(|| {
             let mut head = String::with_capacity(self.tag_at + 4);
             head.push_str(&self.out[..self.tag_at]);
-            let slot = crc16(&hex) % SLOTS;
+            let slot = fred::util::redis_keyslot(&hex);
             head.push_str(std::str::from_utf8(&slot_tag(slot)).unwrap_or_default());
             head.push('}');
             head
@@ -373,21 +373,10 @@ impl Identity {
 
     /// A limit's counter, in this identity's layout.
     fn counter(&self, algorithm: Algorithm, window_us: u64, label: Option<&str>) -> CounterKey {
-        // What the full layout writes after the identity: `|<algorithm>/<window seconds>[/<label>]`.
-        let name = algorithm.name();
-        let mut suffix = String::with_capacity(name.len() + 24);
-        suffix.push('|');
-        suffix.push_str(name);
-        suffix.push('/');
-        push_decimal(&mut suffix, window_us / 1_000_000);
-        if let Some(label) = label {
-            suffix.push('/');
-            piece(&mut suffix, label);
-        }
         let full = || {
-            let mut key = String::with_capacity(self.base.len() + suffix.len());
+            let mut key = String::with_capacity(self.base.len() + algorithm.name().len() + 24);
             key.push_str(&self.base);
-            key.push_str(&suffix);
+            counter_name(&mut key, algorithm, window_us, label);
             key
         };
         let head = match &self.compact {
@@ -396,7 +385,7 @@ impl Identity {
         };
         let mut digest = Sha256::new();
         digest.update(&self.base.as_bytes()[self.tail_at..]);
-        digest.update(suffix.as_bytes());
+        counter_name(&mut digest, algorithm, window_us, label);
         let digest = digest.finalize();
         let mut key = String::with_capacity(head.len() + 10 + 10);
         key.push_str(head);
@@ -456,22 +445,6 @@ fn push_base64(out: &mut String, bytes: &[u8], chars: usize) {
 /// Redis Cluster's hash slots.
 const SLOTS: u16 = 16_384;
 
-/// The CRC16 (XMODEM) Redis Cluster hashes keys with: a key's slot is that of its hash tag, modulo [`SLOTS`].
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 /// The compact layout's hash tag for the cluster slot `slot`: the first three characters of URL-safe base64, in
 /// alphabet order (`AAA`, `AAB`, ...), whose slot it is. Every slot has one (a unit test checks), found once per
 /// process in a table of 16 384.
@@ -483,7 +456,7 @@ pub fn slot_tag(slot: u16) -> [u8; 3] {
         for &a in BASE64 {
             for &b in BASE64 {
                 for &c in BASE64 {
-                    let s = usize::from(crc16(&[a, b, c]) % SLOTS);
+                    let s = usize::from(fred::util::redis_keyslot(&[a, b, c]));
                     if !found[s] {
                         found[s] = true;
                         tags[s] = [a, b, c];
@@ -496,10 +469,40 @@ pub fn slot_tag(slot: u16) -> [u8; 3] {
     tags[usize::from(slot % SLOTS)]
 }
 
-fn piece(out: &mut String, s: &str) {
+/// Where a key's text goes: the key being written, or a digest being taken of it (without writing it).
+trait Sink {
+    fn put(&mut self, s: &str);
+}
+
+impl Sink for String {
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, s: &str) {
+        self.update(s.as_bytes());
+    }
+}
+
+/// What the full layout writes after a counter's identity, `|<algorithm>/<window seconds>` and `/<label>` for a limit
+/// that counts a cost of its own: part of the counter's key there, and what a compact key's digest is taken over.
+fn counter_name(out: &mut impl Sink, algorithm: Algorithm, window_us: u64, label: Option<&str>) {
+    out.put("|");
+    out.put(algorithm.name());
+    out.put("/");
+    push_decimal(out, window_us / 1_000_000);
+    if let Some(label) = label {
+        out.put("/");
+        piece(out, label);
+    }
+}
+
+fn piece(out: &mut impl Sink, s: &str) {
     push_decimal(out, s.len() as u64);
-    out.push(':');
-    out.push_str(s);
+    out.put(":");
+    out.put(s);
 }
 
 /// Appends `n` in lowercase hex.
@@ -515,7 +518,7 @@ fn push_hex(out: &mut String, n: u64) {
 }
 
 /// Appends `n` in decimal, without going through `fmt` (keys are built on every hit).
-fn push_decimal(out: &mut String, mut n: u64) {
+fn push_decimal(out: &mut impl Sink, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -526,7 +529,7 @@ fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    out.put(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// 64-bit FNV-1a: stable across processes and versions, which a hash tag must be.
@@ -586,19 +589,9 @@ mod tests {
         b.finish().tier(Algorithm::FixedWindow, 60_000_000)
     }
 
-    /// The Redis Cluster slot of a key, as Redis computes it: its hash tag's.
+    /// The Redis Cluster slot of a key, as Redis computes it (its hash tag's), and as the routing of calls does.
     fn slot(key: &str) -> u16 {
-        let open = key.find('{').unwrap();
-        let close = open + 1 + key[open + 1..].find('}').unwrap();
-        crc16(&key.as_bytes()[open + 1..close]) % SLOTS
-    }
-
-    #[test]
-    fn crc16_is_redis_clusters() {
-        // Redis Cluster's specification gives this check value, and CLUSTER KEYSLOT these slots.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(crc16(b"foo") % SLOTS, 12182);
-        assert_eq!(crc16(b"bar") % SLOTS, 5061);
+        fred::util::redis_keyslot(key.as_bytes())
     }
 
     #[test]
@@ -606,9 +599,9 @@ mod tests {
         for s in 0..SLOTS {
             let tag = slot_tag(s);
             assert!(tag.iter().all(|c| BASE64.contains(c)), "{tag:?}");
-            assert_eq!(crc16(&tag) % SLOTS, s);
+            assert_eq!(slot(&format!("{{{}}}", std::str::from_utf8(&tag).unwrap())), s);
         }
-        assert_eq!(&slot_tag(crc16(b"AAA") % SLOTS), b"AAA");
+        assert_eq!(&slot_tag(slot("AAA")), b"AAA");
     }
 
     #[test]

@@ -2,8 +2,7 @@
 --
 -- State: one integer string per window, `<key>:<window>` (prelude.lua's `window_key`: the window's number in hex
 -- under a compact key, its first microsecond in decimal in the full layout; sluice sends the key of the window it
--- expects), counted with INCRBY, which expires a
--- second after its window ends. The commonest call,
+-- expects), counted with INCRBY, which expires a second after its window ends. The commonest call,
 -- compact_fixed_window.lua, is one INCRBY on it (and one PEXPIRE on the window's first count); a window that has passed
 -- is simply another key.
 -- Counters of the previous form, a hash {w = start of the window it counts, n = hits counted in it} at `<key>`

@@ -5,8 +5,8 @@
 -- README.
 --
 -- State: one integer string per window, `<key>:<window>` as a fixed window keeps it (prelude.lua's `window_key`: the
--- window's number in hex under a compact key, its first microsecond in the full layout), read with a GET beside the previous window's and counted with INCRBY (SET with
--- its expiry on the window's first count). A window's key is read as the previous one all through the next window,
+-- window's number in hex under a compact key, its first microsecond in the full layout), read with a GET beside the
+-- previous window's and counted with INCRBY (SET with its expiry on the window's first count). A window's key is read as the previous one all through the next window,
 -- so it expires a second after that.
 -- Counters of the previous form, a hash {w = current window start, c, p} at `<key>` itself, are still read: when the
 -- current window has no key yet, the hash's counts for the two windows (the ones it has) stand in for the keys that
