@@ -182,6 +182,11 @@ impl CounterKey {
         self.previous.is_some()
     }
 
+    /// Whether this is a compact key ([`KeyLayout::Compact`]), whose windows are named by their number.
+    pub fn is_compact(&self) -> bool {
+        matches!(self.windows, Windows::Number(_))
+    }
+
     /// The hash of the identity: equal for every key of one descriptor.
     pub fn tag(&self) -> u64 {
         self.tag

@@ -320,10 +320,11 @@ async fn redis_windows_are_counted_whole_or_not_at_all() {
     assert_eq!(redis.cli(&["--raw", "EXISTS", day.as_str()]).trim(), "0");
 }
 
-/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: a record key of
-/// the wrong type fails the reservation with nothing counted (the windows it created deleted); a window key of the
-/// wrong type fails the settlement with the windows before it set back and the record kept, so that the settlement,
-/// once the key is mended, applies whole.
+/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: in the full layout,
+/// whose record is a hash, a record key of the wrong type fails the reservation with nothing counted (the windows it
+/// created deleted), where a text record (compact keys) takes the key's place; a window key of the wrong type fails
+/// the settlement with the windows before it set back and the record kept, so that the settlement, once the key is
+/// mended, applies whole.
 #[tokio::test]
 async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let redis = RedisServer::start();
@@ -352,11 +353,18 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
     let get = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
     redis.cli(&["LPUSH", id.reservation("bad").as_str(), "not a record"]);
-    assert!(store.hit(T0, &[reserve("bad")]).await[0].is_err());
+    let full = in_layout(reserve("bad"), "budget", KeyLayout::Full);
+    assert!(store.hit(T0, &[full.clone()]).await[0].is_err());
+    let windows: Vec<_> = full.tiers.iter().map(|t| t.key.window(T0 - T0 % t.window_us)).collect();
     assert_eq!(
-        redis.cli(&["--raw", "EXISTS", minute.as_str(), hour.as_str()]).trim(),
+        redis
+            .cli(&["--raw", "EXISTS", windows[0].as_str(), windows[1].as_str()])
+            .trim(),
         "0"
     );
+    assert!(apply(&store, T0, &reserve("bad")).await.admitted);
+    assert_eq!(get(&id.reservation("bad")), format!("{T0} {} 10,10", T0 + MINUTE));
+    redis.cli(&["DEL", minute.as_str(), hour.as_str()]);
     assert!(apply(&store, T0, &reserve("r")).await.admitted);
     assert_eq!((get(&minute), get(&hour)), ("10".into(), "10".into()));
     let settlement = Settlement {

@@ -351,8 +351,8 @@ async fn reserve_per_tier_estimates_then_settle_per_tier_actuals(store: impl Sto
     }
 }
 
-/// A reservation's record in Redis: a hash that expires with its TTL, written only by a counted hit, deleted by its
-/// settlement; a refund keeps a fixed window's expiry.
+/// A reservation's record in Redis, as the script's general form writes it: a hash that expires with its TTL, written
+/// only by a counted hit, deleted by its settlement; a refund keeps a fixed window's expiry.
 #[tokio::test]
 async fn redis_reservation_records_expire_and_settle_away() {
     let redis = RedisServer::start();
@@ -400,6 +400,70 @@ async fn redis_reservation_records_expire_and_settle_away() {
         .parse()
         .unwrap();
     assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1 + grace_ms as i64, "{ttl}");
+}
+
+/// A reservation on compact keys with nothing else to write keeps its record as the text `<t> <x> <e>`. A record in
+/// the form the full layout and earlier versions write (a hash) settles there as the text form does, and one of
+/// either form is found by the reaping (the script's general form) once expired.
+#[tokio::test]
+async fn redis_a_record_of_either_form_settles_and_reaps() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    let h = |cost| {
+        let mut h = one("res-forms", Algorithm::FixedWindow, 10, MINUTE, cost);
+        h.fields.clear();
+        h.lease.clear();
+        h
+    };
+    let count = |h: &Hit| redis.cli(&["--raw", "GET", h.tiers[0].key.window(T0 - T0 % MINUTE).as_str()]);
+    for id in ["a", "b", "c"] {
+        assert!(
+            apply(&store, T0, &reserving(h(3), "res-forms", id, 30 * SECOND))
+                .await
+                .admitted
+        );
+    }
+    assert_eq!(count(&h(0)).trim(), "9");
+    let text = redis.cli(&["--raw", "GET", reservation_key("res-forms", "b").as_str()]);
+    assert_eq!(text.trim(), format!("{T0} {} 3", T0 + 30 * SECOND));
+    // "a" and "c" as an earlier version wrote them.
+    for id in ["a", "c"] {
+        let record = reservation_key("res-forms", id);
+        redis.cli(&["DEL", record.as_str()]);
+        let (t, x) = (T0.to_string(), (T0 + 30 * SECOND).to_string());
+        redis.cli(&["HSET", record.as_str(), "e", "3", "t", t.as_str(), "x", x.as_str()]);
+        redis.cli(&["PEXPIRE", record.as_str(), "90000"]);
+    }
+    let (estimate, _, refunded, o) = done(settle(&store, T0, &h(0), "res-forms", "a", 1).await);
+    assert_eq!((estimate, refunded, o.tiers[0].used), (3, 2, 7));
+    assert_eq!(
+        redis
+            .cli(&["--raw", "EXISTS", reservation_key("res-forms", "a").as_str()])
+            .trim(),
+        "0"
+    );
+    // Reaped past their expiry: settled at their estimates, which leaves the count as it is.
+    let later = T0 + 31 * SECOND;
+    for id in ["b", "c"] {
+        let reaping = Settlement {
+            hit: Hit {
+                cost: 0,
+                mode: Mode::Hit,
+                ..h(0)
+            },
+            reservation: reservation_key("res-forms", id),
+            reap: true,
+        };
+        let settled = store.settle(later, std::slice::from_ref(&reaping)).await.remove(0);
+        assert!(matches!(settled, Ok(Settled::Done { .. })), "{id}: {settled:?}");
+        assert_eq!(
+            redis
+                .cli(&["--raw", "EXISTS", reservation_key("res-forms", id).as_str()])
+                .trim(),
+            "0"
+        );
+    }
+    assert_eq!(count(&h(0)).trim(), "7");
 }
 
 /// Settlements go through the hits' path: after the scripts are flushed the script is loaded again and the settlement resent

@@ -15,8 +15,9 @@
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
 --           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
 --           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), a reservation's
---           or a settlement's on fixed windows alone ('r' or 'e', then compact_reservation.lua's), or minus its key
---           count, its argument count, and its arguments as decide.lua reads them.
+--           or a settlement's on fixed windows alone ('r' or 'e', in capitals where its record is text, then
+--           compact_reservation.lua's), or minus its key count, its argument count, and its arguments as decide.lua
+--           reads them.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
@@ -121,6 +122,8 @@ end
 -- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
 local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
+-- A reservation's letter (true) or a settlement's (false), in capitals where its record is text.
+local reserving = { r = true, R = true, e = false, E = false }
 -- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
 local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
   gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
@@ -227,17 +230,18 @@ local function batch()
       if not ok then compact_failure(err, t + 1) end
       compact_done(5, t)
       o = o + t + 1
-    elseif head == 'r' or head == 'e' then
+    elseif reserving[head] ~= nil then
       -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
-      -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
+      -- reservation's TTL, (time), and in the node form its t windows' keys and its record's. In capitals, the record
+      -- is in its text form (compact_reservation.lua).
       local t = number(ARGV[a + 1])
       local forms = reservation_forms()
       local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
-      if head == 'r' then count, width, run = count + 1, t, forms.reserve end
+      if reserving[head] then count, width, run = count + 1, t, forms.reserve end
       local _, at = compact_key_and_time(count)
       local keys = compact_keys(count, t + 1)
       local rkey = keys[t + 1]
-      local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
+      local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o, head == 'R' or head == 'E')
       if not ok then compact_failure(err, width) end
       compact_done(count, t + 1)
       o = o + width

@@ -4,8 +4,10 @@
 -- a refund), and deletes the record. sluice decides from the counts, as decide.lua's modes 'reserve' and 'settle'
 -- decide on fixed windows (the differential test holds the two paths to the same answers).
 --
--- The record is decide.lua's: a hash {e = each window's estimate, in order, joined by ',', t = when it was charged,
--- x = when it expires by the decision's clock}, expiring RESERVATION_GRACE_MS after x.
+-- The record holds decide.lua's fields: e = each window's estimate, in order, joined by ',', t = when it was charged,
+-- x = when it expires by the decision's clock; it expires RESERVATION_GRACE_MS after x. Where the windows' keys are
+-- compact ('R' and 'E' in batch.lua) it is the text `<t> <x> <e>`, one SET with its expiry; else decide.lua's hash (and
+-- its expiry), which earlier versions read. A settlement reads either form (decide.lua's record_fields).
 
 -- Its functions are made on the first reservation or settlement of a call (`reservation_forms`): a call without one
 -- does not pay for them.
@@ -16,7 +18,7 @@ local function reservation_forms()
   -- costs sluice sends are decimal integers, as the record keeps them), charged at `now`, for `ttl` milliseconds.
   -- The times a record holds, as the last one written spelled them: the reservations of one call share them.
   local written_now, written_at, written_ttl, written_x
-  local function write_reservation(rkey, a, t, now, ttl)
+  local function record_of(a, t, now, ttl)
     local e = ARGV[a + 3]
     if t > 1 then
       local costs = {}
@@ -27,17 +29,26 @@ local function reservation_forms()
       written_now, written_ttl = now, ttl
       written_at, written_x = string.format('%d', now), string.format('%d', now + ttl * 1000)
     end
-    redis.call('HSET', rkey, 'e', e, 't', written_at, 'x', written_x)
+    return e
+  end
+  local function write_reservation(rkey, a, t, now, ttl)
+    redis.call('HSET', rkey, 'e', record_of(a, t, now, ttl), 't', written_at, 'x', written_x)
     redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
+  end
+  local function write_reservation_text(rkey, a, t, now, ttl)
+    local e = record_of(a, t, now, ttl)
+    redis.call('SET', rkey, written_at .. ' ' .. written_x .. ' ' .. e, 'PX', ttl + RESERVATION_GRACE_MS)
   end
 
   -- A reservation: as compact_windows (its arguments at ARGV[a] on: t, then per window the window, the limit and the
   -- cost), then the record's TTL in microseconds at ARGV[a + 3t + 1]. A hit that fits and counts something also writes
   -- the record `rkey`, after the windows and before their first counts' expiries; a record that cannot be written
-  -- takes the hit back. Writes the windows' counts before the hit as compact_windows does.
-  local function compact_reserve(keys, rkey, a, now, guess, pos)
+  -- takes the hit back. Writes the windows' counts before the hit as compact_windows does. `text`: the record's form.
+  local function compact_reserve(keys, rkey, a, now, guess, pos, text)
     local t = number(ARGV[a])
-    compact_windows(keys, a, now, guess, pos, write_reservation, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
+    local write = write_reservation
+    if text then write = write_reservation_text end
+    compact_windows(keys, a, now, guess, pos, write, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
   end
 
   -- One window of a settlement: its window's key `key` (for the server's clock), the window, the estimate and the actual
@@ -88,10 +99,10 @@ local function reservation_forms()
   -- A window charged more counts the difference as a forced hit (its first count folds in a counter of the previous
   -- form and sets the expiry); one charged less gives it back. A command refused (a key of the wrong type) takes back
   -- what the earlier windows did, before the record is deleted: a settlement is whole or not at all.
-  local function compact_settle(keys, rkey, a, now, guess, pos)
+  local function compact_settle(keys, rkey, a, now, guess, pos, text)
     local t = number(ARGV[a])
     for j = 0, 3 * t do answers[pos + j] = 0 end
-    local e, at = live_reservation(rkey, now, t, false)
+    local e, at = live_reservation(rkey, now, t, false, text)
     if e == nil then return end
     -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created
     -- (with more than one window); and what a window's first count leaves to finish.

@@ -49,7 +49,7 @@
 -- hash {e = what each tier was charged, in tier order, as decimal integers joined by ',' (one value for one tier),
 -- t = now, x = when it expires by the decision's clock}, expiring then. It is written before any tier, and a
 -- settlement reads the record and every tier before it writes, so a key of the wrong type stops either before it
--- changes anything.
+-- changes anything. A settlement also reads the record's text form, which compact_reservation.lua writes.
 
 -- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
 -- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
@@ -58,25 +58,48 @@
 -- With `expired`, the other way round: only a record whose x has come (kept RESERVATION_GRACE_MS past it) is found.
 -- The estimates come in a table kept from call to call for a lone tier (the commonest), a new one for several.
 local one_estimate = {}
-local function live_reservation(rkey, now, tiers, expired)
-  local f = redis.call('HMGET', rkey, 'e', 't', 'x')
-  local at, x = tonumber(f[2]), tonumber(f[3])
-  if type(f[1]) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
+
+-- A reservation record's fields e, t and x (strings, or nil where missing), in either of its forms: a hash, or the text
+-- `<t> <x> <e>` (compact_reservation.lua). `text_first`: the form looked for first, the other read only where the key
+-- holds it (a command of the wrong type), so a record costs one read in the form its writer used.
+local function record_fields(rkey, text_first)
+  if text_first then
+    local r = redis.pcall('GET', rkey)
+    if type(r) == 'string' then
+      local t, x, e = string.match(r, '^(%d+) (%d+) (.+)$')
+      return e, t, x
+    end
+    if not r then return nil end
+    if not string.find(r.err, 'WRONGTYPE', 1, true) then error(r, 0) end
+    local f = redis.call('HMGET', rkey, 'e', 't', 'x')
+    return f[1], f[2], f[3]
+  end
+  local f = redis.pcall('HMGET', rkey, 'e', 't', 'x')
+  if f.err == nil then return f[1], f[2], f[3] end
+  if not string.find(f.err, 'WRONGTYPE', 1, true) then error(f, 0) end
+  return record_fields(rkey, true)
+end
+
+local function live_reservation(rkey, now, tiers, expired, text_first)
+  local e, t, x = record_fields(rkey, text_first)
+  local at
+  at, x = tonumber(t), tonumber(x)
+  if type(e) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
   if tiers == 1 then
     -- One estimate, no comma: the same as the pieces below would read.
-    local n = tonumber(f[1])
+    local n = tonumber(e)
     if n == nil then return nil end
     one_estimate[1] = n
     return one_estimate, at
   end
-  local e = {}
-  for v in string.gmatch(f[1], '[^,]+') do
+  local estimates = {}
+  for v in string.gmatch(e, '[^,]+') do
     local n = tonumber(v)
     if n == nil then return nil end
-    e[#e + 1] = n
+    estimates[#estimates + 1] = n
   end
-  if #e ~= tiers then return nil end
-  return e, at
+  if #estimates ~= tiers then return nil end
+  return estimates, at
 end
 
 -- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
@@ -89,7 +112,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   for i = 1, tiers do
     if impls[i].refund == nil then return { 0 } end
   end
-  local e, at = live_reservation(rkey, now, tiers, reaping)
+  local e, at = live_reservation(rkey, now, tiers, reaping, false)
   if e == nil then return { 0 } end
   if reaping then actual = e end
   -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
