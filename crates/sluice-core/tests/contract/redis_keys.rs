@@ -354,7 +354,7 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let get = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
     redis.cli(&["LPUSH", id.reservation("bad").as_str(), "not a record"]);
     let full = in_layout(reserve("bad"), "budget", KeyLayout::Full);
-    assert!(store.hit(T0, &[full.clone()]).await[0].is_err());
+    assert!(store.hit(T0, std::slice::from_ref(&full)).await[0].is_err());
     let windows: Vec<_> = full.tiers.iter().map(|t| t.key.window(T0 - T0 % t.window_us)).collect();
     assert_eq!(
         redis
