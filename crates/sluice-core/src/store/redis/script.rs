@@ -5,7 +5,7 @@
 //!
 //! The library is named by the script's SHA1 (`sluice_<16 hex digits>`), so instances of two versions sharing a Redis
 //! during an upgrade each call their own. A server that refuses functions (Redis 6: unknown command; an ACL without
-//! `fcall` and `function|load`: NOPERM) turns this store to EVALSHA, with a warning: the answers are the same, only
+//! `fcall` or without `function|load`: NOPERM) turns this store to EVALSHA, with a warning: the answers are the same, only
 //! the cost differs. A minute later it tries functions again (the first call fails with the function unknown or
 //! refused, is answered by loading the library, or the script where functions are still refused, and is sent again),
 //! so that a grant of `fcall` and `function|load`, or a failover to a server that has functions, needs no restart.
@@ -103,12 +103,34 @@ impl DecisionScript {
 
     /// Whether a call failed because the server lacks what it named, and may be sent again once [`load`] ran: the
     /// script unknown (NOSCRIPT: after a restart, a failover or `SCRIPT FLUSH`), the function unknown (the same, or
-    /// `FUNCTION FLUSH`), or FCALL refused (which [`load`] answers by turning to EVALSHA).
+    /// `FUNCTION FLUSH`), or FCALL refused. A refused FCALL turns calls to EVALSHA here, as a refused FUNCTION LOAD
+    /// does in [`load`]: a user allowed `function|load` but not `fcall` would otherwise load the library and be
+    /// refused again at every call.
     ///
     /// [`load`]: DecisionScript::load
     pub(super) fn is_missing(&self, e: &FredError) -> bool {
         let details = e.details();
-        details.starts_with("NOSCRIPT") || details.contains("Function not found") || refuses(details, "fcall")
+        if refuses(details, "fcall") {
+            self.refused(details);
+            return true;
+        }
+        details.starts_with("NOSCRIPT") || details.contains("Function not found")
+    }
+
+    /// The server refused functions (`details`: how): calls go by EVALSHA for [`FUNCTIONS_RETRY`], told with a
+    /// warning the first time.
+    fn refused(&self, details: &str) {
+        let since = self.epoch.elapsed().as_millis() as u64;
+        self.refused_ms.store(since, Ordering::Relaxed);
+        if self.functions.swap(false, Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %details,
+                "the redis server refuses functions; the decision script runs by EVALSHA, which makes its \
+                 definitions again at every call (functions are tried again every minute)"
+            );
+        } else {
+            tracing::debug!(error = %details, "the redis server still refuses functions");
+        }
     }
 
     /// Loads the script on the server `client` talks to: the library, or, where the server refuses functions, the
@@ -119,19 +141,7 @@ impl DecisionScript {
             let loaded: Result<Value, FredError> = client.function_load(true, self.library.as_str()).await;
             match loaded {
                 Ok(_) => return Ok(()),
-                Err(e) if refuses(e.details(), "function") => {
-                    let since = self.epoch.elapsed().as_millis() as u64;
-                    self.refused_ms.store(since, Ordering::Relaxed);
-                    if self.functions.swap(false, Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            error = %e.details(),
-                            "the redis server refuses functions; the decision script runs by EVALSHA, which makes \
-                             its definitions again at every call (functions are tried again every minute)"
-                        );
-                    } else {
-                        tracing::debug!(error = %e.details(), "the redis server still refuses functions");
-                    }
-                }
+                Err(e) if refuses(e.details(), "function") => self.refused(e.details()),
                 Err(e) => return Err(e),
             }
         }

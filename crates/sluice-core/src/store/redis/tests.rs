@@ -152,3 +152,32 @@ async fn functions_granted_later_are_used_without_a_restart() {
     assert!(runs(&redis, "fcall") >= 3, "by FCALL once granted");
     assert_eq!(runs(&redis, "evalsha"), 0);
 }
+
+/// A user allowed to load functions but not to call them (`function|load` without `fcall`): the first refused FCALL
+/// turns the store to EVALSHA, and no call fails, then or after.
+#[tokio::test]
+async fn a_user_refused_fcall_alone_is_served_by_evalsha() {
+    let redis = sluice_testkit::RedisServer::start();
+    let url = sluice_testkit::user_without_functions(&redis, "half", "test:");
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "half", "+function|load"]).trim(), "OK");
+    let store = RedisStore::connect(&RedisSettings {
+        url,
+        timeout: Duration::from_secs(2),
+        pool_size: 1,
+        server_time: true,
+        tls: RedisTls::default(),
+    })
+    .await
+    .unwrap();
+    let key = CounterKey::builder("test:", "half").entry("k", "v").finish();
+    let hit = super::call::tests::fixed_window_hit(&key);
+    for n in 1..=3 {
+        let answer = store.hit(0, std::slice::from_ref(&hit)).await.pop().unwrap();
+        assert_eq!(answer.expect("decided").tiers[0].used, n);
+    }
+    assert_eq!(runs(&redis, "evalsha"), 3, "every call decided by EVALSHA");
+    // A minute later functions are tried again: still refused, and the call is decided all the same.
+    store.script.try_functions_again();
+    let answer = store.hit(0, std::slice::from_ref(&hit)).await.pop().unwrap();
+    assert_eq!(answer.expect("decided").tiers[0].used, 4);
+}
