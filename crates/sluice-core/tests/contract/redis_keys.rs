@@ -440,11 +440,11 @@ async fn redis_a_lone_sliding_window_takes_back_what_does_not_fit() {
     assert_eq!(count(&cur), "2", "nothing counted");
 }
 
-/// Decided by the server's clock, lone fixed windows in a row that share their window and cost travel as one run
-/// ('f' in the decision script's declared form): each is answered in its place, a key of the wrong type among them
-/// fails that one alone, and those after it are counted on their own keys.
+/// Decided by the server's clock, descriptors in a row that share their arguments travel as one run (lone fixed
+/// windows as 'f' in the decision script's declared form, others as '*'): each is answered in its place, a key of the
+/// wrong type among them fails that one alone, and those after it are counted on their own keys.
 #[tokio::test]
-async fn redis_lone_windows_in_a_run_are_each_answered_in_their_place() {
+async fn redis_descriptors_in_a_run_are_each_answered_in_their_place() {
     let redis = RedisServer::start();
     let store = sluice_core::store::redis::RedisStore::connect(&sluice_core::store::redis::RedisSettings {
         url: redis.url(),
@@ -460,42 +460,68 @@ async fn redis_lone_windows_in_a_run_are_each_answered_in_their_place() {
         let parts: Vec<u64> = t.lines().map(|l| l.trim().parse().unwrap()).collect();
         parts[0] * 1_000_000 + parts[1]
     };
-    let lone = |name: &str, cost: u64| {
-        let mut h = one(name, Algorithm::FixedWindow, 10, 60 * MINUTE, cost);
-        h.fields.clear();
-        h.lease.clear();
-        h
-    };
-    let bad = lone("run-bad", 1);
-    let hour = |h: &Hit| h.tiers[0].key.window(now - now % (60 * MINUTE));
-    redis.cli(&["LPUSH", hour(&bad).as_str(), "not a count"]);
-    let hits = [
-        lone("run-a", 1),
-        lone("run-b", 1),
-        bad,
-        lone("run-c", 1),
-        lone("run-d", 2),
-        lone("run-a", 1),
-    ];
-    for round in 1..=2u64 {
-        let answers = store.hit(now, &hits).await;
-        let used: Vec<Option<u64>> = answers
-            .iter()
-            .map(|a| a.as_ref().ok().map(|o| o.tiers[0].used))
-            .collect();
+    // A lone fixed window, a lone sliding window, and two fixed windows on one descriptor.
+    for form in ["fixed", "sliding", "windows"] {
+        let make = |name: &str, cost: u64| {
+            let name = format!("{form}-{name}");
+            let mut h = match form {
+                "fixed" => one(&name, Algorithm::FixedWindow, 10, 60 * MINUTE, cost),
+                "sliding" => one(&name, Algorithm::SlidingWindow, 10, 60 * MINUTE, cost),
+                _ => in_layout(
+                    hit(
+                        vec![
+                            tier(&name, Algorithm::FixedWindow, 10, 60 * MINUTE, 10),
+                            tier(&name, Algorithm::FixedWindow, 100, 120 * MINUTE, 100),
+                        ],
+                        cost,
+                    ),
+                    &name,
+                    KeyLayout::Compact,
+                ),
+            };
+            h.fields.clear();
+            h.lease.clear();
+            h
+        };
+        let bad = make("bad", 1);
+        let hour = |h: &Hit| h.tiers[0].key.window(now - now % (60 * MINUTE));
+        redis.cli(&["LPUSH", hour(&bad).as_str(), "not a count"]);
+        let hits = [
+            make("a", 1),
+            make("b", 1),
+            bad,
+            make("c", 1),
+            make("d", 2),
+            make("a", 1),
+        ];
+        for round in 1..=2u64 {
+            let answers = store.hit(now, &hits).await;
+            let used: Vec<Option<u64>> = answers
+                .iter()
+                .map(|a| a.as_ref().ok().map(|o| o.tiers[0].used))
+                .collect();
+            assert_eq!(
+                used,
+                [
+                    Some(2 * round - 1),
+                    Some(round),
+                    None,
+                    Some(round),
+                    Some(2 * round),
+                    Some(2 * round)
+                ],
+                "{form}, round {round}"
+            );
+        }
         assert_eq!(
-            used,
-            [
-                Some(2 * round - 1),
-                Some(round),
-                None,
-                Some(round),
-                Some(2 * round),
-                Some(2 * round)
-            ],
-            "round {round}"
+            redis.cli(&["--raw", "GET", hour(&hits[0]).as_str()]).trim(),
+            "4",
+            "{form}"
+        );
+        assert_eq!(
+            redis.cli(&["--raw", "GET", hour(&hits[4]).as_str()]).trim(),
+            "4",
+            "{form}"
         );
     }
-    assert_eq!(redis.cli(&["--raw", "GET", hour(&hits[0]).as_str()]).trim(), "4");
-    assert_eq!(redis.cli(&["--raw", "GET", hour(&hits[4]).as_str()]).trim(), "4");
 }

@@ -17,7 +17,8 @@
 --           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), a reservation's
 --           or a settlement's on fixed windows alone ('r' or 'e', in capitals where its record is text, then
 --           compact_reservation.lua's), or minus its key count, its argument count, and its arguments as decide.lua
---           reads them.
+--           reads them. Descriptors in a row whose arguments are the same (every one of them) may go as one run:
+--           '*', their number, and the arguments once (counting once in n); each has its own keys.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
@@ -134,6 +135,144 @@ local function compact_failure(err, width)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
+-- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it.
+local function decide_one()
+  local head = ARGV[a]
+  -- The commonest call first: a lone fixed window, headed by its window (a number read before: see `number`), in
+  -- the declared form.
+  local window = numbers[head]
+  local shared = buckets[head]
+  if window ~= nil and window > 0 and not node then
+    local text, at, width = ARGV[a + 1], now, 2
+    if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
+    local ok, answer = pcall(compact_fixed_window, K[k], window, number(text), text, at, guess)
+    if ok then answers[o] = answer else compact_failure(answer, 1) end
+    a, k, o = a + width, k + 1, o + 1
+  elseif head == 'f' then
+    -- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form):
+    -- 'f', their number, the window and the cost; a key each.
+    local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
+    local cost = number(text)
+    for _ = 1, m do
+      local ok, answer = pcall(compact_fixed_window, K[k], w, cost, text, now, guess)
+      if ok then answers[o] = answer else compact_failure(answer, 1) end
+      k, o = k + 1, o + 1
+    end
+    a = a + 4
+  elseif shared ~= nil then
+    -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
+    local key, at = compact_key_and_time(4)
+    local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
+      shared)
+    if ok then answers[o] = answer else compact_failure(answer, 1) end
+    compact_done(4)
+    o = o + 1
+  elseif slidings[head] ~= nil then
+    -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
+    local cur, at = compact_key_and_time(4)
+    local prev = K[k + 1]
+    if node then prev = ARGV[a + compact_width(4) + 1] end
+    local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
+    if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
+    compact_done(4, 2)
+    o = o + 2
+  elseif head == 'l' or head == 'c' then
+    -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
+    -- the node form its key.
+    local count = 4
+    if head == 'c' then count = 5 end
+    local key, at = compact_key_and_time(count)
+    local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), ARGV[a + 4], at, o)
+    if not ok then compact_failure(err, 3) end
+    compact_done(count)
+    o = o + 3
+  elseif globals[head] ~= nil then
+    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
+    -- the node form its one or two keys.
+    local g = globals[head]
+    local t = g.fixed and 1 or 2
+    local key, at = compact_key_and_time(5)
+    local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+      number(ARGV[a + 4])
+    local ok, err
+    if g.fixed then
+      ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
+    else
+      local prev = K[k + 1]
+      if node then prev = ARGV[a + compact_width(5) + 1] end
+      ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
+    end
+    if not ok then compact_failure(err, t + 1) end
+    compact_done(5, t)
+    o = o + t + 1
+  elseif reserving[head] ~= nil then
+    -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
+    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's. In capitals, the record
+    -- is in its text form (compact_reservation.lua).
+    local t = number(ARGV[a + 1])
+    local forms = reservation_forms()
+    local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
+    if reserving[head] then count, width, run = count + 1, t, forms.reserve end
+    local _, at = compact_key_and_time(count)
+    local keys = compact_keys(count, t + 1)
+    local rkey = keys[t + 1]
+    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o, head == 'R' or head == 'E')
+    if not ok then compact_failure(err, width) end
+    compact_done(count, t + 1)
+    o = o + width
+  elseif head == 'w' then
+    -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
+    local t = number(ARGV[a + 1])
+    local _, at = compact_key_and_time(2 + 3 * t)
+    local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
+    if not ok then compact_failure(err, t) end
+    compact_done(2 + 3 * t, t)
+    o = o + t
+  else
+    local h = number(head)
+    if h > 0 then
+      -- A lone fixed window: window, cost, (time), and in the node form its key.
+      local key, at = compact_key_and_time(2)
+      local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
+      if ok then answers[o] = answer else compact_failure(answer, 1) end
+      compact_done(2)
+    else
+      local nk, na = -h, tonumber(ARGV[a + 1])
+      a = a + 2
+      local here = true
+      if node then
+        local probe = ARGV[a]
+        k = a + 1
+        a = a + 1 + nk
+        here = served[probe]
+        if here == nil then
+          here = probe ~= '' and (pcall(redis.call, 'GET', probe))
+          served[probe] = here
+        end
+      end
+      local answer = false
+      if here then
+        -- The driver's form may read a bucket a compact call of this batch moved: write those first.
+        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
+          flush_compact()
+        end
+        local ok
+        ok, answer = pcall(decide, k, nk, a)
+        if not ok then
+          if type(answer) == 'table' then answer = answer.err end
+          answer = tostring(answer)
+        end
+      end
+      answers[o] = answer
+      if not node then k = k + nk end
+      a = a + na
+    end
+    o = o + 1
+  end
+end
+
 -- The entry: decides the call's descriptors (KEYS and ARGV, as above) and returns their answers. Everything a call
 -- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
 -- every call, where run by EVALSHA they are made again at each.
@@ -160,139 +299,16 @@ local function batch()
   if guess ~= nil then now = clock('') end
 
   for _ = 1, n do
-    local head = ARGV[a]
-    -- The commonest call first: a lone fixed window, headed by its window (a number read before: see `number`), in
-    -- the declared form.
-    local window = numbers[head]
-    local shared = buckets[head]
-    if window ~= nil and window > 0 and not node then
-      local text, at, width = ARGV[a + 1], now, 2
-      if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
-      local ok, answer = pcall(compact_fixed_window, K[k], window, number(text), text, at, guess)
-      if ok then answers[o] = answer else compact_failure(answer, 1) end
-      a, k, o = a + width, k + 1, o + 1
-    elseif head == 'f' then
-      -- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form):
-      -- 'f', their number, the window and the cost; a key each.
-      local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
-      local cost = number(text)
+    if ARGV[a] == '*' then
+      -- A run of descriptors that share every argument (declared form): '*', their number, then one's
+      -- arguments; each decided in its place, with its own keys, as if its arguments were repeated.
+      local m, from = number(ARGV[a + 1]), a + 2
       for _ = 1, m do
-        local ok, answer = pcall(compact_fixed_window, K[k], w, cost, text, now, guess)
-        if ok then answers[o] = answer else compact_failure(answer, 1) end
-        k, o = k + 1, o + 1
+        a = from
+        decide_one()
       end
-      a = a + 4
-    elseif shared ~= nil then
-      -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
-      local key, at = compact_key_and_time(4)
-      local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
-        shared)
-      if ok then answers[o] = answer else compact_failure(answer, 1) end
-      compact_done(4)
-      o = o + 1
-    elseif slidings[head] ~= nil then
-      -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
-      local cur, at = compact_key_and_time(4)
-      local prev = K[k + 1]
-      if node then prev = ARGV[a + compact_width(4) + 1] end
-      local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
-        number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
-      if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
-      compact_done(4, 2)
-      o = o + 2
-    elseif head == 'l' or head == 'c' then
-      -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
-      -- the node form its key.
-      local count = 4
-      if head == 'c' then count = 5 end
-      local key, at = compact_key_and_time(count)
-      local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
-        number(ARGV[a + 3]), ARGV[a + 4], at, o)
-      if not ok then compact_failure(err, 3) end
-      compact_done(count)
-      o = o + 3
-    elseif globals[head] ~= nil then
-      -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
-      -- the node form its one or two keys.
-      local g = globals[head]
-      local t = g.fixed and 1 or 2
-      local key, at = compact_key_and_time(5)
-      local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
-        number(ARGV[a + 4])
-      local ok, err
-      if g.fixed then
-        ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
-      else
-        local prev = K[k + 1]
-        if node then prev = ARGV[a + compact_width(5) + 1] end
-        ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
-      end
-      if not ok then compact_failure(err, t + 1) end
-      compact_done(5, t)
-      o = o + t + 1
-    elseif reserving[head] ~= nil then
-      -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
-      -- reservation's TTL, (time), and in the node form its t windows' keys and its record's. In capitals, the record
-      -- is in its text form (compact_reservation.lua).
-      local t = number(ARGV[a + 1])
-      local forms = reservation_forms()
-      local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
-      if reserving[head] then count, width, run = count + 1, t, forms.reserve end
-      local _, at = compact_key_and_time(count)
-      local keys = compact_keys(count, t + 1)
-      local rkey = keys[t + 1]
-      local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o, head == 'R' or head == 'E')
-      if not ok then compact_failure(err, width) end
-      compact_done(count, t + 1)
-      o = o + width
-    elseif head == 'w' then
-      -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
-      local t = number(ARGV[a + 1])
-      local _, at = compact_key_and_time(2 + 3 * t)
-      local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
-      if not ok then compact_failure(err, t) end
-      compact_done(2 + 3 * t, t)
-      o = o + t
     else
-      local h = number(head)
-      if h > 0 then
-        -- A lone fixed window: window, cost, (time), and in the node form its key.
-        local key, at = compact_key_and_time(2)
-        local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
-        if ok then answers[o] = answer else compact_failure(answer, 1) end
-        compact_done(2)
-      else
-        local nk, na = -h, tonumber(ARGV[a + 1])
-        a = a + 2
-        local here = true
-        if node then
-          local probe = ARGV[a]
-          k = a + 1
-          a = a + 1 + nk
-          here = served[probe]
-          if here == nil then
-            here = probe ~= '' and (pcall(redis.call, 'GET', probe))
-            served[probe] = here
-          end
-        end
-        local answer = false
-        if here then
-          -- The driver's form may read a bucket a compact call of this batch moved: write those first.
-          if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
-            flush_compact()
-          end
-          local ok
-          ok, answer = pcall(decide, k, nk, a)
-          if not ok then
-            if type(answer) == 'table' then answer = answer.err end
-            answer = tostring(answer)
-          end
-        end
-        answers[o] = answer
-        if not node then k = k + nk end
-        a = a + na
-      end
-      o = o + 1
+      decide_one()
     end
   end
   flush_compact()

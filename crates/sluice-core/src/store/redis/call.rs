@@ -575,7 +575,8 @@ fn timing(guess: Option<u64>, moving: bool) -> Value {
 
 /// EVALSHA's arguments in the declared form: every call's keys, then n, the timing header, then every call's
 /// arguments, where lone fixed windows in a row that share their window and cost (decided by the server's clock) go
-/// as one run, 'f', their number, the window and the cost, n counting each run once.
+/// as one run, 'f', their number, the window and the cost, and other calls in a row whose arguments are the same
+/// as one run too, '*', their number, and the arguments once; n counts each run once.
 fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let keys: usize = calls
         .iter()
@@ -593,28 +594,51 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
     }
     let mut args = Vec::with_capacity(args);
     let mut heads = 0;
+    // The arguments of the run under way of calls that share them, and its length.
+    let mut same: (Vec<Value>, u64) = (Vec::new(), 0);
     let mut calls = calls.into_iter().peekable();
     while let Some(call) = calls.next() {
-        heads += 1;
         let lone = call.compact.as_ref().and_then(Compact::lone_window);
         let mut run = 1;
         while lone.is_some() && calls.peek().and_then(|c| c.compact.as_ref()?.lone_window()) == lone {
             calls.next();
             run += 1;
         }
-        match (&call.compact, lone) {
+        let own = match (&call.compact, lone) {
             (Some(_), Some((window, cost))) if run > 1 => {
                 let int = |n: u64| Value::Integer(n as i64);
-                args.extend([Value::from("f"), int(run), int(window), int(cost)]);
+                vec![Value::from("f"), int(run), int(window), int(cost)]
             }
-            (Some(compact), _) => compact.push_args(&mut args),
-            (None, _) => args.extend(call.args),
+            (Some(compact), _) => {
+                let mut own = Vec::with_capacity(8);
+                compact.push_args(&mut own);
+                own
+            }
+            (None, _) => call.args,
+        };
+        if same.1 > 0 && own == same.0 && !matches!(lone, Some(_) if run > 1) {
+            same.1 += 1;
+            continue;
         }
+        heads += push_run(&mut args, std::mem::replace(&mut same, (own, 1)));
     }
+    heads += push_run(&mut args, same);
     command.push(Value::Integer(heads));
     command.push(header);
     command.append(&mut args);
     command
+}
+
+/// Appends to `args` a run of `count` calls that share the arguments `own` (none for 0): the arguments alone for one,
+/// else '*', the count, and the arguments once. Returns how many heads the script reads: 1, or 0 for none.
+fn push_run(args: &mut Vec<Value>, (own, count): (Vec<Value>, u64)) -> i64 {
+    match count {
+        0 => return 0,
+        1 => {}
+        _ => args.extend([Value::from("*"), Value::Integer(count as i64)]),
+    }
+    args.extend(own);
+    1
 }
 
 /// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact fixed window's

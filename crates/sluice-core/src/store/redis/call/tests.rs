@@ -123,17 +123,18 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
         "no probe: its own key's command is refused where the probe's would be"
     );
     let declared = text(&declared(Value::from("sha"), calls(), None, timing(None, false)));
+    // Declared, descriptors in a row with the same arguments go as one run: '*', their number, the arguments once.
     let mut expected: Vec<String> = vec![
         "sha".into(),
         "2".into(),
         keys[0].clone(),
         keys[1].clone(),
-        "2".into(),
+        "1".into(),
         "".into(),
+        "*".into(),
+        "2".into(),
     ];
-    for _ in &keys {
-        expected.extend(args.map(String::from));
-    }
+    expected.extend(args.map(String::from));
     assert_eq!(declared, expected);
     // Decided by the server's clock, lone fixed windows in a row that share their window and cost go as one run.
     let served = |v: &str| {
@@ -169,6 +170,48 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     assert_eq!(
         forced[5..9],
         ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
+    );
+}
+
+/// Calls in a row whose arguments are all the same go as one run, '*', their number and the arguments once, whatever
+/// their form; the keys stay one call's after the other.
+#[test]
+fn calls_in_a_row_with_the_same_arguments_go_as_one_run() {
+    use crate::store::Algorithm;
+    let hit = |v: &str, algorithm: Algorithm, cost: u64| {
+        let id = CounterKey::builder("p:", "d").entry("k", v).finish();
+        let mut h = fixed_window_hit(&id);
+        h.tiers[0].algorithm = algorithm;
+        h.tiers[0].burst = 10;
+        h.tiers[0].key = id.tier(algorithm, 60_000_000);
+        h.cost = cost;
+        Call::new(None, &h, false)
+    };
+    let calls = vec![
+        hit("a", Algorithm::SlidingWindow, 1),
+        hit("b", Algorithm::SlidingWindow, 1),
+        hit("c", Algorithm::SlidingWindow, 1),
+        hit("d", Algorithm::SlidingWindow, 2),
+        hit("e", Algorithm::TokenBucket, 1),
+        hit("f", Algorithm::TokenBucket, 1),
+    ];
+    let batch: Vec<String> = super::declared(Value::from("sha"), calls, Some(0), timing(Some(0), false))
+        .iter()
+        .map(|v| {
+            v.as_i64()
+                .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+        })
+        .collect();
+    // Two keys per sliding window, one per bucket.
+    assert_eq!(batch[1], "10");
+    assert_eq!(
+        batch[12..],
+        [
+            "3", "0", "*", "3", "s", "60000000", "10", "1", "s", "60000000", "10", "2", "*", "2", "b", "6000000", "10",
+            "1"
+        ]
+        .map(String::from),
+        "{batch:?}"
     );
 }
 
