@@ -616,7 +616,7 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
             }
             (None, _) => call.args,
         };
-        if same.1 > 0 && own == same.0 && !matches!(lone, Some(_) if run > 1) {
+        if same.1 > 0 && own == same.0 {
             same.1 += 1;
             continue;
         }
