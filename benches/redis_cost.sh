@@ -12,7 +12,7 @@
 # BEFORE, the path of a directory holding `sluice`, `sluice-bench` and `sluice-budget-bench` built from earlier code
 # (e.g. `git archive <commit> | tar -x -C DIR && cd DIR && cargo build --release -p sluice -p sluice-tools`, then
 # DIR/target/release), adds its rows, each scenario run with both builds back to back on the same Redis (column
-# "build"). KEY_LAYOUT (compact) is this build's `--key-layout`. SCRIPTS=eval runs Redis with its user refused
+# "build"), the two taking turns at going first. KEY_LAYOUT (compact) is this build's `--key-layout`. SCRIPTS=eval runs Redis with its user refused
 # functions, so that sluice calls its decision script by EVALSHA, as against Redis 6 (the default, functions, calls it
 # by FCALL).
 set -euo pipefail
@@ -128,7 +128,9 @@ through_sluice() {
     --allow-errors --json)
   local after; after=$(redis_cpu_us)
   local sluice_after; sluice_after=$(cpu_us "$sluice_pid")
-  local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep -E '^cmdstat_(fcall|evalsha):' | head -1 || true)
+  # The decision script's line: FCALL's, or EVALSHA's where functions are refused (the one with more calls).
+  local stats; stats=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' | grep -E '^cmdstat_(fcall|evalsha):' |
+    awk -F'[=,]' '{ print $2, $0 }' | sort -n -r | head -1 | cut -d' ' -f2- || true)
   python3 - "$report" "$before" "$after" "$descriptors" "$stats" "$sluice_before" "$sluice_after" <<'PY'
 import json, re, sys
 report, before, after, descriptors, stats = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -140,6 +142,7 @@ print(f"{(after - before) / max(decided, 1):.2f} {report['throughput_rps']:.0f} 
 PY
 }
 
+scenario=0
 for round in $(seq "$ROUNDS"); do
   floor_uniform=$(floor uniform)
   floor_hot=$(floor hot)
@@ -152,7 +155,10 @@ for round in $(seq "$ROUNDS"); do
     for descriptors in 1 3; do
       for keys in hot uniform:100000; do
         [ "$key" = sliding_log ] && [ "$keys" = hot ] && continue
-        for build in "${builds[@]}"; do
+        # The builds take turns at going first: on one Redis, the first of a pair has cost more in some rounds.
+        order=("${builds[@]}")
+        if [ $((scenario++ % 2)) = 1 ] && [ "${#builds[@]}" = 2 ]; then order=("${builds[1]}" "${builds[0]}"); fi
+        for build in "${order[@]}"; do
           read -r per rps script batch sluice_us < <(through_sluice "$build" "$key" "$descriptors" "$keys")
           if [ "$keys" = hot ]; then f=$floor_hot; else f=$floor_uniform; fi
           ratio=$(python3 -c "print(f'{$per / $f:.2f}')")
