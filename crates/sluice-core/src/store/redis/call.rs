@@ -594,8 +594,8 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
     }
     let mut args = Vec::with_capacity(args);
     let mut heads = 0;
-    // The arguments of the run under way of calls that share them, and its length.
-    let mut same: (Vec<Value>, u64) = (Vec::new(), 0);
+    // The last head's arguments: where they start in `args`, and where its count is once calls share them ('*').
+    let mut last: Option<(usize, Option<usize>)> = None;
     let mut calls = calls.into_iter().peekable();
     while let Some(call) = calls.next() {
         let lone = call.compact.as_ref().and_then(Compact::lone_window);
@@ -604,41 +604,36 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
             calls.next();
             run += 1;
         }
-        let own = match (&call.compact, lone) {
+        let from = args.len();
+        match (&call.compact, lone) {
             (Some(_), Some((window, cost))) if run > 1 => {
                 let int = |n: u64| Value::Integer(n as i64);
-                vec![Value::from("f"), int(run), int(window), int(cost)]
+                args.extend([Value::from("f"), int(run), int(window), int(cost)]);
             }
-            (Some(compact), _) => {
-                let mut own = Vec::with_capacity(8);
-                compact.push_args(&mut own);
-                own
-            }
-            (None, _) => call.args,
-        };
-        if same.1 > 0 && own == same.0 {
-            same.1 += 1;
-            continue;
+            (Some(compact), _) => compact.push_args(&mut args),
+            (None, _) => args.extend(call.args),
         }
-        heads += push_run(&mut args, std::mem::replace(&mut same, (own, 1)));
+        match last {
+            Some((start, count)) if args[start..from] == args[from..] => {
+                args.truncate(from);
+                match count {
+                    Some(at) => args[at] = Value::Integer(args[at].as_i64().unwrap_or(0) + 1),
+                    None => {
+                        args.splice(start..start, [Value::from("*"), Value::Integer(2)]);
+                        last = Some((start + 2, Some(start + 1)));
+                    }
+                }
+            }
+            _ => {
+                heads += 1;
+                last = Some((from, None));
+            }
+        }
     }
-    heads += push_run(&mut args, same);
     command.push(Value::Integer(heads));
     command.push(header);
     command.append(&mut args);
     command
-}
-
-/// Appends to `args` a run of `count` calls that share the arguments `own` (none for 0): the arguments alone for one,
-/// else '*', the count, and the arguments once. Returns how many heads the script reads: 1, or 0 for none.
-fn push_run(args: &mut Vec<Value>, (own, count): (Vec<Value>, u64)) -> i64 {
-    match count {
-        0 => return 0,
-        1 => {}
-        _ => args.extend([Value::from("*"), Value::Integer(count as i64)]),
-    }
-    args.extend(own);
-    1
 }
 
 /// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact fixed window's

@@ -48,6 +48,19 @@ async fn tls_files_are_checked_before_connecting() {
     assert!(e.contains("needs its key"), "{e}");
 }
 
+/// A store on `url` with `pool_size` connections, decided by the server's clock.
+async fn connect(url: String, pool_size: usize) -> RedisStore {
+    RedisStore::connect(&RedisSettings {
+        url,
+        timeout: Duration::from_secs(2),
+        pool_size,
+        server_time: true,
+        tls: RedisTls::default(),
+    })
+    .await
+    .unwrap()
+}
+
 /// How many times the server ran `command` (`INFO commandstats`, e.g. `script|load`).
 fn runs(redis: &sluice_testkit::RedisServer, command: &str) -> u64 {
     let stats = redis.cli(&["--raw", "INFO", "commandstats"]);
@@ -71,15 +84,7 @@ async fn requests_that_meet_the_script_missing_together_load_it_once() {
         (redis.url(), "function|load", "fcall"),
         (refused, "script|load", "evalsha"),
     ] {
-        let store = RedisStore::connect(&RedisSettings {
-            url,
-            timeout: Duration::from_secs(2),
-            pool_size: 2,
-            server_time: true,
-            tls: RedisTls::default(),
-        })
-        .await
-        .unwrap();
+        let store = connect(url, 2).await;
         let hit = |i: usize| {
             let key = CounterKey::builder("test:", call).entry("k", &i.to_string()).finish();
             super::call::tests::fixed_window_hit(&key)
@@ -111,15 +116,7 @@ async fn requests_that_meet_the_script_missing_together_load_it_once() {
 #[tokio::test]
 async fn functions_granted_later_are_used_without_a_restart() {
     let redis = sluice_testkit::RedisServer::start();
-    let store = RedisStore::connect(&RedisSettings {
-        url: sluice_testkit::user_without_functions(&redis, "late", "test:"),
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        server_time: true,
-        tls: RedisTls::default(),
-    })
-    .await
-    .unwrap();
+    let store = connect(sluice_testkit::user_without_functions(&redis, "late", "test:"), 1).await;
     let key = CounterKey::builder("test:", "late").entry("k", "v").finish();
     let hit = super::call::tests::fixed_window_hit(&key);
     let used = |answers: Answers| answers.into_iter().next().unwrap().unwrap().tiers[0].used;
@@ -160,15 +157,7 @@ async fn a_user_refused_fcall_alone_is_served_by_evalsha() {
     let redis = sluice_testkit::RedisServer::start();
     let url = sluice_testkit::user_without_functions(&redis, "half", "test:");
     assert_eq!(redis.cli(&["ACL", "SETUSER", "half", "+function|load"]).trim(), "OK");
-    let store = RedisStore::connect(&RedisSettings {
-        url,
-        timeout: Duration::from_secs(2),
-        pool_size: 1,
-        server_time: true,
-        tls: RedisTls::default(),
-    })
-    .await
-    .unwrap();
+    let store = connect(url, 1).await;
     let key = CounterKey::builder("test:", "half").entry("k", "v").finish();
     let hit = super::call::tests::fixed_window_hit(&key);
     for n in 1..=3 {
