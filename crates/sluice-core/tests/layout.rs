@@ -1,25 +1,15 @@
-//! The switch of key layout on a Redis that holds counters of the full layout: every algorithm's counts are moved to
-//! their compact names as they are read, with no burst and no count lost; a window counted under both names is
-//! added up; a reset while the layout moves deletes both; a server that held nothing moves nothing.
+//! The storage format and the key layouts: the format is recorded once per server and a server of another format is
+//! refused; in the reference's layout a descriptor's one fixed window shares its counts with envoyproxy/ratelimit.
 
-use std::sync::Arc;
-
-use sluice_core::limiter::{Code, Descriptor, Limiter, LimiterSettings, QueuedWork, Request};
+use sluice_core::limiter::{Code, Descriptor, Limiter, LimiterSettings, Request};
 use sluice_core::store::KeyLayout;
-use sluice_core::store::redis::RedisStore;
+use sluice_core::store::redis::{FORMAT, FormatCheck, RedisStore};
 
 use crate::harness::{RedisServer, T0, limiter_with, redis_store};
 
-const HOUR: u64 = 3_600_000_000;
-
 fn config(algorithm: &str) -> String {
-    let extra = match algorithm {
-        "token_bucket" => ", burst: 10",
-        "bucketed_window" => ", buckets: 6",
-        _ => "",
-    };
     format!(
-        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: 10, algorithm: {algorithm}{extra}}}\n"
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: 10, algorithm: {algorithm}}}\n"
     )
 }
 
@@ -32,30 +22,6 @@ fn request(user: &str) -> Request {
         }],
         hits_addend: 0,
     }
-}
-
-/// A limiter over its own connections to `redis`, writing keys in `layout`, its clock at `now`.
-async fn instance(redis: &RedisServer, algorithm: &str, layout: KeyLayout, now: u64) -> Arc<Limiter<RedisStore>> {
-    instance_at(&redis.url(), "sluice:", algorithm, layout, now).await
-}
-
-/// [`instance`] on the Redis at `url`, under `prefix`.
-async fn instance_at(
-    url: &str,
-    prefix: &str,
-    algorithm: &str,
-    layout: KeyLayout,
-    now: u64,
-) -> Arc<Limiter<RedisStore>> {
-    let settings = LimiterSettings {
-        key_prefix: prefix.into(),
-        key_layout: layout,
-        local_cache_size: 0,
-        ..LimiterSettings::default()
-    };
-    let (limiter, clock) = limiter_with(&config(algorithm), redis_store(url).await, settings);
-    clock.set(now);
-    limiter
 }
 
 /// How many of `n` hits of `user` pass.
@@ -78,140 +44,33 @@ fn keys(redis: &RedisServer, text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The layout an instance started now on `redis` would write in, as the server starts it.
-async fn chosen(redis: &RedisServer, now: u64) -> KeyLayout {
+/// The first check on a server records this version's format under the prefix, once, without expiry; a server
+/// holding another format is refused, whatever it holds beside; each prefix has its own marker.
+#[tokio::test]
+async fn the_storage_format_is_recorded_once_and_another_refused() {
+    let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
-    store.key_layout(KeyLayout::Compact, "sluice:", HOUR, now).await
-}
-
-#[tokio::test]
-async fn switching_to_compact_keys_moves_every_counter_with_no_burst() {
-    for algorithm in [
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "token_bucket",
-        "leaky_bucket",
-        "concurrency",
-        "bucketed_window",
-    ] {
-        let redis = RedisServer::start();
-        // Counted by a version that writes the full layout: 6 of 10 (a leaky bucket passes one).
-        let before = instance(&redis, algorithm, KeyLayout::Full, T0).await;
-        let first = if algorithm == "leaky_bucket" { 1 } else { 6 };
-        assert_eq!(admitted(&before, "u1", 6).await, first, "{algorithm}");
-        assert!(
-            !keys(&redis, &format!("|{algorithm}/")).is_empty(),
-            "{algorithm}: full keys"
-        );
-
-        // Restarted with compact keys a second later: the server held counters, so the layout moves.
-        let layout = chosen(&redis, T0 + 1_000_000).await;
-        assert!(
-            matches!(layout, KeyLayout::Moving { until_us } if until_us >= T0 + 2 * HOUR),
-            "{algorithm}: {layout:?}"
-        );
-        let after = instance(&redis, algorithm, layout, T0 + 1_000_000).await;
-        let rest = if algorithm == "leaky_bucket" { 0 } else { 4 };
-        assert_eq!(
-            admitted(&after, "u1", 10).await,
-            rest,
-            "{algorithm}: no burst, no count lost"
-        );
-        assert!(keys(&redis, &format!("|{algorithm}/")).is_empty(), "{algorithm}: moved");
-        // Another descriptor starts from nothing.
-        assert_eq!(
-            admitted(&after, "u2", 3).await,
-            if algorithm == "leaky_bucket" { 1 } else { 3 }
-        );
-    }
-}
-
-/// The documented least-privilege ACL user (docs/src/storage.md) may run what the switch runs: the marker's script
-/// and the move's.
-#[tokio::test]
-async fn the_documented_acl_user_can_switch_layouts() {
-    let redis = RedisServer::start();
-    let url = redis.acl_user_url();
-    let before = instance_at(&url, "test:", "sliding_window", KeyLayout::Full, T0).await;
-    assert_eq!(admitted(&before, "u", 6).await, 6);
-    let store = redis_store(&url).await;
-    let layout = store.key_layout(KeyLayout::Compact, "test:", HOUR, T0).await;
-    assert!(matches!(layout, KeyLayout::Moving { .. }), "{layout:?}");
-    let after = instance_at(&url, "test:", "sliding_window", layout, T0).await;
-    assert_eq!(admitted(&after, "u", 10).await, 4, "moved as the ACL user");
-    assert!(keys(&redis, "|sliding_window/").is_empty());
-}
-
-#[tokio::test]
-async fn a_window_counted_under_both_names_is_added_up() {
-    for algorithm in ["fixed_window", "sliding_window"] {
-        let redis = RedisServer::start();
-        redis.cli(&["SET", "unrelated", "1"]);
-        let layout = chosen(&redis, T0).await;
-        assert!(matches!(layout, KeyLayout::Moving { .. }), "{layout:?}");
-        let new = instance(&redis, algorithm, layout, T0).await;
-        let old = instance(&redis, algorithm, KeyLayout::Full, T0).await;
-        // The new version counts 3 under the compact name; one of the previous version, during a rollout, 2 under
-        // the full one. An instance that has not moved the counter yet (one started since) adds them up: 5 of 10.
-        assert_eq!(admitted(&new, "u", 3).await, 3, "{algorithm}");
-        assert_eq!(admitted(&old, "u", 2).await, 2, "{algorithm}");
-        let started = instance(&redis, algorithm, layout, T0).await;
-        assert_eq!(admitted(&started, "u", 10).await, 5, "{algorithm}: 5 of 10 left");
-        assert!(
-            keys(&redis, &format!("|{algorithm}/")).is_empty(),
-            "{algorithm}: added and deleted"
-        );
-        // An instance moves a counter once: what the previous version counts after that, it does not see.
-        assert_eq!(admitted(&old, "u", 1).await, 1, "{algorithm}");
-        assert_eq!(admitted(&started, "u", 1).await, 0, "{algorithm}");
-        assert_eq!(
-            keys(&redis, &format!("|{algorithm}/")).len(),
-            1,
-            "{algorithm}: left under the full name"
-        );
-    }
-}
-
-#[tokio::test]
-async fn a_reset_while_the_layout_moves_deletes_both_names() {
-    let redis = RedisServer::start();
-    let old = instance(&redis, "fixed_window", KeyLayout::Full, T0).await;
-    assert_eq!(admitted(&old, "u", 10).await, 10);
-    let layout = chosen(&redis, T0).await;
-    let new = instance(&redis, "fixed_window", layout, T0).await;
-    new.reset(&request("u"), QueuedWork::Keep).await.expect("reset");
-    assert_eq!(admitted(&new, "u", 12).await, 10, "the full name's count is gone too");
-}
-
-#[tokio::test]
-async fn the_layout_is_chosen_once_per_server() {
-    let redis = RedisServer::start();
-    // Nothing to move on a server that held no key when compact keys first came.
-    assert_eq!(chosen(&redis, T0).await, KeyLayout::Compact);
-    let old = instance(&redis, "fixed_window", KeyLayout::Full, T0).await;
-    assert_eq!(admitted(&old, "u", 1).await, 1);
-    assert_eq!(chosen(&redis, T0 + HOUR).await, KeyLayout::Compact, "the marker stays");
-    let marker = redis.cli(&["--raw", "GET", "sluice:layout"]);
-    assert_eq!(marker.trim(), "fresh");
-
-    // On a server with counters: the move lasts from the first start for twice the longest window and a minute,
-    // whenever an instance starts; then the layout is compact.
-    let redis = RedisServer::start();
-    redis.cli(&["SET", "sluice:{0}old", "1"]);
-    let first = chosen(&redis, T0).await;
+    assert_eq!(store.check_format("sluice:").await.unwrap(), FormatCheck::Known);
+    assert_eq!(redis.cli(&["--raw", "GET", "sluice:format"]).trim(), FORMAT);
+    assert_eq!(redis.cli(&["--raw", "PTTL", "sluice:format"]).trim(), "-1");
+    assert_eq!(store.check_format("sluice:").await.unwrap(), FormatCheck::Known);
+    // A server written by another format: refused, and the marker left as it was.
+    redis.cli(&["SET", "other:format", "0"]);
     assert_eq!(
-        first,
-        KeyLayout::Moving {
-            until_us: T0 + 2 * HOUR + 60_000_000
-        }
+        store.check_format("other:").await.unwrap(),
+        FormatCheck::Unknown("0".into())
     );
-    assert_eq!(chosen(&redis, T0 + HOUR).await, first);
-    assert_eq!(chosen(&redis, T0 + 3 * HOUR).await, KeyLayout::Compact);
-    // Asked for the full layout, sluice writes it and leaves the marker alone.
-    let store = redis_store(&redis.url()).await;
-    assert_eq!(store.key_layout(KeyLayout::Full, "p:", HOUR, T0).await, KeyLayout::Full);
-    assert_eq!(redis.cli(&["--raw", "EXISTS", "p:layout"]).trim(), "0");
+    assert_eq!(redis.cli(&["--raw", "GET", "other:format"]).trim(), "0");
+    assert_eq!(store.check_format("sluice:").await.unwrap(), FormatCheck::Known);
+}
+
+/// The documented least-privilege ACL user (docs/src/storage.md) may read and write the format's marker.
+#[tokio::test]
+async fn the_documented_acl_user_can_check_the_format() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.acl_user_url()).await;
+    assert_eq!(store.check_format("test:").await.unwrap(), FormatCheck::Known);
+    assert_eq!(redis.cli(&["--raw", "GET", "test:format"]).trim(), FORMAT);
 }
 
 /// In the reference's layout (the compatibility mode's), a descriptor's one fixed window counts under the key

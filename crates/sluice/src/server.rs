@@ -15,7 +15,7 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::SystemClock;
 use crate::config::{self, ConfigError};
 use crate::faces::grpc::{EnvoyService, SluiceService};
 use crate::faces::http::{self, JsonListener, RulesReady};
@@ -31,8 +31,8 @@ use crate::rules::{Domains, RuleSet};
 use crate::sources::reload::{Reloader, WatchError};
 use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::{KeyLayout, Store, StoreError};
+use crate::store::redis::{FORMAT, FormatCheck, RedisSettings, RedisStore};
+use crate::store::{Store, StoreError};
 
 mod grpc;
 mod regions;
@@ -198,49 +198,61 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
         )),
         None => {
             tracing::info!("store: in memory");
-            let layout = settings.limiter.key_layout;
-            start(
-                &settings,
-                rules,
-                metrics,
-                (MemoryStore::new(), layout),
-                listeners,
-                None,
-                shutdown,
-            )
-            .await
+            start(&settings, rules, metrics, MemoryStore::new(), listeners, None, shutdown).await
         }
         Some(redis) => {
             let store = RedisStore::connect(redis).await?;
             tracing::info!(timeout = ?redis.timeout, pool = redis.pool_size, "store: redis");
-            let limiter = &settings.limiter;
-            let (longest, now) = (rules.longest_window_us(), SystemClock.now_us());
-            let layout = store
-                .key_layout(limiter.key_layout, &limiter.key_prefix, longest, now)
-                .await;
+            check_format(&store, &settings.limiter.key_prefix).await?;
             let replicator = match &settings.regions {
                 Some(regions) => Some(regions::replicator(redis, regions).await?),
                 None => None,
             };
-            start(
-                &settings,
-                rules,
-                metrics,
-                (store, layout),
-                listeners,
-                replicator,
-                shutdown,
-            )
-            .await
+            start(&settings, rules, metrics, store, listeners, replicator, shutdown).await
         }
     }
+}
+
+/// Refuses a Redis that holds another storage format than this version's ([`FORMAT`]). When the marker cannot be read
+/// yet (the server, or the primary of its slot, is not reachable), nothing waits: the check goes on in the background
+/// until it gets an answer, and says in the log what it found.
+async fn check_format(store: &RedisStore, prefix: &str) -> Result<(), ServerError> {
+    match store.check_format(prefix).await {
+        Ok(FormatCheck::Known) => Ok(()),
+        Ok(FormatCheck::Unknown(found)) => Err(ServerError::Serve(format_refused(prefix, &found))),
+        Err(e) => {
+            tracing::warn!(error = %e, "storage format: the marker could not be read yet; checking in the background");
+            let (store, prefix) = (store.clone(), prefix.to_string());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match store.check_format(&prefix).await {
+                        Ok(FormatCheck::Known) => return,
+                        Ok(FormatCheck::Unknown(found)) => {
+                            return tracing::error!("{}", format_refused(&prefix, &found));
+                        }
+                        Err(_) => {}
+                    }
+                }
+            });
+            Ok(())
+        }
+    }
+}
+
+/// Why a Redis holding the storage format `found` is refused.
+fn format_refused(prefix: &str, found: &str) -> String {
+    format!(
+        "redis holds sluice's storage format '{found}' under the key '{prefix}format', and this version reads format \
+         '{FORMAT}' only: use a version that reads it, or another --key-prefix"
+    )
 }
 
 async fn start<S: Store>(
     settings: &Settings,
     rules: RuleSet,
     metrics: Metrics,
-    (store, key_layout): (S, KeyLayout),
+    store: S,
     (grpc, http): (TcpListener, HttpListeners),
     replicator: Option<Replicator<RedisStore>>,
     shutdown: impl Future<Output = ()> + Send,
@@ -250,10 +262,7 @@ async fn start<S: Store>(
         store,
         Arc::new(SystemClock),
         metrics,
-        LimiterSettings {
-            key_layout,
-            ..settings.limiter.clone()
-        },
+        settings.limiter.clone(),
     ));
     // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
     // stops at once if this returns early.

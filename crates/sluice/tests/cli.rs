@@ -450,3 +450,57 @@ fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server()
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("region us: not linked"), "{body}");
 }
+
+/// A Redis that holds another storage format than this version's is refused at start, with a message naming the
+/// marker and what it holds; one that holds nothing is served, and the marker records this version's format.
+#[test]
+fn a_redis_of_another_storage_format_is_refused_at_start() {
+    let server = crate::harness::RedisServer::start();
+    server.cli(&["SET", "sluice:format", "0"]);
+    let serve = |extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
+            .args([
+                "serve",
+                "--config",
+                DEPLOY_CONFIG,
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--redis-url",
+                &server.url(),
+            ])
+            .args(extra);
+        command
+    };
+    let out = serve(&["--http-addr", "127.0.0.1:0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("storage format '0'") && err.contains("'sluice:format'"),
+        "{err}"
+    );
+    assert_eq!(
+        server.cli(&["--raw", "GET", "sluice:format"]).trim(),
+        "0",
+        "left as it was"
+    );
+
+    let http = crate::harness::free_port();
+    let mut child = serve(&["--key-prefix", "fresh:", "--http-addr", &format!("127.0.0.1:{http}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = String::new();
+    crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        body = crate::harness::get(http, "/readyz");
+        body.starts_with("HTTP/1.1 200")
+    });
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert_eq!(
+        server.cli(&["--raw", "GET", "fresh:format"]).trim(),
+        sluice::store::redis::FORMAT
+    );
+}

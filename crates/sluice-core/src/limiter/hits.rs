@@ -4,25 +4,17 @@
 use super::Limiter;
 use super::request::{Descriptor, Request};
 use crate::rules::{Algorithm, Rule, Tier, TierCost};
-use crate::store::{CounterKey, Hit, Identity, KeyBuilder, KeyLayout, Mode, RecordSpec, Store, TierSpec};
+use crate::store::{CounterKey, Hit, Identity, KeyBuilder, Mode, RecordSpec, Store, TierSpec};
 
 impl<S: Store> Limiter<S> {
     /// The identity of a descriptor of `domain` (its counters' keys): `shared` levels hold their pattern in place of
     /// the value.
     pub(super) fn identity(&self, domain: &str, descriptor: &Descriptor, shared: &[(usize, &str)]) -> Identity {
         identity_of(
-            CounterKey::builder(&self.settings.key_prefix, domain).layout(self.key_layout()),
+            CounterKey::builder(&self.settings.key_prefix, domain).layout(self.settings.key_layout),
             &descriptor.entries,
             shared,
         )
-    }
-
-    /// How counters' keys are written now.
-    pub(super) fn key_layout(&self) -> KeyLayout {
-        match self.settings.key_layout {
-            KeyLayout::Moving { .. } => self.settings.key_layout.at(self.now_us()),
-            layout => layout,
-        }
     }
 
     /// The store's hit for one descriptor and the limits it matched (`tiers`, `rule`, `shared` levels), of `cost`

@@ -254,7 +254,7 @@ impl<S: Store> Limiter<S> {
     }
 
     fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
-        let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name).layout(self.key_layout());
+        let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name).layout(self.settings.key_layout);
         identity_of(key, &usage.bucket, shared)
     }
 }

@@ -8,67 +8,45 @@ use crate::store::Algorithm;
 
 /// How the keys of counters are written: the counters of a descriptor's limits ([`Identity::tier`]), and the windows
 /// derived from them. Every other key (hit records, reservations, grant ledgers, lists, top offenders, queues' streams)
-/// keeps the full form whatever the layout.
+/// keeps its full name (below) whatever the layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyLayout {
-    /// The full identity in every key, as earlier versions wrote them: `<prefix>{<tag>}<identity>|<algorithm>/<window
-    /// seconds>`, readable, and as long as the request's text.
-    Full,
-    /// `<prefix>{<slot>}<digest>`: three characters that hash to the full layout's cluster slot (so a counter keeps
-    /// its slot), then 10 characters of digest of the counter's full name; a fixed or sliding window's count then
-    /// `:<window number in hex>`. 28 bytes for an hour's window with the default prefix, whatever the request
-    /// carries.
+    /// `<prefix>{<slot>}<digest>`: three characters that hash to the slot of the descriptor's hash tag (so a counter
+    /// lands beside its descriptor's other keys), then 10 characters of digest of the counter's full name; a fixed
+    /// or sliding window's count then `:<window number in hex>`. 28 bytes for an hour's window with the default
+    /// prefix, whatever the request carries.
     #[default]
     Compact,
-    /// Compact, with each counter's name in the full layout alongside ([`CounterKey::previous`]) until `until_us`:
-    /// the Redis store moves the counters an earlier version wrote to their compact names before it decides, so a
-    /// switch of layout loses no count.
-    Moving { until_us: u64 },
     /// Compact, but a descriptor whose one limit is a fixed window of a second, a minute, an hour or a day keeps it
     /// under the key envoyproxy/ratelimit gives it, `<prefix><domain>_<key>_<value>_..._<window start in seconds>`
     /// ([`Identity::reference_window`]), so that counts carry over from the reference and back.
     Reference,
 }
 
-impl KeyLayout {
-    /// The layout at `now_us`: [`KeyLayout::Moving`] past its end is compact.
-    pub fn at(self, now_us: u64) -> KeyLayout {
-        match self {
-            KeyLayout::Moving { until_us } if now_us >= until_us => KeyLayout::Compact,
-            other => other,
-        }
-    }
-}
-
 /// The name of one counter in a store.
 ///
-/// Encoding, in the full layout ([`KeyLayout::Full`]): `<prefix>{<tag>}<identity>|<algorithm>/<window seconds>`,
-/// `<prefix>{<tag>}<identity>|records` for
-/// hit records, `<prefix>{<tag>}<identity>|grants` for the grant ledger of an RLQS bucket, and
-/// `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as the caller gives it, last
-/// in the key, after a name no algorithm has). In Redis a fixed window keeps each window's count under its own key,
-/// the counter's key then `:<start>`, the window's first microsecond in decimal ([`CounterKey::window`]). `<identity>` is `<domain>`
+/// Full names: `<prefix>{<tag>}<identity>|records` for hit records, `<prefix>{<tag>}<identity>|grants` for the grant
+/// ledger of an RLQS bucket, `<prefix>{<tag>}<identity>|reservation/<id>` for the record of a reservation (`<id>` as
+/// the caller gives it, last in the key, after a name no algorithm has), and `<prefix>{<tag>}<identity>|queue/<window
+/// seconds>` for a queue's stream, which workers read. `<identity>` is `<domain>`
 /// then, per descriptor entry, `|<key>=<value>`, every piece written as `<byte length>:<bytes>` (so `a_b`+`c` and
 /// `a`+`b_c` can never collide, whatever bytes the request carries); an RLQS bucket's identity is `rlqs|` then the
 /// same, with its entries in key order.
 /// `<tag>` is 16 hex digits of a 64-bit FNV-1a hash of `<identity>`: a Redis hash tag that keeps every key of one
 /// descriptor on one cluster slot, and that raw request text never reaches. The prefix may not contain `{` or `}`.
 ///
-/// In the compact layout ([`KeyLayout::Compact`]) a limit's counter is `<prefix>{<slot>}<digest>`: `<slot>` is the
+/// A limit's counter ([`KeyLayout::Compact`]) is `<prefix>{<slot>}<digest>`: `<slot>` is the
 /// first of the three-character strings of URL-safe base64 (in alphabet order) whose Redis hash slot is that of
 /// `<tag>` ([`slot_tag`]), so a counter lands on the slot of its descriptor's other keys; `<digest>` is the first 60
-/// bits of the SHA-256 of the counter's name in the full layout after its hash tag (`<identity>|<algorithm>/<window
-/// seconds>`, and `/<label>` for a limit that counts a cost of its own, the label written as a piece), in 10
-/// characters of URL-safe base64. A fixed or sliding window's count is that key, `:`, and the window's number
-/// (its first microsecond divided by the window's length) in lowercase hex, `lua/algorithm/fixed_window.lua`'s
-/// `window_of`; a bucketed window's sub-windows keep the first microsecond in decimal. Two counters share a key only
-/// if 60 bits of their SHA-256 and their slots collide. A queue's stream keeps its full name: workers read it.
+/// bits of the SHA-256 of the counter's name (`<identity>|<algorithm>/<window seconds>`, and `/<label>` for a limit
+/// that counts a cost of its own, the label written as a piece), in 10 characters of URL-safe base64. A fixed or
+/// sliding window's count is that key, `:`, and the window's number (its first microsecond divided by the window's
+/// length) in lowercase hex, `lua/prelude.lua`'s `window_key`; a bucketed window's sub-windows keep the first
+/// microsecond in decimal. Two counters share a key only if 60 bits of their SHA-256 and their slots collide.
 #[derive(Debug, Clone)]
 pub struct CounterKey {
     key: String,
     tag: u64,
-    /// While the layout moves ([`KeyLayout::Moving`]): the name of the same counter in the full layout.
-    previous: Option<String>,
     /// How the keys of its windows are named ([`CounterKey::window`]).
     windows: Windows,
 }
@@ -76,7 +54,7 @@ pub struct CounterKey {
 /// How a counter's windows are named after its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Windows {
-    /// `:<first microsecond>` in decimal: the full layout, and the sub-windows of a bucketed window.
+    /// `:<first microsecond>` in decimal: the sub-windows of a bucketed window, and keys with full names.
     Start,
     /// `:<first microsecond / window>` in lowercase hex: a compact fixed or sliding window of this many microseconds.
     Number(u64),
@@ -84,7 +62,7 @@ enum Windows {
     Reference,
 }
 
-/// A key is its name: the name it had in another layout is not part of it.
+/// A key is its name.
 impl PartialEq for CounterKey {
     fn eq(&self, other: &CounterKey) -> bool {
         self.key == other.key
@@ -157,12 +135,11 @@ impl CounterKey {
         KeyBuilder::start(prefix, "rlqs|", domain)
     }
 
-    /// A key of the full layout, or of one that names itself alone.
+    /// A key with a full name, or one that names itself alone.
     pub(crate) fn named(key: String, tag: u64) -> CounterKey {
         CounterKey {
             key,
             tag,
-            previous: None,
             windows: Windows::Start,
         }
     }
@@ -171,30 +148,15 @@ impl CounterKey {
         &self.key
     }
 
-    /// While the layout moves ([`KeyLayout::Moving`]): the same counter's key in the full layout, where an earlier
-    /// version counted.
-    pub fn previous(&self) -> Option<CounterKey> {
-        self.previous.as_ref().map(|p| CounterKey::named(p.clone(), self.tag))
-    }
-
-    /// Whether this key has a name in the full layout to move from ([`CounterKey::previous`]).
-    pub fn has_previous(&self) -> bool {
-        self.previous.is_some()
-    }
-
-    /// Whether this is a compact key ([`KeyLayout::Compact`]), whose windows are named by their number.
-    pub fn is_compact(&self) -> bool {
-        matches!(self.windows, Windows::Number(_))
-    }
-
     /// The hash of the identity: equal for every key of one descriptor.
     pub fn tag(&self) -> u64 {
         self.tag
     }
 
     /// The key of one window of a fixed or sliding window's counter in Redis (`algorithm/fixed_window.lua`'s
-    /// `window_of`, `algorithm/sliding_window.lua`'s `sw_read`): this key, `:`, and the window's first microsecond, or
-    /// in the compact layout its number in hex (see [`CounterKey`]); in the reference's layout, the start in seconds.
+    /// `window_of`, `lua/prelude.lua`'s `window_key`): this key, `:`, and the window's number in hex (see
+    /// [`CounterKey`]); a bucketed window's sub-window, `:` and its first microsecond; in the reference's layout, the
+    /// start in seconds.
     pub fn window(&self, start_us: u64) -> CounterKey {
         let mut key = String::with_capacity(self.key.len() + 18);
         key.push_str(&self.key);
@@ -209,17 +171,9 @@ impl CounterKey {
                 push_decimal(&mut key, start_us);
             }
         }
-        let previous = self.previous.as_deref().map(|name| {
-            let mut previous = String::with_capacity(name.len() + 18);
-            previous.push_str(name);
-            previous.push(':');
-            push_decimal(&mut previous, start_us);
-            previous
-        });
         CounterKey {
             key,
             tag: self.tag,
-            previous,
             windows: Windows::Start,
         }
     }
@@ -229,9 +183,6 @@ impl CounterKey {
     pub fn regions(&self, start_us: u64) -> CounterKey {
         let mut key = self.window(start_us);
         key.key.push_str(REGIONS_SUFFIX);
-        if let Some(previous) = &mut key.previous {
-            previous.push_str(REGIONS_SUFFIX);
-        }
         key
     }
 }
@@ -268,13 +219,13 @@ impl KeyBuilder {
         KeyBuilder {
             out,
             tag_at,
-            layout: KeyLayout::Full,
+            layout: KeyLayout::Compact,
             domain,
             reference: None,
         }
     }
 
-    /// Builds the counters' keys in `layout` (the full layout unless set). Set before any entry.
+    /// Builds the counters' keys in `layout` (compact unless set). Set before any entry.
     pub fn layout(mut self, layout: KeyLayout) -> KeyBuilder {
         self.layout = layout;
         // Only a descriptor's identity (no kind before its domain) has a key in the reference's form.
@@ -313,20 +264,16 @@ impl KeyBuilder {
         }
         self.out
             .replace_range(digits.clone(), std::str::from_utf8(&hex).unwrap_or_default());
-        let compact = (self.layout != KeyLayout::Full).then(|| {
-            let mut head = String::with_capacity(self.tag_at + 4);
-            head.push_str(&self.out[..self.tag_at]);
-            let slot = fred::util::redis_keyslot(&hex);
-            head.push_str(std::str::from_utf8(&slot_tag(slot)).unwrap_or_default());
-            head.push('}');
-            head
-        });
+        let mut compact = String::with_capacity(self.tag_at + 4);
+        compact.push_str(&self.out[..self.tag_at]);
+        let slot = fred::util::redis_keyslot(&hex);
+        compact.push_str(std::str::from_utf8(&slot_tag(slot)).unwrap_or_default());
+        compact.push('}');
         Identity {
             base: self.out,
             tail_at: digits.end + 1,
             tag,
             compact,
-            moving: matches!(self.layout, KeyLayout::Moving { .. }),
             reference: self.reference,
         }
     }
@@ -340,10 +287,8 @@ pub struct Identity {
     /// Where `<identity>` starts in `base`, after the hash tag.
     tail_at: usize,
     tag: u64,
-    /// In the compact layouts: `<prefix>{<slot>}`, what every counter's key starts with.
-    compact: Option<String>,
-    /// Whether each counter's key carries its full name too ([`KeyLayout::Moving`]).
-    moving: bool,
+    /// `<prefix>{<slot>}`, what every compact counter's key starts with.
+    compact: String,
     /// In the reference's layout: `<prefix><domain>_<key>_<value>_...` ([`KeyLayout::Reference`]).
     reference: Option<String>,
 }
@@ -360,7 +305,6 @@ impl Identity {
         Some(CounterKey {
             key: key.clone(),
             tag: self.tag,
-            previous: None,
             windows: Windows::Reference,
         })
     }
@@ -376,18 +320,15 @@ impl Identity {
         self.counter(algorithm, window_us, Some(label))
     }
 
-    /// A limit's counter, in this identity's layout.
+    /// A limit's counter: compact, but for a queue's stream, which keeps its full name (workers read it).
     fn counter(&self, algorithm: Algorithm, window_us: u64, label: Option<&str>) -> CounterKey {
-        let full = || {
+        if algorithm == Algorithm::Queue {
             let mut key = String::with_capacity(self.base.len() + algorithm.name().len() + 24);
             key.push_str(&self.base);
             counter_name(&mut key, algorithm, window_us, label);
-            key
-        };
-        let head = match &self.compact {
-            Some(head) if algorithm != Algorithm::Queue => head,
-            _ => return CounterKey::named(full(), self.tag),
-        };
+            return CounterKey::named(key, self.tag);
+        }
+        let head = &self.compact;
         let mut digest = Sha256::new();
         digest.update(&self.base.as_bytes()[self.tail_at..]);
         counter_name(&mut digest, algorithm, window_us, label);
@@ -402,7 +343,6 @@ impl Identity {
         CounterKey {
             key,
             tag: self.tag,
-            previous: self.moving.then(full),
             windows,
         }
     }
@@ -559,12 +499,14 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The full name of a descriptor's hit records (the counters' keys are compact: their digest is taken over
+    /// the same identity).
     fn key(entries: &[(&str, &str)]) -> String {
         let mut b = CounterKey::builder("p:", "d");
         for (k, v) in entries {
             b = b.entry(k, v);
         }
-        b.finish().tier(Algorithm::FixedWindow, 60_000_000).key
+        b.finish().records().key
     }
 
     #[test]
@@ -575,15 +517,14 @@ mod tests {
     }
 
     #[test]
-    fn layout_and_hash_tag() {
+    fn full_names_and_hash_tag() {
         let k = key(&[("user", "{x}")]);
         assert!(k.starts_with("p:{"), "{k}");
         let tag_end = k.find('}').unwrap();
         assert_eq!(tag_end, 3 + 16, "{k}");
         assert!(k[3..tag_end].chars().all(|c| c.is_ascii_hexdigit()));
-        assert!(k.ends_with("1:d|4:user=3:{x}|fixed_window/60"), "{k}");
-        // Byte for byte: counters written by one version are found by the next.
-        assert_eq!(k, "p:{424ad63badd19887}1:d|4:user=3:{x}|fixed_window/60");
+        // Byte for byte: keys written by one version are found by the next.
+        assert_eq!(k, "p:{424ad63badd19887}1:d|4:user=3:{x}|records");
     }
 
     fn compact(layout: KeyLayout, entries: &[(&str, &str)]) -> CounterKey {
@@ -613,10 +554,10 @@ mod tests {
     fn compact_keys_keep_the_slot_and_are_short() {
         let full = key(&[("user", "{x}")]);
         let k = compact(KeyLayout::Compact, &[("user", "{x}")]);
-        // Byte for byte: the full layout's slot in three characters, then the digest of the counter's full name.
+        // Byte for byte: the slot of the descriptor's hash tag in three characters, then the digest of the counter's
+        // full name.
         assert_eq!(k.as_str(), "p:{Eoq}KiwG5YuOLc");
         assert_eq!(slot(k.as_str()), slot(&full));
-        assert_eq!(k.previous(), None);
         // A window's count is the window's number in hex.
         assert_eq!(
             k.window(60_000_000 * 0x1c0a3b7 + 5).as_str(),
@@ -674,22 +615,9 @@ mod tests {
     }
 
     #[test]
-    fn a_moving_layout_names_the_full_key_alongside() {
-        let moving = KeyLayout::Moving { until_us: 10 };
-        let k = compact(moving, &[("user", "{x}")]);
-        assert_eq!(k.as_str(), "p:{Eoq}KiwG5YuOLc");
-        assert_eq!(k.previous().unwrap().as_str(), key(&[("user", "{x}")]));
-        assert_eq!(k.window(120_000_000).as_str(), "p:{Eoq}KiwG5YuOLc:2");
-        assert_eq!(
-            k.window(120_000_000).previous().unwrap().as_str(),
-            format!("{}:120000000", key(&[("user", "{x}")]))
-        );
-        assert!(k.regions(120).previous().unwrap().as_str().ends_with("60:120@regions"));
-        assert!(k.regions(120).as_str().ends_with(":0@regions"));
-        assert_eq!(moving.at(9), moving);
-        assert_eq!(moving.at(10), KeyLayout::Compact);
-        // A queue's stream keeps its full name: workers read it.
-        let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
+    fn a_queue_keeps_its_full_name() {
+        // Workers read a queue's stream by its name.
+        let id = CounterKey::builder("p:", "d").finish();
         assert!(id.tier(Algorithm::Queue, 60_000_000).as_str().ends_with("|queue/60"));
     }
 
@@ -712,8 +640,8 @@ mod tests {
             id.tier(Algorithm::FixedWindow, 60_000_000).as_str().len(),
             "rl:".len() + 5 + 10
         );
-        let full = CounterKey::builder("rl:", "edge").layout(KeyLayout::Compact).finish();
-        assert!(full.reference_window(60_000_000).is_none());
+        let compact = CounterKey::builder("rl:", "edge").layout(KeyLayout::Compact).finish();
+        assert!(compact.reference_window(60_000_000).is_none());
         let bucket = CounterKey::bucket_builder("rl:", "edge")
             .layout(KeyLayout::Reference)
             .finish();
@@ -732,10 +660,13 @@ mod tests {
         let v = id.reservation("req-1");
         assert!(v.key.ends_with("1:k=1:v|reservation/req-1"), "{}", v.key);
         assert_eq!(v.tag(), a.tag());
-        assert_eq!(v.key[..18], a.key[..18]);
         assert_ne!(a, b);
-        assert_eq!(a.key[..18], b.key[..18]);
-        assert_eq!(a.key[..18], r.key[..18]);
+        // One cluster slot for all of them: the compact keys' tag is the full names' slot.
+        let slots: std::collections::HashSet<u16> = [&a, &b, &r, &v, &a.window(0)]
+            .iter()
+            .map(|k| slot(k.as_str()))
+            .collect();
+        assert_eq!(slots.len(), 1);
         assert_eq!((a.tag(), b.tag()), (r.tag(), r.tag()));
         assert!(check_prefix("a{").is_err());
     }

@@ -59,8 +59,8 @@ use super::{
 mod call;
 mod cluster;
 mod compact;
+mod format;
 mod gather;
-mod layout;
 mod lists;
 mod notices;
 mod regions;
@@ -68,6 +68,8 @@ mod reply;
 mod route;
 mod script;
 mod settings;
+
+pub use format::{FORMAT, FormatCheck};
 mod tallies;
 
 use call::{Call, Form};
@@ -137,8 +139,6 @@ pub struct RedisStore {
     batches: Option<Batches>,
     /// Requests queued for a gathering task and not yet taken into a script call.
     waiting: Arc<AtomicUsize>,
-    /// The counters moved from the full key layout to the compact one (`redis/layout.rs`).
-    moved: layout::Moved,
     /// What the instances sharing this Redis tell each other.
     notices: Notices,
     /// Whether the server answered a call of the regions' scripts (`redis/regions.rs`): until then they go by EVAL,
@@ -246,7 +246,6 @@ impl RedisStore {
                 server_time: settings.server_time,
                 batches: None,
                 waiting,
-                moved: layout::Moved::default(),
                 notices,
                 region_scripts: Arc::default(),
                 loads: Arc::default(),
@@ -277,7 +276,6 @@ impl RedisStore {
             server_time: settings.server_time,
             batches: Some(batches),
             waiting,
-            moved: layout::Moved::default(),
             notices,
             region_scripts: Arc::default(),
             loads: Arc::default(),
@@ -567,12 +565,6 @@ impl Counters for RedisStore {
         if hits.is_empty() {
             return Vec::new();
         }
-        // Boxed: the move's state stays out of every decision's future.
-        if layout::moving(hits.iter())
-            && let Err(e) = Box::pin(self.move_counters(now_us, hits.iter())).await
-        {
-            return hits.iter().map(|_| Err(e.clone())).collect();
-        }
         self.run(now_us, hits).await
     }
 
@@ -588,7 +580,7 @@ impl Counters for RedisStore {
     }
 
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
-        self.per_key("DEL", &layout::with_previous(keys), None).await
+        self.per_key("DEL", keys, None).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -606,7 +598,7 @@ impl Counters for RedisStore {
 
 impl Releases for RedisStore {
     async fn release(&self, keys: &[CounterKey], lease: &str) -> Result<u64, StoreError> {
-        self.per_key("ZREM", &layout::with_previous(keys), Some(lease)).await
+        self.per_key("ZREM", keys, Some(lease)).await
     }
 
     async fn reset_idle_streams(&self, _now_us: u64, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
@@ -623,12 +615,6 @@ impl Reservations for RedisStore {
         let mut answers: Vec<Result<Settled, StoreError>> = settlements.iter().map(|_| Ok(Settled::Unknown)).collect();
         if counted.is_empty() {
             return answers;
-        }
-        let hits = || counted.iter().map(|&i| &settlements[i].hit);
-        if layout::moving(hits())
-            && let Err(e) = Box::pin(self.move_counters(now_us, hits())).await
-        {
-            return answers.into_iter().map(|_| Err(e.clone())).collect();
         }
         let now = self.now(now_us);
         let routed = self.cluster.is_some();

@@ -1,243 +1,20 @@
-//! Where Redis keeps its counts: counters and sliding windows of the previous form are found and folded into the
-//! windows' keys, and a lone window is counted in the window of the server's clock, not the one sluice guessed.
+//! Where Redis keeps its counts: a lone window is counted in the window of the server's clock, not the one sluice
+//! guessed, and a descriptor whose keys fail is counted whole or not at all.
 
 use sluice_core::rules::Algorithm;
 
-use sluice_core::store::{
-    CounterKey, Counters, Hit, KeyLayout, Mode, ReservationSpec, Reservations, Settled, Settlement,
-};
+use sluice_core::store::{CounterKey, Counters, Hit, Mode, ReservationSpec, Reservations, Settled, Settlement};
 
-use super::{MINUTE, apply, hit, one, peek};
-use crate::harness::{RedisServer, T0, memory, redis_store, tier};
+use super::{MINUTE, apply, hit, one};
+use crate::harness::{RedisServer, T0, redis_store, tier};
 
-/// `h` with its tiers' keys in `layout` (of the descriptor `k=<name>`): the previous form was only ever written in the
-/// full layout, and a compact key holds one only while the layout moves (move.lua renames it there).
-fn in_layout(mut h: Hit, name: &str, layout: KeyLayout) -> Hit {
+/// `h` with its tiers' keys those of the descriptor `k=<name>`.
+fn named(mut h: Hit, name: &str) -> Hit {
     for t in &mut h.tiers {
-        let id = CounterKey::builder("test:", "d")
-            .layout(layout)
-            .entry("k", name)
-            .finish();
+        let id = CounterKey::builder("test:", "d").entry("k", name).finish();
         t.key = id.tier(t.algorithm, t.window_us);
     }
     h
-}
-
-/// A counter of the previous form in Redis (a hash {w, n} at the counter's own key) is found and folded into the
-/// window's key at its first write, so an upgrade admits no burst; one of another window counts nothing.
-#[tokio::test]
-async fn redis_counters_of_the_previous_form_are_folded_in() {
-    let redis = RedisServer::start();
-    let store = redis_store(&redis.url()).await;
-    let start = T0 - T0 % MINUTE;
-    for (name, lone) in [("legacy-lone", true), ("legacy-driver", false)] {
-        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, KeyLayout::Full);
-        if lone {
-            h.fields.clear();
-            h.lease.clear();
-        }
-        let base = h.tiers[0].key.as_str().to_string();
-        redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
-        redis.cli(&["PEXPIRE", &base, "60000"]);
-        let mut read = h.clone();
-        read.cost = 0;
-        assert_eq!(
-            peek(&store, T0, &read).await.tiers[0].used,
-            5,
-            "{name}: found before any write"
-        );
-        let o = apply(&store, T0, &h).await;
-        assert_eq!(
-            (o.admitted, o.tiers[0].used, o.tiers[0].remaining),
-            (true, 6, 0),
-            "{name}"
-        );
-        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
-        folded(&redis, &h, start, "7", &format!("{name}: the denial counted too"));
-    }
-    // Several windows on one descriptor: each window's hash is folded in at its first write; a denial counts nothing.
-    let h = hit(
-        vec![
-            tier("legacy-windows", Algorithm::FixedWindow, 6, MINUTE, 6),
-            tier("legacy-windows", Algorithm::FixedWindow, 100, 60 * MINUTE, 100),
-        ],
-        1,
-    );
-    let h = in_layout(h, "legacy-windows", KeyLayout::Full);
-    let base = h.tiers[0].key.as_str().to_string();
-    redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
-    let o = apply(&store, T0, &h).await;
-    assert_eq!((o.admitted, o.tiers[0].used, o.tiers[1].used), (true, 6, 1));
-    assert!(!apply(&store, T0, &h).await.admitted, "no burst");
-    assert_eq!(redis.cli(&["--raw", "EXISTS", &base]).trim(), "0", "folded and deleted");
-    let window = h.tiers[0].key.window(start);
-    assert_eq!(redis.cli(&["--raw", "GET", window.as_str()]).trim(), "6");
-    let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
-    assert_eq!(
-        redis.cli(&["--raw", "GET", hour.as_str()]).trim(),
-        "1",
-        "the denial counted nothing"
-    );
-    // A lone global window (its compact form counts by INCRBY first): folded in at its first hit, whether that hit
-    // fits or not, and a denial leaves the count as it found it, with the expiry its first write set.
-    for (name, held, fits) in [("legacy-global", 5, true), ("legacy-global-full", 6, false)] {
-        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, KeyLayout::Full);
-        h.fields.clear();
-        h.lease.clear();
-        h.tiers[0].global = true;
-        let base = h.tiers[0].key.as_str().to_string();
-        redis.cli(&["HSET", &base, "w", &start.to_string(), "n", &held.to_string()]);
-        let o = apply(&store, T0, &h).await;
-        assert_eq!(
-            (o.admitted, o.tiers[0].used),
-            (fits, 6 + u64::from(!fits)),
-            "{name}: used counts the hit, denied or not"
-        );
-        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
-        folded(&redis, &h, start, "6", &format!("{name}: no denial counted"));
-    }
-    // A hash of a window that has passed counts nothing.
-    let h = in_layout(
-        one("legacy-old", Algorithm::FixedWindow, 6, MINUTE, 1),
-        "legacy-old",
-        KeyLayout::Full,
-    );
-    let base = h.tiers[0].key.as_str().to_string();
-    redis.cli(&["HSET", &base, "w", &(start - MINUTE).to_string(), "n", "6"]);
-    assert_eq!(apply(&store, T0, &h).await.tiers[0].used, 1);
-    // While the layout moves, a hash moved to a compact key is found there too, by every compact form; once the move
-    // is over no compact key is looked at for one.
-    let moving = KeyLayout::Moving { until_us: T0 + MINUTE };
-    for (name, lone) in [("legacy-moving-lone", true), ("legacy-moving-driver", false)] {
-        let mut h = in_layout(one(name, Algorithm::FixedWindow, 6, MINUTE, 1), name, moving);
-        if lone {
-            h.fields.clear();
-            h.lease.clear();
-        }
-        let previous = h.tiers[0].key.previous().expect("a name in the full layout");
-        redis.cli(&["HSET", previous.as_str(), "w", &start.to_string(), "n", "5"]);
-        let o = apply(&store, T0, &h).await;
-        assert_eq!((o.admitted, o.tiers[0].used), (true, 6), "{name}");
-        assert!(!apply(&store, T0, &h).await.admitted, "{name}: no burst");
-        folded(&redis, &h, start, "7", &format!("{name}: the denial counted too"));
-    }
-    let h = one("legacy-compact", Algorithm::FixedWindow, 6, MINUTE, 1);
-    let base = h.tiers[0].key.as_str().to_string();
-    redis.cli(&["HSET", &base, "w", &start.to_string(), "n", "5"]);
-    assert_eq!(
-        apply(&store, T0, &h).await.tiers[0].used,
-        1,
-        "a compact key outside a move holds no previous form"
-    );
-}
-
-/// The previous form's hash of `h`'s first tier is gone, folded into the window starting at `start`, which holds
-/// `count` and expires a second after the window ends.
-fn folded(redis: &RedisServer, h: &sluice_core::store::Hit, start: u64, count: &str, what: &str) {
-    let base = h.tiers[0].key.as_str();
-    assert_eq!(
-        redis.cli(&["--raw", "EXISTS", base]).trim(),
-        "0",
-        "{what}: folded and deleted"
-    );
-    let window = h.tiers[0].key.window(start);
-    assert_eq!(redis.cli(&["--raw", "GET", window.as_str()]).trim(), count, "{what}");
-    let ttl: i64 = redis.cli(&["--raw", "PTTL", window.as_str()]).trim().parse().unwrap();
-    assert!(
-        ttl > 50_000 && ttl <= 51_000,
-        "{what}: expires a second after its window: {ttl}"
-    );
-}
-
-/// A sliding window of the previous form in Redis (a hash {w, c, p} at the counter's own key) counts as the same hits
-/// would in the memory store until the counter's first write, which folds it into the two windows' keys: an upgrade
-/// admits no burst. A hash of the window before counts as the previous window.
-#[tokio::test]
-async fn redis_sliding_windows_of_the_previous_form_are_folded_in() {
-    let redis = RedisServer::start();
-    let store = redis_store(&redis.url()).await;
-    let start = T0 - T0 % MINUTE;
-    // The hash's window, its counts, and the hits that leave the memory store with the same counts; in the full
-    // layout, or under a full name while the layout moves to compact keys (move.lua renames it to the compact one).
-    let (full, moving) = (KeyLayout::Full, KeyLayout::Moving { until_us: T0 + MINUTE });
-    let cases: [(&str, bool, u64, u64, u64, KeyLayout); 6] = [
-        ("sw-legacy-lone", true, start, 2, 6, full),
-        ("sw-legacy-driver", false, start, 2, 6, full),
-        ("sw-legacy-rolled-lone", true, start - MINUTE, 5, 0, full),
-        ("sw-legacy-rolled-driver", false, start - MINUTE, 5, 0, full),
-        ("sw-legacy-moving-lone", true, start, 2, 6, moving),
-        ("sw-legacy-moving-driver", false, start, 2, 6, moving),
-    ];
-    for (name, lone, w, c, p, layout) in cases {
-        let mut h = in_layout(one(name, Algorithm::SlidingWindow, 10, MINUTE, 1), name, layout);
-        if lone {
-            h.fields.clear();
-            h.lease.clear();
-        }
-        let counter = &h.tiers[0].key;
-        let base = counter
-            .previous()
-            .unwrap_or_else(|| counter.clone())
-            .as_str()
-            .to_string();
-        redis.cli(&[
-            "HSET",
-            &base,
-            "w",
-            &w.to_string(),
-            "c",
-            &c.to_string(),
-            "p",
-            &p.to_string(),
-        ]);
-        redis.cli(&["PEXPIRE", &base, "120000"]);
-        // The memory store, brought to the same counts by hits: `p` in the window before `w`, `c` in `w`.
-        let serial = memory();
-        let mut seed = h.clone();
-        seed.cost = p;
-        if p > 0 {
-            apply(&serial, w - MINUTE, &seed).await;
-        }
-        seed.cost = c;
-        apply(&serial, w, &seed).await;
-        let mut read = h.clone();
-        read.cost = 0;
-        assert_eq!(
-            peek(&store, T0, &read).await,
-            peek(&serial, T0, &read).await,
-            "{name}: found before any write"
-        );
-        for _ in 0..12 {
-            assert_eq!(
-                apply(&store, T0, &h).await,
-                apply(&serial, T0, &h).await,
-                "{name}: no burst"
-            );
-        }
-        assert_eq!(
-            redis.cli(&["--raw", "EXISTS", &base, h.tiers[0].key.as_str()]).trim(),
-            "0",
-            "{name}: folded and deleted"
-        );
-        let current = h.tiers[0].key.window(start);
-        let ttl: i64 = redis.cli(&["--raw", "PTTL", current.as_str()]).trim().parse().unwrap();
-        // Read as the previous window all through the next one, and a second more.
-        assert!(ttl > 110_000 && ttl <= 111_000, "{name}: {ttl}");
-        let previous = h.tiers[0].key.window(start - MINUTE);
-        let before = if w == start { p } else { c };
-        let kept = redis.cli(&["--raw", "GET", previous.as_str()]);
-        assert_eq!(kept.trim(), before.to_string(), "{name}: the previous window's count");
-        let ttl: i64 = redis.cli(&["--raw", "PTTL", previous.as_str()]).trim().parse().unwrap();
-        assert!(ttl > 50_000 && ttl <= 51_000, "{name}: {ttl}");
-    }
-    let h = one("sw-legacy-compact", Algorithm::SlidingWindow, 10, MINUTE, 1);
-    let base = h.tiers[0].key.as_str().to_string();
-    redis.cli(&["HSET", &base, "w", &start.to_string(), "c", "2", "p", "6"]);
-    assert_eq!(
-        apply(&store, T0, &h).await.tiers[0].used,
-        1,
-        "a compact key outside a move holds no previous form"
-    );
 }
 
 /// Decided by the server's clock, a lone fixed window's key is built by sluice for its own time; when the server's
@@ -320,19 +97,15 @@ async fn redis_windows_are_counted_whole_or_not_at_all() {
     assert_eq!(redis.cli(&["--raw", "EXISTS", day.as_str()]).trim(), "0");
 }
 
-/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: in the full layout,
-/// whose record is a hash, a record key of the wrong type fails the reservation with nothing counted (the windows it
-/// created deleted), where a text record (compact keys) takes the key's place; a window key of the wrong type fails
-/// the settlement with the windows before it set back and the record kept, so that the settlement, once the key is
-/// mended, applies whole.
+/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: a record key of
+/// another type is replaced by the reservation's record (a text); a window key of the wrong type fails the settlement
+/// with the windows before it set back and the record kept, so that the settlement, once the key is mended, applies
+/// whole.
 #[tokio::test]
 async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
-    let id = CounterKey::builder("test:", "d")
-        .layout(KeyLayout::Compact)
-        .entry("k", "budget")
-        .finish();
+    let id = CounterKey::builder("test:", "d").entry("k", "budget").finish();
     let mut h = hit(
         vec![
             tier("budget", Algorithm::FixedWindow, 100, MINUTE, 100),
@@ -353,15 +126,6 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
     let get = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
     redis.cli(&["LPUSH", id.reservation("bad").as_str(), "not a record"]);
-    let full = in_layout(reserve("bad"), "budget", KeyLayout::Full);
-    assert!(store.hit(T0, std::slice::from_ref(&full)).await[0].is_err());
-    let windows: Vec<_> = full.tiers.iter().map(|t| t.key.window(T0 - T0 % t.window_us)).collect();
-    assert_eq!(
-        redis
-            .cli(&["--raw", "EXISTS", windows[0].as_str(), windows[1].as_str()])
-            .trim(),
-        "0"
-    );
     assert!(apply(&store, T0, &reserve("bad")).await.admitted);
     assert_eq!(get(&id.reservation("bad")), format!("{T0} {} 10,10", T0 + MINUTE));
     redis.cli(&["DEL", minute.as_str(), hour.as_str()]);
@@ -467,7 +231,7 @@ async fn redis_descriptors_in_a_run_are_each_answered_in_their_place() {
             let mut h = match form {
                 "fixed" => one(&name, Algorithm::FixedWindow, 10, 60 * MINUTE, cost),
                 "sliding" => one(&name, Algorithm::SlidingWindow, 10, 60 * MINUTE, cost),
-                _ => in_layout(
+                _ => named(
                     hit(
                         vec![
                             tier(&name, Algorithm::FixedWindow, 10, 60 * MINUTE, 10),
@@ -476,7 +240,6 @@ async fn redis_descriptors_in_a_run_are_each_answered_in_their_place() {
                         cost,
                     ),
                     &name,
-                    KeyLayout::Compact,
                 ),
             };
             h.fields.clear();

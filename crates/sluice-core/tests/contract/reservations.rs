@@ -351,8 +351,8 @@ async fn reserve_per_tier_estimates_then_settle_per_tier_actuals(store: impl Sto
     }
 }
 
-/// A reservation's record in Redis, as the script's general form writes it: a hash that expires with its TTL, written
-/// only by a counted hit, deleted by its settlement; a refund keeps a fixed window's expiry.
+/// A reservation's record in Redis, as the script's general form writes it: the text `<t> <x> <e>`, expiring with its
+/// TTL, written only by a counted hit, deleted by its settlement; a refund keeps a fixed window's expiry.
 #[tokio::test]
 async fn redis_reservation_records_expire_and_settle_away() {
     let redis = RedisServer::start();
@@ -374,10 +374,8 @@ async fn redis_reservation_records_expire_and_settle_away() {
     let grace_ms = sluice_core::store::RESERVATION_GRACE_US / 1000;
     assert!(*ttl > grace_ms as i64 && *ttl <= 30_000 + grace_ms as i64, "TTL {ttl}");
     assert!(record.as_str().starts_with("test:{") && record.as_str().ends_with("|reservation/a"));
-    let fields = redis.cli(&["--raw", "HMGET", record.as_str(), "e", "t", "x"]);
-    let fields: Vec<&str> = fields.lines().collect();
-    let (t, x) = (T0.to_string(), (T0 + 30 * SECOND).to_string());
-    assert_eq!(fields, ["4", t.as_str(), x.as_str()]);
+    let text = redis.cli(&["--raw", "GET", record.as_str()]);
+    assert_eq!(text.trim(), format!("{T0} {} 4", T0 + 30 * SECOND));
     let counter = h(0).tiers[0].key.window(T0 - T0 % MINUTE);
     let before: i64 = redis.cli(&["--raw", "PTTL", counter.as_str()]).trim().parse().unwrap();
     let (_, _, refunded, _) = done(settle(&store, T0, &h(0), "res-redis", "a", 1).await);
@@ -402,11 +400,11 @@ async fn redis_reservation_records_expire_and_settle_away() {
     assert!(ttl > 0 && ttl <= (1i64 << 48) / 1_000 + 1 + grace_ms as i64, "{ttl}");
 }
 
-/// A reservation on compact keys with nothing else to write keeps its record as the text `<t> <x> <e>`. A record in
-/// the form the full layout and earlier versions write (a hash) settles there as the text form does, and one of
-/// either form is found by the reaping (the script's general form) once expired.
+/// A reservation on fixed windows with nothing else to write (the script's compact form) keeps its record as the text
+/// the general form writes, `<t> <x> <e>`: settled by the compact form, and found by the reaping (the general form)
+/// once expired.
 #[tokio::test]
-async fn redis_a_record_of_either_form_settles_and_reaps() {
+async fn redis_a_compact_record_settles_and_reaps() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
     let h = |cost| {
@@ -426,14 +424,6 @@ async fn redis_a_record_of_either_form_settles_and_reaps() {
     assert_eq!(count(&h(0)).trim(), "9");
     let text = redis.cli(&["--raw", "GET", reservation_key("res-forms", "b").as_str()]);
     assert_eq!(text.trim(), format!("{T0} {} 3", T0 + 30 * SECOND));
-    // "a" and "c" as an earlier version wrote them.
-    for id in ["a", "c"] {
-        let record = reservation_key("res-forms", id);
-        redis.cli(&["DEL", record.as_str()]);
-        let (t, x) = (T0.to_string(), (T0 + 30 * SECOND).to_string());
-        redis.cli(&["HSET", record.as_str(), "e", "3", "t", t.as_str(), "x", x.as_str()]);
-        redis.cli(&["PEXPIRE", record.as_str(), "90000"]);
-    }
     let (estimate, _, refunded, o) = done(settle(&store, T0, &h(0), "res-forms", "a", 1).await);
     assert_eq!((estimate, refunded, o.tiers[0].used), (3, 2, 7));
     assert_eq!(

@@ -37,10 +37,8 @@ pub(super) struct StorageFlags {
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:", value_parser = parse_prefix)]
     pub(super) key_prefix: String,
     /// How counters' keys are written: `compact` (a digest of the descriptor: short keys, whatever the request
-    /// carries), `full` (the descriptor's text in every key, as versions before compact keys wrote them) or
-    /// `reference` (compact, but a descriptor's one fixed window under envoyproxy/ratelimit's key, so counts carry
-    /// over from it; the compatibility mode's default). Switching from full to compact moves the counters of the full
-    /// layout as they are read, until their windows have passed.
+    /// carries) or `reference` (compact, but a descriptor's one fixed window under envoyproxy/ratelimit's key, so
+    /// counts carry over from it; the compatibility mode's default).
     #[arg(long, env = "SLUICE_KEY_LAYOUT", value_enum, default_value = "compact")]
     pub(super) key_layout: Layout,
     /// What to answer when Redis fails or times out, for domains whose file does not set `failure_policy`.
@@ -86,7 +84,6 @@ impl StorageFlags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(super) enum Layout {
     Compact,
-    Full,
     Reference,
 }
 
@@ -94,7 +91,6 @@ impl From<Layout> for KeyLayout {
     fn from(l: Layout) -> KeyLayout {
         match l {
             Layout::Compact => KeyLayout::Compact,
-            Layout::Full => KeyLayout::Full,
             Layout::Reference => KeyLayout::Reference,
         }
     }

@@ -5,12 +5,9 @@
 -- README.
 --
 -- State: one integer string per window, `<key>:<window>` as a fixed window keeps it (prelude.lua's `window_key`: the
--- window's number in hex under a compact key, its first microsecond in the full layout), read with a GET beside the
+-- window's number in hex), read with a GET beside the
 -- previous window's and counted with INCRBY (SET with its expiry on the window's first count). A window's key is read as the previous one all through the next window,
 -- so it expires a second after that.
--- Counters of the previous form, a hash {w = current window start, c, p} at `<key>` itself, are still read: when the
--- current window has no key yet, the hash's counts for the two windows (the ones it has) stand in for the keys that
--- are missing, and the counter's first write folds them into the windows' keys and deletes the hash (`sw_fold`).
 -- Invariants: a denied hit writes nothing, unless it is forced (then c may pass the limit, up to MAX_SLIDING_COUNT);
 -- a cost of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in
 -- (the current or the previous one), never below 0, and keeps the key's expiry.
@@ -19,60 +16,21 @@ local function sw_estimate(p, c, elapsed, window)
   return math.floor(p * (window - elapsed) / window) + c
 end
 
--- The counts of the current window (starting at `start`) and of the previous one, from a hash {w, c, p} of the
--- previous form: its own if it is of this window, its current count as the previous one if it is of the window
--- before, else nothing.
-local function sw_counts(w, c, p, start, window)
-  if w == start then return c, p end
-  if w == start - window then return 0, c end
-  return 0, 0
-end
-
 -- The keys of the counter `base`'s window starting at `start` and of the one before.
 local function sw_keys(base, start, window)
   return window_key(base, start, window), window_key(base, start - window, window)
 end
 
--- The counter whose windows starting at `start` and before have the keys `cur` and `prev`: their counts (c, p),
--- whether each key is missing (fresh, pfresh), and whether a hash of the previous form, at the counter's own key
--- (`cur` without its window), stands in (old; looked for only where one may be: prelude.lua's base_of). Two GETs cost
--- Redis less than one MGET's table.
-local function sw_read(cur, prev, start, window)
+-- The counter whose windows starting at `start` and before have the keys `cur` and `prev`: their counts (c, p), and
+-- whether each key is missing (fresh, pfresh). Two GETs cost Redis less than one MGET's table.
+local function sw_read(cur, prev, start)
   local c, p = tonumber(redis.call('GET', cur)), tonumber(redis.call('GET', prev))
-  local s = { start = start, cur = cur, prev = prev, c = c or 0, p = p or 0, fresh = c == nil, pfresh = p == nil,
-    old = false }
-  if c == nil then s.base = base_of(cur) end
-  if s.base ~= nil then
-    local f = redis.call('HMGET', s.base, 'w', 'c', 'p')
-    local w = tonumber(f[1])
-    if w ~= nil then
-      local oc, op = sw_counts(w, tonumber(f[2]) or 0, tonumber(f[3]) or 0, start, window)
-      s.c, s.old = oc, true
-      if p == nil then s.p = op end
-    end
-  end
-  return s
-end
-
--- Writes the counts of a hash of the previous form into the windows' keys it stands in for, and deletes it.
-local function sw_fold(s, now, window)
-  if not s.old then return end
-  if s.fresh and s.c > 0 then
-    redis.call('SET', s.cur, string.format('%d', s.c), 'PX', ceil_ms(s.start + 2 * window - now + WINDOW_KEY_GRACE_US))
-    s.fresh = false
-  end
-  if s.pfresh and s.p > 0 then
-    redis.call('SET', s.prev, string.format('%d', s.p), 'PX', ceil_ms(s.start + window - now + WINDOW_KEY_GRACE_US))
-    s.pfresh = false
-  end
-  redis.call('DEL', s.base)
-  s.old = false
+  return { start = start, cur = cur, prev = prev, c = c or 0, p = p or 0, fresh = c == nil, pfresh = p == nil }
 end
 
 -- Counts `cost` in the current window of the counter `s` read (at most up to MAX_SLIDING_COUNT); `text`, if given,
 -- is the cost as the script's arguments spelled it (Redis takes a string for less than a number).
 local function sw_add(s, cost, now, window, text)
-  sw_fold(s, now, window)
   local c = s.c + cost
   if c > MAX_SLIDING_COUNT then c = MAX_SLIDING_COUNT end
   if s.fresh then
@@ -103,7 +61,7 @@ function L.sliding_window()
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
     local cur, prev = sw_keys(key, start, window)
-    local read = sw_read(cur, prev, start, window)
+    local read = sw_read(cur, prev, start)
     local c, p = read.c, read.p
     local elapsed = now - start
     local est = sw_estimate(p, c, elapsed, window)
@@ -146,13 +104,12 @@ function L.sliding_window()
     local from = at - at % window
     if from ~= start and from ~= start - window then return nil end
     local cur, prev = sw_keys(key, start, window)
-    local s = sw_read(cur, prev, start, window)
+    local s = sw_read(cur, prev, start)
     local n, target = s.c, s.cur
     if from ~= start then n, target = s.p, s.prev end
     if n == 0 then return nil end
     local given = math.min(n, amount)
     return given, function()
-      sw_fold(s, now, window)
       redis.call('SET', target, string.format('%d', n - given), 'KEEPTTL')
     end
   end

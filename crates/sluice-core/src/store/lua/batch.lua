@@ -15,7 +15,7 @@
 --           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
 --           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
 --           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), a reservation's
---           or a settlement's on fixed windows alone ('r' or 'e', in capitals where its record is text, then
+--           or a settlement's on fixed windows alone ('r' or 'e', then
 --           compact_reservation.lua's), or minus its key count, its argument count, and its arguments as decide.lua
 --           reads them. Descriptors in a row whose arguments are the same (every one of them) may go as one run:
 --           '*', their number, and the arguments once (counting once in n); each has its own keys.
@@ -27,8 +27,7 @@
 --
 -- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock, the
 -- lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once per
--- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key. Headed by 'm' while
--- the key layout moves: compact keys may then hold counters of the previous form (prelude.lua's previous_forms).
+-- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
 -- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows or of a
@@ -123,8 +122,8 @@ end
 -- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
 local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
--- A reservation's letter (true) or a settlement's (false), in capitals where its record is text.
-local reserving = { r = true, R = true, e = false, E = false }
+-- A reservation's letter (true) or a settlement's (false).
+local reserving = { r = true, e = false }
 -- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
 local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
   gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
@@ -209,8 +208,7 @@ local function decide_one()
     o = o + t + 1
   elseif reserving[head] ~= nil then
     -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
-    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's. In capitals, the record
-    -- is in its text form (compact_reservation.lua).
+    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
     local t = number(ARGV[a + 1])
     local forms = reservation_forms()
     local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
@@ -218,7 +216,7 @@ local function decide_one()
     local _, at = compact_key_and_time(count)
     local keys = compact_keys(count, t + 1)
     local rkey = keys[t + 1]
-    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o, head == 'R' or head == 'E')
+    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
     if not ok then compact_failure(err, width) end
     compact_done(count, t + 1)
     o = o + width
@@ -291,10 +289,7 @@ local function batch()
     K, served = ARGV, {}
     n, a = tonumber(ARGV[2]), 4
   end
-  local header = ARGV[a - 1]
-  previous_forms = string.byte(header, 1) == 109
-  if previous_forms then header = string.sub(header, 2) end
-  guess = tonumber(header)
+  guess = tonumber(ARGV[a - 1])
   now = nil
   if guess ~= nil then now = clock('') end
 

@@ -18,20 +18,10 @@
 local function compact_fixed_window(key, window, cost, text, now, guess)
   local start = now - now % window
   if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start, window) end
-  if cost == 0 then
-    local n = tonumber(redis.call('GET', key))
-    if n == nil then n = legacy(base_of(key), start) end
-    return n
-  end
+  if cost == 0 then return (window_count(key)) end
   local n = redis.call('INCRBY', key, text)
   if n == cost then
-    -- The window's first count: fold in a counter of the previous form, and set the window's expiry.
-    local base = base_of(key)
-    local old, found = legacy(base, start)
-    if found then
-      redis.call('DEL', base)
-      if old > 0 then n = redis.call('INCRBY', key, old) end
-    end
+    -- The window's first count: set the window's expiry.
     redis.call('PEXPIRE', key, ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
   end
   if n > MAX_COUNT then redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL') end
@@ -50,15 +40,14 @@ local function windows_undo(keys, a, upto, fresh)
 end
 
 -- Per window of the compact_windows call under way, what a window's first count leaves to finish (what is left of the
--- window, or a table where a counter of the previous form is folded in): kept from call to call and cleared as it is
--- used, so that a hit allocates nothing.
+-- window): kept from call to call and cleared as it is used, so that a hit allocates nothing.
 local windows_fresh = {}
 
 -- Several fixed windows on one descriptor (a second, a minute and an hour of one caller), decided together, all or
 -- nothing, as decide.lua decides them: one INCRBY of each window's count by its cost, taken back (an INCRBY of minus the cost, and a
 -- DEL of a count the hit created) when the hit does not fit every window, so that a hit that fits, the common case, costs one
--- command per window and no read before it (a GET for a window whose cost is 0). A window's first count folds in a
--- counter of the previous form and sets the window's expiry. Its keys are the windows' keys (as a lone fixed
+-- command per window and no read before it (a GET for a window whose cost is 0). A window's first count sets the
+-- window's expiry. Its keys are the windows' keys (as a lone fixed
 -- window's); its arguments, at ARGV[a] on: the number of windows t, then per window the window, the limit and the cost
 -- (bounded by the limit + 1; 0 checks the window without counting in it). `now` and `guess` as above.
 --
@@ -95,16 +84,12 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
       positive = true
       n = n - cost
     end
-    if n == nil or (cost > 0 and n == 0) then
-      -- Perhaps the window's first count: a counter of the previous form stands in, folded in if the hit fits.
-      local base = base_of(key)
-      local old, found = legacy(base, start)
-      if cost > 0 then
-        -- What is left of the window, and the previous form's counter where one stands in (rare: a table then).
-        if found then fresh[j] = { base, found, old, start + window - now } else fresh[j] = start + window - now end
-        any = true
-      end
-      n = old
+    if n == nil then
+      n = 0
+    elseif cost > 0 and n == 0 then
+      -- The window's first count: what is left of the window, for its expiry once the hit is known to fit.
+      fresh[j] = start + window - now
+      any = true
     end
     answers[pos + j - 1] = n
     if n + cost > number(ARGV[b - 1]) then fits = false end
@@ -121,13 +106,6 @@ local function compact_windows(keys, a, now, guess, pos, written, rkey, ttl)
   if not any then return end
   for j = 1, t do
     local f = fresh[j]
-    if type(f) == 'number' then
-      redis.call('PEXPIRE', keys[j], ceil_ms(f + WINDOW_KEY_GRACE_US))
-    elseif f ~= nil then
-      -- A counter of the previous form stood in: its count folded into the window's key, and the counter deleted.
-      if f[3] > 0 then redis.call('INCRBY', keys[j], string.format('%d', f[3])) end
-      redis.call('DEL', f[1])
-      redis.call('PEXPIRE', keys[j], ceil_ms(f[4] + WINDOW_KEY_GRACE_US))
-    end
+    if f ~= nil then redis.call('PEXPIRE', keys[j], ceil_ms(f + WINDOW_KEY_GRACE_US)) end
   end
 end

@@ -25,8 +25,7 @@
 -- Invariants: as global.lua's: never counts a denial (nor a cost of 0), never writes the regions' hashes; the window's
 -- own key holds what its algorithm's commit writes. A lone unshared fixed window's hit that may fit is counted by
 -- INCRBY before it is decided, and a denial then sets the count back (deletes the key it created) in the same call:
--- a denial leaves the count as it found it, but costs one more write than a read (a previous form's counter it meets
--- is folded in either way).
+-- a denial leaves the count as it found it, but costs one more write than a read.
 
 -- Per shared fixed window of this call (by its key as sluice sent it): its count as the hits so far leave it, what it was read as,
 -- and the others' count; and the places of the hits that counted in it.
@@ -40,7 +39,6 @@ local function global_fixed_commit(g)
     redis.call('SET', g.wkey, count, 'KEEPTTL')
   else
     redis.call('SET', g.wkey, count, 'PX', ceil_ms(g.start + g.window - g.first + WINDOW_KEY_GRACE_US))
-    if g.folds then redis.call('DEL', g.base) end
   end
 end
 
@@ -68,27 +66,17 @@ local function compact_global_fixed(key, window, limit, cost, times, now, pos, s
     -- may fit is counted at once, by one INCRBY as a lone regional window is, and set back in the same call if it did
     -- not fit after all (or only some of `times` did): the script runs atomically, so no reader ever sees the count
     -- it took back.
-    local wkey, base = window_of(key, start, window)
+    local wkey = window_of(key, start, window)
     local others = regions_count(wkey)
     local room = max0(limit - others)
     if cost <= 0 or cost > room then
-      answers[pos], answers[pos + 1] = window_count(wkey, base, start), others
+      answers[pos], answers[pos + 1] = window_count(wkey), others
       return
     end
     local added = cost * times
     local n = redis.call('INCRBY', wkey, string.format('%d', added)) - added
+    -- The window's first count: the expiry is set below.
     local fresh = n == 0
-    if fresh then
-      -- The window's first count: a counter of the previous form is folded in, and the expiry is set below.
-      local old, found = legacy(base, start)
-      if found then
-        redis.call('DEL', base)
-        if old > 0 then
-          n = old
-          redis.call('INCRBY', wkey, string.format('%d', old))
-        end
-      end
-    end
     local fits = global_fits(n, room, cost, times)
     if fits < times then
       local count = n + fits * cost
@@ -109,10 +97,9 @@ local function compact_global_fixed(key, window, limit, cost, times, now, pos, s
     g = nil
   end
   if g == nil then
-    local wkey, base = window_of(key, start, window)
-    local n, exists, folds = window_count(wkey, base, start)
-    g = { wkey = wkey, base = base, start = start, window = window, n = n, exists = exists, folds = folds,
-      others = regions_count(wkey) }
+    local wkey = window_of(key, start, window)
+    local n, exists = window_count(wkey)
+    g = { wkey = wkey, start = start, window = window, n = n, exists = exists, others = regions_count(wkey) }
     global_fixed[key] = g
   end
   local n = g.n

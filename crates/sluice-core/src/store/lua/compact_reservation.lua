@@ -4,10 +4,8 @@
 -- a refund), and deletes the record. sluice decides from the counts, as decide.lua's modes 'reserve' and 'settle'
 -- decide on fixed windows (the differential test holds the two paths to the same answers).
 --
--- The record holds decide.lua's fields: e = each window's estimate, in order, joined by ',', t = when it was charged,
--- x = when it expires by the decision's clock; it expires RESERVATION_GRACE_MS after x. Where the windows' keys are
--- compact ('R' and 'E' in batch.lua) it is the text `<t> <x> <e>`, one SET with its expiry; else decide.lua's hash (and
--- its expiry), which earlier versions read. A settlement reads either form (decide.lua's record_fields).
+-- The record is decide.lua's (record_write): each window's estimate, in order, joined by ',', when it was charged, and
+-- when it expires by the decision's clock.
 
 -- Its functions are made on the first reservation or settlement of a call (`reservation_forms`): a call without one
 -- does not pay for them.
@@ -16,39 +14,23 @@ local function reservation_forms()
   if reservations ~= nil then return reservations end
   -- Writes a reservation's record `rkey` for the windows whose arguments compact_windows read from ARGV[a] on (the
   -- costs sluice sends are decimal integers, as the record keeps them), charged at `now`, for `ttl` milliseconds.
-  -- The times a record holds, as the last one written spelled them: the reservations of one call share them.
-  local written_now, written_at, written_ttl, written_x
-  local function record_of(a, t, now, ttl)
+  local function write_reservation(rkey, a, t, now, ttl)
     local e = ARGV[a + 3]
     if t > 1 then
       local costs = {}
       for j = 1, t do costs[j] = ARGV[a + 3 * j] end
       e = table.concat(costs, ',')
     end
-    if now ~= written_now or ttl ~= written_ttl then
-      written_now, written_ttl = now, ttl
-      written_at, written_x = string.format('%d', now), string.format('%d', now + ttl * 1000)
-    end
-    return e
-  end
-  local function write_reservation(rkey, a, t, now, ttl)
-    redis.call('HSET', rkey, 'e', record_of(a, t, now, ttl), 't', written_at, 'x', written_x)
-    redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
-  end
-  local function write_reservation_text(rkey, a, t, now, ttl)
-    local e = record_of(a, t, now, ttl)
-    redis.call('SET', rkey, written_at .. ' ' .. written_x .. ' ' .. e, 'PX', ttl + RESERVATION_GRACE_MS)
+    record_write(rkey, e, now, ttl)
   end
 
   -- A reservation: as compact_windows (its arguments at ARGV[a] on: t, then per window the window, the limit and the
   -- cost), then the record's TTL in microseconds at ARGV[a + 3t + 1]. A hit that fits and counts something also writes
   -- the record `rkey`, after the windows and before their first counts' expiries; a record that cannot be written
-  -- takes the hit back. Writes the windows' counts before the hit as compact_windows does. `text`: the record's form.
-  local function compact_reserve(keys, rkey, a, now, guess, pos, text)
+  -- takes the hit back. Writes the windows' counts before the hit as compact_windows does.
+  local function compact_reserve(keys, rkey, a, now, guess, pos)
     local t = number(ARGV[a])
-    local write = write_reservation
-    if text then write = write_reservation_text end
-    compact_windows(keys, a, now, guess, pos, write, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
+    compact_windows(keys, a, now, guess, pos, write_reservation, rkey, ceil_ms(number(ARGV[a + 3 * t + 1])))
   end
 
   -- One window of a settlement: its window's key `key` (for the server's clock), the window, the estimate and the actual
@@ -61,8 +43,8 @@ local function reservation_forms()
     if actual > estimate then
       local c = actual - estimate
       local n = redis.call('INCRBY', key, string.format('%d', c))
-      -- Perhaps the window's first count: it folds in a counter of the previous form and sets the expiry, below.
-      if n == c then fresh[j] = { key, start + window - now } end
+      -- Perhaps the window's first count: it sets the expiry, below.
+      if n == c then fresh[j] = start + window - now end
       return 0, n, c, n == c
     end
     if estimate <= actual or at - at % window ~= start then return 0, nil, 0, false end
@@ -74,16 +56,9 @@ local function reservation_forms()
       redis.call('INCRBY', key, string.format('%d', -n))
       return n + r, 0, -(n + r), false
     end
-    -- The window counted nothing: its key held 0, or the INCRBY created it. Either way it goes, which reads the same
-    -- (a key at 0 exists only once the window was written, which folded the previous form's count); a count of the
-    -- previous form, if any, gives back.
+    -- The window counted nothing: its key held 0, or the INCRBY created it. Either way it goes, which reads the same.
     redis.call('DEL', key)
-    local base = base_of(key)
-    local old, found = legacy(base, start)
-    if not found then return 0, nil, 0, false end
-    local given = math.min(old, r)
-    fresh[j] = { key, start + window - now, base, old - given }
-    return given, old - given, 0, false
+    return 0, 0, 0, false
   end
 
   local settle_done, settle_fresh = {}, {}
@@ -96,13 +71,13 @@ local function reservation_forms()
   -- window the reservation was counted in, if it is still the current one, and never below 0), and the window's count
   -- after the settlement, which sluice reports as a peek of cost 1.
   --
-  -- A window charged more counts the difference as a forced hit (its first count folds in a counter of the previous
-  -- form and sets the expiry); one charged less gives it back. A command refused (a key of the wrong type) takes back
-  -- what the earlier windows did, before the record is deleted: a settlement is whole or not at all.
-  local function compact_settle(keys, rkey, a, now, guess, pos, text)
+  -- A window charged more counts the difference as a forced hit (its first count sets the expiry); one charged less
+  -- gives it back. A command refused (a key of the wrong type) takes back what the earlier windows did, before the
+  -- record is deleted: a settlement is whole or not at all.
+  local function compact_settle(keys, rkey, a, now, guess, pos)
     local t = number(ARGV[a])
     for j = 0, 3 * t do answers[pos + j] = 0 end
-    local e, at = live_reservation(rkey, now, t, false, text)
+    local e, at = live_reservation(rkey, now, t, false)
     if e == nil then return end
     -- What the windows did, to take back if a later one fails: the key, the count added, whether the key was created
     -- (with more than one window); and what a window's first count leaves to finish.
@@ -132,28 +107,13 @@ local function reservation_forms()
     redis.call('DEL', rkey)
     answers[pos] = 1
     for j = 1, t do
-      local f, n, window = fresh[j], answers[pos + 3 * j], number(ARGV[a + 3 * j - 2])
-      if f ~= nil and f[3] ~= nil then
-        -- A refund from the previous form's count: its rest moves to the window's key.
-        redis.call('SET', f[1], string.format('%d', f[4]), 'PX', ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
-        redis.call('DEL', f[3])
-      elseif f ~= nil then
-        local base = base_of(f[1])
-        local old, found = legacy(base, now - now % window)
-        if found then
-          redis.call('DEL', base)
-          if old > 0 then n = redis.call('INCRBY', f[1], string.format('%d', old)) end
-        end
-        redis.call('PEXPIRE', f[1], ceil_ms(f[2] + WINDOW_KEY_GRACE_US))
-      end
+      local f, n = fresh[j], answers[pos + 3 * j]
+      if f ~= nil then redis.call('PEXPIRE', keys[j], ceil_ms(f + WINDOW_KEY_GRACE_US)) end
       if n and n > MAX_COUNT then
         redis.call('SET', keys[j], string.format('%d', MAX_COUNT), 'KEEPTTL')
         n = MAX_COUNT
       end
-      if not n then
-        local start = now - now % window
-        n = window_count(keys[j], base_of(keys[j]), start)
-      end
+      if not n then n = window_count(keys[j]) end
       answers[pos + 3 * j] = n
     end
   end

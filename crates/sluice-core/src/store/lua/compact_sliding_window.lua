@@ -45,7 +45,7 @@ local function sliding_state(key, cur, prev, start, window, now, shared)
     end
   end
   if s == nil then
-    local read = sw_read(cur, prev, start, window)
+    local read = sw_read(cur, prev, start)
     if not shared then
       return read
     end
@@ -55,7 +55,7 @@ local function sliding_state(key, cur, prev, start, window, now, shared)
   return s
 end
 
--- A hit that may fit, on a counter that no other hit of this call shares and no previous form can stand in for:
+-- A hit that may fit, on a counter that no other hit of this call shares:
 -- counted first, by one INCRBY, then the previous window read, and the count taken back in the same call when the
 -- estimate leaves no room for it (the script runs atomically: no reader sees a count taken back). A hit that fits
 -- costs an INCRBY and a GET, with no read before the write, and the window's first count a PEXPIRE; one that does
@@ -85,7 +85,7 @@ local function compact_sliding_window(cur, prev, window, limit, cost, text, now,
   if guess ~= nil and start ~= guess - guess % window then
     cur, prev = window_of(cur, start, window), window_of(cur, start - window, window)
   end
-  if not shared and cost > 0 and cost <= limit and base_of(cur) == nil then
+  if not shared and cost > 0 and cost <= limit then
     return sliding_counted(cur, prev, start, window, limit, cost, text, now)
   end
   local s = sliding_state(key, cur, prev, start, window, now, shared)

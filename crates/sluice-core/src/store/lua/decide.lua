@@ -45,11 +45,11 @@
 -- nothing), and that a forced hit commits every tier.
 -- A hit is committed only if some tier's cost is positive, and each tier commits its own cost; a tier whose cost is 0
 -- is checked and never written (no count, no lease, no queue entry). A peek never writes. Hit records expire with the
--- longest-lived tier. A reservation record is written only by a hit that is admitted and committed (or forced): a
--- hash {e = what each tier was charged, in tier order, as decimal integers joined by ',' (one value for one tier),
--- t = now, x = when it expires by the decision's clock}, expiring then. It is written before any tier, and a
--- settlement reads the record and every tier before it writes, so a key of the wrong type stops either before it
--- changes anything. A settlement also reads the record's text form, which compact_reservation.lua writes.
+-- longest-lived tier. A reservation record is written only by a hit that is admitted and committed (or forced): the
+-- text `<t> <x> <e>`, t = now, x = when it expires by the decision's clock, e = what each tier was charged, in tier
+-- order, as decimal integers joined by ',' (one value for one tier); Redis expires it RESERVATION_GRACE_MS after x. It
+-- is written before any tier, and a settlement reads the record and every tier before it writes, so a key of the wrong
+-- type stops either before it changes anything.
 
 -- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
 -- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
@@ -59,29 +59,22 @@
 -- The estimates come in a table kept from call to call for a lone tier (the commonest), a new one for several.
 local one_estimate = {}
 
--- A reservation record's fields e, t and x (strings, or nil where missing), in either of its forms: a hash, or the text
--- `<t> <x> <e>` (compact_reservation.lua). `text_first`: the form looked for first, the other read only where the key
--- holds it (a command of the wrong type), so a record costs one read in the form its writer used.
-local function record_fields(rkey, text_first)
-  if text_first then
-    local r = redis.pcall('GET', rkey)
-    if type(r) == 'string' then
-      local t, x, e = string.match(r, '^(%d+) (%d+) (.+)$')
-      return e, t, x
-    end
-    if not r then return nil end
-    if not string.find(r.err, 'WRONGTYPE', 1, true) then error(r, 0) end
-    local f = redis.call('HMGET', rkey, 'e', 't', 'x')
-    return f[1], f[2], f[3]
-  end
-  local f = redis.pcall('HMGET', rkey, 'e', 't', 'x')
-  if f.err == nil then return f[1], f[2], f[3] end
-  if not string.find(f.err, 'WRONGTYPE', 1, true) then error(f, 0) end
-  return record_fields(rkey, true)
+-- A reservation record's fields e, t and x (strings, or nil where missing), from its text `<t> <x> <e>`.
+local function record_fields(rkey)
+  local r = redis.call('GET', rkey)
+  if not r then return nil end
+  local t, x, e = string.match(r, '^(%d+) (%d+) (.+)$')
+  return e, t, x
 end
 
-local function live_reservation(rkey, now, tiers, expired, text_first)
-  local e, t, x = record_fields(rkey, text_first)
+-- Writes the reservation record `rkey`: the estimates `e` (decimal integers joined by ','), charged at `now`, live
+-- for `ttl` milliseconds by the decision's clock and RESERVATION_GRACE_MS more in Redis.
+local function record_write(rkey, e, now, ttl)
+  redis.call('SET', rkey, string.format('%d %d ', now, now + ttl * 1000) .. e, 'PX', ttl + RESERVATION_GRACE_MS)
+end
+
+local function live_reservation(rkey, now, tiers, expired)
+  local e, t, x = record_fields(rkey)
   local at
   at, x = tonumber(t), tonumber(x)
   if type(e) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
@@ -112,7 +105,7 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   for i = 1, tiers do
     if impls[i].refund == nil then return { 0 } end
   end
-  local e, at = live_reservation(rkey, now, tiers, reaping, false)
+  local e, at = live_reservation(rkey, now, tiers, reaping)
   if e == nil then return { 0 } end
   if reaping then actual = e end
   -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
@@ -217,9 +210,7 @@ local function decide(k, nk, a)
     local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
-    redis.call('HSET', rkey, 'e', table.concat(e, ','), 't', string.format('%d', now),
-      'x', string.format('%d', now + ttl * 1000))
-    redis.call('PEXPIRE', rkey, ttl + RESERVATION_GRACE_MS)
+    record_write(rkey, table.concat(e, ','), now, ttl)
   end
   local out = { admitted and 1 or 0 }
   local n = 1

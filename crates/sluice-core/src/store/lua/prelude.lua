@@ -77,32 +77,9 @@ local MAX_DEBT_US = 281474976710656 -- 2^48
 local RESERVATION_GRACE_MS = 60000
 
 -- The key of the window starting at `start` of the counter whose own key is `base` (store/key.rs, `CounterKey::window`):
--- `base`, ':', then the window's number (start / window) in hex where `base` is a compact key (`<prefix>{<slot>}` and
--- 10 characters of digest: the prefix holds no brace), else the window's first microsecond in decimal.
+-- `base`, ':', then the window's number (start / window) in lowercase hex.
 local function window_key(base, start, window)
-  local close = string.find(base, '}', 1, true)
-  if close ~= nil and #base == close + 10 then return base .. ':' .. string.format('%x', start / window) end
-  return base .. ':' .. string.format('%d', start)
-end
-
--- Per call: whether a hash of the previous form (a fixed or sliding window's counter as earlier versions kept it,
--- fixed_window.lua, sliding_window.lua) may be found under a compact key (one without a '|', which every key of the full
--- layout has) in this call: only while the key layout moves (`KeyLayout::Moving` in store/key.rs), when move.lua may
--- have renamed one to its compact name; its window has passed once the move is over. batch.lua sets it per call
--- from its header.
-local previous_forms = true
-
--- `base`, a counter's own key, if a hash of the previous form may be there; nil where none can be.
-local function previous_at(base)
-  if base == nil or previous_forms or string.find(base, '|', 1, true) then return base end
-  return nil
-end
-
--- The counter's own key of the window key `key`, if a hash of the previous form may be there (as previous_at, without
--- matching the key where it cannot be); nil where none can be.
-local function base_of(key)
-  if not previous_forms and not string.find(key, '|', 1, true) then return nil end
-  return string.match(key, '^(.*):%x+$')
+  return base .. ':' .. string.format('%x', start / window)
 end
 
 local function max0(x)

@@ -73,9 +73,6 @@ pub(super) struct Call {
     pub(super) slot: Option<u16>,
     /// In a cluster node's batch: the key that tells whether the node serves the call's slot (see [`Call::probe`]).
     probe: Option<Value>,
-    /// Whether a key of the call may hold a counter of the fixed window's previous form under its compact name: while
-    /// the key layout moves (see `lua/batch.lua`'s timing header).
-    moving: bool,
 }
 
 impl Call {
@@ -164,7 +161,6 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        let moving = hit.tiers.iter().any(|t| t.key.has_previous());
         // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
         if let (None, []) = (record, fields) {
             let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
@@ -184,7 +180,6 @@ impl Call {
                     compact: Some(compact),
                     slot,
                     probe: None,
-                    moving,
                 };
             }
         }
@@ -209,7 +204,6 @@ impl Call {
             compact: None,
             slot,
             probe: None,
-            moving,
         }
     }
 
@@ -484,7 +478,6 @@ pub(super) async fn eval(
     form: Form,
     asking: bool,
 ) -> Result<Vec<Reply>, FredError> {
-    let moving = calls.iter().any(|c| c.moving);
     let (calls, plan) = coalesce(calls);
     let widths: Vec<usize> = calls
         .iter()
@@ -500,7 +493,7 @@ pub(super) async fn eval(
         .iter()
         .any(|c| c.compact.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
         .then(host_now_us);
-    let header = timing(guess, moving);
+    let header = timing(guess);
     let (verb, name) = script.command();
     let command = match form {
         Form::Declared => declared(name, calls, guess, header),
@@ -562,14 +555,11 @@ fn gather(values: Vec<Value>, widths: &[usize]) -> Vec<Value> {
 }
 
 /// The header argument that says how compact fixed windows are timed: `guess`, this host's time the keys were built
-/// for, when they are decided by the server's clock; '' when each carries its time. Headed by 'm' while the key layout
-/// moves (`moving`): the script then looks for counters of the fixed window's previous form under compact keys too.
-fn timing(guess: Option<u64>, moving: bool) -> Value {
-    match (guess, moving) {
-        (Some(g), false) => Value::Integer(g as i64),
-        (None, false) => Value::from(""),
-        (Some(g), true) => Value::from(format!("m{g}")),
-        (None, true) => Value::from("m"),
+/// for, when they are decided by the server's clock; '' when each carries its time.
+fn timing(guess: Option<u64>) -> Value {
+    match guess {
+        Some(g) => Value::Integer(g as i64),
+        None => Value::from(""),
     }
 }
 

@@ -339,8 +339,8 @@ impl Compact {
     /// limit and the cost. Several windows: 'w', their number, and each one's window, limit and cost. A global
     /// window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, the window, the limit, the cost and how many
     /// identical hits. A reservation: 'r', its number of windows, each one's window, limit and estimate, and the
-    /// record's TTL. A settlement: 'e', its number of windows, and each one's window, limit and actual cost. Both in
-    /// capitals where the record is text ([`text_record`]). Then the decision's time, when it is given.
+    /// record's TTL. A settlement: 'e', its number of windows, and each one's window, limit and actual cost. Then the
+    /// decision's time, when it is given.
     pub(super) fn push_args(&self, out: &mut Vec<Value>) {
         let int = |n: u64| Value::Integer(n as i64);
         match &self.tier {
@@ -385,30 +385,17 @@ impl Compact {
                 push_windows(tiers, out);
             }
             CompactTier::Reserve { windows, ttl_us, .. } => {
-                out.extend([
-                    Value::from(if text_record(windows) { "R" } else { "r" }),
-                    int(windows.len() as u64),
-                ]);
+                out.extend([Value::from("r"), int(windows.len() as u64)]);
                 push_windows(windows, out);
                 out.push(int(*ttl_us));
             }
             CompactTier::Settle { windows, .. } => {
-                out.extend([
-                    Value::from(if text_record(windows) { "E" } else { "e" }),
-                    int(windows.len() as u64),
-                ]);
+                out.extend([Value::from("e"), int(windows.len() as u64)]);
                 push_windows(windows, out);
             }
         }
         out.extend(self.tier.now_us().map(int));
     }
-}
-
-/// Whether a reservation on these windows keeps its record as text (`lua/compact_reservation.lua`): where their keys
-/// are compact. Elsewhere it is the hash earlier versions read, so that a rollout in the full layout settles every
-/// reservation on every instance.
-fn text_record(windows: &[(CounterKey, WindowTier)]) -> bool {
-    windows.iter().all(|(key, _)| key.is_compact())
 }
 
 /// Each window's window, limit and cost, as the script reads several windows.
