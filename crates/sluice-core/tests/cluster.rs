@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fred::util::redis_keyslot;
 use sluice_core::rules::Algorithm;
-use sluice_core::store::redis::RedisStore;
+use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
@@ -215,6 +215,42 @@ async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
         "every hit counted once"
     );
     assert_eq!(redis_cli(target, &["GET", &a_key]).trim(), "3");
+}
+
+/// Instances started one after the other on a fresh cluster, each deciding at once over every slot: the first
+/// records the storage format, each finds it, and no decision fails (nothing at start moves or rewrites counters).
+#[tokio::test]
+async fn instances_started_on_a_fresh_cluster_decide_at_once() {
+    const DESCRIPTORS: usize = 300;
+    let cluster = RedisCluster::start();
+    let ids: Vec<Identity> = (0..DESCRIPTORS).map(|i| identity("fresh:", i)).collect();
+    for start in 0..4 {
+        let store = redis_store_with(&cluster.url(), Duration::from_secs(5)).await;
+        assert_eq!(
+            store.check_format("fresh:").await.expect("the marker's slot is served"),
+            FormatCheck::Known,
+            "start {start}"
+        );
+        let hits: Vec<Hit> = ids.iter().enumerate().map(|(i, id)| hit(id, 1 + i % 2)).collect();
+        let outcomes = decided(store.hit(NOW, &hits).await);
+        assert!(outcomes.iter().all(|o| o.admitted), "start {start}");
+    }
+    let slots: std::collections::HashSet<u16> = ids
+        .iter()
+        .map(|id| redis_keyslot(tier_keys(id, 1)[0].as_str().as_bytes()))
+        .collect();
+    assert!(slots.len() > 250, "spread over the slots: {}", slots.len());
+    let days: std::collections::HashSet<String> = ids
+        .iter()
+        .map(|id| tier_keys(id, 1)[0].window(NOW).as_str().to_string())
+        .collect();
+    let mut total = 0;
+    for port in cluster.primaries() {
+        for key in crate::harness::keys(port).into_iter().filter(|k| days.contains(k)) {
+            total += redis_cli(port, &["GET", &key]).trim().parse::<u64>().unwrap_or(0);
+        }
+    }
+    assert_eq!(total, 4 * DESCRIPTORS as u64, "every hit counted once");
 }
 
 /// Requests of one and of three descriptors, from many tasks at once, over descriptors of one and of two tiers on

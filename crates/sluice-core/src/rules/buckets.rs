@@ -84,11 +84,7 @@ impl Compiler<'_> {
             return Err(self.err(here, "a quota bucket cannot keep records"));
         }
         for (j, tier) in rule.tiers.iter().enumerate() {
-            let counting = matches!(
-                tier.limit.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket
-            );
-            if !counting {
+            if !tier.limit.algorithm.counts() {
                 let limit = if raw.rate_limits.is_some() {
                     format!("rate_limits[{j}]")
                 } else {
@@ -97,8 +93,14 @@ impl Compiler<'_> {
                 return Err(self.err(
                     &format!("{here}.{limit}.algorithm"),
                     format!(
-                        "'{}' cannot share a quota among Envoys (use fixed_window, sliding_window or token_bucket)",
-                        tier.limit.algorithm.name()
+                        "'{}' cannot share a quota among Envoys (use {})",
+                        tier.limit.algorithm.name(),
+                        Algorithm::ALL
+                            .iter()
+                            .filter(|a| a.counts())
+                            .map(|a| a.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
@@ -190,7 +192,7 @@ mod tests {
 
     use crate::config::parse;
     use crate::metrics::Metrics;
-    use crate::rules::{InitialAssignment, RuleSet};
+    use crate::rules::{Algorithm, InitialAssignment, RuleSet};
 
     fn compile(text: &str) -> Result<RuleSet, String> {
         let file = parse(Path::new("q.yaml"), text).map_err(|e| e.to_string())?;
@@ -313,5 +315,25 @@ quota_buckets:
             assert!(e.starts_with("config 'q.yaml': "), "{e}");
             assert!(e.contains(expected), "expected '{expected}' in: {e}");
         }
+    }
+
+    /// A quota bucket takes every counting algorithm (the algorithm's own answer, `Algorithm::counts`), and the
+    /// error for another names them all.
+    #[test]
+    fn quota_buckets_take_every_counting_algorithm() {
+        let bucket = |algorithm: &str| {
+            format!(
+                "domain: q\nquota_buckets:\n  - bucket: {{a: x}}\n    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}}}\n"
+            )
+        };
+        for algorithm in Algorithm::ALL {
+            let compiled = compile(&bucket(algorithm.name()));
+            assert_eq!(compiled.is_ok(), algorithm.counts(), "{algorithm:?}: {compiled:?}");
+        }
+        let e = compile(&bucket("queue")).unwrap_err();
+        assert!(
+            e.contains("(use fixed_window, sliding_window, token_bucket, leaky_bucket)"),
+            "{e}"
+        );
     }
 }

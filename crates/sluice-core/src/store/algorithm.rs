@@ -96,6 +96,12 @@ impl Algorithm {
 
     /// Whether it can be counted across regions: a window whose counts the regions add up.
     pub fn can_be_global(self) -> bool {
+        self.keys_per_window()
+    }
+
+    /// Whether Redis keeps its count under a key per window, named by the window's number
+    /// ([`CounterKey::window`](crate::store::CounterKey::window)): the fixed and the sliding window.
+    pub fn keys_per_window(self) -> bool {
         matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
     }
 

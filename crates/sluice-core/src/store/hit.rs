@@ -31,9 +31,10 @@ impl TierSpec {
     /// The largest cost that can ever fit: the bucket for buckets, the limit otherwise. (`concurrency` and `queue`
     /// take one place for any positive cost; their limit bounds it all the same.)
     pub fn capacity(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => self.burst,
-            _ => self.limit,
+        if self.algorithm.is_bucket() {
+            self.burst
+        } else {
+            self.limit
         }
     }
 

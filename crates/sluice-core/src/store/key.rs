@@ -336,9 +336,10 @@ impl Identity {
         let mut key = String::with_capacity(head.len() + 10 + 10);
         key.push_str(head);
         push_base64(&mut key, &digest[..8], DIGEST_CHARS);
-        let windows = match algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow if window_us > 0 => Windows::Number(window_us),
-            _ => Windows::Start,
+        let windows = if algorithm.keys_per_window() && window_us > 0 {
+            Windows::Number(window_us)
+        } else {
+            Windows::Start
         };
         CounterKey {
             key,
