@@ -1,6 +1,8 @@
 //! The decision core: `should_rate_limit(request) -> Decision` and the read-only `get_remaining`.
 //!
-//! It knows nothing of gRPC or Redis: requests arrive as plain types, counters go through the [`Store`] trait.
+//! It knows nothing of gRPC or Redis: requests arrive as plain types, counters go through the store's traits, each
+//! part of the limiter asking for the capabilities it uses ([`Counters`] and [`Announcements`] for decisions, and
+//! one more for each part beside them: budgets, lists, offenders, series, releases, grants).
 //! Per request it reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
 //! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call.
 //!
@@ -54,7 +56,7 @@ use crate::cache::LocalCache;
 use crate::clock::Clock;
 use crate::metrics::{DomainStats, Metrics};
 use crate::rules::{Domain, RuleSet};
-use crate::store::{Store, StoreError};
+use crate::store::{Announcements, Counters, StoreError};
 
 /// The decision core over a store.
 pub struct Limiter<S> {
@@ -78,7 +80,7 @@ pub struct Limiter<S> {
     instance: Arc<str>,
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements> Limiter<S> {
     pub fn new(
         rules: RuleSet,
         store: S,

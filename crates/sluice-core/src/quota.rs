@@ -41,7 +41,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::limiter::Limiter;
 use crate::metrics::QuotaStats;
-use crate::store::Store;
 
 mod demand;
 mod grant;
@@ -52,6 +51,7 @@ mod tick;
 mod vocabulary;
 mod watchers;
 
+use crate::store::{Announcements, Counters, Grants};
 pub use demand::DEMAND_WINDOW_US;
 pub use grant::{RATE_BURST_PARTS, RATE_WINDOW_MAX_US};
 pub use stream::{Inbox, QuotaStream};
@@ -86,7 +86,7 @@ pub struct Assigned {
     pub ttl_s: u32,
 }
 
-impl<S: Store> Quotas<S> {
+impl<S: Counters + Announcements + Grants> Quotas<S> {
     pub fn new(limiter: Arc<Limiter<S>>, caps: QuotaCaps) -> Arc<Quotas<S>> {
         let stats = limiter.metrics().quota_stats();
         Arc::new(Quotas {

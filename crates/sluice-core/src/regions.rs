@@ -9,11 +9,11 @@
 //! last in a window saw its final count, and once every instance of the region has shipped what it saw, the largest
 //! of their counts, which is what the other regions keep, is exact. (A window some hit counted in without the store
 //! saying what it left, in Redis the driver's form, is read back instead:
-//! [`RegionCounts::window_counts`](crate::store::RegionCounts::window_counts).)
+//! [`RegionCounts::window_counts`].)
 //!
 //! Every `interval` an instance hands what it noted to one [`Link`] per other region, which keeps it in a backlog (one
 //! entry per window, the larger count kept) and ships it to that region's store
-//! ([`RegionCounts::merge_counts`](crate::store::RegionCounts::merge_counts)), where each region's count of a window is
+//! ([`RegionCounts::merge_counts`]), where each region's count of a window is
 //! kept as the larger of what it held and what arrived. Counts are absolute, so a batch applied twice, late or out of
 //! order counts once, and a link that comes back after a cut ships what its backlog kept. The backlog holds at most
 //! `backlog` windows per link; a window that finds it full is dropped and counted (`sluice_region_dropped_total`),
@@ -42,7 +42,7 @@ use crate::limiter::Regions;
 // The state shared with the limiter is the limiter's (its decisions note windows there), named here too.
 pub use crate::limiter::{LinkState, Regions as Shared};
 use crate::metrics::Metrics;
-use crate::store::{RegionCount, Store, StoreError, WindowRef};
+use crate::store::{Counters, RegionCount, RegionCounts, StoreError, WindowRef};
 
 /// How often counts are read and shipped, unless told otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
@@ -97,7 +97,7 @@ pub struct Replicator<R> {
     settings: RegionSettings,
 }
 
-impl<R: Store + 'static> Replicator<R> {
+impl<R: RegionCounts + Counters + 'static> Replicator<R> {
     /// Ships to `others` (name, store), in that order.
     pub fn new(settings: RegionSettings, others: Vec<(String, R)>) -> Replicator<R> {
         let names: Vec<String> = others.iter().map(|(n, _)| n.clone()).collect();
@@ -130,7 +130,7 @@ impl<R: Store + 'static> Replicator<R> {
     /// count the decisions saw the store answer, and, for the windows some hit counted in without the store saying
     /// what it left, the count read from `store`. A read that fails leaves those windows noted, to be read next time
     /// (the others are queued). Returns how many windows were queued.
-    pub async fn collect<S: Store>(&self, store: &S, now_us: u64) -> Result<usize, StoreError> {
+    pub async fn collect<S: RegionCounts>(&self, store: &S, now_us: u64) -> Result<usize, StoreError> {
         let noted = self.shared.take();
         if noted.is_empty() {
             return Ok(0);
@@ -202,7 +202,7 @@ impl<R: Store + 'static> Replicator<R> {
 
     /// Queues what was counted since the last interval and ships every link's backlog a last time, within the
     /// timeout; logs each region that could not be reached, with what it missed. Returns how many links were reached.
-    pub async fn flush<S: Store>(&self, store: &S, now_us: u64) -> usize {
+    pub async fn flush<S: RegionCounts>(&self, store: &S, now_us: u64) -> usize {
         if let Err(e) = self.collect(store, now_us).await {
             tracing::warn!(error = %e, "global windows' counts not read before stopping: the last interval's hits on those windows are not shipped");
         }
@@ -229,7 +229,7 @@ impl<R: Store + 'static> Replicator<R> {
     /// ships to each link in tasks of its own (a slow region delays only itself, and a link ships every interval
     /// whatever its round trip), and records the links in `metrics`. When `stop` resolves, ships what was counted
     /// and not yet shipped once more ([`flush`](Self::flush)), within the timeout, then returns.
-    pub async fn run<S: Store>(
+    pub async fn run<S: RegionCounts>(
         self: Arc<Self>,
         store: &S,
         clock: Arc<dyn Clock>,
@@ -281,7 +281,7 @@ impl<R: Store + 'static> Replicator<R> {
     }
 }
 
-impl<R: Store + 'static> Link<R> {
+impl<R: RegionCounts + Counters + 'static> Link<R> {
     /// Ships as soon as counts are queued, and every interval while a backlog waits (a region that could not be
     /// reached), each shipment in a task of its own, never waiting for the one before; an idle link is pinged every
     /// PING_EVERY, so readiness stays true. Runs until aborted (its shipments with it).
@@ -315,7 +315,7 @@ impl<R: Store + 'static> Link<R> {
     }
 }
 
-impl<R: Store> Link<R> {
+impl<R: RegionCounts + Counters> Link<R> {
     /// Takes `counts` of `windows` into the backlog (the larger count kept), dropping windows that would pass
     /// `bound` and those whose time is over.
     fn queue(&self, now_us: u64, windows: &[WindowRef], counts: &[u64], bound: usize) {

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use super::request::{Descriptor, Request, cost as request_cost, validate};
 use super::resolve::{Target, resolve};
 use super::{Code, Decision, LimitError, Limiter};
-use crate::store::{Hit, Settled, Settlement, Store, StoreError};
+use crate::store::{Announcements, Counters, Reservations};
+use crate::store::{Hit, Settled, Settlement, StoreError};
 
 /// The costs of a cost-budget call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,7 +107,7 @@ pub(crate) fn hit_costs(hit: &Hit) -> bool {
 /// The longest a reservation may be held: a day.
 pub const MAX_RESERVATION_TTL_US: u64 = 86_400_000_000;
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + Reservations> Limiter<S> {
     /// Decides `costs` without counting anything: the statuses [`Limiter::should_rate_limit`] would answer.
     pub async fn check(&self, request: &Request, costs: &Costs) -> Result<Decision, LimitError> {
         self.decide(request, How::Check(costs)).await

@@ -13,9 +13,10 @@ use super::resolve::{Target, listed, resolve};
 use super::{Limiter, new_lease};
 use crate::metrics::{DomainStats, RuleStats, UNKNOWN_DOMAIN};
 use crate::rules::{Algorithm, Domain, FailurePolicy, List, ListAction, Metadata, Rule, Tier};
-use crate::store::{Hit, Mode, Outcome, ReservationSpec, Store, StoreError, TierOutcome};
+use crate::store::{Announcements, Counters};
+use crate::store::{Hit, Mode, Outcome, ReservationSpec, StoreError, TierOutcome};
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements> Limiter<S> {
     /// Decides a request the way `how` says: each descriptor's hit counted when it fits, only checked, counted
     /// whatever (a report), or counted and held under a reservation.
     pub(crate) async fn decide(&self, request: &Request, how: How<'_>) -> Result<Decision, LimitError> {

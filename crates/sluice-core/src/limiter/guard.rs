@@ -19,7 +19,8 @@ use crate::breaker::Breakers;
 use crate::cache::{Denial, LocalCache};
 use crate::metrics::Metrics;
 use crate::rules::Algorithm;
-use crate::store::{Answers, Hit, Notice, Outcome, Store, StoreError, TierOutcome};
+use crate::store::{Announcements, Counters};
+use crate::store::{Answers, Hit, Notice, Outcome, StoreError, TierOutcome};
 
 /// A store with its breakers, its local cache and its call metrics.
 pub struct Guard<S> {
@@ -39,7 +40,7 @@ pub struct Guard<S> {
     regions: OnceLock<Arc<Regions>>,
 }
 
-impl<S: Store> Guard<S> {
+impl<S: Counters + Announcements> Guard<S> {
     pub fn new(store: S, breakers: Breakers, cache: LocalCache, metrics: Metrics) -> Guard<S> {
         Guard {
             latency: [

@@ -4,9 +4,10 @@
 use super::Limiter;
 use super::request::{Descriptor, Request};
 use crate::rules::{Algorithm, Rule, Tier, TierCost};
-use crate::store::{CounterKey, Hit, Identity, KeyBuilder, Mode, RecordSpec, Store, TierSpec};
+use crate::store::{Announcements, Counters};
+use crate::store::{CounterKey, Hit, Identity, KeyBuilder, Mode, RecordSpec, TierSpec};
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements> Limiter<S> {
     /// The identity of a descriptor of `domain` (its counters' keys): `shared` levels hold their pattern in place of
     /// the value.
     pub(super) fn identity(&self, domain: &str, descriptor: &Descriptor, shared: &[(usize, &str)]) -> Identity {

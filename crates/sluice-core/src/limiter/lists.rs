@@ -23,7 +23,8 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Limiter;
 use super::decision::LimitError;
 use crate::rules::{ListSource, LiveList, LiveLists, Matcher, RuleSet, check_value};
-use crate::store::{CounterKey, ListChange, ListEntry, Notice, Store};
+use crate::store::{Announcements, Counters, Lists};
+use crate::store::{CounterKey, ListChange, ListEntry, Notice};
 
 /// The most run-time entries one list may hold.
 pub const MAX_LIST_ENTRIES: usize = 1_000_000;
@@ -83,7 +84,7 @@ impl LiveState {
     }
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + Lists> Limiter<S> {
     /// The list `name` of `domain` in the rules in force, or NOT_FOUND naming what is missing.
     fn list_named(&self, rules: &RuleSet, domain: &str, name: &str) -> Result<CounterKey, LimitError> {
         let d = rules

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use super::Limiter;
 use super::decision::LimitError;
-use crate::store::{CounterKey, Span, Store, Tally};
+use crate::store::{self, Announcements, Counters};
+use crate::store::{CounterKey, Span, Tally};
 
 /// What was noted since the last flush: per (domain, rule), the values hit and denied.
 #[derive(Default)]
@@ -167,7 +168,7 @@ impl Offenders {
     }
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + store::Offenders> Limiter<S> {
     /// Adds what was noted since the last flush to the store now (what a failed flush held is dropped and logged).
     pub async fn flush_offenders(&self) {
         let kept = self.settings.top_offenders;

@@ -5,9 +5,10 @@ use super::Limiter;
 use super::decision::{AppliedLimit, LimitError, Report};
 use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
-use crate::store::{Hit, Mode, Outcome, Store, StoreError};
+use crate::store::{Announcements, Counters};
+use crate::store::{Hit, Mode, Outcome, StoreError};
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements> Limiter<S> {
     /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
     /// every limit. Read-only.
     pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {

@@ -8,9 +8,10 @@ use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
 use super::settings::Cap;
 use crate::rules::{Algorithm, Tier};
-use crate::store::{CounterKey, Store, StreamReset, algorithm};
+use crate::store::{Announcements, Counters, Releases};
+use crate::store::{CounterKey, StreamReset, algorithm};
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + Releases> Limiter<S> {
     /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.
     pub async fn release(&self, request: &Request, lease: &str) -> Result<u64, LimitError> {
         validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("release"))?;

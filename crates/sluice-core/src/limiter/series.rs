@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use super::Limiter;
 use super::decision::LimitError;
-use crate::store::{CounterKey, Store};
+use crate::store::CounterKey;
+use crate::store::{self, Announcements, Counters};
 
 /// The seconds counted since the last flush: per rule and second, allowed and denied. A rule is found by the
 /// address of its path (one allocation per rule of a rule set: no string is hashed on the decision path), and
@@ -90,7 +91,7 @@ const HEARTBEATS: &str = "";
 /// How often the counts are added to the store, and how often the top offenders are (see `offenders`).
 const EVERY: Duration = Duration::from_secs(1);
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + store::Series + store::Offenders> Limiter<S> {
     /// Adds this instance's counts to the store for as long as the limiter lives: the outcomes every second, the top
     /// offenders every [`FLUSH_EVERY`](super::FLUSH_EVERY). Run it once per limiter, in a task of its own.
     pub async fn keep_tallies(self: Arc<Self>) {
@@ -106,7 +107,9 @@ impl<S: Store> Limiter<S> {
             }
         }
     }
+}
 
+impl<S: Counters + Announcements + store::Series> Limiter<S> {
     /// Adds the outcomes counted since the last flush to the store now, and this instance's heartbeat for the current
     /// second (what a failed flush held is dropped and logged).
     pub async fn flush_series(&self) {

@@ -5,13 +5,14 @@
 //! allowed and denied. Each bucket's quota is an ordinary counter (a rule of the domain's `quota_buckets`), so every
 //! Envoy and every sluice instance on one store charges the same count. The allowed requests are counted whatever
 //! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
-//! bucket's ledger in the same store ([`Grants::grant`](crate::store::Grants::grant)), so that every instance shares out the same quota.
+//! bucket's ledger in the same store ([`Grants::grant`]), so that every instance shares out the same quota.
 
 use super::hits::identity_of;
 use super::{LimitError, Limiter};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
-use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Mode, Outcome, Store, StoreError, TierSpec};
+use crate::store::{Announcements, Counters, Grants};
+use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Mode, Outcome, StoreError, TierSpec};
 
 /// One bucket's report: its id (entries sorted by key, no two keys equal) and the requests since the last one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,7 +53,7 @@ pub struct TierState {
     pub retry_after_us: u64,
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements + Grants> Limiter<S> {
     /// Charges each bucket's usage to its quota and reports what is left: one store call for every bucket. An
     /// empty usage (nothing allowed or denied) charges nothing and only reads. A bucket whose counters could not be
     /// reached gets its own error; the others keep their answers.
@@ -200,7 +201,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Grants each claim its part of its bucket's quota ([`Grants::grant`](crate::store::Grants::grant)): one store call for every claim. A claim
+    /// Grants each claim its part of its bucket's quota ([`Grants::grant`]): one store call for every claim. A claim
     /// whose bucket no limited rule matches (or an unlimited or shadow one) gets `None` and touches nothing.
     pub async fn grant_quota(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
         let now_us = self.clock.now_us();

@@ -16,7 +16,7 @@ use super::Limiter;
 use super::budget::{Costs, How};
 use super::decision::{Code, Decision, LimitError, Report};
 use super::request::Request;
-use crate::store::Store;
+use crate::store::{Announcements, Counters};
 
 /// What [`Limiter::wait_for_permit`] answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +80,7 @@ fn turn_name(request: &Request) -> String {
     name
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Counters + Announcements> Limiter<S> {
     /// Waits until the request's hit would pass, at most `max_wait_us`, then decides it as
     /// [`Limiter::should_rate_limit`] does. Answers the last check (OVER_LIMIT, nothing consumed) when the wait would
     /// run past `max_wait_us` or can never end (a cost that never fits, a deny list); refuses the call with

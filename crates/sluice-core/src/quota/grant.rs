@@ -12,7 +12,8 @@ use super::stream::{QuotaStream, Watch};
 use super::vocabulary::{Action, BucketId, NO_REFILL_S, Strategy};
 use crate::limiter::{Charged, Claim, QuotaState};
 use crate::rules::BucketSettings;
-use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice, Store};
+use crate::store::{Announcements, Counters, Grants};
+use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice};
 
 /// One bucket to size a grant for, after its report (or a read) was charged.
 pub(super) struct Due {
@@ -22,7 +23,7 @@ pub(super) struct Due {
     pub(super) report: Option<(u64, u64)>,
 }
 
-impl<S: Store> Quotas<S> {
+impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Sizes each due bucket's grant and turns it into assignments: after a report, one for every bucket; on a tick,
     /// only those that changed or are due.
     pub(super) async fn size(

@@ -12,9 +12,9 @@ use super::vocabulary::{Action, BucketId, QuotaError, Report, ReportedUsage, Str
 use crate::limiter::{Charged, LimitError, Usage};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::InitialAssignment;
-use crate::store::Store;
+use crate::store::{Announcements, Counters, Grants};
 
-impl<S: Store> Quotas<S> {
+impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Charges one message's usage and answers with an assignment for each bucket it names.
     pub async fn report(&self, stream: &mut QuotaStream, report: Report) -> Result<Vec<Action>, QuotaError> {
         let domain = self.check(stream, &report)?;

@@ -8,9 +8,9 @@ use super::stream::QuotaStream;
 use super::vocabulary::{Action, BucketId, QuotaError};
 use super::{Quotas, lock};
 use crate::limiter::{Claim, Usage};
-use crate::store::Store;
+use crate::store::{Announcements, Counters, Grants};
 
-impl<S: Store> Quotas<S> {
+impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// A stream's periodic work: abandons buckets idle for too long (giving their grants back), and sizes again the
     /// buckets where that is due (a TTL about to lapse, a DENY_ALL whose window allows more again, or news from
     /// another stream), sending what changed.

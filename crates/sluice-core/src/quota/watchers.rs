@@ -6,9 +6,10 @@ use std::sync::{Arc, Weak};
 
 use super::stream::Inbox;
 use super::{Quotas, lock};
-use crate::store::{Notice, Store};
+use crate::store::Notice;
+use crate::store::{Announcements, Counters, Grants};
 
-impl<S: Store> Quotas<S> {
+impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Starts, once and inside a runtime, the task that hands the store's notices to the streams that watch the
     /// ledgers they name.
     pub(super) fn listen(self: &Arc<Self>) {

@@ -13,7 +13,7 @@ use crate::faces::wire::{check_request_bytes, to_core, to_response, unit};
 use crate::limiter::{self, Limiter, QueuedWork, Report};
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::proto::sluice::v1 as sluice;
-use crate::store::{Span, Store};
+use crate::store::{Announcements, Counters, Span, Store};
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 pub struct EnvoyService<S> {
@@ -371,7 +371,7 @@ async fn should_rate_limit<S: Store>(
 }
 
 /// Refuses a request whose encoding is over `--max-request-bytes`.
-fn check_size<S: Store, M: prost::Message>(limiter: &Limiter<S>, request: &M) -> Result<(), Status> {
+fn check_size<S: Counters + Announcements, M: prost::Message>(limiter: &Limiter<S>, request: &M) -> Result<(), Status> {
     check_request_bytes(limiter, request.encoded_len()).map_err(to_status)
 }
 

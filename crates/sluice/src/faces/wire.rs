@@ -12,7 +12,7 @@ use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::rules::{Metadata, Unit};
-use crate::store::Store;
+use crate::store::{Announcements, Counters};
 
 use rls::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
@@ -192,7 +192,7 @@ fn kind(v: &serde_json::Value) -> Kind {
 
 /// The byte cap every face applies to a request (`--max-request-bytes`): gRPC to the encoded message, the JSON API to
 /// the body. A request over it is counted as invalid and refused, naming the cap.
-pub fn check_request_bytes<S: Store>(limiter: &Limiter<S>, len: usize) -> Result<(), LimitError> {
+pub fn check_request_bytes<S: Counters + Announcements>(limiter: &Limiter<S>, len: usize) -> Result<(), LimitError> {
     let cap = limiter.settings().caps.max_request_bytes;
     if len > cap {
         limiter.metrics().invalid_request("any");

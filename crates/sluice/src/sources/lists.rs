@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::limiter::Limiter;
 use crate::rules::{ListSource, Matcher};
-use crate::store::Store;
+use crate::store::{Announcements, Counters, Lists};
 use sluice_core::config::MAX_LIST_FILE_BYTES;
 
 /// The longest one fetch may take, connection and body included.
@@ -81,7 +81,10 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Fetches every list of the rules in force that has a URL, once, and puts the values in force. The first failure
 /// is returned, naming the list and the URL: a server must not start without its lists.
-pub async fn fetch_all<S: Store>(limiter: &Limiter<S>, client: &reqwest::Client) -> Result<(), String> {
+pub async fn fetch_all<S: Counters + Announcements + Lists>(
+    limiter: &Limiter<S>,
+    client: &reqwest::Client,
+) -> Result<(), String> {
     for (domain, name, source) in limiter.fetched_lists() {
         let values = fetch(client, &source.url)
             .await
@@ -94,7 +97,7 @@ pub async fn fetch_all<S: Store>(limiter: &Limiter<S>, client: &reqwest::Client)
 
 /// Fetches each list again when its time comes, for as long as the limiter lives (run it in a task of its own). The
 /// HTTP client is made when the rules first have a list with a URL.
-pub async fn keep_fetching<S: Store>(limiter: Arc<Limiter<S>>) {
+pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Limiter<S>>) {
     let mut client: Option<reqwest::Client> = None;
     // When each (domain, list, source) is fetched next: the lists fetched already (at start) after their interval,
     // any other (a reload brought it, or changed its URL) at once.

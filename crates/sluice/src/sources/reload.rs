@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::config;
 use crate::limiter::Limiter;
 use crate::rules::{Domains, RuleSet};
-use crate::store::Store;
+use crate::store::{Announcements, Counters};
 
 /// How long the configuration must be quiet after a change before it is read: editors and `kubectl` write in
 /// several steps.
@@ -49,7 +49,11 @@ pub struct WatchError {
 impl Reloader {
     /// Starts watching `path` (the `--config` file or directory) and reloading `limiter` from it, merging files of
     /// one domain as `domains` says.
-    pub fn start<S: Store>(limiter: Arc<Limiter<S>>, path: PathBuf, domains: Domains) -> Result<Reloader, WatchError> {
+    pub fn start<S: Counters + Announcements>(
+        limiter: Arc<Limiter<S>>,
+        path: PathBuf,
+        domains: Domains,
+    ) -> Result<Reloader, WatchError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if event.is_ok_and(|e| !e.kind.is_access()) {
@@ -133,7 +137,7 @@ fn watched_dir(path: &Path) -> PathBuf {
     }
 }
 
-async fn run<S: Store>(
+async fn run<S: Counters + Announcements>(
     limiter: Arc<Limiter<S>>,
     path: PathBuf,
     domains: Domains,
@@ -172,7 +176,7 @@ pub(crate) fn after_load() {
 }
 
 /// Loads and compiles the configuration; swaps it in when it is valid and different. Returns whether it did.
-pub fn reload<S: Store>(limiter: &Limiter<S>, path: &Path, domains: Domains, forced: bool) -> bool {
+pub fn reload<S: Counters + Announcements>(limiter: &Limiter<S>, path: &Path, domains: Domains, forced: bool) -> bool {
     let metrics = limiter.metrics();
     let compiled = config::load(path).and_then(|files| RuleSet::compile_owned(files, metrics, domains));
     match compiled {
