@@ -203,3 +203,36 @@ async fn the_readmes_client_commands_work_as_written() {
     }
     server.shutdown().await;
 }
+
+/// `sluice-empty`, the yardstick of `benches/empty.sh`, answers Envoy's ShouldRateLimit OK with one status per
+/// descriptor.
+#[test]
+fn the_empty_server_answers_ok_per_descriptor() {
+    let port = crate::harness::free_port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice-empty"))
+        .args(["--grpc-addr", &format!("127.0.0.1:{port}"), "--worker-threads", "1"])
+        .spawn()
+        .unwrap();
+    let call = || {
+        Command::new(env!("CARGO_BIN_EXE_sluice-client"))
+            .args(["--target", &format!("http://127.0.0.1:{port}"), "--domain", "any"])
+            .args(["--descriptor", "a=1", "--descriptor", "b=2"])
+            .output()
+            .unwrap()
+    };
+    let mut out = call();
+    crate::harness::poll_until(std::time::Duration::from_secs(10), || {
+        out = call();
+        out.status.success()
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("overall: OK"), "{text}");
+    assert!(
+        text.contains("descriptor 0: OK") && text.contains("descriptor 1: OK"),
+        "{text}"
+    );
+    assert!(!text.contains("descriptor 2"), "{text}");
+}

@@ -34,7 +34,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{FORMAT, FormatCheck, RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
 
-mod grpc;
+pub mod grpc;
 mod regions;
 
 use grpc::Routes as _;
