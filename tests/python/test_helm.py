@@ -108,7 +108,7 @@ def render(values: dict[str, Any] | None = None) -> dict[str, str]:
 
 def manifests(rendered: dict[str, str]) -> list[dict]:
     """The Kubernetes objects of a rendering (NOTES.txt and templates rendered empty left out)."""
-    docs = []
+    docs: list[dict] = []
     for path, text in rendered.items():
         if path.endswith(".txt"):
             continue
