@@ -3,7 +3,9 @@ real sluice process: the sync and the asyncio client, each call's answer checked
 counted.
 
 - The package as installed: its stubs are the ones `generate.sh` makes from this repository's proto today, it
-  passes `mypy --strict`, and it ships its type information.
+  passes `mypy --strict` (for Python 3.10 too, which it supports), it ships its type information, every public name
+  is exported (`from sluice_client import RuleOffenders` passes `mypy --strict` in a program of its own), its
+  `__version__` is pyproject's, and every method of the clients says what it does.
 - Decisions from both services (sluice.v1 and Envoy's) on the same counters, over-limit answers, GetRemaining's
   exact remaining and retry times (and that it consumes nothing).
 - WaitForPermit: a wait that ends in a permit, one that cannot end in time (answered at once, nothing consumed), and
@@ -12,7 +14,14 @@ counted.
   part) when the block raises, left to expire with `on_error="expire"`, and refused as `BudgetExceeded` without
   running the block.
 - Run-time lists, top offenders, and each gRPC status a caller meets as its exception (the input named).
-- The docs page's budgeted LLM call, run as printed.
+- Descriptors given as mappings or as (key, value) pairs, counted as the guide says.
+- A closed client: a call after `close()` (or on a closed channel of the caller's) and a call in flight when it
+  closed raise `ClientClosed`, sync and async, while a task cancelled by its own caller still sees CancelledError.
+- Every exception through `pickle`, and raised in a worker process of a `ProcessPoolExecutor` and again in the
+  caller, its message, fields and notes intact.
+- A refund that cannot be sent noted on the block's exception, by Python's `add_note` and by the fallback Python
+  3.10 uses.
+- Every Python block of the docs page, run as printed against a sluice serving deploy/config.
 """
 
 from __future__ import annotations
@@ -20,29 +29,43 @@ from __future__ import annotations
 import asyncio
 import datetime
 import filecmp
+import importlib.metadata
+import inspect
+import multiprocessing
 import os
+import pickle
 import re
 import subprocess
 import sys
+import threading
 import time
+import tomllib
+import traceback
+import types
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+import grpc
 import pytest
 import sluice_client
 from sluice_client import (
     AsyncClient,
     BudgetExceeded,
     Client,
+    ClientClosed,
     Code,
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
+    RpcError,
+    SluiceError,
     Unauthenticated,
     Unavailable,
     Unit,
 )
+from sluice_client import _reservation
 
 from conftest import REPO, Sluice, free_port, running_sluice, wait_until
 
@@ -66,6 +89,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100}
   - key: tokens
     rate_limit: {unit: hour, requests_per_unit: 1000, name: tokens_per_hour}
+  - key: plan
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 5, name: plan_user_per_hour}
 """
 
 
@@ -113,14 +140,67 @@ def test_the_committed_stubs_are_generated_from_the_proto(tmp_path: Path):
     assert not differ and not missing, f"stale stubs {differ + missing}: run clients/python/generate.sh"
 
 
-def test_the_package_passes_mypy_strict(tmp_path: Path):
+@pytest.mark.parametrize("python", ["3.11", "3.10"])
+def test_the_package_passes_mypy_strict(tmp_path: Path, python: str):
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path)],
+        [sys.executable, "-m", "mypy", "--strict", "--python-version", python, "--cache-dir", str(tmp_path)],
         cwd=PACKAGE,
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def public_names() -> list[str]:
+    """What `import sluice_client` offers a caller: its names without a leading underscore, modules aside."""
+    return sorted(
+        name
+        for name, value in vars(sluice_client).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType) and name != "annotations"
+    )
+
+
+def test_every_public_name_is_exported():
+    assert "RuleOffenders" in public_names()
+    assert sorted(sluice_client.__all__) == public_names()
+    for name in sluice_client.__all__:
+        assert hasattr(sluice_client, name), f"__all__ names {name}, which the package lacks"
+
+
+def test_a_program_importing_every_public_name_passes_mypy_strict(tmp_path: Path):
+    """`--strict` refuses a name the package imports but does not export ("does not explicitly export"): checked
+    on the package as installed, as a program that uses it sees it."""
+    names = public_names()
+    program = tmp_path / "uses_the_client.py"
+    program.write_text(
+        f"from sluice_client import {', '.join(names)}\n"
+        "import sluice_client\n\n"
+        "version: str = sluice_client.__version__\n"
+        f"everything: list[object] = [{', '.join(names)}]\n"
+        "def busiest(client: Client) -> list[RuleOffenders]:\n"
+        '    return client.top_offenders("edge")\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(program)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_version_is_pyprojects():
+    declared = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]["version"]
+    assert sluice_client.__version__ == declared == importlib.metadata.version("sluice-client")
+
+
+def test_every_method_of_the_clients_says_what_it_does():
+    for cls in (Client, AsyncClient):
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                assert inspect.getdoc(member), f"{cls.__name__}.{name} has no docstring"
+    assert "ClientClosed" in (inspect.getdoc(Client.close) or "")
+    assert "ClientClosed" in (inspect.getdoc(AsyncClient.close) or "")
 
 
 # Decisions.
@@ -292,7 +372,8 @@ def test_reservation_over_budget_raises_without_running_the_block(client: Client
     assert not refused.allowed and refused.id == ""
 
 
-def test_a_refund_that_cannot_be_sent_keeps_the_blocks_exception(sluice_bin: Path, tmp_path: Path):
+def refund_that_cannot_be_sent(sluice_bin: Path, tmp_path: Path) -> BaseException:
+    """The exception of a block whose server stopped while it ran, so that its refund could not be sent."""
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "shop.yaml").write_text(CONFIG)
     server = Sluice(sluice_bin, tmp_path / "config", tmp_path)
@@ -303,11 +384,55 @@ def test_a_refund_that_cannot_be_sent_keeps_the_blocks_exception(sluice_bin: Pat
                 with client.reservation("shop", {"tokens": "k"}, estimate=10):
                     assert server.stop() == 0
                     raise RuntimeError("model failed")
-            if sys.version_info >= (3, 11):  # exception notes are new in 3.11
-                notes = getattr(raised.value, "__notes__", [])
-                assert any("could not be settled" in n and "UNAVAILABLE" in n for n in notes), notes
+        return raised.value
     finally:
         server.stop()
+
+
+def refund_noted(error: BaseException) -> None:
+    notes = getattr(error, "__notes__", [])
+    assert any("could not be settled" in n and "UNAVAILABLE" in n for n in notes), notes
+    printed = "".join(traceback.format_exception(error))
+    assert "the reservation could not be settled" in printed, printed
+
+
+def test_a_refund_that_cannot_be_sent_keeps_the_blocks_exception(sluice_bin: Path, tmp_path: Path):
+    refund_noted(refund_that_cannot_be_sent(sluice_bin, tmp_path))
+
+
+def test_a_refund_that_cannot_be_sent_is_noted_where_python_has_no_add_note(
+    sluice_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Python 3.10 has no `BaseException.add_note`: the package then appends to `__notes__` itself, the list 3.11
+    reads. Here the package is made to take that path, and nothing else adds the note."""
+    used: list[str] = []
+
+    def without_add_note(error: BaseException, note: str) -> None:
+        used.append(note)
+        _reservation.append_note(error, note)
+
+    monkeypatch.setattr(_reservation, "add_note", without_add_note)
+    error = refund_that_cannot_be_sent(sluice_bin, tmp_path)
+    assert len(used) == 1
+    refund_noted(error)
+
+
+def test_the_note_fallback_keeps_every_note():
+    error = RuntimeError("model failed")
+    _reservation.append_note(error, "first")
+    _reservation.append_note(error, "second")
+    assert error.__notes__ == ["first", "second"]
+    noted = ValueError("noted already")
+    noted.add_note("by Python")
+    _reservation.append_note(noted, "by the fallback")
+    assert noted.__notes__ == ["by Python", "by the fallback"]
+    printed = "".join(traceback.format_exception(noted))
+    assert printed.rstrip().endswith("by Python\nby the fallback"), printed
+    # A stray non-list `__notes__` is replaced rather than appended to by accident.
+    odd = RuntimeError("odd")
+    odd.__notes__ = "not a list"  # type: ignore[assignment]
+    _reservation.append_note(odd, "note")
+    assert odd.__notes__ == ["note"]
 
 
 def test_reservation_that_meets_no_limit_holds_and_settles_nothing(client: Client):
@@ -399,6 +524,193 @@ def test_errors_name_the_input(sluice: Sluice, client: Client):
     assert isinstance(unreachable.value, ConnectionError)
 
 
+def test_descriptors_as_mappings_or_pairs(client: Client):
+    """As the guide says: a mapping is one descriptor; a list holds descriptors, each a mapping or a list of pairs;
+    a flat list of pairs is refused, not guessed at."""
+    user = fresh("u")
+    (one,) = client.should_rate_limit("shop", [[("plan", "pro"), ("user", user)]]).statuses
+    assert one.limit is not None and (one.limit.name, one.remaining) == ("plan_user_per_hour", 4)
+    (same,) = client.get_remaining("shop", {"plan": "pro", "user": user})
+    assert same.remaining == 4, "the pairs and the mapping are the same descriptor"
+    plan, alone = client.should_rate_limit("shop", [{"plan": "pro"}, [("user", user)]]).statuses
+    assert plan.limit is None
+    assert alone.limit is not None and (alone.limit.name, alone.remaining) == ("user_per_hour", 2)
+    with pytest.raises(InvalidArgument, match=r"descriptors\[0\]\.entries\[0\]: expected a \(key, value\) pair"):
+        client.should_rate_limit("shop", [("user", user)])  # type: ignore[list-item]
+    assert client.get_remaining("shop", {"user": user})[0].remaining == 2, "the refused call counted nothing"
+
+
+# A closed client.
+
+
+def spent_user(client: Client) -> dict[str, str]:
+    """A `user` whose hour is spent: a WaitForPermit for it is held until the hour ends."""
+    user = {"user": fresh("u")}
+    client.should_rate_limit("shop", user, hits_addend=3)
+    return user
+
+
+def test_a_call_on_a_closed_client_raises_client_closed(sluice: Sluice):
+    with Client(sluice.grpc_target) as client:
+        assert client.should_rate_limit("shop", {"user": fresh("u")}).allowed
+    with pytest.raises(ClientClosed, match="^ShouldRateLimit: the client is closed$") as raised:
+        client.should_rate_limit("shop", {"user": fresh("u")})
+    assert isinstance(raised.value, SluiceError) and raised.value.method == "ShouldRateLimit"
+    client.close()  # again: nothing more
+    with pytest.raises(ClientClosed):
+        with client.reservation("shop", {"tokens": fresh("k")}, estimate=1):
+            pytest.fail("the block ran on a closed client")
+    # A channel of the caller's, closed by the caller.
+    channel = grpc.insecure_channel(sluice.grpc_target)
+    theirs = Client(channel=channel)
+    assert theirs.should_rate_limit("shop", {"user": fresh("u")}).allowed
+    channel.close()
+    with pytest.raises(ClientClosed, match="^GetRemaining: "):
+        theirs.get_remaining("shop", {"user": fresh("u")})
+
+
+def test_closing_a_client_ends_a_wait_in_flight_with_client_closed(sluice: Sluice, client: Client):
+    user = spent_user(client)
+    waiting = Client(sluice.grpc_target)
+    closer = threading.Timer(0.3, waiting.close)
+    closer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClientClosed, match="^WaitForPermit: the client is closed$"):
+            waiting.wait_for_permit("shop", user, max_wait=3600)
+    finally:
+        closer.join()
+    assert time.monotonic() - started < 5, "the wait ended when the client closed, not when the hour did"
+
+
+def test_async_close_ends_a_wait_in_flight_with_client_closed_not_cancellation(sluice: Sluice, client: Client):
+    async def main() -> None:
+        # A call after close, and on a closed channel of the caller's.
+        async with AsyncClient(sluice.grpc_target) as closed:
+            pass
+        with pytest.raises(ClientClosed, match="^ShouldRateLimit: the client is closed$"):
+            await closed.should_rate_limit("shop", {"user": fresh("u")})
+        channel = grpc.aio.insecure_channel(sluice.grpc_target)
+        theirs = AsyncClient(channel=channel)
+        await channel.close()
+        with pytest.raises(ClientClosed, match="^ShouldRateLimit: "):
+            await theirs.should_rate_limit("shop", {"user": fresh("u")})
+
+        # A wait in flight when another task closes the client: the waiting task gets ClientClosed.
+        user = spent_user(client)
+        waiting = AsyncClient(sluice.grpc_target)
+        task = asyncio.create_task(waiting.wait_for_permit("shop", user, max_wait=3600))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        started = time.monotonic()
+        await waiting.close()
+        with pytest.raises(ClientClosed, match="^WaitForPermit: the client is closed$"):
+            await asyncio.wait_for(task, 5)
+        assert not task.cancelled() and time.monotonic() - started < 5
+
+        # A task its caller cancels still sees CancelledError: on an open client, and when the client closes
+        # before the cancelled task has woken.
+        for close_too in (False, True):
+            other = AsyncClient(sluice.grpc_target)
+            task = asyncio.create_task(other.wait_for_permit("shop", user, max_wait=3600))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            if close_too:
+                await other.close()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert task.cancelled(), close_too
+            await other.close()
+
+        # A caller's own timeout is still a timeout.
+        async with AsyncClient(sluice.grpc_target) as timed:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(timed.wait_for_permit("shop", user, max_wait=3600), 0.3)
+
+    asyncio.run(main())
+
+
+# Exceptions across processes.
+
+
+def raise_in_worker(target: str, what: str) -> None:
+    """Run in a worker process: a real call that raises, the exception going back to the caller by pickle."""
+    with Client(target, admin_token=TOKEN) as client:
+        if what == "NotFound":
+            client.get_list_entries("shop", "allowed")
+        elif what == "InvalidArgument":
+            client.should_rate_limit("", {"user": "a"})
+        elif what == "BudgetExceeded":
+            with client.reservation("shop", {"tokens": fresh("k")}, estimate=1001):
+                pass
+        elif what == "ClientClosed":
+            client.close()
+            client.should_rate_limit("shop", {"user": "a"})
+        elif what == "noted":
+            try:
+                client.get_list_entries("shop", "allowed")
+            except NotFound as error:
+                error.add_note("raised in a worker")
+                raise
+    raise AssertionError(f"{what}: nothing raised")
+
+
+def exception_state(error: BaseException) -> dict[str, Any]:
+    """What a caller reads of an exception: its type, message, fields and notes."""
+    fields = ("method", "code", "details", "domain", "statuses", "__notes__")
+    return {"type": type(error), "str": str(error), **{f: getattr(error, f, None) for f in fields}}
+
+
+def raised_here(sluice: Sluice, what: str) -> SluiceError:
+    with pytest.raises(SluiceError) as raised:
+        raise_in_worker(sluice.grpc_target, what)
+    return raised.value
+
+
+WORKER_ERRORS = ["NotFound", "InvalidArgument", "BudgetExceeded", "ClientClosed", "noted"]
+
+
+@pytest.mark.parametrize("what", WORKER_ERRORS)
+def test_every_exception_survives_pickle(sluice: Sluice, what: str):
+    error = raised_here(sluice, what)
+    copy = pickle.loads(pickle.dumps(error))
+    assert exception_state(copy) == exception_state(error)
+    assert copy.args == error.args
+
+
+def test_exceptions_built_by_hand_survive_pickle():
+    for error in [
+        SluiceError("plain"),
+        RpcError("Settle", grpc.StatusCode.INTERNAL, "store failed"),
+        Unavailable("ShouldRateLimit", grpc.StatusCode.UNAVAILABLE, ""),
+        DeadlineExceeded("WaitForPermit", grpc.StatusCode.DEADLINE_EXCEEDED, "ran out"),
+        BudgetExceeded("llm", ()),
+        ClientClosed("Reserve"),
+    ]:
+        copy = pickle.loads(pickle.dumps(error))
+        assert exception_state(copy) == exception_state(error)
+
+
+def test_exceptions_raised_in_a_worker_process_are_raised_again_in_the_caller(sluice: Sluice):
+    # Spawned, not forked: a forked child would inherit this process's gRPC state.
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for what in WORKER_ERRORS:
+            with pytest.raises(SluiceError) as raised:
+                pool.submit(raise_in_worker, sluice.grpc_target, what).result(timeout=60)
+            error = raised.value
+            here = raised_here(sluice, what)
+            expected = exception_state(here)
+            got = exception_state(error)
+            if what == "BudgetExceeded":
+                # The same refusal, of another key: compare all but the reset times.
+                assert [s.code for s in error.statuses] == [Code.OVER_LIMIT]
+                assert error.statuses[0].limit.name == "tokens_per_hour"
+                got["statuses"] = expected["statuses"] = None
+            assert got == expected, what
+            if what == "noted":
+                assert error.__notes__ == ["raised in a worker"]
+
+
 # The asyncio client: the same calls, awaited.
 
 
@@ -446,15 +758,88 @@ def test_async_client(sluice: Sluice):
     asyncio.run(main())
 
 
-# The docs page's example.
+# The docs page's examples.
+
+GUIDE = REPO / "docs" / "src" / "client-python.md"
+GUIDE_BLOCKS = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
+#: The budgeted LLM call calls the application's own model: `test_the_docs_budgeted_llm_call_runs_as_printed`
+#: runs it with a fake one.
+LLM_BLOCK = "llm.generate("
+
+
+@pytest.fixture(scope="module")
+def deployed(sluice_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
+    """sluice serving deploy/config with an admin token, as the README's run command starts it."""
+    workdir = tmp_path_factory.mktemp("client-guide")
+    with running_sluice(sluice_bin, REPO / "deploy" / "config", workdir, ("--admin-token", TOKEN)) as server:
+        yield server
+
+
+def spend_a_second(target: str) -> None:
+    """Spends the second's 10 hits of edge's `remote_address` 10.0.0.1, so that a wait for a permit waits."""
+    with Client(target) as client:
+        assert any(
+            not client.should_rate_limit("edge", {"remote_address": "10.0.0.1"}, hits_addend=10).allowed
+            for _ in range(3)
+        )
+
+
+def check_connecting(out: str, client: Client) -> None:
+    assert out == "True\nTrue\n", out
+
+
+def check_waiting(out: str, client: Client) -> None:
+    waited = re.fullmatch(r"allowed after ([\d.e-]+) s\n", out)
+    assert waited and 0 <= float(waited.group(1)) <= 1.0, out
+
+
+def check_lists(out: str, client: Client) -> None:
+    assert out.splitlines()[0] == "1", out
+    assert "203.0.113.0/24" in [e.value for e in client.get_list_entries("edge", "blocked")]
+    for line in out.splitlines()[1:]:
+        assert re.fullmatch(r"edge\.\S+ \[.*\]", line), out
+
+
+#: Each block but the LLM call, known by a line of its own, with what it must print.
+GUIDE_CHECKS = {
+    "AsyncClient(": check_connecting,
+    "wait_for_permit(": check_waiting,
+    "add_list_entries(": check_lists,
+}
+
+
+def test_every_python_block_of_the_guide_is_run():
+    assert len(GUIDE_BLOCKS) == len(GUIDE_CHECKS) + 1, GUIDE_BLOCKS
+    for block in GUIDE_BLOCKS:
+        claimed = [key for key in [*GUIDE_CHECKS, LLM_BLOCK] if key in block]
+        assert len(claimed) == 1, (claimed, block)
+
+
+@pytest.mark.parametrize("key", list(GUIDE_CHECKS))
+def test_the_guides_blocks_run_on_their_own_as_printed(deployed: Sluice, tmp_path: Path, key: str):
+    """Each block in a Python process of its own, as printed but for the server's address: its imports, its client
+    and its token are its own."""
+    (block,) = [b for b in GUIDE_BLOCKS if key in b]
+    assert block.count("127.0.0.1:8081") >= 1, block
+    if key == "wait_for_permit(":
+        spend_a_second(deployed.grpc_target)
+    out = subprocess.run(
+        [sys.executable, "-c", block.replace("127.0.0.1:8081", deployed.grpc_target)],
+        cwd=tmp_path,
+        env={**os.environ, "SLUICE_ADMIN_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    with Client(deployed.grpc_target, admin_token=TOKEN) as client:
+        GUIDE_CHECKS[key](out.stdout, client)
 
 
 def test_the_docs_budgeted_llm_call_runs_as_printed(sluice_bin: Path, tmp_path: Path):
     """docs/src/client-python.md's ten lines, run against deploy/config's `llm` domain with a fake model: a call
     that fits is settled with its actual tokens, one over budget never reaches the model."""
-    page = (REPO / "docs" / "src" / "client-python.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-    example = next(b for b in blocks if "reservation(" in b)
+    (example,) = [b for b in GUIDE_BLOCKS if LLM_BLOCK in b]
     assert len(example.strip().splitlines()) <= 10, example
 
     class Reply:

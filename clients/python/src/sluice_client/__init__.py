@@ -12,7 +12,11 @@ The map of the package:
 - `errors`: gRPC statuses as exceptions, mapped in one place;
 - `_proto`: the stubs generated from `proto/sluice/v1/sluice.proto` (`generate.sh`); the Envoy messages come from
   xds-protos.
+
+`__version__` is the installed distribution's version, which `pyproject.toml` sets: the one place it is written.
 """
+
+from importlib import metadata as _metadata
 
 from ._aio import AsyncClient
 from ._calls import DEFAULT_TIMEOUT_S, Descriptors, Entries, Seconds, Span
@@ -36,6 +40,7 @@ from ._types import (
 )
 from .errors import (
     BudgetExceeded,
+    ClientClosed,
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
@@ -53,6 +58,7 @@ __all__ = [
     "AsyncReservation",
     "BudgetExceeded",
     "Client",
+    "ClientClosed",
     "Code",
     "DeadlineExceeded",
     "Decision",
@@ -73,6 +79,7 @@ __all__ = [
     "Reserved",
     "ResourceExhausted",
     "RpcError",
+    "RuleOffenders",
     "Seconds",
     "Settled",
     "Settlement",
@@ -82,3 +89,8 @@ __all__ = [
     "Unavailable",
     "Unit",
 ]
+
+try:
+    __version__ = _metadata.version("sluice-client")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -4,6 +4,8 @@ and its failures become exceptions."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -17,10 +19,23 @@ from ._calls import DEFAULT_TIMEOUT_S, Call, Descriptors, Seconds, Span
 from ._proto import sluice_pb2_grpc
 from ._reservation import AsyncReservation, OnError
 from ._types import Decision, ListEntry, Permit, Remaining, Reserved, RuleOffenders, Settled
-from .errors import from_rpc_error
+from .errors import ClientClosed, from_rpc_error
 
 T = TypeVar("T")
 
+
+def _cancelled_by_caller() -> bool:
+    """Whether the running task was asked to stop (`Task.cancel()`), rather than seeing a CancelledError that grpc
+    raised for a call the closing of its channel ended.
+
+    Python 3.11 counts a task's pending cancellations (`Task.cancelling()`). Python 3.10 keeps no such count: there,
+    a CancelledError seen once the client is closed is taken for the close, so a task cancelled after its client
+    was closed, before it woke from the ended call, raises `ClientClosed` rather than CancelledError.
+    """
+    if sys.version_info < (3, 11):
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class AsyncClient:
@@ -55,8 +70,13 @@ class AsyncClient:
         }
         self.admin_token = admin_token
         self.timeout = timeout
+        self._closed = False
 
     async def close(self) -> None:
+        """Closes the channel the client opened (one given as `channel=` is left to its owner). A call made after
+        raises `ClientClosed`, and so does a call still in flight then (a `wait_for_permit` still waiting, in
+        another task): the call is abandoned, and its task is not cancelled. Closing twice does nothing more."""
+        self._closed = True
         if self._owned:
             await self._channel.close()
 
@@ -69,13 +89,26 @@ class AsyncClient:
         await self.close()
 
     async def _run(self, call: Call[T], timeout: float | None = None) -> T:
+        if self._closed:
+            raise ClientClosed(call.method)
         method = getattr(self._stubs[call.service], call.method)
         deadline = _calls.deadline(call, timeout, self.timeout)
         started = time.monotonic()
         try:
             response = await method(call.request, timeout=deadline, metadata=_calls.metadata(call, self.admin_token))
         except grpc.RpcError as error:
+            if self._closed:
+                raise ClientClosed(call.method) from error
             raise from_rpc_error(call.method, error, deadline, time.monotonic() - started) from error
+        except grpc.aio.UsageError as error:
+            # A call on a channel of the caller's that was closed.
+            raise ClientClosed(call.method) from error
+        except asyncio.CancelledError:
+            # Closing the channel cancels the calls in flight, and grpc raises that in the caller's task as a
+            # CancelledError. Only a cancellation the task's own caller asked for goes on as one.
+            if self._closed and not _cancelled_by_caller():
+                raise ClientClosed(call.method) from None
+            raise
         return call.read(response)
 
     # Decisions.

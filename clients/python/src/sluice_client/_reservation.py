@@ -16,7 +16,8 @@ expires, charged at its estimate, and the failure is added to the exception's no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -104,9 +105,29 @@ class ReservationState(Generic[C]):
         return _calls.settle(self.domain, self.descriptors, self.id, actual, actuals)
 
 
+def append_note(error: BaseException, note: str) -> None:
+    """`BaseException.add_note` for Python 3.10, which has none: appends to the exception's `__notes__` list, the one
+    Python 3.11 and later keep notes in and print under the traceback (and that pytest and the `exceptiongroup`
+    backport print on 3.10)."""
+    notes = getattr(error, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        # Not `error.__notes__ = ...`: the attribute is typed on 3.11 and later only.
+        setattr(error, "__notes__", notes)
+    notes.append(note)
+
+
+add_note: Callable[[BaseException, str], None]
+"""Adds a note to an exception: Python's own where it has one (3.11 and later), else `append_note`."""
+if sys.version_info >= (3, 11):
+    add_note = BaseException.add_note
+else:
+    add_note = append_note
+
+
 def _note(error: BaseException | None, failure: SluiceError) -> None:
-    if error is not None and hasattr(error, "add_note"):
-        error.add_note(f"the reservation could not be settled, and expires charged at its estimate: {failure}")
+    if error is not None:
+        add_note(error, f"the reservation could not be settled, and expires charged at its estimate: {failure}")
 
 
 class Reservation(ReservationState[Runs]):

@@ -16,7 +16,7 @@ from ._calls import DEFAULT_TIMEOUT_S, Call, Descriptors, Seconds, Span
 from ._proto import sluice_pb2_grpc
 from ._reservation import OnError, Reservation
 from ._types import Decision, ListEntry, Permit, Remaining, Reserved, RuleOffenders, Settled
-from .errors import from_rpc_error
+from .errors import ClientClosed, from_rpc_error
 
 T = TypeVar("T")
 
@@ -53,8 +53,12 @@ class Client:
         }
         self.admin_token = admin_token
         self.timeout = timeout
+        self._closed = False
 
     def close(self) -> None:
+        """Closes the channel the client opened (one given as `channel=` is left to its owner). A call made after,
+        or still in flight then (in another thread), raises `ClientClosed`. Closing twice does nothing more."""
+        self._closed = True
         if self._owned:
             self._channel.close()
 
@@ -67,13 +71,24 @@ class Client:
         self.close()
 
     def _run(self, call: Call[T], timeout: float | None = None) -> T:
+        if self._closed:
+            raise ClientClosed(call.method)
         method = getattr(self._stubs[call.service], call.method)
         deadline = _calls.deadline(call, timeout, self.timeout)
         started = time.monotonic()
         try:
             response = method(call.request, timeout=deadline, metadata=_calls.metadata(call, self.admin_token))
         except grpc.RpcError as error:
+            # A call in flight when `close()` ran ends CANCELLED ("Channel closed!").
+            if self._closed:
+                raise ClientClosed(call.method) from error
             raise from_rpc_error(call.method, error, deadline, time.monotonic() - started) from error
+        except ValueError as error:
+            # grpc's word for a call on a channel that was closed: a channel of the caller's, or ours closed by
+            # another thread since the check above.
+            if self._closed or "closed channel" in str(error):
+                raise ClientClosed(call.method) from error
+            raise
         return call.read(response)
 
     # Decisions.

@@ -5,11 +5,16 @@ Every exception is a `SluiceError`. Those raised for a gRPC status carry the met
 names the offending input (`descriptors[0].entries[0]: empty key`); they also derive from the matching built-in
 exception where there is one (`ValueError`, `LookupError`, `PermissionError`, `TimeoutError`, `ConnectionError`), so
 code that knows nothing of sluice can still catch them sensibly.
+
+Every exception survives `pickle` with its message, its fields and its notes, so one raised in a worker process
+(`concurrent.futures.ProcessPoolExecutor`, `multiprocessing`, a task queue) is raised again in the caller as itself.
+An exception whose constructor takes more than its message says how it is rebuilt (`__reduce__`): from its fields,
+with the rest of its state (notes included) restored afterwards.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -32,6 +37,9 @@ class RpcError(SluiceError):
         self.method = method
         self.code = code
         self.details = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.method, self.code, self.details), self.__dict__
 
 
 class InvalidArgument(RpcError, ValueError):
@@ -75,6 +83,23 @@ class BudgetExceeded(SluiceError):
         super().__init__(f"reservation in '{domain}' refused: over budget ({names or 'no room'})")
         self.domain = domain
         self.statuses = statuses
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.domain, self.statuses), self.__dict__
+
+
+class ClientClosed(SluiceError):
+    """A call on a client that was closed (`close()`, or the end of its `with` block), or on a channel of the
+    caller's that was; and a call in flight when its client was closed, such as a WaitForPermit still waiting: that
+    call is abandoned, and its task sees this rather than a cancellation it did not ask for. `method` is the RPC.
+    """
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"{method}: the client is closed")
+        self.method = method
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.method,), self.__dict__
 
 
 _BY_CODE: dict[grpc.StatusCode, type[RpcError]] = {
