@@ -4,7 +4,8 @@
 # and prost; it answers OK with one status per descriptor and keeps no state). Both with one serving thread, driven
 # by h2load with the same request (one descriptor, 8 connections with 16 calls in flight each), in alternated
 # rounds; for each run the server's CPU time per decision, read from /proc before and after, and per round the ratio
-# sluice / empty. ROUNDS (4) and REQUESTS (600000) change the length.
+# sluice / empty. ROUNDS (4) and REQUESTS (600000) change the length; BEFORE=/path/to/an/earlier/sluice runs that
+# build too, in the same rounds, for a before and after on one host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-4}
@@ -35,6 +36,8 @@ run() {
   case "$name" in
     sluice) "$release/sluice" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
       --http-addr "127.0.0.1:$http" --worker-threads 1 >"$work/$name.log" 2>&1 & ;;
+    before) "$BEFORE" serve --config "$work/sluice.yaml" --grpc-addr "127.0.0.1:$grpc" \
+      --http-addr "127.0.0.1:$http" --worker-threads 1 >"$work/$name.log" 2>&1 & ;;
     empty) "$release/sluice-empty" --grpc-addr "127.0.0.1:$grpc" --worker-threads 1 >"$work/$name.log" 2>&1 & ;;
   esac
   local pid=$!
@@ -55,17 +58,26 @@ run() {
 }
 
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-sum_s=0; sum_e=0
+servers=(sluice empty)
+[ -n "${BEFORE:-}" ] && servers+=(before)
+declare -A sum
+for name in "${servers[@]}"; do sum[$name]=0; done
 for round in $(seq "$ROUNDS"); do
   echo "--- round $round"
-  order=(sluice empty)
-  if [ $((round % 2)) -eq 0 ]; then order=(empty sluice); fi
+  order=("${servers[@]}")
+  if [ $((round % 2)) -eq 0 ]; then order=($(printf '%s\n' "${servers[@]}" | tac)); fi
+  declare -A this
   for name in "${order[@]}"; do
     run "$name"
-    if [ "$name" = sluice ]; then s=$per_decision; else e=$per_decision; fi
+    this[$name]=$per_decision
+    sum[$name]=$(echo "${sum[$name]} + $per_decision" | bc -l)
   done
-  printf 'ratio   %.3f\n' "$(echo "$s / $e" | bc -l)"
-  sum_s=$(echo "$sum_s + $s" | bc -l); sum_e=$(echo "$sum_e + $e" | bc -l)
+  for name in "${servers[@]}"; do
+    [ "$name" = empty ] || printf 'ratio   %-7s %.3f\n' "$name" "$(echo "${this[$name]} / ${this[empty]}" | bc -l)"
+  done
 done
-printf -- '--- all rounds: sluice %.2f us, empty %.2f us per decision, ratio %.3f\n' \
-  "$(echo "$sum_s / $ROUNDS" | bc -l)" "$(echo "$sum_e / $ROUNDS" | bc -l)" "$(echo "$sum_s / $sum_e" | bc -l)"
+echo "--- all rounds"
+for name in "${servers[@]}"; do
+  printf '%-7s %.2f us per decision, %.3f of empty\n' "$name" "$(echo "${sum[$name]} / $ROUNDS" | bc -l)" \
+    "$(echo "${sum[$name]} / ${sum[empty]}" | bc -l)"
+done
