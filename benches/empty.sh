@@ -16,7 +16,7 @@ done
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-cargo build --release --locked --bin sluice --bin sluice-empty >&2
+cargo build --release --locked -p sluice -p sluice-tools --bin sluice --bin sluice-empty >&2
 release=$PWD/target/release
 
 cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"; }
