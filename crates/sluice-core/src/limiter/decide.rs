@@ -66,8 +66,7 @@ impl<S: Counters + Announcements> Limiter<S> {
         let mut hits = Vec::with_capacity(targets.len());
         for (index, (descriptor, target)) in request.descriptors.iter().zip(targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
-                let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                let cost = how.cost(request, descriptor).min(capacity + 1);
+                let cost = how.cost(request, descriptor);
                 let mut hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, named);
                 hit.lease = lease.map(str::to_string).unwrap_or_default();
                 let reports = rule.is_some_and(|r| r.cost_reports);

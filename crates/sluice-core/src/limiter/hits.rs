@@ -28,6 +28,9 @@ impl<S: Counters + Announcements> Limiter<S> {
         cost: u64,
         named: &[(String, u64)],
     ) -> Hit {
+        // A cost past the largest capacity + 1 can never fit, and bounded it stays exact in the scripts' doubles.
+        let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
+        let cost = cost.min(capacity + 1);
         let id = self.identity(&request.domain, descriptor, shared);
         let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
         let regions = self.guard.regions().is_some();

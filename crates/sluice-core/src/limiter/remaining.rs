@@ -24,8 +24,7 @@ impl<S: Counters + Announcements> Limiter<S> {
             .zip(&targets)
             .filter_map(|(descriptor, target)| match target {
                 Target::Limited { tiers, rule, shared } => {
-                    let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
-                    let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost.min(capacity + 1), &[]);
+                    let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, &[]);
                     Some(Hit {
                         mode: Mode::Peek,
                         ..hit
