@@ -100,33 +100,82 @@ async fn reset_deletes_every_sub_window(store: impl Store) {
     assert_eq!(decide(&l, &r).await.statuses[0].remaining, 9);
 }
 
-/// In Redis a hit on limits that share their sub-windows is one count: one key per second, holding the hits.
+/// In Redis the limits that share their sub-windows keep one hash: a hit is one count in its second, beside the sum
+/// of the seconds kept, the oldest and newest kept and the longest window (15 seconds); a second's first count
+/// deletes the seconds no window spans any more; past every window the hash starts afresh.
 #[tokio::test]
-async fn redis_keeps_one_count_per_sub_window_for_every_limit() {
+async fn redis_keeps_one_hash_of_the_shared_sub_windows() {
     let redis = crate::harness::RedisServer::start();
     let (l, clock) = limiter(CONFIG, crate::harness::redis_store(&redis.url()).await);
     let r = req("api", "k");
+    let counter = crate::harness::counter_of("sluice:", "bw", &[("api", "k")], Algorithm::BucketedWindow, SECOND);
+    let hash = || {
+        let mut fields: Vec<(String, String)> = redis
+            .cli(&["--raw", "HGETALL", &counter])
+            .lines()
+            .collect::<Vec<_>>()
+            .chunks(2)
+            .map(|p| (p[0].to_string(), p.get(1).unwrap_or(&"").to_string()))
+            .collect();
+        fields.sort();
+        fields
+    };
+    let at = |seconds: u64| (T0 + seconds * SECOND).to_string();
+    let fields = |pairs: &[(String, &str)]| {
+        let mut v: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
+        v.sort();
+        v
+    };
     for _ in 0..3 {
         decide(&l, &r).await;
     }
     clock.advance(SECOND);
     decide(&l, &r).await;
-    let counter = crate::harness::counter_of("sluice:", "bw", &[("api", "k")], Algorithm::BucketedWindow, SECOND);
-    let counts: Vec<(String, String)> = redis
-        .snapshot()
-        .into_iter()
-        // A bucketed window named by its one-second sub-window (its counter's key), then the sub-window's start.
-        .filter(|(k, _, _)| k.starts_with(&format!("{counter}:")))
-        .map(|(k, _, _)| {
-            let value = redis.cli(&["--raw", "GET", &k]).trim().to_string();
-            (k.rsplit(':').next().unwrap_or_default().to_string(), value)
-        })
-        .collect();
-    let (t0, t1) = (T0.to_string(), (T0 + SECOND).to_string());
     assert_eq!(
-        counts,
-        [(t0, "3".to_string()), (t1, "1".to_string())],
-        "one count per second"
+        hash(),
+        fields(&[
+            (at(0), "3"),
+            (at(1), "1"),
+            ("t".into(), "4"),
+            ("o".into(), &at(0)),
+            ("l".into(), &at(1)),
+            ("s".into(), "15"),
+        ]),
+        "one count per second, shared"
+    );
+    let snapshot = redis.snapshot();
+    let (_, _, ttl) = snapshot.iter().find(|(k, _, _)| *k == counter).expect("the counter");
+    assert!(
+        *ttl > 14_000 && *ttl <= 15_000,
+        "lives as long as the longest window counts its newest second: {ttl}"
+    );
+    // At second 15 the first second is out of every window: its count goes with second 15's first.
+    clock.advance(14 * SECOND);
+    decide(&l, &r).await;
+    assert_eq!(
+        hash(),
+        fields(&[
+            (at(1), "1"),
+            (at(15), "1"),
+            ("t".into(), "2"),
+            ("o".into(), &at(1)),
+            ("l".into(), &at(15)),
+            ("s".into(), "15"),
+        ]),
+        "the seconds no window spans deleted"
+    );
+    // Past every window nothing kept counts: the hash starts afresh.
+    clock.advance(60 * SECOND);
+    decide(&l, &r).await;
+    assert_eq!(
+        hash(),
+        fields(&[
+            (at(75), "1"),
+            ("t".into(), "1"),
+            ("o".into(), &at(75)),
+            ("l".into(), &at(75)),
+            ("s".into(), "15"),
+        ])
     );
 }
 

@@ -65,7 +65,7 @@ impl<S: Counters + Announcements + Releases> Limiter<S> {
     }
 
     /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A counter kept in
-    /// Redis as a key per window ([`CounterKey::window`]: the fixed, sliding and bucketed windows) comes with the keys
+    /// Redis as a key per window ([`CounterKey::window`]: the fixed and sliding windows) comes with the keys
     /// of every window it may hold now (`algorithm::window_starts`), as does the counter's own key, which the memory
     /// store and the previous form of the Redis counter use.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
@@ -78,8 +78,7 @@ impl<S: Counters + Announcements + Releases> Limiter<S> {
                 let id = self.identity(&request.domain, descriptor, shared);
                 for tier in tiers.iter().filter(|t| select(t)) {
                     let key = tier_key(&id, tier, alone(tiers, *rule));
-                    let (window, burst) = (tier.limit.window_us(), u64::from(tier.limit.burst));
-                    let windows = algorithm::window_starts(tier.limit.algorithm, window, burst, now_us);
+                    let windows = algorithm::window_starts(tier.limit.algorithm, tier.limit.window_us(), now_us);
                     keys.extend(windows.map(|s| key.window(s)));
                     keys.push(key);
                 }

@@ -369,16 +369,14 @@ pub(crate) fn refund(t: &TierSpec, state: Option<&Counter>, now: u64, at: u64, a
     }
 }
 
-/// The first microseconds of the windows a counter of `algorithm` (over `window_us`, with `burst`) may hold a key
+/// The first microseconds of the windows a counter of `algorithm` (over `window_us`) may hold a key
 /// for at `now` in Redis ([`CounterKey::window`](crate::store::CounterKey::window)), so that a reset deletes every
 /// one: the current window and the next (the store may decide by its own clock, a little ahead of this one); a
-/// sliding window's previous one too; a bucketed window's every sub-window its window spans. None for the algorithms
-/// that keep one key.
-pub(crate) fn window_starts(algorithm: Algorithm, window_us: u64, burst: u64, now: u64) -> impl Iterator<Item = u64> {
-    let (span, before) = match algorithm {
+/// sliding window's previous one too. None for the algorithms that keep one key.
+pub(crate) fn window_starts(algorithm: Algorithm, window_us: u64, now: u64) -> impl Iterator<Item = u64> {
+    let (span, before): (u64, u64) = match algorithm {
         Algorithm::FixedWindow => (window_us, 0),
         Algorithm::SlidingWindow => (window_us, 1),
-        Algorithm::BucketedWindow => (window_us / burst.max(1), burst.max(1) - 1),
         _ => (0, 0),
     };
     let start = if span > 0 { now - now % span } else { 0 };

@@ -41,8 +41,8 @@ pub enum KeyLayout {
 /// bits of the SHA-256 of the counter's name (`<identity>|<algorithm>/<window seconds>`, and `/<label>` for a limit
 /// that counts a cost of its own, the label written as a piece), in 10 characters of URL-safe base64. A fixed or
 /// sliding window's count is that key, `:`, and the window's number (its first microsecond divided by the window's
-/// length) in lowercase hex, `lua/prelude.lua`'s `window_key`; a bucketed window's sub-windows keep the first
-/// microsecond in decimal. Two counters share a key only if 60 bits of their SHA-256 and their slots collide.
+/// length) in lowercase hex, `lua/prelude.lua`'s `window_key`. Two counters share a key only if 60 bits of their
+/// SHA-256 and their slots collide.
 #[derive(Debug, Clone)]
 pub struct CounterKey {
     key: String,
@@ -54,7 +54,7 @@ pub struct CounterKey {
 /// How a counter's windows are named after its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Windows {
-    /// `:<first microsecond>` in decimal: the sub-windows of a bucketed window, and keys with full names.
+    /// `:<first microsecond>` in decimal: keys with full names.
     Start,
     /// `:<first microsecond / window>` in lowercase hex: a compact fixed or sliding window of this many microseconds.
     Number(u64),
@@ -155,8 +155,7 @@ impl CounterKey {
 
     /// The key of one window of a fixed or sliding window's counter in Redis (`algorithm/fixed_window.lua`'s
     /// `window_of`, `lua/prelude.lua`'s `window_key`): this key, `:`, and the window's number in hex (see
-    /// [`CounterKey`]); a bucketed window's sub-window, `:` and its first microsecond; in the reference's layout, the
-    /// start in seconds.
+    /// [`CounterKey`]); in the reference's layout, the start in seconds.
     pub fn window(&self, start_us: u64) -> CounterKey {
         let mut key = String::with_capacity(self.key.len() + 18);
         key.push_str(&self.key);
@@ -587,14 +586,12 @@ mod tests {
             hour.window(1_764_032_400_000_000).as_str(),
             "sluice:{At7}Fgmw5t8Vq2:77a19"
         );
-        // A label is part of the digest; a bucketed window's sub-windows keep their first microsecond.
+        // A label is part of the digest.
         let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
         let input = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "input");
         let output = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "output");
         assert_ne!(input, output);
         assert_eq!(input.as_str().len(), 2 + 5 + 10);
-        let bucketed = id.tier(Algorithm::BucketedWindow, 60_000_000);
-        assert_eq!(bucketed.window(120).as_str(), format!("{}:120", bucketed.as_str()));
     }
 
     #[test]

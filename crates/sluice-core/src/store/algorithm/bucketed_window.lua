@@ -2,78 +2,143 @@
 -- each; a window's count is the sum of the sub-windows it spans, the current one included, so it is exact to one
 -- sub-window (a sub-window stops counting `window` after it starts).
 --
--- State: one integer string per sub-window, `<key>:<start>` (`start` its first microsecond, a decimal integer),
--- counted with INCRBY. sluice names the counter by the sub-window's length, so several tiers of one descriptor with
--- the same sub-window (1 000 a second, 5 000 per 10 s, 7 000 per 15 s) read the same counts and share them: within
--- one decision (decide.lua numbers them, `decision`) a counter is incremented once, by the first of its tiers, and
--- each tier makes sure the sub-window's key lives until its window no longer counts it.
--- Invariants: a cost of 0 writes nothing; a sub-window's key lives at least until the longest window of its tiers
--- stops counting it, so its TTL never changes an answer. Forced hits and settlements never reach it (it is not one of
--- the counting algorithms).
+-- State: one hash at the counter's key. Per sub-window kept, its first microsecond (a decimal integer) -> its count;
+-- and 't', the sum of those counts; 'o', a start no kept sub-window is older than; 'l', the start of the newest kept
+-- one; 's', the longest window, in sub-windows, of the limits that count in it. sluice names the counter by the
+-- sub-window's length, so several tiers of one descriptor with the same sub-window (1 000 a second, 5 000 per 10 s,
+-- 7 000 per 15 s) read the same counts and share them: within one decision (decide.lua numbers them, `decision`) a
+-- counter is incremented once, by the first of its tiers, and the key lives until the longest window no longer counts
+-- its newest sub-window.
+-- A hit that fits reads four fields: when every kept sub-window is in the limit's window, the count is 't' and the
+-- newest non-empty sub-window is 'l'. A limit whose window spans fewer sub-windows than are kept also reads those
+-- outside it, and a hit that does not fit reads every sub-window of its window, to tell when one would.
+-- Invariants: a cost of 0 writes nothing; the first count of a newer sub-window deletes the sub-windows no limit's
+-- window spans any more (so the hash keeps at most the longest window's), and a count finding nothing of it spanned
+-- starts the hash afresh. Forced hits and settlements never reach it (it is not one of the counting algorithms).
 
--- Per counter written in this call: the decision that wrote it, and the TTL (ms) it was given there.
+-- Per counter written in this call: the decision that wrote it, the TTL (ms) and the longest window (in sub-windows)
+-- it was given there.
 local bucket_written = {}
 
 function L.bucketed_window()
   local M = {}
 
-  -- The counts of the sub-windows the window spans at `now`, oldest first, and the current one's start.
-  local function counts(key, now, window, buckets)
+  local function width_of(window, buckets)
     local width = math.floor(window / buckets)
     if width < 1 then width = 1 end
-    local current = now - now % width
-    local c = {}
-    for back = buckets - 1, 0, -1 do
-      local start = current - back * width
-      local n = 0
-      if start >= 0 then n = tonumber(redis.call('GET', key .. ':' .. string.format('%d', start))) or 0 end
-      c[#c + 1] = n
-    end
-    return c, current, width
+    return width
+  end
+
+  -- The counts of the sub-windows of `key` from `from` to `to` (each `width` apart), oldest first.
+  local function counts(key, from, to, width)
+    local fields = {}
+    for start = from, to, width do fields[#fields + 1] = string.format('%d', start) end
+    if #fields == 0 then return {} end
+    local c = redis.call('HMGET', key, unpack(fields))
+    for i = 1, #fields do c[i] = tonumber(c[i]) or 0 end
+    return c
+  end
+
+  local function sum(c)
+    local n = 0
+    for i = 1, #c do n = n + c[i] end
+    return n
   end
 
   function M.check(key, now, cost, limit, window, burst)
-    local c, current, width = counts(key, now, window, burst)
-    local n = 0
-    for i = 1, #c do n = n + c[i] end
-    local ok = n + cost <= limit
-    local last = #c
-    local function leaves(i) return max0(current - (last - i) * width + window - now) end
-    local reset0 = 0
-    for i = last, 1, -1 do
-      if c[i] > 0 then reset0 = leaves(i); break end
+    local width = width_of(window, burst)
+    local current = now - now % width
+    -- The sub-windows the window spans: the current one and up to burst - 1 before it, none before the epoch.
+    local spanned = math.min(burst, math.floor(current / width) + 1)
+    local first = current - (spanned - 1) * width
+    local f = redis.call('HMGET', key, 't', 'o', 'l', 's')
+    local t, o, l = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
+    local s = { current = current, width = width, t = t, o = o, l = l, longest = tonumber(f[4]) or 0 }
+    -- The count, the start of the newest non-empty sub-window spanned (nil: none), and the spanned counts if read.
+    local n, newest, c = 0, nil, nil
+    if t ~= nil and l >= first then
+      if o >= first and l <= current then
+        n, newest = t, l
+      else
+        c = counts(key, first, current, width)
+        n = sum(c)
+        for i = #c, 1, -1 do
+          if c[i] > 0 then newest = first + (i - 1) * width; break end
+        end
+      end
     end
+    local ok = n + cost <= limit
+    local reset0 = 0
+    if newest ~= nil then reset0 = max0(newest + window - now) end
     local retry = 0
     if cost > limit then
       retry = -1
     elseif not ok then
+      -- The first sub-window whose leaving brings the count low enough for the cost.
+      c = c or counts(key, first, current, width)
       retry = max0(current + window - now)
       local left = n
-      for i = 1, last do
+      for i = 1, #c do
         left = left - math.min(c[i], left)
-        if left + cost <= limit then retry = leaves(i); break end
+        if left + cost <= limit then retry = max0(first + (i - 1) * width + window - now); break end
       end
     end
     local reset1 = reset0
     if cost > 0 then reset1 = max0(current + window - now) end
     return {
       ok = ok, used0 = n, used = n + cost, rem0 = max0(limit - n), rem1 = max0(limit - n - cost),
-      reset0 = reset0, reset1 = reset1, retry = retry, current = current,
+      reset0 = reset0, reset1 = reset1, retry = retry, s = s,
     }
   end
 
-  function M.commit(key, s, now, cost, limit, window)
-    local skey = key .. ':' .. string.format('%d', s.current)
-    local ttl = ceil_ms(s.current + window - now)
-    local seen = bucket_written[skey]
-    if seen == nil or seen[1] ~= decision then
-      redis.call('INCRBY', skey, string.format('%d', cost))
-      redis.call('PEXPIRE', skey, ttl)
-      bucket_written[skey] = { decision, ttl }
-    elseif ttl > seen[2] then
-      redis.call('PEXPIRE', skey, ttl)
-      seen[2] = ttl
+  -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
+  -- until the longest window no longer counts its newest sub-window.
+  function M.commit(key, state, now, cost, limit, window, burst)
+    local s = state.s
+    local width, current = s.width, s.current
+    local longest = math.max(s.longest, burst)
+    local ttl = ceil_ms(current + window - now)
+    local seen = bucket_written[key]
+    if seen ~= nil and seen[1] == decision then
+      if ttl > seen[2] then
+        redis.call('PEXPIRE', key, ttl)
+        seen[2] = ttl
+      end
+      if longest > seen[3] then
+        redis.call('HSET', key, 's', string.format('%d', longest))
+        seen[3] = longest
+      end
+      return ''
     end
+    local at, text = string.format('%d', current), string.format('%d', cost)
+    -- The oldest start any limit's window still spans.
+    local keep = current - (longest - 1) * width
+    if s.t == nil or s.l < keep then
+      -- Nothing kept is spanned any more: the counter starts afresh.
+      if s.t ~= nil then redis.call('DEL', key) end
+      redis.call('HSET', key, at, text, 't', text, 'o', at, 'l', at, 's', string.format('%d', longest))
+    else
+      redis.call('HINCRBY', key, at, text)
+      redis.call('HINCRBY', key, 't', text)
+      if current > s.l then
+        redis.call('HSET', key, 'l', at)
+        if s.o < keep then
+          -- A newer sub-window: those no window spans any more go, and their counts with them.
+          local old = counts(key, s.o, keep - width, width)
+          local fields = {}
+          for i = 1, #old do fields[i] = string.format('%d', s.o + (i - 1) * width) end
+          redis.call('HDEL', key, unpack(fields))
+          local gone = sum(old)
+          if gone > 0 then redis.call('HINCRBY', key, 't', string.format('%d', -gone)) end
+          redis.call('HSET', key, 'o', string.format('%d', keep))
+        end
+      elseif current < s.o then
+        redis.call('HSET', key, 'o', at)
+      end
+      if longest > s.longest then redis.call('HSET', key, 's', string.format('%d', longest)) end
+    end
+    redis.call('PEXPIRE', key, ttl)
+    bucket_written[key] = { decision, ttl, longest }
     return ''
   end
 

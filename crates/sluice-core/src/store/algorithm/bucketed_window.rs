@@ -1,8 +1,8 @@
 //! The bucketed sliding window, the twin of `bucketed_window.lua`, beside it: a window of `window` split into `buckets`
 //! sub-windows of `window / buckets` each (the tier's `burst` carries the number), epoch-aligned, one count per
 //! sub-window. A window's count is the sum of the sub-windows it spans, the current one included, so it is exact to
-//! one sub-window: a sub-window stops counting `window` after it starts. In Redis each sub-window is an integer
-//! under `<counter>:<start>`, all under the descriptor's hash tag; in memory a [`Buckets`] state holds them.
+//! one sub-window: a sub-window stops counting `window` after it starts. In Redis the sub-windows are one hash at the
+//! counter's key, with their sum beside them (`bucketed_window.lua`); in memory a [`Buckets`] state holds them.
 //!
 //! The counters are named by the sub-window's length, not the window's (see `rules::Limit::counter_span_us`), so
 //! several limits of one descriptor with the same sub-window share them: 1 000 a second, 5 000 per 10 s and 7 000
