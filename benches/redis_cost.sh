@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 ROUNDS=${ROUNDS:-1}
-ALGORITHMS=${ALGORITHMS:-fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency tiers}
+ALGORITHMS=${ALGORITHMS:-fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency bucketed_window tiers}
 KEY_LAYOUT=${KEY_LAYOUT:-compact}
 # shellcheck source=benches/common.sh
 source benches/common.sh
@@ -47,6 +47,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: leaky_bucket, burst: 1000000000}
   - key: concurrency
     rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: concurrency}
+  - key: bucketed_window
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: bucketed_window}
   - key: tiers
     rate_limits:
       - {unit: second, requests_per_unit: 1000000000, name: second}
@@ -85,13 +87,13 @@ floor() {
   python3 -c "print(f'{($after - $before) / ($calls * 32):.2f}')"
 }
 
-# One sluice per build, on the same Redis, each with one serving thread; `grpc_of` and `pid_of` name them. This
-# build starts first, on an empty Redis, which it therefore marks as holding no counters to move to compact keys
-# (docs/src/storage.md, "Moving to compact keys"); the build before writes the full layout beside it.
+# One sluice per build, on the same Redis, each with one serving thread; `grpc_of` and `pid_of` name them. The
+# build before starts first, on an empty Redis (a build that still moved counters between key layouts finds none to
+# move there), then this one, which records its storage format.
 declare -A grpc_of pid_of bench_of budget_of
 builds=(after)
 [ -n "${BEFORE:-}" ] && builds=(before after)
-for build in after ${BEFORE:+before}; do
+for build in ${BEFORE:+before} after; do
   binary=$sluice layout=(--key-layout "$KEY_LAYOUT")
   bench_of[$build]=$sluice_bench budget_of[$build]=$budget_bench
   if [ "$build" = before ]; then
