@@ -25,7 +25,6 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
 YAML
 
-cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$1/stat"; }
 sum_cpu() { local total=0 pid; for pid in "$@"; do total=$((total + $(cpu_us "$pid"))); done; echo "$total"; }
 
 start_redis

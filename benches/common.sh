@@ -10,6 +10,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# cpu_us PID: a process's CPU time so far (utime + stime from /proc), in microseconds.
+cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$1/stat"; }
+
+# write_bench_config FILE: sluice's rules for one hot key of the domain `bench`, a limit never reached.
+write_bench_config() {
+  cat >"$1" <<'YAML'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+YAML
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 wait_port() {

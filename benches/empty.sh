@@ -19,14 +19,8 @@ source benches/common.sh
 cargo build --release --locked -p sluice -p sluice-tools --bin sluice --bin sluice-empty >&2
 release=$PWD/target/release
 
-cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"; }
 
-cat >"$work/sluice.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 1000000000}
-YAML
+write_bench_config "$work/sluice.yaml"
 write_body "$work/body.bin"
 
 # run NAME: one run of NAME (sluice or empty); prints its line and sets $per_decision.

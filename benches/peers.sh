@@ -29,15 +29,8 @@ source benches/common.sh
 cargo build --release --locked --bin sluice >&2
 sluice=$PWD/target/release/sluice
 
-# CPU time of a process so far, in microseconds (utime + stime from /proc, in clock ticks).
-cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"; }
 
-cat >"$work/sluice.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 1000000000}
-YAML
+write_bench_config "$work/sluice.yaml"
 cat >"$work/limitador.yaml" <<'YAML'
 - namespace: bench
   max_value: 1000000000

@@ -64,10 +64,6 @@ else
   start_redis
 fi
 
-# A process's CPU so far (utime + stime), in microseconds: Redis's by default.
-cpu_us() {
-  awk -v hz="$(getconf CLK_TCK)" '{ printf "%d\n", ($14 + $15) * 1000000 / hz }' "/proc/$1/stat"
-}
 redis_cpu_us() { cpu_us "$redis_pid"; }
 
 # The floor: 32 counters per call, pipelined, over 100 000 keys or one hot key, keys short or as long as sluice's;

@@ -424,7 +424,8 @@ fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server()
     let server = crate::harness::RedisServer::start();
     let closed = crate::harness::free_port();
     let http = crate::harness::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    child
         .args([
             "serve",
             "--config",
@@ -435,18 +436,8 @@ fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server()
         ])
         .arg(format!("127.0.0.1:{http}"))
         .args(["--redis-url", &server.url(), "--region", "eu", "--region-redis"])
-        .arg(format!("us=redis://127.0.0.1:{closed}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut body = String::new();
-    crate::harness::poll_until(std::time::Duration::from_secs(10), || {
-        body = crate::harness::get(http, "/readyz");
-        body.contains("region us: not linked")
-    });
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let _ = child.wait();
+        .arg(format!("us=redis://127.0.0.1:{closed}"));
+    let body = readyz_until(&mut child, http, |body| body.contains("region us: not linked"));
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("region us: not linked"), "{body}");
 }
@@ -486,7 +477,19 @@ fn a_redis_of_another_storage_format_is_refused_at_start() {
     );
 
     let http = crate::harness::free_port();
-    let mut child = serve(&["--key-prefix", "fresh:", "--http-addr", &format!("127.0.0.1:{http}")])
+    let mut command = serve(&["--key-prefix", "fresh:", "--http-addr", &format!("127.0.0.1:{http}")]);
+    let body = readyz_until(&mut command, http, |body| body.starts_with("HTTP/1.1 200"));
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert_eq!(
+        server.cli(&["--raw", "GET", "fresh:format"]).trim(),
+        sluice::store::redis::FORMAT
+    );
+}
+
+/// Starts `command` (a `sluice serve` whose HTTP listener is on `http`), reads its `/readyz` until `done` holds of it
+/// (ten seconds at most), stops it with SIGTERM and returns the last answer read.
+fn readyz_until(command: &mut Command, http: u16, done: impl Fn(&str) -> bool) -> String {
+    let mut child = command
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -494,13 +497,9 @@ fn a_redis_of_another_storage_format_is_refused_at_start() {
     let mut body = String::new();
     crate::harness::poll_until(std::time::Duration::from_secs(10), || {
         body = crate::harness::get(http, "/readyz");
-        body.starts_with("HTTP/1.1 200")
+        done(&body)
     });
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert_eq!(
-        server.cli(&["--raw", "GET", "fresh:format"]).trim(),
-        sluice::store::redis::FORMAT
-    );
+    body
 }
