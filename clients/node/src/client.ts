@@ -36,7 +36,7 @@ export interface CostOptions extends CallOptions {
  * A connection to sluice's gRPC listener (`host:port`, default `127.0.0.1:8081`). `close()` it when done.
  *
  * Every method takes, last, options with `timeoutMs` (the call's own timeout) and `signal` (an `AbortSignal` that
- * cancels it).
+ * cancels it), and answers a promise: an input refused before any call rejects it, as the server's refusal would.
  */
 export class Client {
   readonly target: string;
@@ -103,7 +103,7 @@ export class Client {
   // Decisions.
 
   /** Decides and counts a hit of `hitsAddend` (default 1) per descriptor: `sluice.v1.RateLimiter`. */
-  shouldRateLimit(domain: string, descriptors: Descriptors, options: CallOptions & { hitsAddend?: Count } = {}): Promise<Decision> {
+  async shouldRateLimit(domain: string, descriptors: Descriptors, options: CallOptions & { hitsAddend?: Count } = {}): Promise<Decision> {
     return this.run(calls.shouldRateLimit('sluice', domain, descriptors, options.hitsAddend), options);
   }
 
@@ -111,7 +111,7 @@ export class Client {
    * The same decision through Envoy's `envoy.service.ratelimit.v3.RateLimitService`, the one service any
    * Envoy-compatible rate limit server speaks.
    */
-  shouldRateLimitEnvoy(domain: string, descriptors: Descriptors, options: CallOptions & { hitsAddend?: Count } = {}): Promise<Decision> {
+  async shouldRateLimitEnvoy(domain: string, descriptors: Descriptors, options: CallOptions & { hitsAddend?: Count } = {}): Promise<Decision> {
     return this.run(calls.shouldRateLimit('envoy', domain, descriptors, options.hitsAddend), options);
   }
 
@@ -119,7 +119,7 @@ export class Client {
    * What is left of each descriptor's limit, in request order, consuming nothing; `retryAfterMs` says when a hit of
    * `cost` (default 1) would pass.
    */
-  getRemaining(domain: string, descriptors: Descriptors, options: CallOptions & { cost?: Count } = {}): Promise<Remaining[]> {
+  async getRemaining(domain: string, descriptors: Descriptors, options: CallOptions & { cost?: Count } = {}): Promise<Remaining[]> {
     return this.run(calls.getRemaining(domain, descriptors, options.cost), options);
   }
 
@@ -129,7 +129,7 @@ export class Client {
    * client's; one that runs out first throws `DeadlineExceeded`, and an abort through `signal` throws `Aborted`:
    * nothing is consumed then either.
    */
-  waitForPermit(
+  async waitForPermit(
     domain: string,
     descriptors: Descriptors,
     options: CallOptions & { maxWaitMs: number; hitsAddend?: Count },
@@ -140,12 +140,12 @@ export class Client {
   // Cost budgets.
 
   /** The decision a cost would get, counting nothing. */
-  check(domain: string, descriptors: Descriptors, options: CostOptions = {}): Promise<Decision> {
+  async check(domain: string, descriptors: Descriptors, options: CostOptions = {}): Promise<Decision> {
     return this.run(calls.checkOrReport('Check', domain, descriptors, options.cost, options.costs), options);
   }
 
   /** Counts a cost that already happened, whatever the limits say (never refused). */
-  report(domain: string, descriptors: Descriptors, options: CostOptions = {}): Promise<Decision> {
+  async report(domain: string, descriptors: Descriptors, options: CostOptions = {}): Promise<Decision> {
     return this.run(calls.checkOrReport('Report', domain, descriptors, options.cost, options.costs), options);
   }
 
@@ -164,7 +164,7 @@ export class Client {
    * its estimate; either way the callback's error is rethrown unchanged, with a refund that failed attached to it
    * (`refundErrorOf(error)`).
    */
-  withReservation<T>(
+  async withReservation<T>(
     domain: string,
     descriptors: Descriptors,
     options: ReservationOptions,
@@ -177,7 +177,7 @@ export class Client {
    * Reserve on its own, for a reservation settled elsewhere (another process, a later request); a refusal is an
    * answer here (`allowed` false), not an error.
    */
-  reserve(
+  async reserve(
     domain: string,
     descriptors: Descriptors,
     options: CallOptions & { estimate?: Count; estimates?: Costs; ttlMs?: number } = {},
@@ -189,7 +189,7 @@ export class Client {
    * Settle on its own: replaces the reservation's estimate with the actual cost (unset: 0). `settled` is false when it
    * had expired, was settled already, or never existed.
    */
-  settle(
+  async settle(
     domain: string,
     descriptors: Descriptors,
     reservationId: string,
@@ -201,17 +201,17 @@ export class Client {
   // Run-time lists and offenders (admin calls: they need the server's admin token).
 
   /** Adds (or renews) values in a configured deny or allow list, for `ttlMs` or until removed; answers how many were new. */
-  addListEntries(domain: string, list: string, values: readonly string[], options: CallOptions & { ttlMs?: number } = {}): Promise<number> {
+  async addListEntries(domain: string, list: string, values: readonly string[], options: CallOptions & { ttlMs?: number } = {}): Promise<number> {
     return this.run(calls.changeList('AddListEntries', domain, list, values, options.ttlMs), options);
   }
 
   /** Takes run-time entries away (configured values stay); answers how many were there. */
-  removeListEntries(domain: string, list: string, values: readonly string[], options: CallOptions = {}): Promise<number> {
+  async removeListEntries(domain: string, list: string, values: readonly string[], options: CallOptions = {}): Promise<number> {
     return this.run(calls.changeList('RemoveListEntries', domain, list, values), options);
   }
 
   /** The list's run-time entries that have not expired, by value. */
-  getListEntries(domain: string, list: string, options: CallOptions = {}): Promise<ListEntry[]> {
+  async getListEntries(domain: string, list: string, options: CallOptions = {}): Promise<ListEntry[]> {
     return this.run(calls.getListEntries(domain, list), options);
   }
 
@@ -219,7 +219,7 @@ export class Client {
    * Per rule, the descriptor values decided and denied most over the last minute or hour, the busiest rule first (at
    * most `limit` rules and values each; default 10). Lags the traffic by up to 5 s.
    */
-  topOffenders(domain: string, options: CallOptions & { span?: Span; limit?: Count } = {}): Promise<RuleOffenders[]> {
+  async topOffenders(domain: string, options: CallOptions & { span?: Span; limit?: Count } = {}): Promise<RuleOffenders[]> {
     return this.run(calls.topOffenders(domain, options.span ?? 'minute', options.limit), options);
   }
 }
