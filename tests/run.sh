@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check sluice has, on a fresh machine as on a developer's. Installs what is missing: redis-server and
 # redis-cli, openssl, promtool and kubectl, Node and npm, Chromium and its driver from Debian; rustfmt and clippy; the Python test dependencies
-# into .venv; the Node examples' npm packages. Then runs the format check, clippy with warnings as errors, the API docs
+# into .venv; the Node examples' and the TypeScript client's npm packages. Then runs the format check, clippy with warnings as errors, the API docs
 # with broken links as errors, the Rust tests, and the Python tests (interop from Envoy's official stubs, a real Envoy
-# in front of sluice, and every client example run against a real sluice).
+# in front of sluice, and every client example run against a real sluice), and the TypeScript client's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,6 +57,12 @@ if [ ! -d examples/node/node_modules/@grpc/grpc-js ] || [ ! -d examples/node/nod
   echo "== installing the Node examples' packages"
   (cd examples/node && npm install --no-audit --no-fund --no-package-lock --silent)
 fi
+# The TypeScript client's packages (clients/node: grpc-js, proto-loader, TypeScript), installed when missing.
+if [ ! -d clients/node/node_modules/@grpc/grpc-js ] || [ ! -d clients/node/node_modules/@grpc/proto-loader ] \
+  || [ ! -x clients/node/node_modules/.bin/tsc ]; then
+  echo "== installing the TypeScript client's packages"
+  (cd clients/node && npm install --no-audit --no-fund --no-package-lock --silent)
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -74,3 +80,6 @@ cargo test --workspace --benches --locked
 echo "== python tests"
 cargo build --locked --bin sluice
 SLUICE_BIN="$PWD/target/debug/sluice" .venv/bin/python -m pytest tests/python -q
+echo "== TypeScript client: build (protos copied, types generated, tsc --strict), then its tests against sluice"
+export SLUICE_BIN="$PWD/target/debug/sluice"
+(cd clients/node && npm run --silent build && npm test --silent)
