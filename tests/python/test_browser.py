@@ -346,7 +346,7 @@ def test_dashboard_names_every_limit_and_says_what_rlqs_does(start_sluice, brows
         lambda: row(browser, "llm.api_key").get_attribute("data-reported") == "3" and row(browser, "llm.api_key"),
     )
     assert (key.get_attribute("data-allowed"), key.get_attribute("data-denied")) == ("0", "0")
-    assert "3 costs reported" in key.text, key.text
+    assert "0 allowed, 0 denied · 3 costs reported · last second" in key.text, key.text
     labels = [t.text for t in key.find_elements(By.CSS_SELECTOR, ".u-legend .u-label")]
     assert labels == ["second", "allowed", "denied", "reported"], labels
     user = wait_for("the llm rules", lambda: row(browser, "llm.user"))

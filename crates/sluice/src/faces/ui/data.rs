@@ -461,7 +461,7 @@ mod tests {
         );
         assert_eq!(
             json["rules"]["edge.costs"],
-            json!({"allowed": [0, 0, 0, 0], "denied": [0, 0, 0, 0], "reported": [0, 3, 0, 0]}),
+            json!({"allowed": [0, 0, 0, 0], "denied": [0, 0, 0, 0], "reported": [0, 0, 3, 0]}),
             "reports apart from the decisions"
         );
         assert!(

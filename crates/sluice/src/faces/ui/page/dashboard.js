@@ -225,7 +225,8 @@ function draw() {
     quiet.hidden = true;
     figures.replaceChildren(
       "last " + rangeWords(state.range) + ": ", el("b", {}, String(allowed)), " allowed, ", el("b", {}, String(denied)),
-      " denied, ", el("b", { class: denied ? "bad" : "" }, percent(denied, allowed + denied) + " denied"),
+      " denied",
+      ...(allowed + denied ? [", ", el("b", { class: denied ? "bad" : "" }, percent(denied, allowed + denied) + " denied")] : []),
       ...(reports ? [" · ", el("b", {}, String(reported)), " " + (reported === 1 ? "cost" : "costs") + " reported"] : []),
       " · last second: " + data[1][last] + " allowed, " + data[2][last] + " denied" +
         (reports ? ", " + data[3][last] + " reported" : ""));
