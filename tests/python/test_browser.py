@@ -86,23 +86,27 @@ class Sent:
 
 def load(target: str, stop: threading.Event, sent: Sent) -> None:
     """50 requests a second from one address (its limit is 10 a second: most are denied), 5 from another, every
-    answer counted in `sent`; and 2 a second for /login (5 a minute), not counted."""
+    answer counted in `sent`; and, not counted, 2 a second for /login (5 a minute: about 2 a second denied) and 10 a
+    second for /api/ (3 per 30 s: about 10 a second denied)."""
     with grpc.insecure_channel(target) as channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
 
-        def ask(key: str, value: str) -> bool:
-            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)
-            descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
+        def ask(*entries: tuple[str, str]) -> bool:
+            descriptor = ratelimit_pb2.RateLimitDescriptor(
+                entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+            )
             answer = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5)
             return answer.overall_code == rls_pb2.RateLimitResponse.OVER_LIMIT
 
         n = 0
         while not stop.is_set():
-            sent.note(ask("remote_address", "198.51.100.7"))
+            sent.note(ask(("remote_address", "198.51.100.7")))
             if n % 10 == 0:
-                sent.note(ask("remote_address", "10.0.0.1"))
+                sent.note(ask(("remote_address", "10.0.0.1")))
             if n % 25 == 0:
-                ask("path", "/login")
+                ask(("path", "/login"))
+            if n % 5 == 0:
+                ask(("path", "/api/orders"), ("user", "ann"))
             n += 1
             time.sleep(0.02)
 
@@ -112,6 +116,50 @@ RULE = "edge.remote_address"
 
 def row(browser, rule: str):
     return browser.find_element(By.CSS_SELECTOR, f'article.rule[data-rule="{rule}"]')
+
+
+# In the page: a chart's legend, as shown, and the last second's values (the second, as the axis clock writes it,
+# then each series' count), which the legend must show whenever the cursor is away from the chart.
+LEGEND_JS = """
+function legendAndLast(c) {
+  const n = c.data[0].length - 1;
+  const last = [clock(c.data[0][n], true), ...c.data.slice(1).map(d => String(d[n]))];
+  const shown = [...c.root.querySelectorAll('.u-legend .u-value')].map(e => e.textContent);
+  return [shown, last];
+}
+"""
+
+
+def watch_legend(browser, rule: str, seconds: float, settle: float = 0.0) -> dict:
+    """Reads the rule's chart legend every 10 ms for `seconds` from the moment the chart exists (the readings of the
+    first `settle` seconds left out): how many readings, and the first ones that did not show the last second."""
+    browser.set_script_timeout(seconds + 30)
+    return browser.execute_async_script(
+        LEGEND_JS
+        + """
+        const [rule, seconds, settle, done] = arguments;
+        const wrong = [];
+        let since = null, readings = 0;
+        (function check() {
+          const c = window.dashboard.charts.get(rule);
+          if (c) {
+            const now = performance.now();
+            if (since === null) since = now;
+            const [shown, last] = legendAndLast(c);
+            if (now - since >= settle * 1000) {
+              readings++;
+              const at = Math.round(now - since);
+              if (JSON.stringify(shown) !== JSON.stringify(last)) wrong.push({at, shown, last});
+            }
+            if (now - since > seconds * 1000) return done({readings, wrong: wrong.slice(0, 5)});
+          }
+          setTimeout(check, 10);
+        })();
+        """,
+        rule,
+        seconds,
+        settle,
+    )
 
 
 def chart_data(browser, rule: str) -> list[list[int]]:
@@ -138,10 +186,22 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     base = f"http://127.0.0.1:{server.http_port}"
     for path in ("/ui", "/ui/assets/dashboard.js", "/ui/assets/uPlot.iife.min.js", "/ui/api/series?domain=edge"):
         assert status_of(base + path) == 401, f"{path} is behind the admin token"
+    # An unknown /ui path too: 401 without the token, 404 only with it.
+    for path in ("/ui/", "/ui/nope", "/ui/api/nope", "/ui/assets/nope.css"):
+        assert status_of(base + path) == 401, f"{path} is behind the admin token"
+        assert status_of(base + path, TOKEN) == 404, path
     assert status_of(f"{base}/ui/api/overview?domain=nope", TOKEN) == 404
     assert status_of(f"{base}/ui/api/series?domain=nope", TOKEN) == 404
     assert status_of(f"{base}/ui/api/series", TOKEN) == 400
     assert status_of(f"{base}/ui/api/series?domain=edge&range=7", TOKEN) == 400
+    # Small counts, for the y axes' ticks: 6 requests in one second (in shadow mode: all allowed).
+    time.sleep(1.05 - time.time() % 1)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        for key, value in [("plan", "trial")] * 6:
+            entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)
+            descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
+            stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5)
     weight = page_bytes(base)
     assert weight < 200_000, f"the page and its assets weigh {weight} bytes"
     sent = Sent()
@@ -150,6 +210,9 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
     loader.start()
     try:
         browser.get(f"{base}/ui?token={TOKEN}&domain=edge&range=60")
+        # From the moment its chart appears, and across a refresh, the legend shows the last second.
+        watched = watch_legend(browser, RULE, 2.5)
+        assert watched["readings"] > 50 and not watched["wrong"], watched
         wait_for("the limited rule's chart", lambda: row(browser, RULE).find_elements(By.CSS_SELECTOR, "canvas"))
         wait_for("some 15 seconds of denials", lambda: int(row(browser, RULE).get_attribute("data-denied")) > 500, 40)
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
@@ -171,6 +234,38 @@ def test_dashboard_reads_back_the_load_it_was_sent(start_sluice, browser):
         )
         assert legend[1:] == [str(hovered[1]), str(hovered[2])], (legend, hovered)
         assert hovered[2] > 0, f"a second of the load, 90 % across the last minute: {hovered}"
+        # Away from the chart again, the legend shows the last second at once (after the mouse's events), and until
+        # and across the next refresh.
+        ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
+        watched = watch_legend(browser, RULE, 2.3, settle=0.1)
+        assert watched["readings"] > 50 and not watched["wrong"], watched
+        # The y axes count whole requests: whole ticks only, on every chart (plan=trial's: 0 to 6 a second).
+        ticks = browser.execute_script(
+            "return [...window.dashboard.charts].map(([rule, c]) => [rule, c.axes[1]._splits, c.axes[1]._values]);"
+        )
+        assert len(ticks) >= 4, ticks
+        for rule, splits, values in ticks:
+            assert len(splits) >= 2 and all(float(v).is_integer() for v in splits), (rule, splits)
+            assert all("." not in str(v) for v in values), (rule, values)
+        # The most denied rules first: per the range in view, denied counts never rise down the page (then the
+        # busiest); /api/ (about 10 denied a second) above /login (about 2) though its rule comes after.
+        order = [
+            (r.get_attribute("data-rule"), int(r.get_attribute("data-denied")), int(r.get_attribute("data-allowed")))
+            for r in browser.find_elements(By.CSS_SELECTOR, "article.rule")
+        ]
+        busy = [o for o in order if o[1] + o[2] > 0]
+        assert busy[0][0] == RULE, order
+        assert all(a[1] >= b[1] for a, b in zip(busy, busy[1:])), order
+        named = [o[0] for o in busy]
+        api = next(n for n in named if "/api/" in n)
+        login = next(n for n in named if "/login" in n)
+        assert named.index(api) < named.index(login), order
+        assert order[: len(busy)] == busy, f"rules with decisions before those without: {order}"
+        # The header's clock is the axes': 24-hour; and no byte counts.
+        status = browser.find_element(By.ID, "status").text
+        now = time.localtime()
+        assert re.fullmatch(r"updated ([01]\d|2[0-3]):[0-5]\d:[0-5]\d", status), status
+        assert int(status[8:10]) in (now.tm_hour, time.localtime(time.time() - 10).tm_hour), (status, now)
         # The page asked for 15 minutes once, then only for the seconds after the last one it had.
         asked = browser.execute_script(
             "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/ui/api/series'))"
@@ -235,8 +330,25 @@ def test_dashboard_names_every_limit_and_says_what_rlqs_does(start_sluice, brows
         assert "good for 15 s" in share.text, share.text
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTEFACTS / "dashboard-rlqs.png"))
+    # A cost report (llm's api_key rule counts a hit of a cost as a report of usage) is no decision: shown apart.
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="api_key", value="k-1")
+        descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry])
+        for tokens in (300, 120_000, 5):
+            request = rls_pb2.RateLimitRequest(domain="llm", descriptors=[descriptor], hits_addend=tokens)
+            answer = stub.ShouldRateLimit(request, timeout=5)
+            assert answer.overall_code == rls_pb2.RateLimitResponse.OK, "a report is never refused"
     # A rule of two limits shows both names.
     Select(browser.find_element(By.ID, "domain")).select_by_value("llm")
+    key = wait_for(
+        "the reports",
+        lambda: row(browser, "llm.api_key").get_attribute("data-reported") == "3" and row(browser, "llm.api_key"),
+    )
+    assert (key.get_attribute("data-allowed"), key.get_attribute("data-denied")) == ("0", "0")
+    assert "0 allowed, 0 denied · 3 costs reported · last second" in key.text, key.text
+    labels = [t.text for t in key.find_elements(By.CSS_SELECTOR, ".u-legend .u-label")]
+    assert labels == ["second", "allowed", "denied", "reported"], labels
     user = wait_for("the llm rules", lambda: row(browser, "llm.user"))
     names = [n.get_attribute("data-name") for n in user.find_elements(By.CSS_SELECTOR, ".limits .name")]
     assert names == ["user_tokens_per_minute", "user_tokens_per_day"], names

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_core::clock::ManualClock;
-use sluice_core::limiter::{Code, Descriptor, LimitError, Limiter, LimiterSettings, Request, RuleOffenders};
+use sluice_core::limiter::{Code, Costs, Descriptor, LimitError, Limiter, LimiterSettings, Request, RuleOffenders};
 use sluice_core::store::{Span, Store};
 
 use crate::harness::{RedisServer, limiter_with, redis_store};
@@ -161,6 +161,12 @@ async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
     clock.advance(1_000_000);
     send(&l, "user", "alice", 1).await;
     send(&l, "path", "/a", 2).await;
+    // A reported cost is counted whatever the limits say: it is no decision, allowed or denied.
+    let costs = Costs {
+        cost: 4,
+        ..Costs::default()
+    };
+    l.report(&req("user", "alice"), &costs).await.unwrap();
     l.flush_series().await;
     let series = l.series("api", 3).await.unwrap();
     assert_eq!(series.from, l.now_us() / 1_000_000 - 2);
@@ -170,6 +176,11 @@ async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
         "3 of 5 allowed, then 1 denied"
     );
     assert_eq!(series.rules["api.path"], (vec![0, 0, 2], vec![0, 0, 0]));
+    assert_eq!(
+        series.reported,
+        [("api.user".to_string(), vec![0, 0, 1])].into(),
+        "one report, apart from the decisions"
+    );
     let now = l.now_us() / 1_000_000;
     assert_eq!(
         l.instances_seen(3).await.unwrap(),

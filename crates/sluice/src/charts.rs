@@ -2,19 +2,35 @@
 //! uPlot). A line chart is a title, an x axis in seconds, and named series of (second, value) points, its legend in a
 //! band under the axes; the SVG names each series in its legend (`<text>` elements), which is what the browser tests
 //! read. [`bar_chart`] draws one value per name (a candidate's worst window, its fairness), each bar in the colour its
-//! name has in the line charts.
+//! candidate has in the line charts.
+//!
+//! A colour has one meaning in every chart of a report ([`Pen`]): the offered load is a grey area, each candidate
+//! has a colour (and, on its lines, a dash and a width) of its own, and what was denied is a dotted black line. Every
+//! text is at least 11 px (plotters writes a font of size `n` as `n / 1.24` px: [`LABEL`] is 14).
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-/// One named series of points.
+/// How a series is drawn; each has one meaning across a report's charts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pen {
+    /// The load offered: a grey area behind every line, so that no line hides it.
+    Offered,
+    /// What candidate `i` admitted: its colour, dash and width, the same in every chart (and its bars' colour).
+    Candidate(usize),
+    /// What was denied: a dotted black line.
+    Denied,
+}
+
+/// One named series of points, and how it is drawn.
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    pub pen: Pen,
 }
 
-/// The colours of successive series.
-const COLOURS: [RGBColor; 8] = [
+/// The candidates' colours, in order (no grey and no black: those are the offered load's and the denials').
+pub const COLOURS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -22,26 +38,76 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
+    RGBColor(23, 190, 207),
 ];
+
+/// The candidates' dashes (SVG `stroke-dasharray`, empty: solid), in order: lines that coincide at a limit stay
+/// told apart.
+const DASHES: [&str; 4] = ["", "12 4", "4 4", "14 4 3 4"];
+
+/// The offered load's area and outline, and the denials' line.
+pub const OFFERED_FILL: RGBColor = RGBColor(218, 218, 218);
+const OFFERED_LINE: RGBColor = RGBColor(150, 150, 150);
+pub const DENIED: RGBColor = RGBColor(0, 0, 0);
+const DENIED_DASH: &str = "2 3";
+
+/// The size of every label, legend and value (11.3 px as written), and of titles (14.5 px).
+pub const LABEL: u32 = 14;
+const TITLE: u32 = 18;
+
+impl Pen {
+    /// The line's colour, width and dash.
+    fn line(self) -> (RGBColor, u32, &'static str) {
+        match self {
+            Pen::Offered => (OFFERED_LINE, 1, ""),
+            // Drawn in order, the first ones underneath: wider, so that a line on top leaves them visible.
+            Pen::Candidate(i) => (
+                COLOURS[i % COLOURS.len()],
+                [4, 3].get(i).copied().unwrap_or(2),
+                DASHES[i % DASHES.len()],
+            ),
+            Pen::Denied => (DENIED, 2, DENIED_DASH),
+        }
+    }
+}
+
+/// A colour as SVG writes it: `#1F77B4`.
+pub fn hex(colour: RGBColor) -> String {
+    format!("#{:02X}{:02X}{:02X}", colour.0, colour.1, colour.2)
+}
 
 /// A line chart of `series` as an SVG document, `width` by `height` pixels; `x_label` and `y_label` name the axes. Its
 /// legend has a band of its own under the axes (never over the data), tick labels carry no needless decimals (`20`,
-/// not `20.0`), and there is room on the right for the last x label. Series take the colours in order.
+/// not `20.0`), and there is room on the right for the last x label. Areas are drawn first, then lines in order; each
+/// series as its [`Pen`] says (a chart should not hold two series of one pen).
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series], (width, height): (u32, u32)) -> String {
     let mut svg = String::new();
     match draw_line(&mut svg, title, x_label, y_label, series, (width, height)) {
-        Ok(()) => svg,
+        Ok(()) => dashed(svg, series),
         Err(e) => failed(title, &e, (width, height)),
     }
+}
+
+/// Gives each dashed pen's lines (its series and its legend swatch) their dash: plotters draws no dash on a path, and
+/// a pen's colour and width are its own within a chart, so they find its lines.
+fn dashed(mut svg: String, series: &[Series]) -> String {
+    for s in series {
+        let (colour, width, dash) = s.pen.line();
+        if dash.is_empty() {
+            continue;
+        }
+        let stroke = format!("stroke=\"{}\" stroke-width=\"{width}\"", hex(colour));
+        svg = svg.replace(&stroke, &format!("{stroke} stroke-dasharray=\"{dash}\""));
+    }
+    svg
 }
 
 /// One bar of [`bar_chart`].
 pub struct Bar {
     pub name: String,
     pub value: f64,
-    /// The colour of the line chart series of this index, so that one thing keeps one colour across charts.
-    pub colour: usize,
+    /// The candidate it is about: its bar has that candidate's colour ([`Pen::Candidate`]).
+    pub candidate: usize,
 }
 
 /// A horizontal bar chart as an SVG document: one bar per entry, top to bottom in order, named on the left and its
@@ -85,14 +151,14 @@ fn short(value: f64, decimals: usize) -> String {
     }
 }
 
-/// About how wide `text` is at 12 px sans-serif: what legends and bar names are laid out by.
+/// About how wide `text` is at [`LABEL`] sans-serif: what legends and bar names are laid out by.
 fn text_width(text: &str) -> u32 {
     text.chars().count() as u32 * 7
 }
 
 /// Height of one legend row, and the swatch before each name.
-const LEGEND_ROW: u32 = 18;
-const SWATCH: u32 = 16;
+const LEGEND_ROW: u32 = 20;
+const SWATCH: u32 = 30;
 
 /// Lays the legend entries out in rows `width` wide: per entry, its row and its x.
 fn legend_rows(names: &[&str], width: u32) -> Vec<(u32, u32)> {
@@ -138,7 +204,7 @@ fn draw_line(
         x_min = 0.0;
     }
     let mut chart = ChartBuilder::on(&plot)
-        .caption(title, ("sans-serif", 16))
+        .caption(title, ("sans-serif", TITLE))
         .margin(10)
         .margin_right(right)
         .x_label_area_size(32)
@@ -151,26 +217,51 @@ fn draw_line(
         .y_desc(y_label)
         .x_label_formatter(&|v| tick(*v))
         .y_label_formatter(&|v| tick(*v))
+        .label_style(("sans-serif", LABEL))
+        .axis_desc_style(("sans-serif", LABEL))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(text)?;
-    for (i, s) in series.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
+    // The areas first, behind every line.
+    for s in series.iter().filter(|s| s.pen == Pen::Offered) {
+        let (outline, width, _) = s.pen.line();
+        let (Some(&(first, _)), Some(&(last, _))) = (s.points.first(), s.points.last()) else {
+            continue;
+        };
+        let mut area = s.points.clone();
+        area.extend([(last, 0.0), (first, 0.0)]);
         chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), colour.stroke_width(2)))
+            .draw_series(std::iter::once(Polygon::new(area, OFFERED_FILL.filled())))
+            .map_err(text)?;
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), outline.stroke_width(width)))
             .map_err(text)?;
     }
-    for (i, (name, &(row, x))) in names.iter().zip(&places).enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
+    for s in series.iter().filter(|s| s.pen != Pen::Offered) {
+        let (colour, width, _) = s.pen.line();
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), colour.stroke_width(width)))
+            .map_err(text)?;
+    }
+    for (s, (name, &(row, x))) in series.iter().zip(names.iter().zip(&places)) {
+        let (colour, width, _) = s.pen.line();
         let (x, y) = ((left + x) as i32, (row * LEGEND_ROW + 4) as i32);
         let middle = y + LEGEND_ROW as i32 / 2;
+        if s.pen == Pen::Offered {
+            legend
+                .draw(&Rectangle::new(
+                    [(x, middle - 5), (x + SWATCH as i32, middle + 5)],
+                    OFFERED_FILL.filled(),
+                ))
+                .map_err(text)?;
+        }
         legend
             .draw(&PathElement::new(
                 vec![(x, middle), (x + SWATCH as i32, middle)],
-                colour.stroke_width(2),
+                colour.stroke_width(width),
             ))
             .map_err(text)?;
-        let style = ("sans-serif", 12)
+        let style = ("sans-serif", LABEL)
             .into_font()
             .color(&BLACK)
             .pos(Pos::new(HPos::Left, VPos::Center));
@@ -197,7 +288,7 @@ fn draw_bars(
     let x_max = bars.iter().map(|b| b.value).fold(top, f64::max).max(f64::MIN_POSITIVE) * 1.15;
     let names = bars.iter().map(|b| text_width(&b.name)).max().unwrap_or(0) + 16;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
+        .caption(title, ("sans-serif", TITLE))
         .margin(10)
         .margin_right(24)
         .x_label_area_size(32)
@@ -217,13 +308,15 @@ fn draw_bars(
         .x_label_formatter(&|v| tick(*v))
         .y_labels(n as usize)
         .y_label_formatter(&name_of)
+        .label_style(("sans-serif", LABEL))
+        .axis_desc_style(("sans-serif", LABEL))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(text)?;
     chart
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
             let s = segment(i);
-            let colour = COLOURS[b.colour % COLOURS.len()];
+            let colour = COLOURS[b.candidate % COLOURS.len()];
             let mut bar = Rectangle::new(
                 [(0.0, SegmentValue::Exact(s)), (b.value, SegmentValue::Exact(s + 1))],
                 colour.filled(),
@@ -232,7 +325,7 @@ fn draw_bars(
             bar
         }))
         .map_err(text)?;
-    let value_style = ("sans-serif", 12)
+    let value_style = ("sans-serif", LABEL)
         .into_font()
         .color(&BLACK)
         .pos(Pos::new(HPos::Left, VPos::Center));
@@ -254,7 +347,7 @@ fn draw_bars(
             .draw_series(std::iter::once(Text::new(
                 name.to_string(),
                 (at + x_max * 0.01, SegmentValue::Last),
-                ("sans-serif", 12)
+                ("sans-serif", LABEL)
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Left, VPos::Top)),
@@ -292,10 +385,12 @@ mod tests {
                 Series {
                     name: "token_bucket".into(),
                     points: vec![(0.0, 1.0), (1.0, 5.0)],
+                    pen: Pen::Candidate(0),
                 },
                 Series {
                     name: "fixed_window".into(),
                     points: vec![(0.0, 2.0), (1.0, 3.0)],
+                    pen: Pen::Candidate(1),
                 },
             ],
             (600, 300),
@@ -336,10 +431,12 @@ mod tests {
             Series {
                 name: "offered".into(),
                 points: seconds(120, |s| if s == 119 { 600.0 } else { 50.0 }),
+                pen: Pen::Offered,
             },
             Series {
                 name: "leaky_bucket burst 20".into(),
                 points: seconds(120, |_| 10.0),
+                pen: Pen::Candidate(0),
             },
         ];
         let (width, height) = (960, 420);
@@ -391,12 +488,12 @@ mod tests {
             Bar {
                 name: "fixed_window (the rule's)".into(),
                 value: 1.61,
-                colour: 1,
+                candidate: 1,
             },
             Bar {
                 name: "sliding_log".into(),
                 value: 1.0,
-                colour: 2,
+                candidate: 2,
             },
         ];
         let svg = bar_chart(

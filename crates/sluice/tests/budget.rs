@@ -192,3 +192,44 @@ async fn budgets_through_grpc_on_redis() {
     let redis = RedisServer::start();
     budgets_through_grpc(redis_store(&redis.url()).await).await;
 }
+
+/// On the dashboard a Report is no decision: its rule's series counts it apart (`reported`), neither allowed nor
+/// denied, while a Reserve is a decision like any other.
+#[tokio::test]
+async fn the_dashboard_shows_reports_apart_from_decisions() {
+    let (l, clock) = limiter(RULES, memory());
+    let server = TestServer::start(l.clone()).await;
+    let mut c = client(&server).await;
+    let held = c.reserve(reserve("ann", 100, None)).await.unwrap().into_inner();
+    assert_eq!(held.overall_code, Code::Ok as i32);
+    for n in [10, 2_000] {
+        let reported = c.report(cost("ann", n)).await.unwrap().into_inner();
+        assert_eq!(reported.overall_code, Code::Ok as i32, "a report is never refused");
+    }
+    let denied = c.reserve(reserve("ann", 1_000, None)).await.unwrap().into_inner();
+    assert_eq!(denied.overall_code, Code::OverLimit as i32);
+    l.flush_series().await;
+    // The seconds served end two seconds before now.
+    clock.advance(3_000_000);
+    let token = format!("token={}", crate::harness::ADMIN_TOKEN);
+    let (status, body) = server
+        .http_get(&format!("/ui/api/series?domain=llm&range=60&{token}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let series: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let sum = |kind: &str| -> u64 {
+        let counts = series["rules"]["llm.user"][kind].as_array();
+        let counts = counts.unwrap_or_else(|| panic!("{kind} in {series}"));
+        counts.iter().map(|n| n.as_u64().unwrap()).sum()
+    };
+    assert_eq!((sum("allowed"), sum("denied"), sum("reported")), (1, 1, 2), "{series}");
+    let (status, body) = server.http_get(&format!("/ui/api/overview?domain=llm&{token}")).await;
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        overview["last_minute"]["llm.user"],
+        serde_json::json!({"allowed": 1, "denied": 1, "reported": 2}),
+        "{overview}"
+    );
+    server.shutdown().await;
+}

@@ -277,3 +277,31 @@ descriptors:
     }
     server.shutdown().await;
 }
+
+/// Every `/ui` path answers 401 without the admin token, an unknown one included (a path is no way around the token);
+/// with the token, an unknown path is 404.
+#[tokio::test]
+async fn every_dashboard_path_needs_the_token_before_it_is_found_or_not() {
+    let (l, _) = limiter(CONFIG, memory());
+    let server = TestServer::start(l).await;
+    let token = crate::harness::ADMIN_TOKEN;
+    for path in ["/ui", "/ui/api/domains", "/ui/assets/dashboard.js"] {
+        assert_eq!(server.http_get(path).await.0, 401, "{path}");
+        assert_eq!(server.http_get(&format!("{path}?token={token}")).await.0, 200, "{path}");
+    }
+    for path in [
+        "/ui/",
+        "/ui/nope",
+        "/ui/api/nope",
+        "/ui/api/series/extra",
+        "/ui/assets/nope.js",
+        "/ui/a/b/c",
+    ] {
+        let (status, body) = server.http_get(path).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(body.contains("needs the admin token"), "{path}: {body}");
+        let (status, body) = server.http_get(&format!("{path}?token={token}")).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    server.shutdown().await;
+}

@@ -273,3 +273,102 @@ fn mistakes_are_refused_before_anything_runs() {
         "{text}"
     );
 }
+
+/// The data lines of an SVG chart (a polyline of more than 50 points: not an axis, a tick or a legend's swatch), in
+/// drawing order: stroke colour and dash (empty: solid).
+fn data_lines(svg: &str) -> Vec<(String, String)> {
+    let attribute = |tag: &str, name: &str| -> String {
+        let Some(at) = tag.find(&format!(" {name}=\"")) else {
+            return String::new();
+        };
+        tag[at + name.len() + 3..]
+            .split('"')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    svg.split("<polyline")
+        .skip(1)
+        .map(|t| t.split('>').next().unwrap())
+        .filter(|tag| attribute(tag, "points").split(' ').count() > 50)
+        .map(|tag| (attribute(tag, "stroke"), attribute(tag, "stroke-dasharray")))
+        .collect()
+}
+
+/// The report reads: every text at least 11 px; the offered load a grey area behind the lines of the chart of all,
+/// the candidates' lines each of its own colour and dash; and a colour keeps one meaning across the charts: a
+/// candidate's colour is its line there, its bars, and what it admitted in its own chart, where what it denied is the
+/// one black dotted line, in no candidate's colour.
+#[test]
+fn the_report_is_legible_and_its_colours_keep_one_meaning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = simulate(&EXAMPLE, dir.path());
+    assert_eq!(code, Some(0), "{out}");
+    let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+    let sizes: Vec<f64> = html
+        .split("font-size=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(sizes.len() > 100, "{sizes:?}");
+    for size in &sizes {
+        assert!(*size >= 11.0, "a text of {size} px");
+    }
+    let figures: Vec<&str> = html
+        .split("<figure")
+        .skip(1)
+        .map(|f| f.split("</figure>").next().unwrap())
+        .collect();
+    let all = figures.iter().find(|f| f.starts_with(" id=\"admitted\"")).unwrap();
+    // The offered load: a filled grey area, drawn before (behind) every line.
+    let area = all.find("<polygon").expect("the offered load's area");
+    assert!(
+        all[area..].split('>').next().unwrap().contains("fill=\"#DADADA\""),
+        "{all}"
+    );
+    let lines = data_lines(all);
+    assert_eq!(
+        lines.len(),
+        1 + 4,
+        "the offered load's outline and four candidates: {lines:?}"
+    );
+    let (offered, candidates) = (&lines[0], &lines[1..]);
+    for line in &lines {
+        let drawn = all.find(&format!("stroke=\"{}\"", line.0)).unwrap();
+        assert!(area < drawn, "the area behind the lines: {line:?}");
+    }
+    assert_eq!(offered.0, "#969696", "the offered load's outline is grey");
+    for (i, a) in candidates.iter().enumerate() {
+        assert!(![offered.0.as_str(), "#000000"].contains(&a.0.as_str()), "{a:?}");
+        for b in &candidates[i + 1..] {
+            assert!(a.0 != b.0 && a.1 != b.1, "two candidates drawn alike: {a:?} {b:?}");
+        }
+    }
+    // Each candidate's bars are in its colour.
+    for id in ["worst-window", "fairness"] {
+        let chart = figures
+            .iter()
+            .find(|f| f.starts_with(&format!(" id=\"{id}\"")))
+            .unwrap();
+        let fills: Vec<&str> = chart
+            .split("<rect")
+            .skip(2)
+            .map(|r| r.split("fill=\"").nth(1).unwrap().split('"').next().unwrap())
+            .collect();
+        let colours: Vec<&str> = candidates.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(fills, colours, "{id}");
+    }
+    let own: Vec<&&str> = figures
+        .iter()
+        .filter(|f| f.starts_with(" class=\"algorithm\""))
+        .collect();
+    assert_eq!(own.len(), 4);
+    for (chart, candidate) in own.iter().zip(candidates) {
+        let lines = data_lines(chart);
+        assert_eq!(
+            lines,
+            [candidate.clone(), ("#000000".to_string(), "2 3".to_string())],
+            "admitted in the candidate's colour and dash, denied black and dotted"
+        );
+    }
+}

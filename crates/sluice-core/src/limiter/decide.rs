@@ -10,6 +10,7 @@ use super::decision::{AppliedLimit, Code, Decision, LimitError, Queued, Status, 
 use super::guard::constraining;
 use super::request::{Descriptor, Request, validate};
 use super::resolve::{Target, listed, resolve};
+use super::series::Noted;
 use super::{Limiter, new_lease};
 use crate::metrics::{DomainStats, RuleStats, UNKNOWN_DOMAIN};
 use crate::rules::{Algorithm, Domain, FailurePolicy, List, ListAction, Metadata, Rule, Tier};
@@ -308,7 +309,12 @@ impl<S: Counters + Announcements> Limiter<S> {
         } = *answered;
         if let (Some(rule), Some(domain)) = (rule, domain) {
             let denied = !outcome.admitted && !hit.reports();
-            self.outcomes.note(&domain.name, &rule.path, now_us, denied);
+            let noted = match (hit.reports(), denied) {
+                (true, _) => Noted::Reported,
+                (false, true) => Noted::Denied,
+                (false, false) => Noted::Allowed,
+            };
+            self.outcomes.note(&domain.name, &rule.path, now_us, noted);
             if let kept @ 1.. = self.settings.top_offenders {
                 self.offenders
                     .note(kept, &domain.name, &rule.path, &descriptor.entries, denied);

@@ -8,6 +8,7 @@
 //! bucket's ledger in the same store ([`Grants::grant`]), so that every instance shares out the same quota.
 
 use super::hits::identity_of;
+use super::series::Noted;
 use super::{LimitError, Limiter};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
@@ -106,8 +107,9 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
                 // Reported usage shows in the rule's series as its decisions do.
                 let (allowed, denied) = (usage.allowed.min(MAX_COUNTED), usage.denied.min(MAX_COUNTED));
                 self.outcomes
-                    .note_many(&domain.name, &rule.path, now_us, false, allowed);
-                self.outcomes.note_many(&domain.name, &rule.path, now_us, true, denied);
+                    .note_many(&domain.name, &rule.path, now_us, Noted::Allowed, allowed);
+                self.outcomes
+                    .note_many(&domain.name, &rule.path, now_us, Noted::Denied, denied);
             }
             let state = self.charged(domain_name, usage, (rule, id), &quota);
             out.push(Ok(Charged::Limited(state)));

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::replay::{Run, START_US, TICK_US};
 use super::traffic::Traffic;
-use crate::charts::{Bar, Series, bar_chart, escape, line_chart};
+use crate::charts::{Bar, Pen, Series, bar_chart, escape, line_chart};
 use crate::rules::Algorithm;
 
 /// The figures of one run.
@@ -184,14 +184,14 @@ pub fn html(traffic: &Traffic, runs: &[Run], figures: &[Figures], config: &str, 
     page.push_str("</table>\n");
     figure_charts(&mut page, figures);
     page.push_str("<p>Worst window: for one key (the worst of the 20 busiest), the most admitted in any span of one window's length (100 ms resolution), and that over the limit. Burst at window edges: for one key, the most admitted in a window's length centred on a window boundary (a fixed window lets up to twice its limit through there). Fairness: Jain's index of each key's admitted share of its requests. Queue delay: for the leaky bucket, how long an admitted request waits in a queue served at the limit's rate (for the requests ahead of it, to the microsecond), as a stream-coupled leaky bucket holds it.</p>\n<h2>Each algorithm</h2>\n");
-    for run in runs {
-        algorithm_figure(&mut page, run);
+    for (i, run) in runs.iter().enumerate() {
+        algorithm_figure(&mut page, run, i);
     }
     page.push_str("<p>The same figures as CSV: <a href=\"summary.csv\">summary.csv</a>, <a href=\"per_second.csv\">per_second.csv</a>.</p>\n</body></html>\n");
     page
 }
 
-/// The chart of what every candidate admitted per second, beside what was offered.
+/// The chart of what every candidate admitted per second, over what was offered (a grey area behind the lines).
 fn admitted_chart(runs: &[Run]) -> String {
     let offered = runs.first().map(|r| {
         let (a, d) = (per_second(r, &r.admitted), per_second(r, &r.denied));
@@ -204,8 +204,9 @@ fn admitted_chart(runs: &[Run]) -> String {
     let mut all = vec![Series {
         name: "offered".into(),
         points: offered.unwrap_or_default(),
+        pen: Pen::Offered,
     }];
-    for run in runs {
+    for (i, run) in runs.iter().enumerate() {
         all.push(Series {
             name: label(run),
             points: per_second(run, &run.admitted)
@@ -213,6 +214,7 @@ fn admitted_chart(runs: &[Run]) -> String {
                 .enumerate()
                 .map(|(s, &n)| (s as f64, n as f64))
                 .collect(),
+            pen: Pen::Candidate(i),
         });
     }
     line_chart(
@@ -234,7 +236,7 @@ fn figure_charts(page: &mut String, figures: &[Figures]) {
             .map(|(i, f)| Bar {
                 name: f.algorithm.clone(),
                 value: value(f),
-                colour: i + 1,
+                candidate: i,
             })
             .collect()
     };
@@ -263,7 +265,7 @@ fn figure_charts(page: &mut String, figures: &[Figures]) {
             [("mean", mean), ("p99", p99)].map(|(what, ms)| Bar {
                 name: format!("{} {what}", f.algorithm),
                 value: (ms * 10.0).round() / 10.0,
-                colour: i + 1,
+                candidate: i,
             })
         })
         .collect();
@@ -296,8 +298,9 @@ fn figure_row(page: &mut String, f: &Figures) {
     );
 }
 
-/// A candidate's own chart: what it admitted and denied per second.
-fn algorithm_figure(page: &mut String, run: &Run) {
+/// A candidate's own chart (candidate `i`): what it admitted per second, in its colour of the chart of all, and what
+/// it denied.
+fn algorithm_figure(page: &mut String, run: &Run, i: usize) {
     let admitted: Vec<(f64, f64)> = per_second(run, &run.admitted)
         .iter()
         .enumerate()
@@ -312,10 +315,12 @@ fn algorithm_figure(page: &mut String, run: &Run) {
         Series {
             name: "admitted".into(),
             points: admitted,
+            pen: Pen::Candidate(i),
         },
         Series {
             name: "denied".into(),
             points: denied,
+            pen: Pen::Denied,
         },
     ];
     let _ = writeln!(

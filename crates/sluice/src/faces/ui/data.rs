@@ -2,12 +2,13 @@
 //! without a server.
 //!
 //! - [`Window`]: which seconds a `/ui/api/series` request asks for (`range`, `since`), checked.
-//! - [`series`]: per rule, allowed and denied per second over a window, as arrays aligned on epoch seconds.
+//! - [`series`]: per rule, allowed and denied per second over a window (and reported, apart), as arrays aligned on
+//!   epoch seconds.
 //! - [`rules`]: the rules in force, every limit with its own name (a rule of several limits has several).
 //! - [`shares`] and [`rlqs_in_words`]: what the RLQS streams were told and what the RLQS metrics count, in sentences.
 //! - [`samples`]: this instance's Prometheus text, read back as samples.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -89,8 +90,10 @@ fn bad(message: String) -> Refused {
 
 /// A domain's outcomes over `window`, from `read` (the store's seconds from `read.from` on, covering the window):
 /// `{"domain", "range", "from", "to", "rules": {rule: {"allowed": [..], "denied": [..]}}, "instances": {..}}`, one
-/// number per second from `from` to `to`. A rule with nothing in the window is left out (the page reads it as
-/// zeros). `instances` are as [`instances`] shapes them.
+/// number per second from `from` to `to`; a rule with reported costs in the window also has `"reported": [..]`
+/// (reports are no decisions: they are in neither allowed nor denied). A rule with nothing in the window is left out
+/// (the page reads it as zeros), and so is `reported` when it is all zeros. `instances` are as [`instances`] shapes
+/// them.
 pub fn series(domain: &str, window: &Window, read: &Series, seen: &Seen) -> Value {
     let skip = window.from.saturating_sub(read.from) as usize;
     let take = |counts: &[u64]| -> Vec<u64> {
@@ -99,11 +102,25 @@ pub fn series(domain: &str, window: &Window, read: &Series, seen: &Seen) -> Valu
         out
     };
     let mut rules = serde_json::Map::new();
-    for (rule, (allowed, denied)) in &read.rules {
-        let (allowed, denied) = (take(allowed), take(denied));
-        if allowed.iter().chain(&denied).any(|&n| n > 0) {
-            rules.insert(rule.clone(), json!({"allowed": allowed, "denied": denied}));
+    let names: BTreeSet<&String> = read.rules.keys().chain(read.reported.keys()).collect();
+    for rule in names {
+        let (allowed, denied) = match read.rules.get(rule) {
+            Some((allowed, denied)) => (take(allowed), take(denied)),
+            None => (vec![0; window.len()], vec![0; window.len()]),
+        };
+        let reported = read
+            .reported
+            .get(rule)
+            .map(|r| take(r))
+            .filter(|r| r.iter().any(|&n| n > 0));
+        if reported.is_none() && allowed.iter().chain(&denied).all(|&n| n == 0) {
+            continue;
         }
+        let mut counts = json!({"allowed": allowed, "denied": denied});
+        if let Some(reported) = reported {
+            counts["reported"] = json!(reported);
+        }
+        rules.insert(rule.clone(), counts);
     }
     json!({
         "domain": domain,
@@ -413,6 +430,11 @@ mod tests {
                 ),
             ]
             .into(),
+            reported: [
+                ("edge.a".to_string(), vec![0; 10]),
+                ("edge.costs".to_string(), vec![0, 0, 0, 0, 0, 0, 3, 0, 0, 1]),
+            ]
+            .into(),
         };
         let alive = [("abc".to_string(), NOW - 1)].into();
         let seen = Seen {
@@ -433,6 +455,15 @@ mod tests {
             "second from+i at index i"
         );
         assert_eq!(json["rules"]["edge.a"]["denied"], json!([0, 0, 0, 0]));
+        assert!(
+            json["rules"]["edge.a"].get("reported").is_none(),
+            "no reports in the window: left out"
+        );
+        assert_eq!(
+            json["rules"]["edge.costs"],
+            json!({"allowed": [0, 0, 0, 0], "denied": [0, 0, 0, 0], "reported": [0, 0, 3, 0]}),
+            "reports apart from the decisions"
+        );
         assert!(
             json["rules"].get("edge.quiet").is_none(),
             "nothing in the window: left out"

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use serde_json::{Value, json};
 
 use super::{assets, data};
@@ -40,6 +40,8 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>, quotas: Arc<Quotas<S>>, token:
         .route("/ui/api/domains", get(domains::<S>))
         .route("/ui/api/overview", get(overview::<S>))
         .route("/ui/api/series", get(series::<S>))
+        .route("/ui/", any(unknown::<S>))
+        .route("/ui/{*rest}", any(unknown::<S>))
         .with_state(Arc::new(View { limiter, quotas, token }))
 }
 
@@ -67,6 +69,18 @@ fn json(value: Value) -> Response {
         value.to_string(),
     )
         .into_response()
+}
+
+/// Any other path under `/ui`: 401 without the token (a path is no way around it), 404 with it.
+async fn unknown<S: Store>(
+    State(state): State<Dashboard<S>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    match allowed(state.token.as_deref(), &headers, &query) {
+        Ok(()) => (StatusCode::NOT_FOUND, "no such dashboard path\n").into_response(),
+        Err(refused) => refused.into_response(),
+    }
 }
 
 async fn page<S: Store>(
@@ -174,7 +188,7 @@ async fn overview<S: Store>(
     if let Some(listed) = health["problems"].as_array_mut() {
         listed.extend(problems.into_iter().map(Value::from));
     }
-    let last_minute: serde_json::Map<String, Value> = read
+    let mut last_minute: serde_json::Map<String, Value> = read
         .rules
         .iter()
         .map(|(rule, (a, d))| {
@@ -182,6 +196,13 @@ async fn overview<S: Store>(
             (rule.clone(), counts)
         })
         .collect();
+    // Reported costs apart from the decisions, for the rules that have any.
+    for (rule, reported) in &read.reported {
+        let counts = last_minute
+            .entry(rule.clone())
+            .or_insert_with(|| json!({"allowed": 0, "denied": 0}));
+        counts["reported"] = json!(reported.iter().sum::<u64>());
+    }
     let metrics = limiter.metrics().render();
     let pairs =
         |l: &[(String, u64)]| -> Vec<Value> { l.iter().map(|(v, n)| json!({"value": v, "count": n})).collect() };
@@ -335,6 +356,10 @@ mod tests {
         ] {
             assert_eq!(get(path).await.0, StatusCode::UNAUTHORIZED, "{path}");
             assert_eq!(get(&format!("{path}?token=t")).await.0, StatusCode::OK, "{path}");
+        }
+        for path in ["/ui/", "/ui/nope", "/ui/api/nope", "/ui/assets/nope.js", "/ui/a/b/c"] {
+            assert_eq!(get(path).await.0, StatusCode::UNAUTHORIZED, "{path}");
+            assert_eq!(get(&format!("{path}?token=t")).await.0, StatusCode::NOT_FOUND, "{path}");
         }
         let (_, page) = get("/ui?token=t").await;
         assert!(page.contains("/ui/assets/dashboard.js?token=t"), "{page}");

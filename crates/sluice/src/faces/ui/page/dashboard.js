@@ -7,7 +7,10 @@ const token = params.get("token");
 const headers = token ? { Authorization: "Bearer " + token } : {};
 const HOLD = 900; // seconds held: the longest range
 const MOST_CHARTS = 40; // charts drawn at once (labels built from requests can make many rules)
-const COLOURS = { allowed: "#1f6fb4", denied: "#d1401f" };
+const COLOURS = { allowed: "#1f6fb4", denied: "#d1401f", reported: "#6a51a3" };
+const KINDS = ["allowed", "denied", "reported"]; // a report (a cost budget's) is no decision: drawn apart
+// The y axis counts whole requests: whole steps only.
+const WHOLE_STEPS = [1, 2, 5].flatMap(m => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9].map(p => m * p)).sort((a, b) => a - b);
 const $ = id => document.getElementById(id);
 
 const state = {
@@ -15,7 +18,7 @@ const state = {
   range: Number(params.get("range")) || 900,
   from: 0, // the first second held
   to: -1, // the last second held; -1: nothing yet
-  counts: new Map(), // rule -> { allowed: [], denied: [] }, index i is second from + i
+  counts: new Map(), // rule -> { allowed: [], denied: [], reported: [] }, index i is second from + i
   rules: [], // the overview's rule_limits
   instances: null,
   ticks: 0,
@@ -58,34 +61,37 @@ function absorb(answer) {
   if (n > 0) {
     const held = state.to - state.from + 1;
     for (const [rule, c] of Object.entries(answer.rules)) {
-      if (!state.counts.has(rule)) state.counts.set(rule, { allowed: new Array(held).fill(0), denied: new Array(held).fill(0) });
+      if (!state.counts.has(rule)) state.counts.set(rule, Object.fromEntries(KINDS.map(k => [k, new Array(held).fill(0)])));
       const mine = state.counts.get(rule);
-      mine.allowed.push(...c.allowed);
-      mine.denied.push(...c.denied);
+      for (const k of KINDS) mine[k].push(...(c[k] || new Array(n).fill(0)));
     }
     for (const [rule, mine] of state.counts) {
       if (!(rule in answer.rules)) {
-        for (let i = 0; i < n; i++) { mine.allowed.push(0); mine.denied.push(0); }
+        for (const k of KINDS) for (let i = 0; i < n; i++) mine[k].push(0);
       }
     }
     state.to = answer.to;
     const drop = state.to - state.from + 1 - HOLD;
     if (drop > 0) {
-      for (const mine of state.counts.values()) { mine.allowed.splice(0, drop); mine.denied.splice(0, drop); }
+      for (const mine of state.counts.values()) for (const k of KINDS) mine[k].splice(0, drop);
       state.from += drop;
     }
   }
   state.instances = answer.instances;
 }
 
-// The seconds of the range in view and each rule's counts over them: [xs, allowed, denied].
+// The seconds of the range in view and each rule's counts over them: [xs, allowed, denied], and reported when the
+// rule has reports in the range.
 function view(rule) {
   const first = state.to - state.range + 1;
   const xs = [];
   for (let s = first; s <= state.to; s++) xs.push(s);
   const mine = state.counts.get(rule);
   const pick = key => xs.map(s => (mine && s >= state.from ? mine[key][s - state.from] : 0));
-  return [xs, pick("allowed"), pick("denied")];
+  const data = [xs, pick("allowed"), pick("denied")];
+  const reported = pick("reported");
+  if (reported.some(n => n > 0)) data.push(reported);
+  return data;
 }
 
 const two = n => String(n).padStart(2, "0");
@@ -95,8 +101,22 @@ function clock(s, seconds) {
   return two(d.getHours()) + ":" + two(d.getMinutes()) + (seconds ? ":" + two(d.getSeconds()) : "");
 }
 
-function chartOptions(width) {
-  const count = (u, v) => (v === null || v === undefined ? "–" : String(v));
+// A legend value: the second under the cursor, or, away from it (idx null: before the first hover, after the mouse
+// leaves), the last second's.
+function legendValue(format) {
+  return (u, v, series, idx) => {
+    if (idx === null || idx === undefined) {
+      const values = u.data[series];
+      v = values && values.length ? values[values.length - 1] : null;
+    }
+    return v === null || v === undefined ? "–" : format(v);
+  };
+}
+
+function chartOptions(width, reports) {
+  const count = legendValue(String);
+  const line = kind => ({ label: kind, stroke: COLOURS[kind], fill: COLOURS[kind] + "1a", width: 1.5, value: count,
+    points: { show: false } });
   return {
     width,
     height: 150,
@@ -108,15 +128,15 @@ function chartOptions(width) {
       // Seconds on the ticks when a tick falls within a minute; minutes otherwise.
       { stroke: "#555", grid: { stroke: "#eee" }, space: 60,
         values: (u, splits) => splits.map(s => clock(s, splits.some(t => t % 60))) },
-      { stroke: "#555", grid: { stroke: "#eee" }, size: 48,
+      { stroke: "#555", grid: { stroke: "#eee" }, size: 48, incrs: WHOLE_STEPS,
+        values: (u, splits) => splits.map(v => String(v)),
         label: "per second", labelSize: 18, labelFont: "11px system-ui" },
     ],
     series: [
-      { label: "second", value: (u, v) => (v === null || v === undefined ? "–" : clock(v, true)) },
-      { label: "allowed", stroke: COLOURS.allowed, fill: COLOURS.allowed + "1a", width: 1.5, value: count,
-        points: { show: false } },
-      { label: "denied", stroke: COLOURS.denied, fill: COLOURS.denied + "1a", width: 1.5, value: count,
-        points: { show: false } },
+      { label: "second", value: legendValue(v => clock(v, true)) },
+      line("allowed"),
+      line("denied"),
+      ...(reports ? [line("reported")] : []),
     ],
   };
 }
@@ -139,21 +159,28 @@ function percent(part, whole) {
   return whole ? (100 * part / whole).toFixed(1) + " %" : "–";
 }
 
-function decided(rule) {
+// A rule's totals over the range in view: allowed, denied, reported.
+function totals(rule) {
+  const sums = { allowed: 0, denied: 0, reported: 0 };
   const mine = state.counts.get(rule);
-  if (!mine) return false;
+  if (!mine) return sums;
   const first = Math.max(0, state.to - state.range + 1 - state.from);
-  for (let i = first; i < mine.allowed.length; i++) if (mine.allowed[i] || mine.denied[i]) return true;
-  return false;
+  for (const k of KINDS) for (let i = first; i < mine[k].length; i++) sums[k] += mine[k][i];
+  return sums;
 }
 
-// A row per rule: the rules in force (in their order), then any other label the counts carry; those with decisions
-// in the range first.
+// A row per rule: the rules in force, then any other label the counts carry. The most denied first (most requests
+// denied over the range in view), then the busiest (most decisions and reports), then in the rules' order; rules
+// with nothing in the range last, in the rules' order.
 function draw() {
   const rows = $("rows");
   const all = state.rules.map(r => r.rule);
   for (const rule of state.counts.keys()) if (!all.includes(rule)) all.push(rule);
-  const names = all.filter(decided).concat(all.filter(r => !decided(r)));
+  const sums = new Map(all.map(r => [r, totals(r)]));
+  const busy = r => sums.get(r).allowed + sums.get(r).denied + sums.get(r).reported;
+  const names = all.filter(r => busy(r) > 0)
+    .sort((a, b) => sums.get(b).denied - sums.get(a).denied || busy(b) - busy(a) || all.indexOf(a) - all.indexOf(b))
+    .concat(all.filter(r => busy(r) === 0));
   const width = Math.max(300, rows.clientWidth - 30);
   const wanted = $("filter").value.trim().toLowerCase();
   let drawn = 0;
@@ -172,21 +199,22 @@ function draw() {
     if (rows.children[i] !== row) rows.insertBefore(row, rows.children[i] || null);
     row.querySelector(".limits").replaceWith(limitsText(rule));
     const data = view(rule);
-    const allowed = data[1].reduce((a, b) => a + b, 0);
-    const denied = data[2].reduce((a, b) => a + b, 0);
+    const { allowed, denied, reported } = sums.get(rule);
+    const reports = data.length > 3;
     const last = data[0].length - 1;
     Object.assign(row.dataset, {
-      allowed, denied,
+      allowed, denied, reported,
       denialRatio: allowed + denied ? (denied / (allowed + denied)).toFixed(4) : "",
       lastSecond: data[0][last], lastAllowed: data[1][last], lastDenied: data[2][last],
+      lastReported: reports ? data[3][last] : 0,
     });
     const figures = row.querySelector(".figures");
     const quiet = row.querySelector(".quiet");
     const shown = wanted === "" || rule.toLowerCase().includes(wanted);
     const room = shown && drawn < MOST_CHARTS;
-    if (allowed + denied === 0 || !room) {
+    if (allowed + denied + reported === 0 || !room) {
       figures.textContent = "";
-      quiet.textContent = allowed + denied === 0
+      quiet.textContent = allowed + denied + reported === 0
         ? "No decisions in the last " + rangeWords(state.range) + "."
         : "Not drawn: " + MOST_CHARTS + " charts at most; the filter narrows the rules.";
       quiet.hidden = false;
@@ -197,18 +225,27 @@ function draw() {
     quiet.hidden = true;
     figures.replaceChildren(
       "last " + rangeWords(state.range) + ": ", el("b", {}, String(allowed)), " allowed, ", el("b", {}, String(denied)),
-      " denied, ", el("b", { class: denied ? "bad" : "" }, percent(denied, allowed + denied) + " denied"),
-      " · last second: " + data[1][last] + " allowed, " + data[2][last] + " denied");
+      " denied",
+      ...(allowed + denied ? [", ", el("b", { class: denied ? "bad" : "" }, percent(denied, allowed + denied) + " denied")] : []),
+      ...(reports ? [" · ", el("b", {}, String(reported)), " " + (reported === 1 ? "cost" : "costs") + " reported"] : []),
+      " · last second: " + data[1][last] + " allowed, " + data[2][last] + " denied" +
+        (reports ? ", " + data[3][last] + " reported" : ""));
     let chart = charts.get(rule);
+    if (chart && chart.series.length !== data.length) {
+      // Reports came into the range or left it: a series more or less.
+      chart.destroy();
+      charts.delete(rule);
+      chart = undefined;
+    }
     if (!chart) {
-      chart = new uPlot(chartOptions(width), data, row.querySelector(".chart"));
+      chart = new uPlot(chartOptions(width, reports), data, row.querySelector(".chart"));
       charts.set(rule, chart);
     } else {
       if (chart.width !== width) chart.setSize({ width, height: 150 });
       chart.setData(data);
     }
-    // Away from the cursor, the legend shows the last second.
-    if (!(chart.cursor.left >= 0)) chart.setLegend({ idx: last });
+    // Away from the cursor, the legend shows the last second (see legendValue).
+    if (!(chart.cursor.left >= 0)) chart.setLegend({ idx: null });
   });
   filter();
   $("rows").dataset.range = state.range;
@@ -300,7 +337,7 @@ async function refresh() {
     draw();
     state.ticks++;
     $("status").className = "";
-    $("status").textContent = "updated " + new Date().toLocaleTimeString() + " · " + text.length + " bytes of counts";
+    $("status").textContent = "updated " + clock(Date.now() / 1000, true);
   } catch (e) {
     $("status").className = "error";
     $("status").textContent = String(e.message || e);
