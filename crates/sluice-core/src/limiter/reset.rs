@@ -66,8 +66,8 @@ impl<S: Counters + Announcements + Releases> Limiter<S> {
 
     /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A counter kept in
     /// Redis as a key per window ([`CounterKey::window`]: the fixed and sliding windows) comes with the keys
-    /// of every window it may hold now (`algorithm::window_starts`), as does the counter's own key, which the memory
-    /// store and the previous form of the Redis counter use.
+    /// of every window it may hold now (`algorithm::window_starts`), as does the counter's own key, where the memory
+    /// store and every other Redis counter keep their state.
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);

@@ -281,7 +281,7 @@ impl KeyBuilder {
 /// The identity of one descriptor, from which its counters' keys are derived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// The identity in the full layout: `<prefix>{<tag>}<identity>`.
+    /// The identity's full name: `<prefix>{<tag>}<identity>`.
     base: String,
     /// Where `<identity>` starts in `base`, after the hash tag.
     tail_at: usize,
@@ -431,8 +431,8 @@ impl Sink for Sha256 {
     }
 }
 
-/// What the full layout writes after a counter's identity, `|<algorithm>/<window seconds>` and `/<label>` for a limit
-/// that counts a cost of its own: part of the counter's key there, and what a compact key's digest is taken over.
+/// What follows a counter's identity in its name, `|<algorithm>/<window seconds>` and `/<label>` for a limit that
+/// counts a cost of its own: what a compact key's digest is taken over, and a queue's stream's full name.
 fn counter_name(out: &mut impl Sink, algorithm: Algorithm, window_us: u64, label: Option<&str>) {
     out.put("|");
     out.put(algorithm.name());
