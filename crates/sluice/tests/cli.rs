@@ -251,8 +251,7 @@ fn worker_threads_sets_the_serving_threads() {
 fn the_json_api_is_served_on_json_addr_only() {
     use std::io::{Read, Write};
     let (http, json) = (crate::harness::free_port(), crate::harness::free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr", "127.0.0.1:0"])
+    let mut child = serve_command(&[])
         .arg("--http-addr")
         .arg(format!("127.0.0.1:{http}"))
         .env("SLUICE_JSON_ADDR", format!("127.0.0.1:{json}"))
@@ -374,16 +373,7 @@ fn logs_are_plain_text_or_json_when_not_a_terminal() {
 #[test]
 fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server() {
     let run = |args: &[&str], env: &[(&str, &str)]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([
-                "serve",
-                "--config",
-                DEPLOY_CONFIG,
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-            ])
+        let out = serve_command(&["--http-addr", "127.0.0.1:0"])
             .args(args)
             .envs(env.iter().copied())
             .output()
@@ -424,17 +414,8 @@ fn region_flags_are_checked_and_an_unreachable_region_does_not_stop_the_server()
     let server = crate::harness::RedisServer::start();
     let closed = crate::harness::free_port();
     let http = crate::harness::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut child = serve_command(&["--http-addr", &format!("127.0.0.1:{http}")]);
     child
-        .args([
-            "serve",
-            "--config",
-            DEPLOY_CONFIG,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-        ])
-        .arg(format!("127.0.0.1:{http}"))
         .args(["--redis-url", &server.url(), "--region", "eu", "--region-redis"])
         .arg(format!("us=redis://127.0.0.1:{closed}"));
     let body = readyz_until(&mut child, http, |body| body.contains("region us: not linked"));
@@ -449,18 +430,8 @@ fn a_redis_of_another_storage_format_is_refused_at_start() {
     let server = crate::harness::RedisServer::start();
     server.cli(&["SET", "sluice:format", "0"]);
     let serve = |extra: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .args([
-                "serve",
-                "--config",
-                DEPLOY_CONFIG,
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--redis-url",
-                &server.url(),
-            ])
-            .args(extra);
+        let mut command = serve_command(&["--redis-url", &server.url()]);
+        command.args(extra);
         command
     };
     let out = serve(&["--http-addr", "127.0.0.1:0"]).output().unwrap();
@@ -502,4 +473,13 @@ fn readyz_until(command: &mut Command, http: u16, done: impl Fn(&str) -> bool) -
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
     body
+}
+
+/// `sluice serve` of `deploy/`'s configuration, gRPC on a free port, with `extra`.
+fn serve_command(extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args(["serve", "--config", DEPLOY_CONFIG, "--grpc-addr", "127.0.0.1:0"])
+        .args(extra);
+    command
 }
