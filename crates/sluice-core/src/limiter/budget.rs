@@ -15,8 +15,7 @@ use std::sync::Arc;
 use super::request::{Descriptor, Request, cost as request_cost, validate};
 use super::resolve::{Target, resolve};
 use super::{Code, Decision, LimitError, Limiter};
-use crate::store::{Announcements, Counters, Reservations};
-use crate::store::{Hit, Settled, Settlement, StoreError};
+use crate::store::{Announcements, Counters, Hit, Reservations, Settled, Settlement, StoreError};
 
 /// The costs of a cost-budget call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

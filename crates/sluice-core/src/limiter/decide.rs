@@ -14,8 +14,7 @@ use super::series::Noted;
 use super::{Limiter, new_lease};
 use crate::metrics::{DomainStats, RuleStats, UNKNOWN_DOMAIN};
 use crate::rules::{Algorithm, Domain, FailurePolicy, List, ListAction, Metadata, Rule, Tier};
-use crate::store::{Announcements, Counters};
-use crate::store::{Hit, Mode, Outcome, ReservationSpec, StoreError, TierOutcome};
+use crate::store::{Announcements, Counters, Hit, Mode, Outcome, ReservationSpec, StoreError, TierOutcome};
 
 impl<S: Counters + Announcements> Limiter<S> {
     /// Decides a request the way `how` says: each descriptor's hit counted when it fits, only checked, counted
@@ -309,10 +308,12 @@ impl<S: Counters + Announcements> Limiter<S> {
         } = *answered;
         if let (Some(rule), Some(domain)) = (rule, domain) {
             let denied = !outcome.admitted && !hit.reports();
-            let noted = match (hit.reports(), denied) {
-                (true, _) => Noted::Reported,
-                (false, true) => Noted::Denied,
-                (false, false) => Noted::Allowed,
+            let noted = if hit.reports() {
+                Noted::Reported
+            } else if denied {
+                Noted::Denied
+            } else {
+                Noted::Allowed
             };
             self.outcomes.note(&domain.name, &rule.path, now_us, noted);
             if let kept @ 1.. = self.settings.top_offenders {

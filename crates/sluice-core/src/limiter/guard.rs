@@ -19,8 +19,7 @@ use crate::breaker::Breakers;
 use crate::cache::{Denial, LocalCache};
 use crate::metrics::Metrics;
 use crate::rules::Algorithm;
-use crate::store::{Announcements, Counters};
-use crate::store::{Answers, Hit, Notice, Outcome, StoreError, TierOutcome};
+use crate::store::{Announcements, Answers, Counters, Hit, Notice, Outcome, StoreError, TierOutcome};
 
 /// A store with its breakers, its local cache and its call metrics.
 pub struct Guard<S> {

@@ -4,8 +4,7 @@
 use super::Limiter;
 use super::request::{Descriptor, Request};
 use crate::rules::{Algorithm, Rule, Tier, TierCost};
-use crate::store::{Announcements, Counters};
-use crate::store::{CounterKey, Hit, Identity, KeyBuilder, Mode, RecordSpec, TierSpec};
+use crate::store::{Announcements, CounterKey, Counters, Hit, Identity, KeyBuilder, Mode, RecordSpec, TierSpec};
 
 impl<S: Counters + Announcements> Limiter<S> {
     /// The identity of a descriptor of `domain` (its counters' keys): `shared` levels hold their pattern in place of

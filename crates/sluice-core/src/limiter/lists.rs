@@ -23,8 +23,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Limiter;
 use super::decision::LimitError;
 use crate::rules::{ListSource, LiveList, LiveLists, Matcher, RuleSet, check_value};
-use crate::store::{Announcements, Counters, Lists};
-use crate::store::{CounterKey, ListChange, ListEntry, Notice};
+use crate::store::{Announcements, CounterKey, Counters, ListChange, ListEntry, Lists, Notice};
 
 /// The most run-time entries one list may hold.
 pub const MAX_LIST_ENTRIES: usize = 1_000_000;

@@ -5,8 +5,7 @@ use super::Limiter;
 use super::decision::{AppliedLimit, LimitError, Report};
 use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
-use crate::store::{Announcements, Counters};
-use crate::store::{Hit, Mode, Outcome, StoreError};
+use crate::store::{Announcements, Counters, Hit, Mode, Outcome, StoreError};
 
 impl<S: Counters + Announcements> Limiter<S> {
     /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass

@@ -8,8 +8,7 @@ use super::request::{Request, validate};
 use super::resolve::{Target, resolve};
 use super::settings::Cap;
 use crate::rules::{Algorithm, Tier};
-use crate::store::{Announcements, Counters, Releases};
-use crate::store::{CounterKey, StreamReset, algorithm};
+use crate::store::{Announcements, CounterKey, Counters, Releases, StreamReset, algorithm};
 
 impl<S: Counters + Announcements + Releases> Limiter<S> {
     /// Ends `lease` in every `concurrency` limit the request's descriptors map to; returns how many leases ended.

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use super::Limiter;
 use super::decision::LimitError;
-use crate::store::CounterKey;
-use crate::store::{self, Announcements, Counters};
+use crate::store::{self, Announcements, CounterKey, Counters};
 
 /// What one counted hit was: a decision that allowed it, one that denied it, or a reported cost (counted whatever the
 /// limits say, so neither).
@@ -180,7 +179,7 @@ impl<S: Counters + Announcements + store::Series> Limiter<S> {
                 let Some((kind, rule)) = field.split_once(':') else {
                     continue;
                 };
-                if kind == "r" {
+                if kind == Noted::FIELDS[Noted::Reported.index()] {
                     series.reported.entry(rule.to_string()).or_insert_with(|| vec![0; len])[i] += n;
                     continue;
                 }

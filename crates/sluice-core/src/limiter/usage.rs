@@ -12,8 +12,9 @@ use super::series::Noted;
 use super::{LimitError, Limiter};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
-use crate::store::{Announcements, Counters, Grants};
-use crate::store::{CounterKey, Grant, Granted, Hit, Identity, Mode, Outcome, StoreError, TierSpec};
+use crate::store::{
+    Announcements, CounterKey, Counters, Grant, Granted, Grants, Hit, Identity, Mode, Outcome, StoreError, TierSpec,
+};
 
 /// One bucket's report: its id (entries sorted by key, no two keys equal) and the requests since the last one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,8 +12,7 @@ use super::stream::{QuotaStream, Watch};
 use super::vocabulary::{Action, BucketId, NO_REFILL_S, Strategy};
 use crate::limiter::{Charged, Claim, QuotaState};
 use crate::rules::BucketSettings;
-use crate::store::{Announcements, Counters, Grants};
-use crate::store::{Granted, MAX_LEDGER_AMOUNT, Notice};
+use crate::store::{Announcements, Counters, Granted, Grants, MAX_LEDGER_AMOUNT, Notice};
 
 /// One bucket to size a grant for, after its report (or a read) was charged.
 pub(super) struct Due {

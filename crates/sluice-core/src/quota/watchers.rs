@@ -6,8 +6,7 @@ use std::sync::{Arc, Weak};
 
 use super::stream::Inbox;
 use super::{Quotas, lock};
-use crate::store::Notice;
-use crate::store::{Announcements, Counters, Grants};
+use crate::store::{Announcements, Counters, Grants, Notice};
 
 impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Starts, once and inside a runtime, the task that hands the store's notices to the streams that watch the
