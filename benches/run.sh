@@ -138,15 +138,15 @@ if command -v redis-benchmark >/dev/null; then
   (
     printf '#!lua name=%s\nlocal KEYS, ARGV\n' "$decide"
     cd crates/sluice-core/src/store
-    cat lua/prelude.lua algorithm/*.lua lua/global.lua lua/compact_fixed_window.lua lua/compact_bucket.lua \
-      lua/compact_sliding_window.lua lua/compact_sorted_set.lua lua/compact_global.lua lua/ledger.lua lua/decide.lua \
-      lua/compact_reservation.lua lua/batch.lua
+    cat lua/prelude.lua
+    for f in algorithm/*.lua; do printf 'do\n'; cat "$f"; printf 'end\n'; done
+    cat lua/ledger.lua lua/decide.lua lua/batch.lua
     printf "\nredis.register_function{ function_name = '%s', callback = function(keys, argv) KEYS, ARGV = keys, argv return batch() end }\n" "$decide"
   ) | redis-cli -p "$redis_port" -x function load replace >/dev/null
   calibrate "one-counter script, unpipelined" -n 200000 -c 50 evalsha "$counter" 1 'c:__rand_int__'
   calibrate "one-counter script, pipelined" -n 1000000 -c 50 -P 16 evalsha "$counter" 1 'p:__rand_int__'
   # One descriptor as crates/sluice-core/src/store/lua/batch.lua reads it: n, the timing header (this host's time, the call then
-  # decided by the server's clock, as sluice sends it), then a lone fixed window's arguments (compact_fixed_window.lua):
+  # decided by the server's clock, as sluice sends it), then a lone fixed window's arguments (fixed_window.lua's hit):
   # the window and the cost; its key is the window's (`<counter>:<window start>`).
   now_us=$(( $(date +%s) * 1000000 ))
   start_us=$(( now_us - now_us % 3600000000 ))

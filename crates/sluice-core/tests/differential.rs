@@ -5,7 +5,7 @@
 //! with the same costs, so counts pass their limits and buckets run into debt that later hits must both see alike;
 //! on a mix with a tier of another algorithm, both must decide them as ordinary hits. Every case without a queue tier
 //! runs twice, with and without queue fields, so that a lone fixed window goes both through
-//! `lua/compact_fixed_window.lua` and through the driver. Each time step is at least the real time since the last one
+//! `fixed_window.lua`'s `hit` and through the driver. Each time step is at least the real time since the last one
 //! plus [`REAL_TIME_SLACK_US`], because Redis expires keys by the real clock while the test steps its own.
 //!
 //! Reservations too: any hit (a peek, a forced one) may carry a reservation, under one of a few ids with TTLs from 0 to

@@ -377,7 +377,7 @@ descriptors:
 }
 
 /// One step of a global window's schedule: a hit (forced, or a peek, takes the driver; an ordinary one alone the
-/// compact form, `lua/compact_global.lua`; with a regional tier beside it, the driver again), `times` times in one
+/// compact form, the global form's `hit`; with a regional tier beside it, the driver again), `times` times in one
 /// store call (in Redis one script call, where a counter several compact calls hit is read and written once), or a
 /// region's count of the current or the previous window shipped in.
 #[derive(Debug, Clone)]

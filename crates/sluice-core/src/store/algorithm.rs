@@ -295,7 +295,7 @@ pub(crate) fn own_count(check: &Check, cost: u64) -> Option<OwnCount> {
     }
 }
 
-/// A global window's check (`lua/global.lua`, `lua/compact_global.lua`): its algorithm's, made by `check` against its
+/// A global window's check (`prelude.lua`'s `global_of` and the global forms' `hit`): its algorithm's, made by `check` against its
 /// limit (of a window of `window_us`) less `others`, what the other regions counted (a fixed window's sum, a sliding window's weighted estimate),
 /// and reporting the sum as used; a cost that fits the limit fits again once the window has passed, whatever the
 /// others counted. Both stores decide a global tier by it.

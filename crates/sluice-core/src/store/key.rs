@@ -178,7 +178,7 @@ impl CounterKey {
     }
 
     /// The key of what the other regions counted in one window of a global limit ([`CounterKey::window`] then
-    /// `@regions`): a hash, one field per region, each that region's own count (`lua/global.lua`).
+    /// `@regions`): a hash, one field per region, each that region's own count (`lua/prelude.lua`'s `regions_count`).
     pub fn regions(&self, start_us: u64) -> CounterKey {
         let mut key = self.window(start_us);
         key.key.push_str(REGIONS_SUFFIX);
@@ -186,7 +186,7 @@ impl CounterKey {
     }
 }
 
-/// What [`CounterKey::regions`] appends to a window's key (`lua/global.lua` knows it too).
+/// What [`CounterKey::regions`] appends to a window's key (`lua/prelude.lua`'s `regions_count` knows it too).
 const REGIONS_SUFFIX: &str = "@regions";
 
 /// Appends entries to an identity.

@@ -1,11 +1,10 @@
 //! The Redis store: state kept by the Lua scripts in `store/lua/`, run through fred as a Redis function (FCALL) or by
 //! EVALSHA (`script`).
 //!
-//! The decision script's files are loaded as one: `prelude.lua`, every algorithm file, `global.lua` (windows counted in every region),
-//! `compact_fixed_window.lua`, `compact_bucket.lua`, `compact_sliding_window.lua`, `compact_sorted_set.lua` and
-//! `compact_global.lua` (compact forms of the commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
-//! tiers, atomically) and `batch.lua`, the
-//! entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
+//! The decision script's files are loaded as one: `prelude.lua` (what the files share), every algorithm file
+//! (`store/algorithm/*.lua`: each algorithm's state, its check, commit and refund, and its compact forms of the
+//! commonest calls, `redis/compact.rs`), `ledger.lua` (RLQS grants), `decide.lua` (one descriptor against all its
+//! tiers, atomically) and `batch.lua`, the entry, which decides a list of descriptors one after the other. Against one server (standalone or Sentinel) a request's
 //! descriptors are one script call, one network round trip, and a task gathers the requests that wait at the same moment
 //! into a shared script call (`gather`): under load, Redis parses one command and runs one script for up to
 //! `MAX_BATCH` descriptors, and fred frames, writes and reads one command instead of one per
@@ -88,21 +87,14 @@ macro_rules! decision_files {
         concat!(
             include_str!("lua/prelude.lua"),
             include_str!(concat!(env!("OUT_DIR"), "/algorithms.lua")),
-            include_str!("lua/global.lua"),
-            include_str!("lua/compact_fixed_window.lua"),
-            include_str!("lua/compact_bucket.lua"),
-            include_str!("lua/compact_sliding_window.lua"),
-            include_str!("lua/compact_sorted_set.lua"),
-            include_str!("lua/compact_global.lua"),
             include_str!("lua/ledger.lua"),
             include_str!("lua/decide.lua"),
-            include_str!("lua/compact_reservation.lua"),
             include_str!("lua/batch.lua"),
         )
     };
 }
 
-/// The decision script's definitions: the helpers, every algorithm, the fast path, the driver and the batch entry,
+/// The decision script's definitions: the helpers, every algorithm, the ledger, the driver and the batch entry,
 /// which read the call's keys and arguments from the locals `KEYS` and `ARGV` declared ahead of them. Run as a Redis
 /// function (`redis/script.rs`) or, as [`SCRIPT`], by EVALSHA.
 pub const LIBRARY_BODY: &str = decision_files!();

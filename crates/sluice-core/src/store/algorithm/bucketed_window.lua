@@ -16,9 +16,9 @@
 -- window spans any more (so the hash keeps at most the longest window's), and a count finding nothing of it spanned
 -- starts the hash afresh. Forced hits and settlements never reach it (it is not one of the counting algorithms).
 
--- Per counter written in this call: the decision that wrote it, the TTL (ms) and the longest window (in sub-windows)
--- it was given there.
-local bucket_written = {}
+-- Per counter written in the decision under way (prelude.lua's `decision`, which `written_in` names): the TTL (ms)
+-- and the longest window (in sub-windows) it was given there.
+local bucket_written, written_in = {}, nil
 
 function L.bucketed_window()
   local M = {}
@@ -98,15 +98,19 @@ function L.bucketed_window()
     local width, current = s.width, s.current
     local longest = math.max(s.longest, burst)
     local ttl = ceil_ms(current + window - now)
+    if written_in ~= decision then
+      if next(bucket_written) ~= nil then bucket_written = {} end
+      written_in = decision
+    end
     local seen = bucket_written[key]
-    if seen ~= nil and seen[1] == decision then
-      if ttl > seen[2] then
+    if seen ~= nil then
+      if ttl > seen[1] then
         redis.call('PEXPIRE', key, ttl)
-        seen[2] = ttl
+        seen[1] = ttl
       end
-      if longest > seen[3] then
+      if longest > seen[2] then
         redis.call('HSET', key, 's', string.format('%d', longest))
-        seen[3] = longest
+        seen[2] = longest
       end
       return ''
     end
@@ -138,7 +142,7 @@ function L.bucketed_window()
       if longest > s.longest then redis.call('HSET', key, 's', string.format('%d', longest)) end
     end
     redis.call('PEXPIRE', key, ttl)
-    bucket_written[key] = { decision, ttl, longest }
+    bucket_written[key] = { ttl, longest }
     return ''
   end
 

@@ -1,6 +1,6 @@
 //! The concurrency limit, the twin of `concurrency.lua`, beside it: at most `limit` leases in flight, each held until it is
 //! released or its deadline, `window` after admission, in a [`Leases`] state (in Redis, a sorted set of deadlines)
-//! that expires with the latest deadline. The compact form (`lua/compact_sorted_set.lua`) returns the live count, the
+//! that expires with the latest deadline. The compact form (`concurrency.lua`'s `hit`) returns the live count, the
 //! latest deadline and the deadline that must pass before the hit fits, and the same [`check_view`] decides from
 //! them.
 

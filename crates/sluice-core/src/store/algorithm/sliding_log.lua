@@ -22,6 +22,31 @@ local function sl_add(key, now, live, cost, window)
   redis.call('PEXPIRE', key, ceil_ms(window))
 end
 
+-- The compact hit (batch.lua): a hit on a descriptor with one sliding log and nothing else to write, in the fewest
+-- Redis commands and arguments: a ZCOUNT of the live places and, when the hit fits, the expired ones dropped and its
+-- hits added (as commit does); when it does not, the newest place and the one that must leave before it fits. Three
+-- integers back, from which sluice decides exactly as check would; the differential test holds the two paths to the
+-- same answers. Its key is the set's; its arguments (batch.lua reads them): the window, the limit, the cost (bounded by
+-- the limit + 1), and the decision's time `now`. Writes into answers[pos] to answers[pos + 2]: the live count, the
+-- newest score (-1 unless the hit was not counted and there is one) and the score of the place that must leave before
+-- the hit fits (-1 unless it does not fit but could).
+local function compact_log(key, window, limit, cost, _, now, pos)
+  local since = now - window
+  local from = string.format('(%d', since)
+  local count = redis.call('ZCOUNT', key, from, '+inf')
+  answers[pos], answers[pos + 1], answers[pos + 2] = count, -1, -1
+  if cost > 0 and count + cost <= limit then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', since))
+    sl_add(key, now, count, cost, window)
+    return
+  end
+  if count > 0 then answers[pos + 1] = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+  if cost <= limit and count + cost > limit then
+    local first = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+    answers[pos + 2] = tonumber(first[2])
+  end
+end
+
 function L.sliding_log()
   local M = {}
 
@@ -56,5 +81,6 @@ function L.sliding_log()
     sl_add(key, now, redis.call('ZCARD', key), cost, window)
     return ''
   end
+  M.hit = compact_log
   return M
 end

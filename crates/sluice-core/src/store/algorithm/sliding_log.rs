@@ -1,6 +1,6 @@
 //! The sliding log, the twin of `sliding_log.lua`, beside it: exactly at most `limit` hits in any interval of `window`, one
 //! time per hit in a [`Log`] state (in Redis, a sorted set) that expires when its newest hit leaves the interval. The
-//! compact form (`lua/compact_sorted_set.lua`) returns the live count, the newest time and the time that must leave
+//! compact form (`sliding_log.lua`'s `hit`) returns the live count, the newest time and the time that must leave
 //! before the hit fits, and the same [`check_view`] decides from them.
 
 use std::collections::VecDeque;

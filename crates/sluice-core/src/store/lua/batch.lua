@@ -8,73 +8,50 @@
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing of compact calls
---           (below); then per descriptor, either a lone fixed window's arguments (compact_fixed_window.lua: the window,
---           a positive number, first), a run of lone fixed windows that share their window and cost and are decided by
---           the server's clock ('f', their number, the window, the cost; a key each), a
---           lone bucket's ('b' or 'B', then compact_bucket.lua's), a lone sliding window's ('s' or 'S', then
---           compact_sliding_window.lua's), a lone sliding log's or concurrency limit's ('l' or 'c', then
---           compact_sorted_set.lua's), several fixed windows' ('w', then compact_fixed_window.lua's compact_windows'), a
---           lone global window's ('gw' or 'gs', in capitals when shared, then compact_global.lua's), a reservation's
---           or a settlement's on fixed windows alone ('r' or 'e', then
---           compact_reservation.lua's), or minus its key count, its argument count, and its arguments as decide.lua
---           reads them. Descriptors in a row whose arguments are the same (every one of them) may go as one run:
---           '*', their number, and the arguments once (counting once in n); each has its own keys.
+--           (below); then per descriptor, either a compact call's arguments, as the algorithm files' compact forms
+--           read them: a lone fixed window's (fixed_window.lua's hit: the window, a positive number, first), a run of
+--           lone fixed windows that share their window and cost and are decided by the server's clock ('f', their
+--           number, the window, the cost; a key each), a lone bucket's ('b' or 'B', then token_bucket.lua's hit), a
+--           lone sliding window's ('s' or 'S', then sliding_window.lua's), a lone sliding log's or concurrency
+--           limit's ('l' or 'c', then sliding_log.lua's or concurrency.lua's), several fixed windows' ('w', then
+--           fixed_window.lua's hits), a lone global window's ('gw' or 'gs', in capitals when shared, then the global
+--           forms' hit in fixed_window.lua and sliding_window.lua), a reservation's or a settlement's on fixed windows
+--           alone ('r' or 'e', then fixed_window.lua's reserve or settle); or minus its key count, its argument count,
+--           and its arguments as decide.lua reads them. Descriptors in a row whose arguments are the same (every one of
+--           them) may go as one run: '*', their number, and the arguments once (counting once in n); each has its own keys.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
 --           hash tag alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as
 --           decide.lua reads them.
 --
--- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock, the
--- lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once per
--- call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
+-- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock,
+-- the lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once
+-- per call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns the answers in order: per descriptor, compact_fixed_window.lua's or compact_bucket.lua's integer, the two counts
--- of compact_sliding_window.lua, the three integers of compact_sorted_set.lua, the t counts of compact_windows or of a
--- compact reservation, the 1 + 3t integers of a compact settlement, the two or three of compact_global.lua, or decide.lua's
--- array, each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
+-- Returns the answers in order: per descriptor, a lone fixed window's or bucket's integer, a sliding window's two
+-- counts, a sliding log's or concurrency limit's three integers, the t counts of several fixed windows or of a compact
+-- reservation, the 1 + 3t integers of a compact settlement, a global window's two or three, or decide.lua's array,
+-- each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
 -- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
 -- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
 -- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's
 -- clock), else 0.
 --
--- Invariants: in the node form a descriptor is decided only once a read of its probe key succeeded. That read
--- succeeds only where the slot is served by this node and is not migrating (a key absent from a migrating slot is
--- refused with ASK, one of a slot served elsewhere with MOVED), and then every command on any key of the slot is
--- served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot
--- is therefore refused before anything is written, never part-way (a migrating slot serves only the keys it still
--- holds, so a key created or emptied by the decision could be refused after another was written). Each probe key is
--- read once per call. Compact calls are the exception: each reads its keys (one slot's) before it writes any, and a read
--- is refused exactly where the probe's read would be, before anything is written, so they need no probe.
+-- Invariants: in the node form a descriptor is decided only once a read of its probe key succeeded. That read succeeds
+-- only where the slot is served by this node and is not migrating (a key absent from a migrating slot is refused with
+-- ASK, one of a slot served elsewhere with MOVED), and then every command on any key of the slot is served here for the
+-- rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot is therefore refused
+-- before anything is written, never part-way (a migrating slot serves only the keys it still holds, so a key created or
+-- emptied by the decision could be refused after another was written). Each probe key is read once per call. Compact
+-- calls are the exception: each reads its keys (one slot's) before it writes any, and a read is refused exactly where
+-- the probe's read would be, before anything is written, so they need no probe.
 
 -- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
 -- arguments (a) are, the probe keys read (node form), the timing (guess) and the server's time it gives (now), and
 -- where the next answer goes (o: a descriptor's answer takes one place, or as many as its compact form returns).
 local node, k, a, served, guess, now, o
-
--- Writes what the lone buckets and sliding windows of this call moved, each once, with the expiry of its last write,
--- and forgets what was read (compact_bucket.lua, compact_sliding_window.lua).
--- (A table left empty is kept: most calls use none of them.)
-local function flush_compact()
-  if next(bucket_tats) ~= nil or next(bucket_writes) ~= nil then
-    for key, at in pairs(bucket_writes) do
-      local tat = bucket_tats[key]
-      local ok, err = pcall(redis.call, 'SET', key, string.format('%d', tat), 'PX',
-        string.format('%d', ceil_ms(tat - at)))
-      if not ok then compact_failed(bucket_movers[key], err) end
-    end
-    bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
-  end
-  if next(sliding_states) ~= nil or next(sliding_movers) ~= nil then
-    for key in pairs(sliding_movers) do sliding_write(key) end
-    sliding_states = {}
-  end
-  if next(global_fixed) ~= nil or next(global_fixed_movers) ~= nil then
-    for key in pairs(global_fixed_movers) do global_fixed_write(key) end
-    global_fixed = {}
-  end
-end
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
 -- written; sent again to its slot).
@@ -124,9 +101,15 @@ local buckets = { b = false, B = true }
 local slidings = { s = false, S = true }
 -- A reservation's letter (true) or a settlement's (false).
 local reserving = { r = true, e = false }
+-- A lone sliding log's or concurrency limit's letter: its algorithm.
+local sets = { l = 'sliding_log', c = 'concurrency' }
 -- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
-local globals = { gw = { fixed = true, shared = false }, GW = { fixed = true, shared = true },
-  gs = { fixed = false, shared = false }, GS = { fixed = false, shared = true } }
+local globals = {
+  gw = { fixed = true, shared = false, name = 'global:fixed_window' },
+  GW = { fixed = true, shared = true, name = 'global:fixed_window' },
+  gs = { fixed = false, shared = false, name = 'global:sliding_window' },
+  GS = { fixed = false, shared = true, name = 'global:sliding_window' },
+}
 
 -- A compact call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
 local function compact_failure(err, width)
@@ -144,16 +127,16 @@ local function decide_one()
   if window ~= nil and window > 0 and not node then
     local text, at, width = ARGV[a + 1], now, 2
     if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
-    local ok, answer = pcall(compact_fixed_window, K[k], window, number(text), text, at, guess)
+    local ok, answer = pcall(algorithm('fixed_window').hit, K[k], window, number(text), text, at, guess)
     if ok then answers[o] = answer else compact_failure(answer, 1) end
     a, k, o = a + width, k + 1, o + 1
   elseif head == 'f' then
     -- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form):
     -- 'f', their number, the window and the cost; a key each.
     local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
-    local cost = number(text)
+    local cost, hit = number(text), algorithm('fixed_window').hit
     for _ = 1, m do
-      local ok, answer = pcall(compact_fixed_window, K[k], w, cost, text, now, guess)
+      local ok, answer = pcall(hit, K[k], w, cost, text, now, guess)
       if ok then answers[o] = answer else compact_failure(answer, 1) end
       k, o = k + 1, o + 1
     end
@@ -161,8 +144,8 @@ local function decide_one()
   elseif shared ~= nil then
     -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
     local key, at = compact_key_and_time(4)
-    local ok, answer = pcall(compact_bucket, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]), at, o,
-      shared)
+    local ok, answer = pcall(algorithm('token_bucket').hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]),
+      number(ARGV[a + 3]), at, o, shared)
     if ok then answers[o] = answer else compact_failure(answer, 1) end
     compact_done(4)
     o = o + 1
@@ -171,19 +154,19 @@ local function decide_one()
     local cur, at = compact_key_and_time(4)
     local prev = K[k + 1]
     if node then prev = ARGV[a + compact_width(4) + 1] end
-    local ok, c, p = pcall(compact_sliding_window, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
+    local ok, c, p = pcall(algorithm('sliding_window').hit, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
       number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
     if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
     compact_done(4, 2)
     o = o + 2
-  elseif head == 'l' or head == 'c' then
+  elseif sets[head] ~= nil then
     -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
     -- the node form its key.
     local count = 4
     if head == 'c' then count = 5 end
     local key, at = compact_key_and_time(count)
-    local ok, err = pcall(compact_sorted_set, key, head == 'l', number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 4], at, o)
+    local ok, err = pcall(algorithm(sets[head]).hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+      ARGV[a + 4], at, o)
     if not ok then compact_failure(err, 3) end
     compact_done(count)
     o = o + 3
@@ -197,11 +180,11 @@ local function decide_one()
       number(ARGV[a + 4])
     local ok, err
     if g.fixed then
-      ok, err = pcall(compact_global_fixed, key, window, limit, cost, times, at, o, g.shared)
+      ok, err = pcall(algorithm(g.name).hit, key, window, limit, cost, times, at, o, g.shared)
     else
       local prev = K[k + 1]
       if node then prev = ARGV[a + compact_width(5) + 1] end
-      ok, err = pcall(compact_global_sliding, key, prev, window, limit, cost, times, at, o, g.shared)
+      ok, err = pcall(algorithm(g.name).hit, key, prev, window, limit, cost, times, at, o, g.shared)
     end
     if not ok then compact_failure(err, t + 1) end
     compact_done(5, t)
@@ -210,9 +193,9 @@ local function decide_one()
     -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
     -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
     local t = number(ARGV[a + 1])
-    local forms = reservation_forms()
-    local count, width, run = 2 + 3 * t, 1 + 3 * t, forms.settle
-    if reserving[head] then count, width, run = count + 1, t, forms.reserve end
+    local fixed = algorithm('fixed_window')
+    local count, width, run = 2 + 3 * t, 1 + 3 * t, fixed.settle
+    if reserving[head] then count, width, run = count + 1, t, fixed.reserve end
     local _, at = compact_key_and_time(count)
     local keys = compact_keys(count, t + 1)
     local rkey = keys[t + 1]
@@ -224,7 +207,7 @@ local function decide_one()
     -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
     local t = number(ARGV[a + 1])
     local _, at = compact_key_and_time(2 + 3 * t)
-    local ok, err = pcall(compact_windows, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
+    local ok, err = pcall(algorithm('fixed_window').hits, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
     if not ok then compact_failure(err, t) end
     compact_done(2 + 3 * t, t)
     o = o + t
@@ -233,7 +216,7 @@ local function decide_one()
     if h > 0 then
       -- A lone fixed window: window, cost, (time), and in the node form its key.
       local key, at = compact_key_and_time(2)
-      local ok, answer = pcall(compact_fixed_window, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
+      local ok, answer = pcall(algorithm('fixed_window').hit, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
       if ok then answers[o] = answer else compact_failure(answer, 1) end
       compact_done(2)
     else
@@ -252,10 +235,8 @@ local function decide_one()
       end
       local answer = false
       if here then
-        -- The driver's form may read a bucket a compact call of this batch moved: write those first.
-        if next(bucket_tats) ~= nil or next(sliding_states) ~= nil or next(global_fixed) ~= nil then
-          flush_compact()
-        end
+        -- decide.lua's form may read a counter compact calls of this batch share: write those first.
+        if next(holding) ~= nil then flush() end
         local ok
         ok, answer = pcall(decide, k, nk, a)
         if not ok then
@@ -275,13 +256,8 @@ end
 -- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
 -- every call, where run by EVALSHA they are made again at each.
 local function batch()
-  K, decision, server_now = KEYS, 0, nil
-  if next(bucket_written) ~= nil then bucket_written = {} end
-  if next(bucket_tats) ~= nil or next(bucket_writes) ~= nil or next(bucket_movers) ~= nil then
-    bucket_tats, bucket_writes, bucket_movers = {}, {}, {}
-  end
-  if next(sliding_states) ~= nil or next(sliding_movers) ~= nil then sliding_states, sliding_movers = {}, {} end
-  if next(global_fixed) ~= nil or next(global_fixed_movers) ~= nil then global_fixed, global_fixed_movers = {}, {} end
+  K, server_now = KEYS, nil
+  if next(holding) ~= nil then forget() end
   node = ARGV[1] == 'node'
   local n
   n, k, a, o = tonumber(ARGV[1]), 1, 3, 1
@@ -306,7 +282,7 @@ local function batch()
       decide_one()
     end
   end
-  flush_compact()
+  flush()
   -- The answers end at the first nil: what an earlier, larger call left past them is not part of this one's.
   answers[o], answers[o + 1] = server_now or 0, nil
   return answers

@@ -1,6 +1,6 @@
 -- merge.lua: takes one region's counts of global windows, shipped by that region (see `regions.rs`).
 --
--- KEYS[i]   the hash `<window key>@regions` of one window (global.lua reads it)
+-- KEYS[i]   the hash `<window key>@regions` of one window (prelude.lua's regions_count reads it)
 -- ARGV[1]   the region that counted
 -- then per key 2 values: the region's own count of the window, and how long (ms) the window still weighs by the
 --           shipper's clock (its end, a sliding window's next one too, and a second's grace)

@@ -1,12 +1,25 @@
--- prelude.lua: helpers shared by every algorithm. sluice loads one script, the concatenation of prelude.lua, the
--- algorithm files, global.lua, the compact_*.lua files, ledger.lua, decide.lua, compact_reservation.lua and batch.lua
--- (in that order, `store/redis.rs`), so that any mix of algorithms on one descriptor, and a batch of descriptors, is
--- decided in one atomic call. Its entry is batch.lua's batch(), which reads the call's keys and arguments from the
--- locals KEYS and ARGV declared ahead of these files: run as a Redis function, the definitions are made once, when the
--- library is loaded, and every call sets KEYS and ARGV and calls batch(); run by EVALSHA, they are made at every call.
--- Either way batch() sets afresh, at its start, everything a call leaves behind (the state below marked per call; what is kept from call to call says so).
+-- prelude.lua: what the decision script's files share. sluice loads one script, the concatenation of prelude.lua,
+-- the algorithm files (store/algorithm/*.lua, each in a block of its own, so that no file sees another's locals),
+-- ledger.lua, decide.lua and batch.lua (in that order, `store/redis.rs`), so that any mix of algorithms on one
+-- descriptor, and a batch of descriptors, is decided in one atomic call. Its entry is batch.lua's batch(), which reads
+-- the call's keys and arguments from the locals KEYS and ARGV declared ahead of these files: run as a Redis function,
+-- the definitions are made once, when the library is loaded, and every call sets KEYS and ARGV and calls batch(); run
+-- by EVALSHA, they are made at every call. Either way batch() sets afresh, at its start, everything a call leaves
+-- behind (the state below marked per call; what is kept from call to call says so).
 --
--- Every algorithm file adds a loader to L that returns a table with two functions over one key:
+-- Exports, and nothing else is shared among the files:
+--   L, algorithm(name)          the algorithms' loaders, and the algorithm of a name (its table, below)
+--   K, decision                 where a call's keys are read; the number of the decision under way
+--   number(s), clock(arg)       an argument read as a number; a call's time
+--   ceil_ms, max0               arithmetic every algorithm uses
+--   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
+--   window_key, window_of       the key of a window (store/key.rs)
+--   answers, moved, failed      a call's answers, and the hits a failed write of a shared counter carried
+--   keep(m), flush(), forget()  the algorithms holding counters read or counted for several hits of one call
+--   record_write, live_reservation   the reservation records
+--   regions_count, global_of, global_fits   a window counted in every region (`global: true`)
+--
+-- Every algorithm file adds a loader to L that returns a table over one key: for decide.lua (the generic loop),
 --   check(key, now, cost, limit, window, burst, force) -> state, read-only, with the fields
 --     ok      whether a hit of `cost` fits now
 --     used0   the count now                 used    the count as it would be after the hit (near-limit metrics)
@@ -16,13 +29,15 @@
 --   where, for a forced hit (`force`, decide.lua's mode 'report'), used, rem1 and reset1 are what counting the cost
 --   leaves whether it fits or not; ok and retry are an ordinary hit's.
 --   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
--- and the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket) a third, for settling a
+-- and, for the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket), for settling a
 -- reservation (decide.lua's mode 'settle'):
 --   refund(key, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
---     `amount`) and a function that writes the
---     refund: give back up to `amount` of what a hit at time `at` counted, from the state it was counted in. It only
---     reads; the function it returns never creates the key and never extends its expiry (a bucket's moves with its
---     arrival time, as every write of it does).
+--     `amount`) and a function that writes the refund: give back up to `amount` of what a hit at time `at` counted,
+--     from the state it was counted in. It only reads; the function it returns never creates the key and never
+--     extends its expiry (a bucket's moves with its arrival time, as every write of it does).
+-- and for batch.lua, the compact forms of the commonest calls (a descriptor with one limit, or fixed windows alone),
+-- which each file documents: `hit` and, for fixed windows, `hits`, `reserve` and `settle`; an algorithm whose compact
+-- hits share a counter among the hits of one call also has flush() and forget() (see `keep`).
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
 -- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`; the hit's, ARGV[3], by the
 -- largest capacity + 1), limits are at most 2^32 - 1, a
@@ -35,12 +50,13 @@
 
 local L, loaded = {}, {}
 
--- Per call: the table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one cluster slot);
--- batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the arguments.
+-- Per call: the table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one
+-- cluster slot); batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the
+-- arguments.
 local K = KEYS
 
--- Per call: the number of the descriptor's decision under way in this call (decide.lua counts them): tiers that share a
--- counter (bucketed_window.lua) write it once per decision.
+-- The number of the descriptor's decision under way (decide.lua counts them, from call to call where the definitions
+-- outlive a call): tiers that share a counter (bucketed_window.lua) write it once per decision.
 local decision = 0
 
 -- The algorithm named `name`, or nil if there is none.
@@ -72,14 +88,36 @@ local MAX_SLIDING_COUNT = 2251799813685248 -- 2^51
 -- priced on top.
 local MAX_DEBT_US = 281474976710656 -- 2^48
 
+-- How long a window's key outlives its window: no later window reads it (each has its own key), and a TTL of a few
+-- milliseconds (a first hit just before the window ends) could lapse before the next hit of the same window when the
+-- decision's time is given to the script rather than read from the server's clock.
+local WINDOW_KEY_GRACE_US = 1000000
+
 -- How long a reservation record outlives its expiry, so that the instance that made it can reap it
 -- (`RESERVATION_GRACE_US` in store.rs).
 local RESERVATION_GRACE_MS = 60000
 
--- The key of the window starting at `start` of the counter whose own key is `base` (store/key.rs, `CounterKey::window`):
--- `base`, ':', then the window's number (start / window) in lowercase hex.
+-- The key of the window starting at `start` of the counter whose own key is `base` (store/key.rs,
+-- `CounterKey::window`): `base`, ':', then the window's number (start / window) in lowercase hex.
 local function window_key(base, start, window)
   return base .. ':' .. string.format('%x', start / window)
+end
+
+-- The key of the window of `window` us starting at `start`, from `key`, the key of the window sluice expects (its
+-- clock's; the server's may be across an edge, and that window then gets its own key).
+-- A window key of envoyproxy/ratelimit's layout (`KeyLayout::Reference` in store/key.rs) is the counter's key, which
+-- ends with '_', then the window's start in seconds.
+local function window_of(key, start, window)
+  local base = string.match(key, '^(.*):%x+$')
+  if base == nil then
+    local at
+    base, at = string.match(key, '^(.*_)(%d+)$')
+    if base == nil then error('not a window key: ' .. key, 0) end
+    local seconds = (start - start % 1000000) / 1000000
+    if tonumber(at) == seconds then return key end
+    return base .. string.format('%d', seconds)
+  end
+  return window_key(base, start, window)
 end
 
 local function max0(x)
@@ -106,8 +144,46 @@ end
 -- (batch.lua); the table is kept from call to call where the definitions outlive a call.
 local answers = {}
 
--- The time of a call (per call): `arg` in microseconds, or, for '', the server's clock (TIME), read once per script call so
--- that every descriptor of a batch is decided at the same instant.
+-- Notes in `movers` that the hit whose answer is at `pos` moved the shared counter `key`: its answer stands only if
+-- the counter's write at the end succeeds.
+local function moved(movers, key, pos)
+  local list = movers[key]
+  if list == nil then
+    movers[key] = { pos }
+  else
+    list[#list + 1] = pos
+  end
+end
+
+-- Turns the answers of the hits a failed write carried (`movers`, the places `moved` noted) into its error, in their
+-- first place: they were not counted.
+local function failed(movers, err)
+  if type(err) == 'table' then err = err.err end
+  for _, pos in ipairs(movers) do answers[pos] = tostring(err) end
+end
+
+-- Per call: the algorithms (their tables) holding a counter that several compact hits of this call share (a hot
+-- tenant), read once and written once for all of them. Each has flush(), which writes what the hits counted (a write
+-- that fails turns their answers into its error) and forgets what it read, and forget(), which drops it unwritten.
+-- batch.lua flushes at the end of a call and before a descriptor of decide.lua's form, which may read such a counter,
+-- and forgets, at a call's start, what a call stopped part-way left.
+local holding = {}
+local function keep(m) holding[m] = true end
+local function flush()
+  for m in pairs(holding) do
+    holding[m] = nil
+    m.flush()
+  end
+end
+local function forget()
+  for m in pairs(holding) do
+    holding[m] = nil
+    m.forget()
+  end
+end
+
+-- The time of a call (per call): `arg` in microseconds, or, for '', the server's clock (TIME), read once per script
+-- call so that every descriptor of a batch is decided at the same instant.
 local server_now
 local function clock(arg)
   local now = tonumber(arg)
@@ -117,4 +193,89 @@ local function clock(arg)
     server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return server_now
+end
+
+-- Reservation records: the text `<t> <x> <e>` at a reservation's key, t = when it was charged, x = when it expires by
+-- the decision's clock, e = what each tier was charged, in tier order, as decimal integers joined by ',' (one value
+-- for one tier); Redis expires it RESERVATION_GRACE_MS after x.
+
+-- Writes the reservation record `rkey`: the estimates `e` (decimal integers joined by ','), charged at `now`, live
+-- for `ttl` milliseconds by the decision's clock and RESERVATION_GRACE_MS more in Redis.
+local function record_write(rkey, e, now, ttl)
+  redis.call('SET', rkey, string.format('%d %d ', now, now + ttl * 1000) .. e, 'PX', ttl + RESERVATION_GRACE_MS)
+end
+
+-- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
+-- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
+-- Redis has expired the key yet (it expires by its own clock). A record that does not hold one estimate per tier
+-- (the settlement names other tiers than the reservation did) is not this settlement's: nil, and it is left as it is.
+-- With `expired`, the other way round: only a record whose x has come (kept RESERVATION_GRACE_MS past it) is found.
+-- The estimates come in a table kept from call to call for a lone tier (the commonest), a new one for several.
+local one_estimate = {}
+local function live_reservation(rkey, now, tiers, expired)
+  local r = redis.call('GET', rkey)
+  if not r then return nil end
+  local t, x, e = string.match(r, '^(%d+) (%d+) (.+)$')
+  local at
+  at, x = tonumber(t), tonumber(x)
+  if type(e) ~= 'string' or at == nil or x == nil or (x <= now) ~= expired then return nil end
+  if tiers == 1 then
+    -- One estimate, no comma: the same as the pieces below would read.
+    local n = tonumber(e)
+    if n == nil then return nil end
+    one_estimate[1] = n
+    return one_estimate, at
+  end
+  local estimates = {}
+  for v in string.gmatch(e, '[^,]+') do
+    local n = tonumber(v)
+    if n == nil then return nil end
+    estimates[#estimates + 1] = n
+  end
+  if #estimates ~= tiers then return nil end
+  return estimates, at
+end
+
+-- A window counted in every region (`global: true`; see `regions.rs`): each region counts its own hits in the window
+-- keys its algorithm keeps (fixed_window.lua, sliding_window.lua), and learns what the others counted from what they
+-- ship: a hash per window, `<window key>@regions`, one field per other region holding that region's own count of the
+-- window (written by merge.lua, the larger count kept). A global tier is its algorithm decided against the limit less
+-- what the other regions counted, so that it admits a hit only when the sum of every region's count, as known here,
+-- leaves room for it. The tier reports `used` as that sum (this region's count + others); `remaining` is what the sum
+-- leaves. A global tier counts no denial (decide.lua never counts one for it), and its retry time is its own window's:
+-- the regions' counts that expire with it are not known here beyond what was shipped. It reads the regions' hashes,
+-- never writes them; this region's keys are written as the algorithm's own.
+
+-- What the other regions counted in the window whose key is `wkey`: the sum of the hash's values.
+local function regions_count(wkey)
+  local n, all = 0, redis.call('HGETALL', wkey .. '@regions')
+  for i = 2, #all, 2 do n = n + (tonumber(all[i]) or 0) end
+  return n
+end
+
+-- The loader of the global form of the algorithm `name`, whose other regions' count at `now` is
+-- `others(key, start, now, window)`, with the compact form `compact(M)` adds to its table.
+local function global_of(name, others, compact)
+  return function()
+    local a = algorithm(name)
+    local M = { commit = a.commit, refund = a.refund }
+    function M.check(key, now, cost, limit, window, burst, force)
+      local start = now - now % window
+      local o = others(key, start, now, window)
+      local s = a.check(key, now, cost, max0(limit - o), window, burst, force)
+      s.used0, s.used = s.used0 + o, s.used + o
+      -- A cost that fits the limit fits again once the window has passed, whatever the others counted.
+      if s.retry == -1 and cost <= limit then s.retry = start + window - now end
+      return s
+    end
+    compact(M)
+    return M
+  end
+end
+
+-- How many of `times` hits of `cost` count on `used` (a count, or a sliding window's estimate) where `room` fits: each
+-- while it fits; once one does not, none after it does.
+local function global_fits(used, room, cost, times)
+  if cost <= 0 or room <= used then return 0 end
+  return math.min(times, math.floor((room - used) / cost))
 end

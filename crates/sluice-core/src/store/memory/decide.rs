@@ -39,7 +39,7 @@ impl MemoryStore {
             .collect();
         let admitted = checks.iter().all(|c| c.ok);
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
-        // Not when reserving: a refused reservation holds nothing. Nor a global one (`lua/global.lua`).
+        // Not when reserving: a refused reservation holds nothing. Nor a global one (`prelude.lua`'s `global_of`).
         let single_fixed = match hit.tiers.as_slice() {
             [t] => {
                 t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation().is_none()
@@ -99,7 +99,7 @@ impl MemoryStore {
     }
 
     /// A tier's check; a global one's against its limit less what the other regions counted, reporting the sum, as
-    /// `lua/global.lua` decides it.
+    /// the global forms of `algorithm/*.lua` decide it (`lua/prelude.lua`'s `global_of`).
     fn check_tier(&self, shard: &Shard, t: &TierSpec, now: u64, cost: u64, force: bool) -> Check {
         if !t.global {
             return check(shard, t, now, cost, force);

@@ -161,7 +161,7 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A lone global tier has a compact form of its own (`lua/compact_global.lua`); with others, the driver's.
+        // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua` and `algorithm/sliding_window.lua`); with others, the driver's.
         if let (None, []) = (record, fields) {
             let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
                 (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, hit.cost, &hit.lease),
@@ -653,7 +653,7 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<
 }
 
 /// The name the script knows a tier's algorithm by: a global window's is `global:` and its algorithm's
-/// (`lua/global.lua`).
+/// (`lua/prelude.lua`'s `global_of`).
 fn script_algorithm(t: &TierSpec) -> &'static str {
     match (t.global, t.algorithm) {
         (true, Algorithm::FixedWindow) => "global:fixed_window",

@@ -1,9 +1,8 @@
-//! The compact forms of the commonest calls: a hit on a descriptor with one limit and nothing else to write, a fixed
-//! window (`lua/compact_fixed_window.lua`), a token or leaky bucket (`lua/compact_bucket.lua`), a sliding window
-//! (`lua/compact_sliding_window.lua`), a sliding log or a concurrency limit (`lua/compact_sorted_set.lua`), or with
-//! several fixed windows (a second, a minute and an hour: `compact_windows` in `lua/compact_fixed_window.lua`), or a
-//! global fixed or sliding window (`lua/compact_global.lua`), or a reservation or a settlement on fixed windows alone
-//! (`lua/compact_reservation.lua`). Each
+//! The compact forms of the commonest calls, each in its algorithm's script (`store/algorithm/<name>.lua`): a hit on
+//! a descriptor with one limit and nothing else to write, a fixed window, a token or leaky bucket, a sliding window,
+//! a sliding log or a concurrency limit (each script's `hit`), or with several fixed windows (a second, a minute and
+//! an hour: `fixed_window.lua`'s `hits`), or a global fixed or sliding window (the global forms' `hit`), or a
+//! reservation or a settlement on fixed windows alone (`fixed_window.lua`'s `reserve` and `settle`). Each
 //! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
 //! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
 //! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
@@ -53,7 +52,7 @@ pub(super) enum CompactTier {
 }
 
 /// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
-/// (`lua/compact_global.lua`), as `lua/global.lua`'s check decides it ([`algorithm::global_check`]). Calls alike in
+/// (the global forms' `hit`), as the global forms' check decides it ([`algorithm::global_check`]). Calls alike in
 /// all of it but `times` are identical hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct GlobalTier {
@@ -71,7 +70,7 @@ pub(super) struct GlobalTier {
 }
 
 /// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
-/// place that must leave first (`lua/compact_sorted_set.lua`), as `algorithm/sliding_log.lua`'s or `algorithm/concurrency.lua`'s
+/// place that must leave first (their scripts' `hit`), as `algorithm/sliding_log.lua`'s or `algorithm/concurrency.lua`'s
 /// check decides it.
 #[derive(Debug, Clone)]
 pub(super) struct SetTier {
@@ -243,7 +242,7 @@ impl Compact {
     }
 
     /// Marks a bucket, sliding window or global window that another compact call of the same script call hits too:
-    /// the script then reads it once and writes it once for all of them (`lua/compact_bucket.lua`), and a counter hit
+    /// the script then reads it once and writes it once for all of them (`algorithm/token_bucket.lua`), and a counter hit
     /// once is written at once, with nothing to remember.
     pub(super) fn share(&mut self) {
         match &mut self.tier {
@@ -512,7 +511,7 @@ fn single(check: &crate::store::algorithm::Check, cost: u64, id: Option<String>)
 }
 
 /// The decision on several fixed windows from their counts before the hit: admitted when every window takes its
-/// cost, and then counted in each (`lua/compact_fixed_window.lua`'s compact_windows).
+/// cost, and then counted in each (`fixed_window.lua`'s `hits`).
 fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u64) -> Outcome {
     let checks: Vec<_> = tiers
         .iter()
@@ -587,7 +586,7 @@ impl WindowTier {
 impl GlobalTier {
     /// What the `ahead` identical hits before one counted, from the count `used` (a sliding window's estimate) and
     /// the others' count the first found: each counts its cost while it fits what the others leave, and once one does
-    /// not, none after it does (`lua/compact_global.lua` counts as many).
+    /// not, none after it does (the global forms' `hit` counts as many).
     fn counted_ahead(&self, used: u64, others: u64, ahead: u64) -> u64 {
         let room = self.limit.saturating_sub(others).saturating_sub(used);
         match self.cost {
