@@ -8,6 +8,9 @@
 //! has a colour (and, on its lines, a dash and a width) of its own, and what was denied is a dotted black line. Every
 //! text is at least 11 px (plotters writes a font of size `n` as `n / 1.24` px: [`LABEL`] is 14).
 
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::SegmentedCoord;
+use plotters::coord::types::{RangedCoordf64, RangedCoordu32};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -243,7 +246,21 @@ fn draw_line(
             .draw_series(LineSeries::new(s.points.iter().copied(), colour.stroke_width(width)))
             .map_err(text)?;
     }
-    for (s, (name, &(row, x))) in series.iter().zip(names.iter().zip(&places)) {
+    draw_legend(&legend, series, &names, &places, left)?;
+    root.present().map_err(text)?;
+    Ok(())
+}
+
+/// The legend of `series` under a line chart: per series its swatch (a line, or the offered load's area) and its name,
+/// at the `places` [`legend_rows`] laid out, `left` in from the edge.
+fn draw_legend(
+    legend: &DrawingArea<SVGBackend<'_>, Shift>,
+    series: &[Series],
+    names: &[&str],
+    places: &[(u32, u32)],
+    left: u32,
+) -> Result<(), String> {
+    for (s, (name, &(row, x))) in series.iter().zip(names.iter().zip(places)) {
         let (colour, width, _) = s.pen.line();
         let (x, y) = ((left + x) as i32, (row * LEGEND_ROW + 4) as i32);
         let middle = y + LEGEND_ROW as i32 / 2;
@@ -269,7 +286,6 @@ fn draw_line(
             .draw(&Text::new(name.to_string(), (x + SWATCH as i32 + 6, middle), style))
             .map_err(text)?;
     }
-    root.present().map_err(text)?;
     Ok(())
 }
 
@@ -339,22 +355,33 @@ fn draw_bars(
         }))
         .map_err(text)?;
     if let Some((at, name)) = reference {
-        let line = vec![(at, SegmentValue::Exact(0)), (at, SegmentValue::Last)];
-        chart
-            .draw_series(DashedLineSeries::new(line, 6, 4, BLACK.stroke_width(1)))
-            .map_err(text)?;
-        chart
-            .draw_series(std::iter::once(Text::new(
-                name.to_string(),
-                (at + x_max * 0.01, SegmentValue::Last),
-                ("sans-serif", LABEL)
-                    .into_font()
-                    .color(&BLACK)
-                    .pos(Pos::new(HPos::Left, VPos::Top)),
-            )))
-            .map_err(text)?;
+        draw_reference(&mut chart, at, name, x_max)?;
     }
     root.present().map_err(text)?;
+    Ok(())
+}
+
+/// A dashed line across the bars at `at`, named `name`: the value the bars are measured against.
+fn draw_reference(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, SegmentedCoord<RangedCoordu32>>>,
+    at: f64,
+    name: &str,
+    x_max: f64,
+) -> Result<(), String> {
+    let line = vec![(at, SegmentValue::Exact(0)), (at, SegmentValue::Last)];
+    chart
+        .draw_series(DashedLineSeries::new(line, 6, 4, BLACK.stroke_width(1)))
+        .map_err(text)?;
+    chart
+        .draw_series(std::iter::once(Text::new(
+            name.to_string(),
+            (at + x_max * 0.01, SegmentValue::Last),
+            ("sans-serif", LABEL)
+                .into_font()
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Left, VPos::Top)),
+        )))
+        .map_err(text)?;
     Ok(())
 }
 

@@ -184,8 +184,9 @@ impl Hit {
 /// decision's clock (`now_us` + `ttl_us`, rounded up to whole milliseconds as every TTL is; `ttl_us` is bounded by
 /// [`MAX_RESERVATION_TTL_US`]): a settlement at or after that time finds nothing, whether or not the key is still
 /// there. A reservation that is never settled simply expires, and what it was charged stays counted, as any hit is.
-/// In Redis the record is a hash `{e, t, x}`: `e` the estimates as decimal integers joined by `,` (a single number for
-/// one tier), `t` when it was charged and `x` when it expires, in microseconds (see `lua/decide.lua`).
+/// In Redis the record is the text `<t> <x> <e>`: `t` when it was charged and `x` when it expires, in microseconds,
+/// and `e` the estimates as decimal integers joined by `,` (a single number for one tier); see `lua/prelude.lua`'s
+/// `record_write`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationSpec {
     pub key: CounterKey,

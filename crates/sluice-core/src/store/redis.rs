@@ -39,15 +39,14 @@
 //! form of each scheme, with [`RedisTls`] for a private CA or a client certificate; an ACL user and password go in
 //! the URL (`rediss://user:password@host:port`), and never into logs or errors.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, PubsubInterface};
-use fred::types::config::{Config, ServerConfig, TlsConnector};
+use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
@@ -77,9 +76,9 @@ use gather::Batches;
 pub use notices::CHANNEL as NOTICE_CHANNEL;
 use notices::Notices;
 use reply::{Reply, parse, parse_granted, parse_settled};
-use script::DecisionScript;
-use settings::build_pool;
+use script::{DecisionScript, ScriptLoads};
 pub use settings::{RedisSettings, RedisTls};
+use settings::{build_pool, config_of};
 
 /// The files of the decision script in order: the definitions, then `batch.lua`'s entry, `batch()`.
 macro_rules! decision_files {
@@ -138,52 +137,6 @@ pub struct RedisStore {
     region_scripts: Arc<std::sync::atomic::AtomicBool>,
     /// The decision script's loads after a call found it missing, one at a time.
     loads: Arc<ScriptLoads>,
-}
-
-/// The decision script's loads after calls found it missing, one in flight at a time per store: the calls that did
-/// together (every call in flight when the server lost its scripts) wait for one load per server rather than
-/// send one each, and share its outcome, a failure included (so a server that does not answer costs each waiting
-/// call the one load's timeout, not one after the other's).
-#[derive(Default)]
-struct ScriptLoads {
-    /// Loads ended, all servers together: a call reads it before it is sent.
-    clock: AtomicU64,
-    /// Per server (its address; `""` for the one server outside a cluster), the value of `clock` its last load ended
-    /// at, and how it ended. Held across a load, so that calls that meet NOSCRIPT meanwhile wait for it; a load
-    /// dropped half-way releases it unrecorded, and the next caller loads.
-    ended: tokio::sync::Mutex<HashMap<Arc<str>, LoadEnded>>,
-}
-
-/// When a load ended (the value of [`ScriptLoads::clock`] it left) and how.
-type LoadEnded = (u64, Result<(), StoreError>);
-
-impl ScriptLoads {
-    /// The value to give [`ScriptLoads::load`] for calls sent after this moment.
-    fn now(&self) -> u64 {
-        self.clock.load(Ordering::Acquire)
-    }
-
-    /// Runs `load` on every server of `servers` (address, what loads there) unless a load there ended since `sent`
-    /// (see [`ScriptLoads::now`]), whose outcome then stands for this one; one load at a time per store.
-    async fn load<P, F>(&self, sent: u64, servers: Vec<(Arc<str>, P)>, load: impl Fn(P) -> F) -> Result<(), StoreError>
-    where
-        F: std::future::Future<Output = Result<(), StoreError>>,
-    {
-        let mut ended = self.ended.lock().await;
-        for (addr, server) in servers {
-            let outcome = match ended.get(&addr) {
-                Some((at, outcome)) if *at > sent => outcome.clone(),
-                _ => {
-                    let outcome = load(server).await;
-                    let at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
-                    ended.insert(addr, (at, outcome.clone()));
-                    outcome
-                }
-            };
-            outcome?;
-        }
-        Ok(())
-    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -454,48 +407,6 @@ impl RedisStore {
 /// The answer of a call that got none.
 fn missing_answer<T>() -> Result<T, StoreError> {
     Err(StoreError::Script("script still missing after reload".into()))
-}
-
-/// fred's configuration of `settings`: the URL, and the TLS files when given (which need a TLS URL).
-fn config_of(settings: &RedisSettings) -> Result<Config, StoreError> {
-    let mut config = Config::from_url(&settings.url).map_err(|e| {
-        StoreError::Other(format!(
-            "invalid redis url '{}': {}",
-            redact(&settings.url),
-            e.details()
-        ))
-    })?;
-    if settings.tls.is_set() {
-        if !config.uses_tls() {
-            return Err(StoreError::Other(format!(
-                "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
-                redact(&settings.url)
-            )));
-        }
-        let client = settings
-            .tls
-            .client_config()
-            .map_err(|e| StoreError::Other(e.to_string()))?;
-        config.tls = Some(TlsConnector::from(client).into());
-    }
-    Ok(config)
-}
-
-/// The URL with its password, if any, replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let authority_end = url[scheme_end..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
-        return url.to_string();
-    };
-    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
-        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
-        None => url.to_string(),
-    }
 }
 
 /// Reset's script for a `queue` stream: deletes it only when no entry waits in it, in one atomic step.

@@ -11,10 +11,10 @@
 
 use fred::types::Value;
 
-use super::reply::Reply;
 use crate::store::Algorithm;
-use crate::store::algorithm::{self, concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
-use crate::store::{CounterKey, Outcome, ReservationSpec, Settled, TierSettled, TierSpec};
+use crate::store::{CounterKey, ReservationSpec, TierSpec};
+
+mod answer;
 
 /// A call in its compact form: its counter's key (a fixed window's key is built from it when the call is assembled; for several
 /// windows, the first's) and what sluice decides it by.
@@ -424,145 +424,8 @@ fn compact(now_us: Option<u64>, tier: &TierSpec) -> bool {
     tier.window_us > 0 && tier.window_us <= i64::MAX as u64 && now_us.is_none_or(|now| now <= i64::MAX as u64)
 }
 
-impl CompactTier {
-    /// The decision's time, or `None` for the server's.
-    pub(super) fn now_us(&self) -> Option<u64> {
-        match self {
-            CompactTier::Window(t) => t.now_us,
-            CompactTier::Bucket(t) => t.now_us,
-            CompactTier::Sliding(t) => t.now_us,
-            CompactTier::Windows(tiers)
-            | CompactTier::Reserve { windows: tiers, .. }
-            | CompactTier::Settle { windows: tiers, .. } => tiers.first().and_then(|(_, t)| t.now_us),
-            CompactTier::Set(t) => t.now_us,
-            CompactTier::Global(t) => t.now_us,
-        }
-    }
-
-    /// The answer from the script's at `now_us` (a fixed window's count plus `ahead`, the counted costs of the hits
-    /// ahead of it in a shared count): a decision, or a settlement; `None` when the answer is not of the call's shape
-    /// (an error, which the caller passes on).
-    pub(super) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Reply> {
-        match self {
-            CompactTier::Settle { windows, .. } => settled(windows, value, now_us).map(Reply::Settled),
-            _ => self.decided(value, ahead, now_us).map(Reply::Decided),
-        }
-    }
-
-    /// A hit's decision from the script's answer (see [`CompactTier::answer`]).
-    fn decided(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Outcome> {
-        let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
-        match (self, value) {
-            (CompactTier::Window(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64 + ahead, now_us)),
-            (CompactTier::Bucket(t), Value::Integer(n)) => Some(t.answer((*n).max(0) as u64, now_us)),
-            (CompactTier::Sliding(t), Value::Array(counts)) => match &counts[..] {
-                [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
-                _ => None,
-            },
-            (CompactTier::Set(t), Value::Array(values)) => match &values[..] {
-                [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
-                _ => None,
-            },
-            // `ahead`: the hits ahead of this one in the call, each counted while it fits.
-            (CompactTier::Global(t), Value::Array(counts)) => match (t.sliding, &counts[..]) {
-                (false, [n, others]) => {
-                    let (n, others) = (int(n)?, int(others)?);
-                    let n = n + t.counted_ahead(n, others, ahead);
-                    Some(t.answer(others, now_us, |limit| {
-                        fixed_window::check_count(limit, t.window_us, now_us, t.cost, n)
-                    }))
-                }
-                (true, [c, p, others]) => {
-                    let (c, p, others) = (int(c)?, int(p)?, int(others)?);
-                    let start = now_us - now_us % t.window_us.max(1);
-                    let estimate = sliding_window::sw_estimate(p, c, now_us - start, t.window_us.max(1));
-                    let c = c + t.counted_ahead(estimate, others, ahead);
-                    Some(t.answer(others, now_us, |limit| {
-                        sliding_window::check_counts(limit, t.window_us, now_us, t.cost, c, p)
-                    }))
-                }
-                _ => None,
-            },
-            (CompactTier::Windows(tiers), Value::Array(counts))
-            | (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts))
-                if counts.len() == tiers.len() =>
-            {
-                let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
-                Some(windows_answer(tiers, &counts, now_us))
-            }
-            // A reservation on one window answers its count alone.
-            (CompactTier::Reserve { windows, .. }, Value::Integer(n)) if windows.len() == 1 => {
-                Some(windows_answer(windows, &[(*n).max(0) as u64], now_us))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// An ordinary hit's outcome on one tier, from its algorithm's check: a hit that fits and costs something was
-/// written.
-fn single(check: &crate::store::algorithm::Check, cost: u64, id: Option<String>) -> Outcome {
-    let written = check.ok && cost > 0;
-    Outcome {
-        admitted: check.ok,
-        tiers: vec![check.outcome(written, false, false, id.filter(|_| written))],
-        records: Vec::new(),
-    }
-}
-
-/// The decision on several fixed windows from their counts before the hit: admitted when every window takes its
-/// cost, and then counted in each (`fixed_window.lua`'s `hits`).
-fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u64) -> Outcome {
-    let checks: Vec<_> = tiers
-        .iter()
-        .zip(counts)
-        .map(|((_, t), &n)| fixed_window::check_count(t.limit, t.window_us, now_us, t.cost, n))
-        .collect();
-    let admitted = checks.iter().all(|c| c.ok);
-    let counted = admitted && tiers.iter().any(|(_, t)| t.cost > 0);
-    Outcome {
-        admitted,
-        tiers: tiers
-            .iter()
-            .zip(&checks)
-            .map(|((_, t), c)| c.outcome(counted && t.cost > 0, false, false, None))
-            .collect(),
-        records: Vec::new(),
-    }
-}
-
-/// A settlement from the script's answer: whether the record was found, then per window its estimate, what came back
-/// and its count after; each window reported as a peek of cost 1 at `now_us` reports it.
-fn settled(windows: &[(CounterKey, WindowTier)], value: &Value, now_us: u64) -> Option<Settled> {
-    let Value::Array(values) = value else {
-        return None;
-    };
-    let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
-    if values.len() != 1 + 3 * windows.len() {
-        return None;
-    }
-    if int(&values[0])? == 0 {
-        return Some(Settled::Unknown);
-    }
-    let mut tiers = Vec::with_capacity(windows.len());
-    let mut checks = Vec::with_capacity(windows.len());
-    for ((_, t), v) in windows.iter().zip(values[1..].chunks_exact(3)) {
-        let mut settled = TierSettled::new(int(&v[0])?, t.cost);
-        settled.refunded = int(&v[1])?;
-        tiers.push(settled);
-        checks.push(fixed_window::check_count(t.limit, t.window_us, now_us, 1, int(&v[2])?));
-    }
-    Some(Settled::Done {
-        tiers,
-        outcome: Outcome {
-            admitted: checks.iter().all(|c| c.ok),
-            tiers: checks.iter().map(|c| c.outcome(false, true, false, None)).collect(),
-            records: Vec::new(),
-        },
-    })
-}
-
 impl WindowTier {
+    /// A fixed window `tier` hit at `now_us` (`None`: by the server's clock) with `cost`, bounded by the limit + 1.
     fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> WindowTier {
         WindowTier {
             limit: tier.limit,
@@ -571,80 +434,5 @@ impl WindowTier {
             counted: if cost <= tier.limit { cost } else { 0 },
             now_us,
         }
-    }
-
-    /// The decision from the count `n` before the hit.
-    fn answer(&self, n: u64, now_us: u64) -> Outcome {
-        single(
-            &fixed_window::check_count(self.limit, self.window_us, now_us, self.cost, n),
-            self.cost,
-            None,
-        )
-    }
-}
-
-impl GlobalTier {
-    /// What the `ahead` identical hits before one counted, from the count `used` (a sliding window's estimate) and
-    /// the others' count the first found: each counts its cost while it fits what the others leave, and once one does
-    /// not, none after it does (the global forms' `hit` counts as many).
-    fn counted_ahead(&self, used: u64, others: u64, ahead: u64) -> u64 {
-        let room = self.limit.saturating_sub(others).saturating_sub(used);
-        match self.cost {
-            0 => 0,
-            cost => (room / cost).min(ahead) * cost,
-        }
-    }
-
-    /// The decision from the other regions' count `others` and the algorithm's `check` against a limit. A hit that
-    /// counted reports the count it left in its window ([`TierOutcome::own`](crate::store::TierOutcome::own)): what
-    /// the script wrote.
-    fn answer(&self, others: u64, now_us: u64, check: impl FnOnce(u64) -> algorithm::Check) -> Outcome {
-        let check = algorithm::global_check((self.limit, self.window_us), now_us, self.cost, others, check);
-        let mut outcome = single(&check, self.cost, None);
-        if check.ok && self.cost > 0 {
-            outcome.tiers[0].own = algorithm::own_count(&check, self.cost);
-        }
-        outcome
-    }
-}
-
-impl BucketTier {
-    /// The decision from the arrival time `tat` the hit found (at least its time).
-    fn answer(&self, tat: u64, now_us: u64) -> Outcome {
-        let check = token_bucket::check_tat(self.interval, self.burst, now_us, self.cost, false, tat);
-        single(&check, self.cost, None)
-    }
-}
-
-impl SlidingTier {
-    /// The decision from the counts of the current window `c` and the previous one `p` the hit found.
-    fn answer(&self, c: u64, p: u64, now_us: u64) -> Outcome {
-        let check = sliding_window::check_counts(self.limit, self.window_us, now_us, self.cost, c, p);
-        single(&check, self.cost, None)
-    }
-}
-
-impl SetTier {
-    /// The decision from the live count, the newest place (-1: not read) and the place that must leave before the
-    /// hit fits (-1: none). A concurrency limit's hit that was counted took the call's lease.
-    fn answer(&self, count: u64, newest: i64, first: i64, now_us: u64) -> Outcome {
-        let place = |score: i64| score.max(0) as u64;
-        let leaving = (first >= 0).then(|| place(first));
-        let view = if self.log {
-            sliding_log::check_view
-        } else {
-            concurrency::check_view
-        };
-        let check = view(
-            self.limit,
-            self.window_us,
-            now_us,
-            self.cost,
-            count,
-            place(newest),
-            leaving,
-        );
-        // A concurrency limit's counted hit took the call's lease; a log's takes none.
-        single(&check, self.cost, (!self.log).then(|| self.lease.clone()))
     }
 }

@@ -10,6 +10,8 @@
 //! refused, is answered by loading the library, or the script where functions are still refused, and is sent again),
 //! so that a grant of `fcall` and `function|load`, or a failover to a server that has functions, needs no restart.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,7 @@ use fred::types::Value;
 use fred::types::scripts::Script;
 
 use super::{CLUSTER_SCRIPT, LIBRARY_BODY, SCRIPT};
+use crate::store::StoreError;
 
 /// How long calls go by EVALSHA after the server refused functions, before they are tried again.
 const FUNCTIONS_RETRY: Duration = Duration::from_secs(60);
@@ -151,6 +154,57 @@ impl DecisionScript {
 }
 
 /// Whether `details`, an error's, is the server refusing the command `command` (case aside): unknown to it (Redis
+/// The decision script's loads after calls found it missing, one in flight at a time per store: the calls that did
+/// together (every call in flight when the server lost its scripts) wait for one load per server rather than
+/// send one each, and share its outcome, a failure included (so a server that does not answer costs each waiting
+/// call the one load's timeout, not one after the other's).
+#[derive(Default)]
+pub(super) struct ScriptLoads {
+    /// Loads ended, all servers together: a call reads it before it is sent.
+    clock: AtomicU64,
+    /// Per server (its address; `""` for the one server outside a cluster), the value of `clock` its last load ended
+    /// at, and how it ended. Held across a load, so that calls that meet NOSCRIPT meanwhile wait for it; a load
+    /// dropped half-way releases it unrecorded, and the next caller loads.
+    ended: tokio::sync::Mutex<HashMap<Arc<str>, LoadEnded>>,
+}
+
+/// When a load ended (the value of [`ScriptLoads::clock`] it left) and how.
+type LoadEnded = (u64, Result<(), StoreError>);
+
+impl ScriptLoads {
+    /// The value to give [`ScriptLoads::load`] for calls sent after this moment.
+    pub(super) fn now(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    /// Runs `load` on every server of `servers` (address, what loads there) unless a load there ended since `sent`
+    /// (see [`ScriptLoads::now`]), whose outcome then stands for this one; one load at a time per store.
+    pub(super) async fn load<P, F>(
+        &self,
+        sent: u64,
+        servers: Vec<(Arc<str>, P)>,
+        load: impl Fn(P) -> F,
+    ) -> Result<(), StoreError>
+    where
+        F: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        let mut ended = self.ended.lock().await;
+        for (addr, server) in servers {
+            let outcome = match ended.get(&addr) {
+                Some((at, outcome)) if *at > sent => outcome.clone(),
+                _ => {
+                    let outcome = load(server).await;
+                    let at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+                    ended.insert(addr, (at, outcome.clone()));
+                    outcome
+                }
+            };
+            outcome?;
+        }
+        Ok(())
+    }
+}
+
 /// before 7), or not allowed to this user (ACL).
 fn refuses(details: &str, command: &str) -> bool {
     let lower = details.to_ascii_lowercase();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fred::clients::Pool;
 use fred::types::Builder;
-use fred::types::config::{Config, ReconnectPolicy};
+use fred::types::config::{Config, ReconnectPolicy, TlsConnector};
 
 use crate::pem::{self as tls, TlsError};
 use crate::store::StoreError;
@@ -101,4 +101,46 @@ pub(super) fn builder(mut config: Config, timeout: Duration) -> Builder {
         // second of its promotion, at the cost of a cheap connection attempt twice a second while Redis is down.
         .set_policy(ReconnectPolicy::new_exponential(0, 50, 500, 2));
     builder
+}
+
+/// fred's configuration of `settings`: the URL, and the TLS files when given (which need a TLS URL).
+pub(super) fn config_of(settings: &RedisSettings) -> Result<Config, StoreError> {
+    let mut config = Config::from_url(&settings.url).map_err(|e| {
+        StoreError::Other(format!(
+            "invalid redis url '{}': {}",
+            redact(&settings.url),
+            e.details()
+        ))
+    })?;
+    if settings.tls.is_set() {
+        if !config.uses_tls() {
+            return Err(StoreError::Other(format!(
+                "redis tls files need a TLS url (rediss://, rediss-cluster://, rediss-sentinel://), not '{}'",
+                redact(&settings.url)
+            )));
+        }
+        let client = settings
+            .tls
+            .client_config()
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        config.tls = Some(TlsConnector::from(client).into());
+    }
+    Ok(config)
+}
+
+/// The URL with its password, if any, replaced by `***`.
+pub(super) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_string();
+    };
+    match url[scheme_end..at].find(':').map(|i| scheme_end + i) {
+        Some(colon) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
+    }
 }

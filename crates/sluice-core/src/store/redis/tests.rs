@@ -1,5 +1,6 @@
 //! Unit tests of the Redis store.
 
+use super::settings::redact;
 use super::*;
 
 #[test]
