@@ -92,7 +92,7 @@ impl Redis {
 
 fn hit(algorithm: Algorithm, i: usize) -> Hit {
     // A bucket's state lives until the bucket is full again: one token a minute keeps it for the measurement.
-    let bucket = matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+    let bucket = algorithm.is_bucket();
     let limit = if bucket { 1 } else { 1_000 };
     let window_us = 60_000_000;
     Hit {

@@ -72,7 +72,7 @@ fn candidates(own: Algorithm, named: &[String]) -> Result<Vec<Candidate>, String
                 "--algorithm '{spec}': not simulated (its state is ended by clients: leases released, entries drained); a leaky_bucket with a burst is the same meter"
             ));
         }
-        if burst.is_some() && !algorithm.is_bucket() && algorithm != Algorithm::BucketedWindow {
+        if burst.is_some() && !algorithm.is_bucket() && !algorithm.has_sub_windows() {
             return Err(format!(
                 "--algorithm '{spec}': only token_bucket and leaky_bucket take a burst (and bucketed_window a number \
                  of sub-windows)"

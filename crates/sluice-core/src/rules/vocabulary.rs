@@ -130,7 +130,7 @@ impl Limit {
             requests,
             unit,
             multiplier: 1,
-            algorithm: Algorithm::FixedWindow,
+            algorithm: Algorithm::default(),
             burst: requests,
         }
     }

@@ -29,9 +29,10 @@ use token_bucket::Tat;
 
 /// How a limit counts hits: each has its file here (`algorithm/<name>.rs`, its arithmetic, which both stores decide
 /// by) and its script beside it (`algorithm/<name>.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
-    /// Epoch-aligned fixed windows, the reference's only algorithm.
+    /// Epoch-aligned fixed windows, the reference's only algorithm, and a limit's unless it names another.
+    #[default]
     FixedWindow,
     /// The two-window weighted counter.
     SlidingWindow,
@@ -111,12 +112,83 @@ impl Algorithm {
         matches!(self, Algorithm::Concurrency | Algorithm::Queue)
     }
 
+    /// Whether a lone limit of it counts its denials too, as the reference's fixed windows do (never a cost above
+    /// its limit, which can never fit, nor a refused reservation, which holds nothing, nor a global window's).
+    pub fn counts_denials_alone(self) -> bool {
+        self == Algorithm::FixedWindow
+    }
+
+    /// Whether an admitted hit takes a lease, held until released or expired (a concurrency limit).
+    pub fn takes_lease(self) -> bool {
+        self == Algorithm::Concurrency
+    }
+
+    /// Whether an admitted hit appends an entry to a stream that workers drain (a queue).
+    pub fn queues(self) -> bool {
+        self == Algorithm::Queue
+    }
+
+    /// Whether its `burst` is the number of sub-windows its window is split into (a bucketed window).
+    pub fn has_sub_windows(self) -> bool {
+        self == Algorithm::BucketedWindow
+    }
+
+    /// Whether admitted hits are spaced evenly, as a queue drained at the rate would release them (a leaky bucket):
+    /// what the simulator reports as delays.
+    pub fn spaces_hits(self) -> bool {
+        self == Algorithm::LeakyBucket
+    }
+
+    /// The burst of a limit of `requests` per window that names none: a leaky bucket's is 1, every other's the
+    /// requests.
+    pub fn default_burst(self, requests: u32) -> u32 {
+        match self {
+            Algorithm::LeakyBucket => 1,
+            _ => requests,
+        }
+    }
+
+    /// How many windows a count weighs in: a sliding window's is the previous one all through the next window.
+    pub fn windows_weighed(self) -> u64 {
+        match self {
+            Algorithm::SlidingWindow => 2,
+            _ => 1,
+        }
+    }
+
+    /// What the other regions' counts of a global window weigh at `elapsed_us` into the current window of
+    /// `window_us`, from their counts of the previous window and of the current one: the current's for a fixed
+    /// window, the weighted estimate for a sliding one (as over its own counts).
+    pub fn others_weigh(self, previous: u64, current: u64, elapsed_us: u64, window_us: u64) -> u64 {
+        match self {
+            Algorithm::SlidingWindow => sliding_window::sw_estimate(previous, current, elapsed_us, window_us),
+            _ => current,
+        }
+    }
+
+    /// The name the decision script knows its global form by (`global:` and its name), for those that can be global.
+    pub fn global_name(self) -> Option<&'static str> {
+        match self {
+            Algorithm::FixedWindow => Some("global:fixed_window"),
+            Algorithm::SlidingWindow => Some("global:sliding_window"),
+            _ => None,
+        }
+    }
+
+    /// Whether the decision script reads a tier of it at the key of the window sluice's clock expects
+    /// ([`CounterKey::window`](crate::store::CounterKey::window)), a fixed window's (`fixed_window.lua` moves to the
+    /// server's window when the clocks differ), rather than at the counter's own key.
+    pub fn read_at_window_key(self) -> bool {
+        self == Algorithm::FixedWindow
+    }
+
     /// The span a counter of a limit over `window_us` (with `burst`) is named by: the window, but a bucketed
     /// window's sub-window, so that the limits of one descriptor with the same sub-window share their counts.
     pub fn counter_span_us(self, window_us: u64, burst: u64) -> u64 {
-        match self {
-            Algorithm::BucketedWindow => window_us / burst.max(1),
-            _ => window_us,
+        if self.has_sub_windows() {
+            window_us / burst.max(1)
+        } else {
+            window_us
         }
     }
 }

@@ -321,7 +321,7 @@ impl Identity {
 
     /// A limit's counter: compact, but for a queue's stream, which keeps its full name (workers read it).
     fn counter(&self, algorithm: Algorithm, window_us: u64, label: Option<&str>) -> CounterKey {
-        if algorithm == Algorithm::Queue {
+        if algorithm.queues() {
             let mut key = String::with_capacity(self.base.len() + algorithm.name().len() + 24);
             key.push_str(&self.base);
             counter_name(&mut key, algorithm, window_us, label);

@@ -29,12 +29,7 @@ impl WindowRef {
     /// Until when its count still weighs in decisions: the window's end, and a sliding window's next window too
     /// (it is the previous one there), plus a second's grace as the counters' own keys have.
     pub fn expires_us(&self) -> u64 {
-        let windows = if self.algorithm == Algorithm::SlidingWindow {
-            2
-        } else {
-            1
-        };
-        self.start_us + windows * self.window_us + 1_000_000
+        self.start_us + self.algorithm.windows_weighed() * self.window_us + 1_000_000
     }
 }
 

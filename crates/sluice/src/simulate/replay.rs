@@ -62,7 +62,7 @@ pub fn with_algorithm(files: &[ConfigFile], domain: &str, algorithm: Algorithm, 
                 None
             };
             // A bucketed window's number after ':' is its sub-windows', the default when it has none.
-            rl.buckets = if algorithm == Algorithm::BucketedWindow {
+            rl.buckets = if algorithm.has_sub_windows() {
                 burst.or(rl.buckets)
             } else {
                 None
@@ -112,7 +112,7 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
         delays_us: Vec::new(),
         elapsed: Duration::ZERO,
     };
-    let mut queues = (algorithm == Algorithm::LeakyBucket).then(|| Queues::new(&limit, traffic.keys.len()));
+    let mut queues = algorithm.spaces_hits().then(|| Queues::new(&limit, traffic.keys.len()));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;

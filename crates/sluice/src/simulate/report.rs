@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use super::replay::{Run, START_US, TICK_US};
 use super::traffic::Traffic;
 use crate::charts::{Bar, Pen, Series, bar_chart, escape, line_chart};
-use crate::rules::Algorithm;
 
 /// The figures of one run.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,7 +100,7 @@ pub fn label(run: &Run) -> String {
     let mut label = run.algorithm.name().to_string();
     if run.algorithm.is_bucket() {
         label += &format!(" burst {}", run.limit.burst);
-    } else if run.algorithm == Algorithm::BucketedWindow {
+    } else if run.algorithm.has_sub_windows() {
         label += &format!(" {} sub-windows", run.limit.burst);
     }
     if run.own {

@@ -27,7 +27,7 @@ impl Compiler<'_> {
             })?,
         };
         let algorithm = match rl.algorithm.as_deref() {
-            None => Algorithm::FixedWindow,
+            None => Algorithm::default(),
             Some(a) => Algorithm::from_name(a).ok_or_else(|| {
                 let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
                 self.err(
@@ -48,11 +48,12 @@ impl Compiler<'_> {
             ));
         }
         let requests = rl.requests_per_unit;
-        let burst = match algorithm {
-            Algorithm::BucketedWindow => self.sub_windows(rl, window_s, base)?,
-            _ => self.burst(rl, algorithm, window_s, base)?,
+        let burst = if algorithm.has_sub_windows() {
+            self.sub_windows(rl, window_s, base)?
+        } else {
+            self.burst(rl, algorithm, window_s, base)?
         };
-        if rl.buckets.is_some() && algorithm != Algorithm::BucketedWindow {
+        if rl.buckets.is_some() && !algorithm.has_sub_windows() {
             return Err(self.err(
                 &at("buckets"),
                 format!("buckets applies to bucketed_window, not {}", algorithm.name()),
@@ -105,17 +106,18 @@ impl Compiler<'_> {
     fn burst(&self, rl: &RawRateLimit, algorithm: Algorithm, window_s: u64, base: &str) -> Result<u32, ConfigError> {
         let at = |field: &str| format!("{base}.{field}");
         let requests = rl.requests_per_unit;
-        let burst = match (algorithm, rl.burst) {
-            (Algorithm::TokenBucket, None) => requests,
-            (Algorithm::LeakyBucket, None) => 1,
-            (a, Some(_)) if !a.is_bucket() => {
+        let burst = match rl.burst {
+            Some(_) if !algorithm.is_bucket() => {
                 return Err(self.err(
                     &at("burst"),
-                    format!("burst applies to token_bucket and leaky_bucket, not {}", a.name()),
+                    format!(
+                        "burst applies to token_bucket and leaky_bucket, not {}",
+                        algorithm.name()
+                    ),
                 ));
             }
-            (_, Some(b)) => b,
-            (_, None) => requests,
+            Some(b) => b,
+            None => algorithm.default_burst(requests),
         };
         if algorithm.is_bucket() {
             if requests == 0 {

@@ -4,7 +4,6 @@
 
 use super::shard::{Ledger, Records, Reservation, Shard, State};
 use super::{MemoryStore, lock};
-use crate::store::Algorithm;
 use crate::store::algorithm::{self, Check, Expiry, Refund, ceil_ms_us};
 use crate::store::{
     Claimant, Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, allot,
@@ -41,9 +40,7 @@ impl MemoryStore {
         // A lone fixed window counts its denials, as the reference does, except a cost that can never fit.
         // Not when reserving: a refused reservation holds nothing. Nor a global one (`prelude.lua`'s `global_of`).
         let single_fixed = match hit.tiers.as_slice() {
-            [t] => {
-                t.algorithm == Algorithm::FixedWindow && !t.global && cost(t) <= t.limit && hit.reservation().is_none()
-            }
+            [t] => t.algorithm.counts_denials_alone() && !t.global && cost(t) <= t.limit && hit.reservation().is_none(),
             _ => false,
         };
         let commit = !peek && positive && (admitted || single_fixed || force);
@@ -113,15 +110,9 @@ impl MemoryStore {
                 .filter(|(expires, _)| *expires > now)
                 .map_or(0, |(_, counts)| counts.values().sum::<u64>())
         };
-        let others = match t.algorithm {
-            Algorithm::SlidingWindow => algorithm::sliding_window::sw_estimate(
-                count(start.saturating_sub(window)),
-                count(start),
-                now - start,
-                window,
-            ),
-            _ => count(start),
-        };
+        let others = t
+            .algorithm
+            .others_weigh(count(start.saturating_sub(window)), count(start), now - start, window);
         drop(regions);
         algorithm::global_check((t.limit, t.window_us), now, cost, others, |limit| {
             let reduced = TierSpec { limit, ..t.clone() };

@@ -10,7 +10,6 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use super::compact::Compact;
 use super::reply::Reply;
 use super::script::DecisionScript;
-use crate::store::Algorithm;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
 mod coalesce;
@@ -189,9 +188,12 @@ impl Call {
         // Built only here: a compact form writes its keys itself.
         let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
         // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
-        keys.extend(hit.tiers.iter().map(|t| match t.algorithm {
-            Algorithm::FixedWindow => Value::from(t.key.window(window_start(now_us, t.window_us)).as_str()),
-            _ => Value::from(t.key.as_str()),
+        keys.extend(hit.tiers.iter().map(|t| {
+            if t.algorithm.read_at_window_key() {
+                Value::from(t.key.window(window_start(now_us, t.window_us)).as_str())
+            } else {
+                Value::from(t.key.as_str())
+            }
         }));
         if let Some(r) = record {
             keys.push(Value::from(r.key.as_str()));
@@ -492,10 +494,9 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<
 /// The name the script knows a tier's algorithm by: a global window's is `global:` and its algorithm's
 /// (`lua/prelude.lua`'s `global_of`).
 fn script_algorithm(t: &TierSpec) -> &'static str {
-    match (t.global, t.algorithm) {
-        (true, Algorithm::FixedWindow) => "global:fixed_window",
-        (true, Algorithm::SlidingWindow) => "global:sliding_window",
-        (_, algorithm) => algorithm.name(),
+    match t.global.then(|| t.algorithm.global_name()).flatten() {
+        Some(name) => name,
+        None => t.algorithm.name(),
     }
 }
 
