@@ -25,11 +25,7 @@ local function compact_lease(key, window, limit, cost, lease, now, pos)
     redis.call('PEXPIRE', key, string.format('%d', ceil_ms(window)))
     return
   end
-  if count > 0 then answers[pos + 1] = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
-  if slots <= limit and count + slots > limit then
-    local first = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1, 1)
-    answers[pos + 2] = tonumber(first[2])
-  end
+  blocking_places(key, from, count, slots, limit, pos)
 end
 
 function L.concurrency()

@@ -40,11 +40,7 @@ local function compact_log(key, window, limit, cost, _, now, pos)
     sl_add(key, now, count, cost, window)
     return
   end
-  if count > 0 then answers[pos + 1] = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
-  if cost <= limit and count + cost > limit then
-    local first = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-    answers[pos + 2] = tonumber(first[2])
-  end
+  blocking_places(key, from, count, cost, limit, pos)
 end
 
 function L.sliding_log()

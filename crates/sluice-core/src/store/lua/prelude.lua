@@ -15,6 +15,7 @@
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
 --   answers, moved, failed      a call's answers, and the hits a failed write of a shared counter carried
+--   blocking_places             what stops a hit on a sorted set of places (a compact hit's answer)
 --   keep(m), flush(), forget()  the algorithms holding counters read or counted for several hits of one call
 --   record_write, live_reservation   the reservation records
 --   regions_count, global_of, global_fits   a window counted in every region (`global: true`)
@@ -193,6 +194,18 @@ local function clock(arg)
     server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return server_now
+end
+
+-- A compact hit of `slots` places that did not go into the sorted set `key` (a sliding log's hit times, a concurrency
+-- limit's lease deadlines), whose `count` live places score above `from` (a ZRANGEBYSCORE bound): writes into
+-- answers[pos + 1] the newest score (if there is one), and into answers[pos + 2] the score of the place that must
+-- leave before the hit fits `limit` (if it can).
+local function blocking_places(key, from, count, slots, limit, pos)
+  if count > 0 then answers[pos + 1] = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+  if slots <= limit and count + slots > limit then
+    local first = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1, 1)
+    answers[pos + 2] = tonumber(first[2])
+  end
 end
 
 -- Reservation records: the text `<t> <x> <e>` at a reservation's key, t = when it was charged, x = when it expires by
