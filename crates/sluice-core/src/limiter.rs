@@ -7,11 +7,13 @@
 //!
 //! - [`Decisions`] (`decisions.rs`, `decisions/`): ShouldRateLimit, GetRemaining, WaitForPermit, release and reset;
 //!   [`Counters`] and [`Announcements`], and [`Releases`](crate::store::Releases) to end leases and delete state;
-//! - [`Budgets`] (`budgets.rs`): costs checked, reported, reserved and settled; [`Reservations`](crate::store::Reservations);
+//! - [`Budgets`] (`budgets.rs`): costs checked, reported, reserved and settled;
+//!   [`Reservations`](crate::store::Reservations);
 //! - [`Lists`] (`lists.rs`): what the deny and allow lists hold at run time; [`Lists`](crate::store::Lists);
 //! - [`Tallies`] (`tallies.rs`): the top offenders and the outcomes per rule and second, added to the store and read
 //!   back; [`Offenders`](crate::store::Offenders) and [`Series`](crate::store::Series);
-//! - [`Buckets`] (`buckets.rs`): RLQS usage charged to bucket quotas, and grants of them; [`Grants`](crate::store::Grants).
+//! - [`Buckets`] (`buckets.rs`): RLQS usage charged to bucket quotas, and grants of them;
+//!   [`Grants`](crate::store::Grants).
 //!
 //! Per request the core reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
 //! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call: what a

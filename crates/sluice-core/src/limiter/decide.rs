@@ -1,6 +1,6 @@
-//! Deciding a request (the decisions' ShouldRateLimit and the budgets' calls, each a [`How`]), in three phases: the store's hit of
-//! each limited descriptor, the answers to them (the local cache's, then one store call for the rest), and each
-//! descriptor's status shaped from its answer, with the metrics of its outcome counted on the way.
+//! Deciding a request (the decisions' ShouldRateLimit and the budgets' calls, each a [`How`]), in three phases: the
+//! store's hit of each limited descriptor, the answers to them (the local cache's, then one store call for the
+//! rest), and each descriptor's status shaped from its answer, with the metrics of its outcome counted on the way.
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -6,8 +6,8 @@
 //! before it counts (a check consumes nothing) and counts only once the check passes, so a caller that gives up while
 //! waiting has consumed nothing. Waiters of one request (the same domain and descriptors) are served in the order
 //! they arrived on this instance: each takes its turn through a fair lock per request. At most
-//! [`LimiterSettings::max_waiters`](crate::limiter::LimiterSettings) calls wait at once on an instance; past it a call is
-//! refused at once ([`LimitError::Busy`]).
+//! [`LimiterSettings::max_waiters`](crate::limiter::LimiterSettings) calls wait at once on an instance; past it a
+//! call is refused at once ([`LimitError::Busy`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
