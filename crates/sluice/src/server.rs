@@ -267,7 +267,7 @@ async fn start<S: Store>(
     // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
     // stops at once if this returns early.
     let shipping = replicator.map(|replicator| Shipping::start(&limiter, replicator));
-    if !limiter.lists().fetched_lists().is_empty() {
+    if !limiter.lists().with_urls().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
         crate::sources::lists::fetch_all(&limiter, &client)
             .await

@@ -215,7 +215,7 @@ impl<S: Counters + Announcements + store::Lists> Lists<S> {
     }
 
     /// Every list of the rules in force that has a URL: its domain, its name and where it comes from.
-    pub fn fetched_lists(&self) -> Vec<(Arc<str>, Arc<str>, ListSource)> {
+    pub fn with_urls(&self) -> Vec<(Arc<str>, Arc<str>, ListSource)> {
         let rules = self.core.rules();
         rules
             .domains()

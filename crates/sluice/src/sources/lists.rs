@@ -85,7 +85,7 @@ pub async fn fetch_all<S: Counters + Announcements + Lists>(
     limiter: &Limiter<S>,
     client: &reqwest::Client,
 ) -> Result<(), String> {
-    for (domain, name, source) in limiter.lists().fetched_lists() {
+    for (domain, name, source) in limiter.lists().with_urls() {
         let values = fetch(client, &source.url)
             .await
             .map_err(|e| format!("list '{name}' of domain '{domain}': {e}"))?;
@@ -104,7 +104,7 @@ pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Lim
     let start = Instant::now();
     let mut due: HashMap<(Arc<str>, Arc<str>, ListSource), Instant> = limiter
         .lists()
-        .fetched_lists()
+        .with_urls()
         .into_iter()
         .filter(|(domain, name, _)| limiter.lists().fetched(domain, name).is_some())
         .map(|list| {
@@ -117,7 +117,7 @@ pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Lim
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let lists = limiter.lists().fetched_lists();
+        let lists = limiter.lists().with_urls();
         due.retain(|list, _| lists.contains(list));
         if lists.is_empty() {
             continue;
