@@ -90,7 +90,62 @@ impl<S> Lists<S> {
     }
 }
 
-impl<S: Counters + Announcements + store::Lists> Lists<S> {
+// The values fetched from the lists' URLs, and the lists the rules in force name: nothing asked of the store.
+impl<S: Counters + Announcements> Lists<S> {
+    /// Puts the values fetched for the list `name` of `domain` in force, replacing the last ones, and clears a
+    /// failure reported for it.
+    pub fn set_fetched(&self, domain: &str, name: &str, values: Arc<Matcher>) {
+        self.core.metrics.list_fetched(domain, name, Some(values.len()));
+        self.update(&Arc::from(domain), &Arc::from(name), |l| {
+            l.fetched = Some(values.clone())
+        });
+        let mut failed = self.failed();
+        failed.remove(&(Arc::from(domain), Arc::from(name)));
+    }
+
+    /// Records that fetching the list `name` of `domain` failed (`why` names the URL): the last values stay, and
+    /// [`Lists::failures`] reports it until a fetch succeeds.
+    pub fn fetch_failed(&self, domain: &str, name: &str, why: String) {
+        self.core.metrics.list_fetched(domain, name, None);
+        let mut failed = self.failed();
+        failed.insert((Arc::from(domain), Arc::from(name)), why);
+    }
+
+    /// The lists of the rules in force whose last fetch failed, as `list domain/name: why` lines, sorted.
+    pub fn failures(&self) -> Vec<String> {
+        let rules = self.core.rules();
+        let failed = self.failed();
+        let mut lines: Vec<String> = failed
+            .iter()
+            .filter(|((d, l), _)| {
+                rules
+                    .domain(d)
+                    .is_some_and(|d| d.lists.get(l).is_some_and(|l| l.source.is_some()))
+            })
+            .map(|((d, l), why)| format!("list {d}/{l}: {why}"))
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// The values fetched for the list `name` of `domain`, if any.
+    pub fn fetched(&self, domain: &str, name: &str) -> Option<Arc<Matcher>> {
+        self.core.live_lists.load().get(domain)?.get(name)?.fetched.clone()
+    }
+
+    /// Every list of the rules in force that has a URL: its domain, its name and where it comes from.
+    pub fn with_urls(&self) -> Vec<(Arc<str>, Arc<str>, ListSource)> {
+        let rules = self.core.rules();
+        rules
+            .domains()
+            .flat_map(|d| {
+                d.lists
+                    .iter()
+                    .filter_map(|l| Some((d.name.clone(), l.name.clone(), l.source.clone()?)))
+            })
+            .collect()
+    }
+
     /// The list `name` of `domain` in the rules in force, or NOT_FOUND naming what is missing.
     fn list_named(&self, rules: &RuleSet, domain: &str, name: &str) -> Result<CounterKey, LimitError> {
         let d = rules
@@ -106,6 +161,52 @@ impl<S: Counters + Announcements + store::Lists> Lists<S> {
         CounterKey::list(&self.core.settings.key_prefix, domain, name)
     }
 
+    fn stale_all(&self) {
+        self.lock().lists.values_mut().for_each(|m| m.stale = true);
+    }
+
+    /// Follows the lists of the rules in force: a new one is read at once, one gone is forgotten.
+    fn follow_rules(&self) {
+        let rules = self.core.rules();
+        let mut followed = self.lock();
+        let address = Arc::as_ptr(&rules) as usize;
+        if followed.rules == address {
+            return;
+        }
+        followed.rules = address;
+        let mut lists = HashMap::new();
+        for domain in rules.domains() {
+            for list in domain.lists.iter() {
+                let key = self.list_key(&domain.name, &list.name);
+                let managed = followed.lists.remove(key.as_str()).unwrap_or(Managed {
+                    domain: domain.name.clone(),
+                    name: list.name.clone(),
+                    key: key.clone(),
+                    next_read_us: None,
+                    stale: true,
+                });
+                lists.insert(key.as_str().to_string(), managed);
+            }
+        }
+        let gone: Vec<(Arc<str>, Arc<str>)> = followed.lists.drain().map(|(_, m)| (m.domain, m.name)).collect();
+        followed.lists = lists;
+        drop(followed);
+        if !gone.is_empty() {
+            self.core.live_lists.rcu(|all| {
+                let mut all = HashMap::clone(all);
+                for (domain, name) in &gone {
+                    if let Some(lists) = all.get_mut(domain) {
+                        lists.remove(name);
+                    }
+                }
+                all
+            });
+        }
+    }
+}
+
+// The entries managed through the admin API, kept in the store.
+impl<S: Counters + Announcements + store::Lists> Lists<S> {
     /// Adds `values` to the list `name` of `domain` (or renews them) for `ttl_us`, or for good; returns how many
     /// were new. Every instance sharing the store holds them within a second.
     pub async fn add_entries(
@@ -171,60 +272,6 @@ impl<S: Counters + Announcements + store::Lists> Lists<S> {
         let mut entries = self.core.store().list_entries(self.core.clock.now_us(), &key).await?;
         entries.sort_by(|a, b| a.value.cmp(&b.value));
         Ok(entries)
-    }
-
-    /// Puts the values fetched for the list `name` of `domain` in force, replacing the last ones, and clears a
-    /// failure reported for it.
-    pub fn set_fetched(&self, domain: &str, name: &str, values: Arc<Matcher>) {
-        self.core.metrics.list_fetched(domain, name, Some(values.len()));
-        self.update(&Arc::from(domain), &Arc::from(name), |l| {
-            l.fetched = Some(values.clone())
-        });
-        let mut failed = self.failed();
-        failed.remove(&(Arc::from(domain), Arc::from(name)));
-    }
-
-    /// Records that fetching the list `name` of `domain` failed (`why` names the URL): the last values stay, and
-    /// [`Lists::failures`] reports it until a fetch succeeds.
-    pub fn fetch_failed(&self, domain: &str, name: &str, why: String) {
-        self.core.metrics.list_fetched(domain, name, None);
-        let mut failed = self.failed();
-        failed.insert((Arc::from(domain), Arc::from(name)), why);
-    }
-
-    /// The lists of the rules in force whose last fetch failed, as `list domain/name: why` lines, sorted.
-    pub fn failures(&self) -> Vec<String> {
-        let rules = self.core.rules();
-        let failed = self.failed();
-        let mut lines: Vec<String> = failed
-            .iter()
-            .filter(|((d, l), _)| {
-                rules
-                    .domain(d)
-                    .is_some_and(|d| d.lists.get(l).is_some_and(|l| l.source.is_some()))
-            })
-            .map(|((d, l), why)| format!("list {d}/{l}: {why}"))
-            .collect();
-        lines.sort();
-        lines
-    }
-
-    /// The values fetched for the list `name` of `domain`, if any.
-    pub fn fetched(&self, domain: &str, name: &str) -> Option<Arc<Matcher>> {
-        self.core.live_lists.load().get(domain)?.get(name)?.fetched.clone()
-    }
-
-    /// Every list of the rules in force that has a URL: its domain, its name and where it comes from.
-    pub fn with_urls(&self) -> Vec<(Arc<str>, Arc<str>, ListSource)> {
-        let rules = self.core.rules();
-        rules
-            .domains()
-            .flat_map(|d| {
-                d.lists
-                    .iter()
-                    .filter_map(|l| Some((d.name.clone(), l.name.clone(), l.source.clone()?)))
-            })
-            .collect()
     }
 
     /// Reads a managed list from the store and puts it in force.
@@ -325,49 +372,6 @@ impl<S: Counters + Announcements + store::Lists> Lists<S> {
                     tracing::debug!(list = %name, error = %e, "list entries not read; tried again");
                 }
             }
-        }
-    }
-
-    fn stale_all(&self) {
-        self.lock().lists.values_mut().for_each(|m| m.stale = true);
-    }
-
-    /// Follows the lists of the rules in force: a new one is read at once, one gone is forgotten.
-    fn follow_rules(&self) {
-        let rules = self.core.rules();
-        let mut followed = self.lock();
-        let address = Arc::as_ptr(&rules) as usize;
-        if followed.rules == address {
-            return;
-        }
-        followed.rules = address;
-        let mut lists = HashMap::new();
-        for domain in rules.domains() {
-            for list in domain.lists.iter() {
-                let key = self.list_key(&domain.name, &list.name);
-                let managed = followed.lists.remove(key.as_str()).unwrap_or(Managed {
-                    domain: domain.name.clone(),
-                    name: list.name.clone(),
-                    key: key.clone(),
-                    next_read_us: None,
-                    stale: true,
-                });
-                lists.insert(key.as_str().to_string(), managed);
-            }
-        }
-        let gone: Vec<(Arc<str>, Arc<str>)> = followed.lists.drain().map(|(_, m)| (m.domain, m.name)).collect();
-        followed.lists = lists;
-        drop(followed);
-        if !gone.is_empty() {
-            self.core.live_lists.rcu(|all| {
-                let mut all = HashMap::clone(all);
-                for (domain, name) in &gone {
-                    if let Some(lists) = all.get_mut(domain) {
-                        lists.remove(name);
-                    }
-                }
-                all
-            });
         }
     }
 }
