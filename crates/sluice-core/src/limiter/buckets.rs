@@ -69,7 +69,7 @@ impl<S> Buckets<S> {
     }
 }
 
-impl<S: Counters + Announcements + Grants> Buckets<S> {
+impl<S: Counters + Announcements> Buckets<S> {
     /// Charges each bucket's usage to its quota and reports what is left: one store call for every bucket. An
     /// empty usage (nothing allowed or denied) charges nothing and only reads. A bucket whose counters could not be
     /// reached gets its own error; the others keep their answers.
@@ -216,6 +216,14 @@ impl<S: Counters + Announcements + Grants> Buckets<S> {
         }
     }
 
+    fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
+        let key = CounterKey::bucket_builder(&self.core.settings.key_prefix, &domain.name)
+            .layout(self.core.settings.key_layout);
+        identity_of(key, &usage.bucket, shared)
+    }
+}
+
+impl<S: Counters + Announcements + Grants> Buckets<S> {
     /// Grants each claim its part of its bucket's quota ([`Grants::grant`]): one store call for every claim. A claim
     /// whose bucket no limited rule matches (or an unlimited or shadow one) gets `None` and touches nothing.
     pub async fn grant(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
@@ -267,12 +275,6 @@ impl<S: Counters + Announcements + Grants> Buckets<S> {
                     .map(Some),
             })
             .collect()
-    }
-
-    fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
-        let key = CounterKey::bucket_builder(&self.core.settings.key_prefix, &domain.name)
-            .layout(self.core.settings.key_layout);
-        identity_of(key, &usage.bucket, shared)
     }
 }
 
