@@ -124,7 +124,7 @@ async fn answer<S: Store>(
         }],
         hits_addend: 0,
     };
-    let response = match limiter.should_rate_limit(&ask).await {
+    let response = match limiter.decisions().should_rate_limit(&ask).await {
         Ok(decision) if decision.overall == Code::Ok => Response::new(Full::from(format!("hello, {user}\n"))),
         Ok(decision) => {
             let wait = decision.statuses[0]

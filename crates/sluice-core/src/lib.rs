@@ -5,7 +5,7 @@
 //!
 //! - [`config`]: the envoyproxy/ratelimit YAML files as written (raw serde types, every key checked).
 //! - [`rules`]: those files compiled into an immutable matcher per domain; invalid configurations stop here.
-//! - [`limiter`]: the decision core, `should_rate_limit`, `get_remaining`, `release`, `reset`, `charge_usage`.
+//! - [`limiter`]: the decision core, the `Limiter` and its parts: decisions, budgets, lists, tallies, buckets.
 //! - [`quota`]: Envoy's Rate Limit Quota Service over the limiter: usage reports in, quota assignments out.
 //! - [`store`]: where counters live, one trait with an in-memory and a Redis (Lua) implementation, behind a
 //!   circuit [`breaker`] per server and a local over-limit [`cache`].
@@ -29,7 +29,7 @@
 //!     descriptors: vec![Descriptor { entries: vec![("user".into(), "alice".into())], ..Descriptor::default() }],
 //!     hits_addend: 0,
 //! };
-//! let allowed = limiter.should_rate_limit(&request).await?.overall == Code::Ok;
+//! let allowed = limiter.decisions().should_rate_limit(&request).await?.overall == Code::Ok;
 //! # let _ = allowed; Ok(()) }
 //! ```
 

@@ -1,83 +1,74 @@
-//! The decision core: `should_rate_limit(request) -> Decision` and the read-only `get_remaining`.
+//! The decision core: what Envoy's calls, the cost budgets, RLQS and the admin API ask of the counters, over a store.
 //!
-//! It knows nothing of gRPC or Redis: requests arrive as plain types, counters go through the store's traits, each
-//! part of the limiter asking for the capabilities it uses ([`Counters`] and [`Announcements`] for decisions, and
-//! one more for each part beside them: budgets, lists, offenders, series, releases, grants).
-//! Per request it reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
-//! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call.
+//! It knows nothing of gRPC or Redis: requests arrive as plain types, counters go through the store's traits. The
+//! [`Limiter`] is the entry: it owns the rules in force, the store (behind its breakers and local cache), the clock,
+//! the metrics and the settings in a core its parts share (`core.rs`), and gives each part, which asks the store for
+//! the capabilities it uses and no more:
 //!
-//! This file owns the [`Limiter`] and what it holds. Its parts: `request` (what a request is, and the checks it
-//! passes), `resolve` (which rule each descriptor meets), `hits` (a descriptor's counters and the store's hit of
-//! it), `decide` (a request decided: hits, store call, statuses), `decision` (what the core answers), `remaining`
-//! (the read-only report), `reset` (leases released and state deleted), `settings` (the core's switches and caps),
-//! `guard` (the breakers, local cache and timing around every store call), `global` (what is shared with the
-//! shipping of global limits' counts to other regions), `budget` (costs checked, reported and reserved), `usage`
-//! (RLQS usage charged to bucket quotas), `wait` (calls held until their hit would pass), `lists` (what the lists
-//! hold at run time), `offenders` (the values hit and denied most per rule) and `series` (outcomes per rule and
-//! second).
+//! - [`Decisions`] (`decisions.rs`, `decisions/`): ShouldRateLimit, GetRemaining, WaitForPermit, release and reset;
+//!   [`Counters`] and [`Announcements`], and [`Releases`](crate::store::Releases) to end leases and delete state;
+//! - [`Budgets`] (`budgets.rs`): costs checked, reported, reserved and settled;
+//!   [`Reservations`](crate::store::Reservations);
+//! - [`Lists`] (`lists.rs`): what the deny and allow lists hold at run time; [`Lists`](crate::store::Lists);
+//! - [`Tallies`] (`tallies.rs`): the top offenders and the outcomes per rule and second, added to the store and read
+//!   back; [`Offenders`](crate::store::Offenders) and [`Series`](crate::store::Series);
+//! - [`Buckets`] (`buckets.rs`): RLQS usage charged to bucket quotas, and grants of them;
+//!   [`Grants`](crate::store::Grants).
+//!
+//! Per request the core reads the clock once, loads the current rule set once (a reload swaps it atomically), matches
+//! every descriptor, drops the rules that others `replace`, and sends every counter to the store in one call: what a
+//! request is and the checks it passes (`request.rs`), which rule each descriptor meets (`resolve.rs`), a
+//! descriptor's counters and the store's hit of it (`hits.rs`), a request decided (`decide.rs`), what the core
+//! answers (`decision.rs`), the core's switches and caps (`settings.rs`), the breakers, local cache and timing around
+//! every store call (`guard.rs`), what is shared with the shipping of global limits' counts to other regions
+//! (`global.rs`), and the tables the decision path feeds for the tallies (`offenders.rs`, `series.rs`).
 
-mod budget;
+mod buckets;
+mod budgets;
+mod core;
 mod decide;
 mod decision;
+mod decisions;
 mod global;
 mod guard;
 mod hits;
 mod lists;
 mod offenders;
-mod remaining;
 mod request;
-mod reset;
 mod resolve;
 mod series;
 mod settings;
-mod usage;
-mod wait;
+mod tallies;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arc_swap::ArcSwap;
-
-use budget::How;
-pub use budget::{Costs, MAX_TRACKED, Reserved, SettledDescriptor};
+pub use buckets::{Buckets, Charged, Claim, QuotaState, TierState, Usage};
+pub use budgets::{Budgets, MAX_TRACKED, Reserved, SettledDescriptor};
 pub use decision::{AppliedLimit, Code, Decision, LimitError, Queued, QueuedWork, Report, ResetReport, Status};
+pub use decisions::{Decisions, Waited};
 pub use global::{LinkState, Regions};
-use guard::Guard;
-pub use lists::{MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
+pub use lists::{Lists, MAX_LIST_ENTRIES, MAX_LIST_VALUES_PER_CALL};
 pub use offenders::{FLUSH_EVERY, RuleOffenders};
-pub use request::{Descriptor, Override, Request};
+pub use request::{Costs, Descriptor, Override, Request};
 pub use series::Series;
 pub use settings::{Cap, Caps, LimiterSettings};
-pub use usage::{Charged, Claim, QuotaState, TierState, Usage};
-pub use wait::Waited;
+pub use tallies::Tallies;
 
-use crate::breaker::Breakers;
-use crate::cache::LocalCache;
 use crate::clock::Clock;
-use crate::metrics::{DomainStats, Metrics};
-use crate::rules::{Domain, RuleSet};
+use crate::metrics::Metrics;
+use crate::rules::RuleSet;
 use crate::store::{Announcements, Counters, StoreError};
+use core::Core;
 
-/// The decision core over a store.
+/// The decision core over a store: the entry to its parts.
 pub struct Limiter<S> {
-    rules: ArcSwap<RuleSet>,
-    /// The store, behind its breakers and the local cache.
-    guard: Guard<S>,
-    clock: Arc<dyn Clock>,
-    metrics: Metrics,
-    settings: LimiterSettings,
-    /// The reservations made here and not yet seen settled, to count those that expire.
-    reservations: std::sync::Mutex<budget::ReservationBook>,
-    /// The calls waiting for a permit.
-    waiters: wait::Waiters,
-    /// What the lists hold at run time: fetched from their URLs, managed through the admin API.
-    lists: lists::LiveState,
-    /// The values hit and denied per rule since the last flush.
-    offenders: offenders::Offenders,
-    /// The outcomes per rule and second since the last flush.
-    outcomes: series::Outcomes,
-    /// This instance's name among those sharing the store: random, new each start.
-    instance: Arc<str>,
+    core: Arc<Core<S>>,
+    decisions: Decisions<S>,
+    budgets: Budgets<S>,
+    lists: Lists<S>,
+    tallies: Tallies<S>,
+    buckets: Buckets<S>,
 }
 
 impl<S: Counters + Announcements> Limiter<S> {
@@ -88,70 +79,88 @@ impl<S: Counters + Announcements> Limiter<S> {
         metrics: Metrics,
         settings: LimiterSettings,
     ) -> Limiter<S> {
+        let max_waiters = settings.max_waiters;
+        let core = Arc::new(Core::new(rules, store, clock, metrics, settings));
         Limiter {
-            rules: ArcSwap::from_pointee(rules),
-            guard: Guard::new(
-                store,
-                Breakers::new(settings.breaker),
-                LocalCache::new(settings.local_cache_size),
-                metrics.clone(),
-            ),
-            clock,
-            metrics,
-            waiters: wait::Waiters::new(settings.max_waiters),
-            settings,
-            reservations: std::sync::Mutex::default(),
-            lists: lists::LiveState::default(),
-            offenders: offenders::Offenders::default(),
-            outcomes: series::Outcomes::default(),
-            instance: new_lease()[..12].into(),
+            decisions: Decisions::new(core.clone(), max_waiters),
+            budgets: Budgets::new(core.clone()),
+            lists: Lists::new(core.clone()),
+            tallies: Tallies::new(core.clone()),
+            buckets: Buckets::new(core.clone()),
+            core,
         }
     }
 
+    /// ShouldRateLimit, GetRemaining, WaitForPermit, release and reset.
+    pub fn decisions(&self) -> &Decisions<S> {
+        &self.decisions
+    }
+
+    /// The cost-budget calls: check, report, reserve, settle.
+    pub fn budgets(&self) -> &Budgets<S> {
+        &self.budgets
+    }
+
+    /// What the lists hold at run time: managed entries and fetched values.
+    pub fn lists(&self) -> &Lists<S> {
+        &self.lists
+    }
+
+    /// The top offenders and the outcomes per second, across the instances sharing the store.
+    pub fn tallies(&self) -> &Tallies<S> {
+        &self.tallies
+    }
+
+    /// RLQS usage charged to bucket quotas, and grants of them.
+    pub fn buckets(&self) -> &Buckets<S> {
+        &self.buckets
+    }
+
     /// This instance's name among those sharing the store (12 hex digits, random, new each start): what its
-    /// heartbeat carries ([`Limiter::instances_seen`]).
+    /// heartbeat carries ([`Tallies::instances_seen`]).
     pub fn instance(&self) -> &str {
-        &self.instance
+        &self.core.instance
     }
 
     /// The worst state of the circuit breakers in front of the store: open if one failure domain's is open, else
     /// half-open if one is probing, else closed.
     pub fn breaker_state(&self) -> crate::breaker::State {
-        self.guard.breaker_state(self.clock.now_us())
+        self.core.guard.breaker_state(self.core.clock.now_us())
     }
 
     pub fn store(&self) -> &S {
-        self.guard.store()
+        self.core.store()
     }
 
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.core.metrics
     }
 
     pub fn settings(&self) -> &LimiterSettings {
-        &self.settings
+        &self.core.settings
     }
 
     /// How many notices from the instances sharing the store (this one included) the local cache has applied. A
     /// change announced elsewhere (a refund, a reset) is in force here once this has counted it.
     pub fn notices_heard(&self) -> u64 {
-        self.guard.notices_heard()
+        self.core.guard.notices_heard()
     }
 
     /// How many denials the local cache holds now.
     pub fn cached_denials(&self) -> usize {
-        self.guard.cache().len()
+        self.core.guard.cache().len()
     }
 
     /// Makes this instance one region of several: its global limits count what the other regions shipped, and the
     /// windows it counts in are noted in `regions`, for shipping. Once; a second call changes nothing.
     pub fn join_regions(&self, regions: Arc<Regions>) {
-        self.guard.join_regions(regions);
+        self.core.guard.join_regions(regions);
     }
 
     /// One line per other region for `/readyz`: linked or not, and what waits for it.
     pub fn region_lines(&self) -> Vec<String> {
-        self.guard
+        self.core
+            .guard
             .regions()
             .map(|r| r.links().iter().map(|l| l.line()).collect())
             .unwrap_or_default()
@@ -159,38 +168,29 @@ impl<S: Counters + Announcements> Limiter<S> {
 
     /// The time by the limiter's clock, in microseconds since the Unix epoch.
     pub fn now_us(&self) -> u64 {
-        self.clock.now_us()
+        self.core.clock.now_us()
     }
 
     /// The limiter's clock.
     pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
+        self.core.clock.clone()
     }
 
     /// The rule set in force.
     pub fn rules(&self) -> Arc<RuleSet> {
-        self.rules.load_full()
+        self.core.rules()
     }
 
     /// Replaces the rule set; requests already running finish with the old one.
     pub fn reload(&self, rules: RuleSet) {
-        self.rules.store(Arc::new(rules));
+        self.core.rules.store(Arc::new(rules));
         // A denial cached under the old limits may not hold under the new ones.
-        self.guard.cache().clear();
-    }
-
-    /// Decides a request, counting each descriptor's hit against its limits.
-    pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, LimitError> {
-        self.decide(request, How::Decide).await
+        self.core.guard.cache().clear();
     }
 
     /// Whether decisions can reach the store now: it answers a ping and no failure domain's breaker is open.
     pub async fn ready(&self) -> Result<(), StoreError> {
-        self.guard.ready(self.clock.now_us()).await
-    }
-
-    fn domain_stats<'a>(&'a self, domain: Option<&'a Domain>) -> &'a DomainStats {
-        domain.map_or(self.metrics.unknown_domain(), |d| &d.stats)
+        self.core.guard.ready(self.core.clock.now_us()).await
     }
 }
 

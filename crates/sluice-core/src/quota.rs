@@ -3,11 +3,12 @@
 //! Each Envoy keeps one stream open and reports, per bucket, how many requests it allowed and denied since its last
 //! report; it decides requests itself from the assignment it holds, so no request waits on sluice. Here:
 //!
-//! - every report is charged to the bucket's quota, an ordinary counter in the store ([`Limiter::charge_usage`]), so
-//!   all Envoys and all sluice instances on one store share it;
+//! - every report is charged to the bucket's quota, an ordinary counter in the store
+//!   ([`Buckets::charge`](crate::limiter::Buckets::charge)), so all Envoys and all sluice instances on one store
+//!   share it;
 //! - each Envoy holds a grant: tokens handed to it and not yet reported used, recorded in the bucket's ledger in the
-//!   same store ([`Limiter::grant_quota`], [`crate::store::Grants::grant`]). A quota whose limits all have windows of
-//!   a minute or less is shared as a rate (`quota/grant.rs`, [`RATE_WINDOW_MAX_US`]): refilling token buckets whose
+//!   same store ([`Buckets::grant`](crate::limiter::Buckets::grant), [`crate::store::Grants::grant`]). A quota
+//!   whose limits all have windows of a minute or less is shared as a rate (`quota/grant.rs`, [`RATE_WINDOW_MAX_US`]): refilling token buckets whose
 //!   rates add up to its most constrained limit. Any other is a budget: what is left, but a reserve for newcomers, is
 //!   handed out, max-min fair by demand and the surplus by demand (its demand: its requests, allowed or denied, over
 //!   the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the

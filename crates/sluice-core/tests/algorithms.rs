@@ -49,7 +49,7 @@ fn req(descriptors: &[&[(&str, &str)]]) -> Request {
 }
 
 async fn decide<S: Store>(l: &sluice_core::limiter::Limiter<S>, r: &Request) -> Decision {
-    l.should_rate_limit(r).await.expect("decides")
+    l.decisions().should_rate_limit(r).await.expect("decides")
 }
 
 both_stores!(
@@ -92,7 +92,7 @@ async fn tiers_report_the_most_constrained_and_denials_consume_nothing(store: im
     let d = decide(&l, &r).await;
     assert_eq!(d.overall, Code::OverLimit);
     assert_eq!(d.statuses[0].limit.as_ref().unwrap().name.as_deref(), Some("sustained"));
-    let Report::Limited { retry_after_us, .. } = &l.get_remaining(&r, 1).await.unwrap()[0] else {
+    let Report::Limited { retry_after_us, .. } = &l.decisions().get_remaining(&r, 1).await.unwrap()[0] else {
         panic!()
     };
     assert_eq!(
@@ -122,7 +122,7 @@ async fn token_bucket_status_and_refill(store: impl Store) {
         remaining,
         retry_after_us,
         ..
-    } = &l.get_remaining(&r, 2).await.unwrap()[0]
+    } = &l.decisions().get_remaining(&r, 2).await.unwrap()[0]
     else {
         panic!()
     };
@@ -133,7 +133,7 @@ async fn token_bucket_status_and_refill(store: impl Store) {
     assert_eq!(*retry_after_us, Some(200_000));
     clock.advance(200_000);
     assert_eq!(decide(&l, &r).await.statuses[0].remaining, 1);
-    let Report::Limited { retry_after_us, .. } = &l.get_remaining(&r, 4).await.unwrap()[0] else {
+    let Report::Limited { retry_after_us, .. } = &l.decisions().get_remaining(&r, 4).await.unwrap()[0] else {
         panic!()
     };
     assert_eq!(*retry_after_us, None, "a cost above the bucket never fits");
@@ -159,7 +159,7 @@ async fn sliding_window_through_the_core(store: impl Store) {
     assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
     // 40 s into the next minute (T0 is 10 s into its own): a third of the previous minute still counts.
     clock.advance(90 * SECOND);
-    let Report::Limited { remaining, .. } = &l.get_remaining(&r, 1).await.unwrap()[0] else {
+    let Report::Limited { remaining, .. } = &l.decisions().get_remaining(&r, 1).await.unwrap()[0] else {
         panic!()
     };
     assert_eq!(*remaining, 3, "4 - floor(4 * 20 / 60)");
@@ -176,10 +176,13 @@ async fn concurrency_leases_are_returned_and_released(store: impl Store) {
     let third = decide(&l, &r).await;
     assert_eq!(third.overall, Code::OverLimit);
     assert_eq!(third.lease, None, "no lease when denied");
-    assert_eq!(l.release(&r, &lease).await.unwrap(), 1);
-    assert_eq!(l.release(&r, &lease).await.unwrap(), 0);
+    assert_eq!(l.decisions().release(&r, &lease).await.unwrap(), 1);
+    assert_eq!(l.decisions().release(&r, &lease).await.unwrap(), 0);
     assert_eq!(decide(&l, &r).await.overall, Code::Ok, "the released place is free");
-    assert!(matches!(l.release(&r, "").await, Err(LimitError::InvalidArgument(_))));
+    assert!(matches!(
+        l.decisions().release(&r, "").await,
+        Err(LimitError::InvalidArgument(_))
+    ));
     // Unreleased leases expire after the window (a minute): a crashed caller never leaks capacity.
     clock.advance(60 * SECOND);
     assert_eq!(decide(&l, &r).await.overall, Code::Ok);
@@ -207,8 +210,11 @@ async fn records_are_reported_by_get_remaining(store: impl Store) {
         decide(&l, &req(&[&[("ip", "10.0.0.1")], &[("user_id", user)]])).await;
     }
     decide(&l, &req(&[&[("ip", "10.0.0.2")], &[("user_id", "dave")]])).await;
-    let Report::Limited { records, remaining, .. } =
-        &l.get_remaining(&req(&[&[("ip", "10.0.0.1")]]), 1).await.unwrap()[0]
+    let Report::Limited { records, remaining, .. } = &l
+        .decisions()
+        .get_remaining(&req(&[&[("ip", "10.0.0.1")]]), 1)
+        .await
+        .unwrap()[0]
     else {
         panic!()
     };
@@ -226,7 +232,7 @@ async fn reset_forgets_both_windows_of_a_sliding_window(store: impl Store) {
     // The next minute's first microsecond (T0 is 10 s into its own), where the previous one's four hits all weigh.
     clock.advance(50 * SECOND);
     assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
-    l.reset(&r, QueuedWork::Keep).await.unwrap();
+    l.decisions().reset(&r, QueuedWork::Keep).await.unwrap();
     let d = decide(&l, &r).await;
     assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 3), "starts over");
 }
@@ -239,13 +245,14 @@ async fn reset_deletes_exactly_the_descriptors_state(store: impl Store) {
     decide(&l, &a).await;
     decide(&l, &b).await;
     assert_eq!(
-        l.reset(&a, QueuedWork::Keep).await.unwrap().deleted,
+        l.decisions().reset(&a, QueuedWork::Keep).await.unwrap().deleted,
         2,
         "both tiers of api=a"
     );
     assert_eq!(decide(&l, &a).await.statuses[0].remaining, 1, "a starts over");
     assert_eq!(decide(&l, &b).await.statuses[0].remaining, 0, "b is untouched");
     let none = l
+        .decisions()
         .reset(&req(&[&[("nothing", "here")]]), QueuedWork::Keep)
         .await
         .unwrap();
@@ -415,7 +422,7 @@ async fn over_limit_duration_is_the_wait_until_the_hit_passes(store: impl Store)
         assert_eq!(d.overall, Code::OverLimit, "{key} #{i}");
         let wait = d.statuses[0].reset_after_us.expect("set when over");
         assert_eq!(wait, expected, "{key} #{i}: the wait until the denied hit passes");
-        let Report::Limited { retry_after_us, .. } = &l.get_remaining(&r, cost).await.unwrap()[0] else {
+        let Report::Limited { retry_after_us, .. } = &l.decisions().get_remaining(&r, cost).await.unwrap()[0] else {
             panic!("{key} is limited")
         };
         assert_eq!(*retry_after_us, Some(wait), "{key} #{i}: the store's retry time");

@@ -35,11 +35,11 @@ fn req(key: &str, value: &str) -> Request {
 }
 
 async fn decide<S: Store>(l: &sluice_core::limiter::Limiter<S>, r: &Request) -> Decision {
-    l.should_rate_limit(r).await.expect("decides")
+    l.decisions().should_rate_limit(r).await.expect("decides")
 }
 
 async fn remaining<S: Store>(l: &sluice_core::limiter::Limiter<S>, r: &Request) -> u64 {
-    match &l.get_remaining(r, 1).await.expect("reports")[0] {
+    match &l.decisions().get_remaining(r, 1).await.expect("reports")[0] {
         Report::Limited { remaining, .. } => *remaining,
         other => panic!("{other:?}"),
     }
@@ -95,7 +95,7 @@ async fn reset_deletes_every_sub_window(store: impl Store) {
         clock.advance(5 * SECOND);
     }
     assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
-    l.reset(&r, QueuedWork::Keep).await.expect("resets");
+    l.decisions().reset(&r, QueuedWork::Keep).await.expect("resets");
     assert_eq!(remaining(&l, &r).await, 10, "every sub-window forgotten");
     assert_eq!(decide(&l, &r).await.statuses[0].remaining, 9);
 }

@@ -63,7 +63,7 @@ fn named(pairs: &[(&str, u64)]) -> Costs {
 }
 
 async fn remaining<S: Store>(l: &Limiter<S>, r: &Request) -> u64 {
-    match &l.get_remaining(r, 1).await.unwrap()[0] {
+    match &l.decisions().get_remaining(r, 1).await.unwrap()[0] {
         sluice_core::limiter::Report::Limited { remaining, .. } => *remaining,
         other => panic!("{other:?}"),
     }
@@ -74,20 +74,29 @@ async fn remaining<S: Store>(l: &Limiter<S>, r: &Request) -> u64 {
 async fn check_and_report(store: impl Store) {
     let (l, _) = limiter(store);
     let alice = request(&[("user", "alice")]);
-    assert_eq!(l.check(&alice, &costs(1000)).await.unwrap().overall, Code::Ok);
-    assert_eq!(l.check(&alice, &costs(1001)).await.unwrap().overall, Code::OverLimit);
+    assert_eq!(l.budgets().check(&alice, &costs(1000)).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.budgets().check(&alice, &costs(1001)).await.unwrap().overall,
+        Code::OverLimit
+    );
     assert_eq!(remaining(&l, &alice).await, 1000, "a check counts nothing");
-    let reported = l.report(&alice, &costs(900)).await.unwrap();
+    let reported = l.budgets().report(&alice, &costs(900)).await.unwrap();
     assert_eq!(reported.overall, Code::Ok);
     assert_eq!(reported.statuses[0].remaining, 100);
-    let past = l.report(&alice, &costs(u64::MAX)).await.unwrap();
+    let past = l.budgets().report(&alice, &costs(u64::MAX)).await.unwrap();
     assert_eq!(
         (past.overall, past.statuses[0].remaining),
         (Code::Ok, 0),
         "never refused"
     );
-    assert_eq!(l.check(&alice, &costs(1)).await.unwrap().overall, Code::OverLimit);
-    assert_eq!(l.should_rate_limit(&alice).await.unwrap().overall, Code::OverLimit);
+    assert_eq!(
+        l.budgets().check(&alice, &costs(1)).await.unwrap().overall,
+        Code::OverLimit
+    );
+    assert_eq!(
+        l.decisions().should_rate_limit(&alice).await.unwrap().overall,
+        Code::OverLimit
+    );
 }
 
 /// Many callers reserving at once against one budget never hold more than it; settling gives back the unspent
@@ -99,7 +108,7 @@ async fn concurrent_reservations_never_overspend(store: impl Store) {
     for _ in 0..40 {
         let (l, bob) = (l.clone(), bob.clone());
         tasks.push(tokio::spawn(async move {
-            l.reserve(&bob, &costs(100), 60_000_000).await.unwrap()
+            l.budgets().reserve(&bob, &costs(100), 60_000_000).await.unwrap()
         }));
     }
     let mut held = Vec::new();
@@ -117,37 +126,55 @@ async fn concurrent_reservations_never_overspend(store: impl Store) {
     assert_eq!(remaining(&l, &bob).await, 0);
     // Each call spent 30 of its 100: 70 back each.
     for id in &held {
-        let settled = l.settle(&bob, id, &costs(30)).await.unwrap().expect("found");
+        let settled = l.budgets().settle(&bob, id, &costs(30)).await.unwrap().expect("found");
         assert_eq!(
             (settled[0].estimate, settled[0].actual, settled[0].refunded),
             (100, 30, 70)
         );
         assert!(
-            l.settle(&bob, id, &costs(0)).await.unwrap().is_none(),
+            l.budgets().settle(&bob, id, &costs(0)).await.unwrap().is_none(),
             "settled already"
         );
     }
     assert_eq!(remaining(&l, &bob).await, 700);
     // Settling above the estimate charges the difference, past the limit if need be.
-    let id = l.reserve(&bob, &costs(600), 60_000_000).await.unwrap().id.unwrap();
-    let settled = l.settle(&bob, &id, &costs(900)).await.unwrap().unwrap();
+    let id = l
+        .budgets()
+        .reserve(&bob, &costs(600), 60_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    let settled = l.budgets().settle(&bob, &id, &costs(900)).await.unwrap().unwrap();
     assert_eq!((settled[0].charged, settled[0].refunded), (300, 0));
     assert_eq!(remaining(&l, &bob).await, 0);
-    assert_eq!(l.check(&bob, &costs(1)).await.unwrap().overall, Code::OverLimit);
+    assert_eq!(
+        l.budgets().check(&bob, &costs(1)).await.unwrap().overall,
+        Code::OverLimit
+    );
 }
 
 /// An unsettled reservation expires after its TTL and stays charged at its estimate.
 async fn expiry_settles_at_the_estimate(store: impl Store) {
     let (l, clock) = limiter(store);
     let carol = request(&[("user", "carol")]);
-    let id = l.reserve(&carol, &costs(250), 5_000_000).await.unwrap().id.unwrap();
+    let id = l
+        .budgets()
+        .reserve(&carol, &costs(250), 5_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
     clock.advance(5_000_000);
-    assert!(l.settle(&carol, &id, &costs(0)).await.unwrap().is_none(), "expired");
+    assert!(
+        l.budgets().settle(&carol, &id, &costs(0)).await.unwrap().is_none(),
+        "expired"
+    );
     assert_eq!(remaining(&l, &carol).await, 750, "charged at its estimate");
     // Bad TTLs and ids are refused, naming the field.
-    let e = l.reserve(&carol, &costs(1), 0).await.unwrap_err().to_string();
+    let e = l.budgets().reserve(&carol, &costs(1), 0).await.unwrap_err().to_string();
     assert!(e.starts_with("ttl must be"), "{e}");
-    let e = l.settle(&carol, "", &costs(1)).await.unwrap_err().to_string();
+    let e = l.budgets().settle(&carol, "", &costs(1)).await.unwrap_err().to_string();
     assert!(e.starts_with("reservation_id"), "{e}");
 }
 
@@ -156,17 +183,33 @@ async fn expiry_settles_at_the_estimate(store: impl Store) {
 async fn expired_reservations_are_reaped(store: impl Store) {
     let (l, clock) = limiter(store);
     let gil = request(&[("user", "gil")]);
-    let kept = l.reserve(&gil, &costs(40), 5_000_000).await.unwrap().id.unwrap();
-    let settled = l.reserve(&gil, &costs(60), 5_000_000).await.unwrap().id.unwrap();
-    l.settle(&gil, &settled, &costs(10)).await.unwrap().unwrap();
-    assert_eq!(l.reap_expired().await.unwrap(), 0, "nothing has expired yet");
+    let kept = l
+        .budgets()
+        .reserve(&gil, &costs(40), 5_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    let settled = l
+        .budgets()
+        .reserve(&gil, &costs(60), 5_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    l.budgets().settle(&gil, &settled, &costs(10)).await.unwrap().unwrap();
+    assert_eq!(l.budgets().reap_expired().await.unwrap(), 0, "nothing has expired yet");
     clock.advance(5_000_000);
-    assert_eq!(l.reap_expired().await.unwrap(), 0, "reaped a second after expiry");
+    assert_eq!(
+        l.budgets().reap_expired().await.unwrap(),
+        0,
+        "reaped a second after expiry"
+    );
     clock.advance(1_000_000);
-    assert_eq!(l.reap_expired().await.unwrap(), 40, "only the unsettled one");
-    assert_eq!(l.reap_expired().await.unwrap(), 0, "once");
+    assert_eq!(l.budgets().reap_expired().await.unwrap(), 40, "only the unsettled one");
+    assert_eq!(l.budgets().reap_expired().await.unwrap(), 0, "once");
     assert!(
-        l.settle(&gil, &kept, &costs(0)).await.unwrap().is_none(),
+        l.budgets().settle(&gil, &kept, &costs(0)).await.unwrap().is_none(),
         "expired: stays charged"
     );
     assert_eq!(remaining(&l, &gil).await, 1000 - 40 - 10);
@@ -176,10 +219,10 @@ async fn expired_reservations_are_reaped(store: impl Store) {
 async fn a_refused_reservation_holds_nothing(store: impl Store) {
     let (l, _) = limiter(store);
     let spent = request(&[("user", "spent")]);
-    l.report(&spent, &costs(1000)).await.unwrap();
+    l.budgets().report(&spent, &costs(1000)).await.unwrap();
     let mut both = request(&[("user", "fay")]);
     both.descriptors.extend(spent.descriptors.clone());
-    let reserved = l.reserve(&both, &costs(300), 60_000_000).await.unwrap();
+    let reserved = l.budgets().reserve(&both, &costs(300), 60_000_000).await.unwrap();
     assert_eq!((reserved.decision.overall, reserved.id), (Code::OverLimit, None));
     assert_eq!(reserved.decision.statuses[0].code, Code::Ok, "fay's limit had room");
     assert_eq!(
@@ -193,11 +236,23 @@ async fn a_refused_reservation_holds_nothing(store: impl Store) {
 async fn token_bucket_budget(store: impl Store) {
     let (l, _) = limiter(store);
     let b = request(&[("bucket", "b")]);
-    let id = l.reserve(&b, &costs(800), 60_000_000).await.unwrap().id.unwrap();
-    assert_eq!(l.check(&b, &costs(201)).await.unwrap().overall, Code::OverLimit);
-    l.settle(&b, &id, &costs(100)).await.unwrap().unwrap();
-    assert_eq!(l.check(&b, &costs(900)).await.unwrap().overall, Code::Ok);
-    assert_eq!(l.check(&b, &costs(901)).await.unwrap().overall, Code::OverLimit);
+    let id = l
+        .budgets()
+        .reserve(&b, &costs(800), 60_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    assert_eq!(
+        l.budgets().check(&b, &costs(201)).await.unwrap().overall,
+        Code::OverLimit
+    );
+    l.budgets().settle(&b, &id, &costs(100)).await.unwrap().unwrap();
+    assert_eq!(l.budgets().check(&b, &costs(900)).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.budgets().check(&b, &costs(901)).await.unwrap().overall,
+        Code::OverLimit
+    );
 }
 
 /// Named costs: input and output tokens count against limits of their own, and priced against a credit budget, all
@@ -206,6 +261,7 @@ async fn named_costs_and_prices(store: impl Store) {
     let (l, _) = limiter(store);
     let call = request(&[("model", "large"), ("user", "dan")]);
     let first = l
+        .budgets()
         .report(&call, &named(&[("input_tokens", 400), ("output_tokens", 50)]))
         .await
         .unwrap();
@@ -214,9 +270,14 @@ async fn named_costs_and_prices(store: impl Store) {
     assert_eq!(remaining, vec![50]);
     // 101 input tokens would pass the credit budget (1300 + 202 of 3000) but not the input limit (400 + 101 > 500):
     // nothing is counted.
-    let denied = l.check(&call, &named(&[("input_tokens", 101)])).await.unwrap();
+    let denied = l
+        .budgets()
+        .check(&call, &named(&[("input_tokens", 101)]))
+        .await
+        .unwrap();
     assert_eq!(denied.overall, Code::OverLimit);
     let id = l
+        .budgets()
         .reserve(
             &call,
             &named(&[("input_tokens", 100), ("output_tokens", 50)]),
@@ -227,6 +288,7 @@ async fn named_costs_and_prices(store: impl Store) {
         .id
         .expect("fits every limit");
     let settled = l
+        .budgets()
         .settle(&call, &id, &named(&[("input_tokens", 100), ("output_tokens", 10)]))
         .await
         .unwrap()
@@ -237,11 +299,19 @@ async fn named_costs_and_prices(store: impl Store) {
         (850, 410, 440)
     );
     assert_eq!(
-        l.check(&call, &named(&[("output_tokens", 40)])).await.unwrap().overall,
+        l.budgets()
+            .check(&call, &named(&[("output_tokens", 40)]))
+            .await
+            .unwrap()
+            .overall,
         Code::Ok
     );
     assert_eq!(
-        l.check(&call, &named(&[("output_tokens", 41)])).await.unwrap().overall,
+        l.budgets()
+            .check(&call, &named(&[("output_tokens", 41)]))
+            .await
+            .unwrap()
+            .overall,
         Code::OverLimit
     );
 }
@@ -255,12 +325,15 @@ async fn cost_reports_serve_envoys_two_calls(store: impl Store) {
     let mut after = before.clone();
     after.descriptors[0].hits_addend = Some(70);
     for _ in 0..2 {
-        assert_eq!(l.should_rate_limit(&before).await.unwrap().overall, Code::Ok);
-        let reported = l.should_rate_limit(&after).await.unwrap();
+        assert_eq!(
+            l.decisions().should_rate_limit(&before).await.unwrap().overall,
+            Code::Ok
+        );
+        let reported = l.decisions().should_rate_limit(&after).await.unwrap();
         assert_eq!(reported.overall, Code::Ok, "a report is never refused");
     }
     // 140 of 100 spent: the check before the next call denies.
-    let check = l.should_rate_limit(&before).await.unwrap();
+    let check = l.decisions().should_rate_limit(&before).await.unwrap();
     assert_eq!((check.overall, check.statuses[0].remaining), (Code::OverLimit, 0));
 }
 

@@ -74,13 +74,13 @@ fn cost(cost: u64) -> Costs {
 const HOUR_US: u64 = 3_600_000_000;
 
 async fn reserve<S: Store>(l: &Limiter<S>, r: &Request, estimate: u64) -> (Code, Option<String>) {
-    let reserved = l.reserve(r, &cost(estimate), HOUR_US).await.unwrap();
+    let reserved = l.budgets().reserve(r, &cost(estimate), HOUR_US).await.unwrap();
     (reserved.decision.overall, reserved.id)
 }
 
 /// Settles `id` at `actual`; the amount given back.
 async fn settle<S: Store>(l: &Limiter<S>, r: &Request, id: &str, actual: u64) -> Option<u64> {
-    let settled = l.settle(r, id, &cost(actual)).await.unwrap()?;
+    let settled = l.budgets().settle(r, id, &cost(actual)).await.unwrap()?;
     Some(settled.iter().map(|d| d.refunded).sum())
 }
 
@@ -110,7 +110,7 @@ async fn a_refund_clears_the_denial_it_makes_stale(store: impl Store) {
         Code::Ok,
         "the refund is in force at once"
     );
-    assert_eq!(l.should_rate_limit(&alice).await.unwrap().overall, Code::Ok);
+    assert_eq!(l.decisions().should_rate_limit(&alice).await.unwrap().overall, Code::Ok);
 }
 
 /// 50 Reserve(100) against 1 000: 10 granted, each settled at 40 (600 back); a second wave of 50 gets 6.
@@ -139,7 +139,7 @@ async fn a_second_wave_gets_what_the_first_gave_back(store: impl Store) {
 async fn a_reservation_is_always_paid_for(store: impl Store) {
     let (l, _) = cached(store).await;
     let carol = request("llm", "user", "carol");
-    let zero = l.reserve(&carol, &cost(0), HOUR_US).await;
+    let zero = l.budgets().reserve(&carol, &cost(0), HOUR_US).await;
     assert!(
         matches!(&zero, Err(LimitError::InvalidArgument(m)) if m.starts_with("estimate: descriptors[0]")),
         "{zero:?}"
@@ -147,16 +147,19 @@ async fn a_reservation_is_always_paid_for(store: impl Store) {
     let mut zero_addend = carol.clone();
     zero_addend.descriptors[0].hits_addend = Some(0);
     assert!(matches!(
-        l.reserve(&zero_addend, &cost(5), HOUR_US).await,
+        l.budgets().reserve(&zero_addend, &cost(5), HOUR_US).await,
         Err(LimitError::InvalidArgument(_))
     ));
-    let lease = l.reserve(&request("llm", "conc", "x"), &cost(1), HOUR_US).await;
+    let lease = l
+        .budgets()
+        .reserve(&request("llm", "conc", "x"), &cost(1), HOUR_US)
+        .await;
     assert!(
         matches!(&lease, Err(LimitError::InvalidArgument(m)) if m.contains("concurrency")),
         "{lease:?}"
     );
     for unknown in [request("nowhere", "user", "carol"), request("llm", "nokey", "carol")] {
-        let reserved = l.reserve(&unknown, &cost(5), HOUR_US).await.unwrap();
+        let reserved = l.budgets().reserve(&unknown, &cost(5), HOUR_US).await.unwrap();
         assert_eq!((reserved.decision.overall, reserved.id), (Code::Ok, None));
     }
     // Nothing was held by any of them.
@@ -182,7 +185,7 @@ async fn a_reset_clears_denials(store: impl Store) {
     let erin = request("llm", "user", "erin");
     assert_eq!(reserve(&l, &erin, 1_000).await.0, Code::Ok);
     assert_eq!(reserve(&l, &erin, 1).await.0, Code::OverLimit);
-    l.reset(&erin, QueuedWork::Keep).await.unwrap();
+    l.decisions().reset(&erin, QueuedWork::Keep).await.unwrap();
     assert_eq!(reserve(&l, &erin, 1).await.0, Code::Ok);
 }
 
@@ -225,7 +228,7 @@ async fn a_refund_on_one_instance_clears_the_other() {
     assert_eq!(reserve(&b, &frank, 1_000).await.0, Code::Ok);
     assert_eq!(reserve(&b, &frank, 1).await.0, Code::OverLimit);
     let before = b.notices_heard();
-    a.reset(&frank, QueuedWork::Keep).await.unwrap();
+    a.decisions().reset(&frank, QueuedWork::Keep).await.unwrap();
     heard(&b, before).await;
     assert_eq!(reserve(&b, &frank, 1).await.0, Code::Ok);
 }
@@ -345,7 +348,7 @@ async fn run<S: Store>(instances: &[Instance<S>], ops: &[Op], seed: u64) -> Vec<
             Op::Hit { rule, user, cost } => {
                 let mut r = request("llm", rule, &user.to_string());
                 r.descriptors[0].hits_addend = Some(*cost);
-                format!("{:?}", l.should_rate_limit(&r).await.unwrap().overall)
+                format!("{:?}", l.decisions().should_rate_limit(&r).await.unwrap().overall)
             }
             Op::Reserve { rule, user, estimate } => {
                 let r = request("llm", rule, &user.to_string());
@@ -363,7 +366,8 @@ async fn run<S: Store>(instances: &[Instance<S>], ops: &[Op], seed: u64) -> Vec<
             }
             Op::Settle { .. } => "none open".into(),
             Op::Reset { rule, user } => {
-                l.reset(&request("llm", rule, &user.to_string()), QueuedWork::Keep)
+                l.decisions()
+                    .reset(&request("llm", rule, &user.to_string()), QueuedWork::Keep)
                     .await
                     .unwrap();
                 freed = true;

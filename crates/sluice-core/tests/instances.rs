@@ -38,7 +38,7 @@ async fn admitted_across_instances(algorithm: &str, limit: u32) -> usize {
         tasks.push(tokio::spawn(async move {
             let mut admitted = 0;
             for _ in 0..10 {
-                if l.should_rate_limit(&request).await.unwrap().overall == Code::Ok {
+                if l.decisions().should_rate_limit(&request).await.unwrap().overall == Code::Ok {
                     admitted += 1;
                 }
             }
@@ -81,11 +81,29 @@ async fn a_reservation_settled_elsewhere_is_never_reaped() {
         cost: c,
         named: Vec::new(),
     };
-    let elsewhere = a.reserve(&request, &cost(30), 2_000_000).await.unwrap().id.unwrap();
-    let unsettled = a.reserve(&request, &cost(20), 2_000_000).await.unwrap().id.unwrap();
-    assert!(b.settle(&request, &elsewhere, &cost(5)).await.unwrap().is_some());
+    let elsewhere = a
+        .budgets()
+        .reserve(&request, &cost(30), 2_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    let unsettled = a
+        .budgets()
+        .reserve(&request, &cost(20), 2_000_000)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    assert!(
+        b.budgets()
+            .settle(&request, &elsewhere, &cost(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
     clock_a.advance(3_000_000);
-    assert_eq!(a.reap_expired().await.unwrap(), 20);
+    assert_eq!(a.budgets().reap_expired().await.unwrap(), 20);
     let _ = unsettled;
 }
 

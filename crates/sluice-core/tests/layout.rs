@@ -28,7 +28,11 @@ fn request(user: &str) -> Request {
 async fn admitted(limiter: &Limiter<RedisStore>, user: &str, n: usize) -> usize {
     let mut passed = 0;
     for _ in 0..n {
-        let answer = limiter.should_rate_limit(&request(user)).await.expect("decided");
+        let answer = limiter
+            .decisions()
+            .should_rate_limit(&request(user))
+            .await
+            .expect("decided");
         passed += usize::from(answer.overall == Code::Ok);
     }
     passed

@@ -64,6 +64,7 @@ async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store
     let (l, _) = limiter(CONFIG, store);
     for ip in ["10.1.2.3", "::ffff:10.1.2.3", "2001:db8::1", "192.0.2.7"] {
         let d = l
+            .decisions()
             .should_rate_limit(&req(&[("remote_address", ip), ("user", "u")]))
             .await
             .unwrap();
@@ -78,6 +79,7 @@ async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store
     // Nothing was counted for a denied descriptor: GetRemaining (which reports the limits, not the lists) finds the
     // listed address's limit untouched after its four denials.
     let Report::Limited { remaining, .. } = &l
+        .decisions()
         .get_remaining(&req(&[("remote_address", "10.1.2.3")]), 1)
         .await
         .unwrap()[0]
@@ -86,26 +88,38 @@ async fn a_deny_list_decides_its_descriptor_and_counts_nothing(store: impl Store
     };
     assert_eq!(*remaining, 2);
     // The other descriptor of those requests was counted as usual: 4 hits on a limit of 2.
-    let d = l.should_rate_limit(&req(&[("user", "u")])).await.unwrap();
+    let d = l.decisions().should_rate_limit(&req(&[("user", "u")])).await.unwrap();
     assert_eq!(
         d.overall,
         Code::OverLimit,
         "the user's own limit counted the listed requests"
     );
     for ua in ["BadBot/2.1", "curl/7.0"] {
-        let d = l.should_rate_limit(&req(&[("user_agent", ua)])).await.unwrap();
+        let d = l
+            .decisions()
+            .should_rate_limit(&req(&[("user_agent", ua)]))
+            .await
+            .unwrap();
         assert_eq!(
             (d.overall, d.lists.clone()),
             (Code::OverLimit, vec![(ListAction::Deny, "bots".into())])
         );
     }
     for ua in ["GoodBot", "curl/8.0", "badbot"] {
-        let d = l.should_rate_limit(&req(&[("user_agent", ua)])).await.unwrap();
+        let d = l
+            .decisions()
+            .should_rate_limit(&req(&[("user_agent", ua)]))
+            .await
+            .unwrap();
         assert_eq!((d.overall, d.lists.len()), (Code::Ok, 0), "{ua}");
     }
     // Addresses off the list meet their limit as usual.
     for ip in ["11.0.0.1", "2001:db9::1", "192.0.2.8"] {
-        let d = l.should_rate_limit(&req(&[("remote_address", ip)])).await.unwrap();
+        let d = l
+            .decisions()
+            .should_rate_limit(&req(&[("remote_address", ip)]))
+            .await
+            .unwrap();
         assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 1), "{ip}");
     }
 }
@@ -114,6 +128,7 @@ async fn an_allow_list_lets_the_request_skip_every_limit(store: impl Store) {
     let (l, _) = limiter(CONFIG, store);
     for _ in 0..5 {
         let d = l
+            .decisions()
             .should_rate_limit(&req(&[("remote_address", "172.20.0.5"), ("user", "v")]))
             .await
             .unwrap();
@@ -122,10 +137,11 @@ async fn an_allow_list_lets_the_request_skip_every_limit(store: impl Store) {
         assert!(d.statuses.iter().all(|s| s.code == Code::Ok && s.limit.is_none()));
     }
     // Nothing was counted: the user's limit of 2 is untouched.
-    let d = l.should_rate_limit(&req(&[("user", "v")])).await.unwrap();
+    let d = l.decisions().should_rate_limit(&req(&[("user", "v")])).await.unwrap();
     assert_eq!((d.overall, d.statuses[0].remaining), (Code::Ok, 1));
     // A deny list wins over an allow list: 10.9.9.9 is in both.
     let d = l
+        .decisions()
         .should_rate_limit(&req(&[("remote_address", "10.9.9.9")]))
         .await
         .unwrap();
@@ -265,33 +281,38 @@ async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) -> std::time::Du
 
 async fn entries_added_at_run_time_deny_at_once_and_expire_on_the_clock(store: impl Store) {
     let (l, clock) = limiter(MANAGED, store);
-    tokio::spawn(l.clone().keep_lists());
+    tokio::spawn({
+        let l = l.clone();
+        async move { l.lists().keep().await }
+    });
     let ip = |a: &str| req(&[("remote_address", a)]);
     let values = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert_eq!(
-        l.add_list_entries(
-            "edge",
-            "blocked",
-            &values(&["203.0.113.0/24", "bad-actor"]),
-            Some(60_000_000)
-        )
-        .await
-        .unwrap(),
+        l.lists()
+            .add_entries(
+                "edge",
+                "blocked",
+                &values(&["203.0.113.0/24", "bad-actor"]),
+                Some(60_000_000)
+            )
+            .await
+            .unwrap(),
         2
     );
-    l.add_list_entries("edge", "blocked", &values(&["2001:db8::/32"]), None)
+    l.lists()
+        .add_entries("edge", "blocked", &values(&["2001:db8::/32"]), None)
         .await
         .unwrap();
     // In force on this instance as soon as the call returns.
     for a in ["203.0.113.9", "::ffff:203.0.113.9", "2001:db8::1", "192.0.2.7"] {
-        let d = l.should_rate_limit(&ip(a)).await.unwrap();
+        let d = l.decisions().should_rate_limit(&ip(a)).await.unwrap();
         assert_eq!(
             (d.overall, d.lists.clone()),
             (Code::OverLimit, vec![(ListAction::Deny, "blocked".into())]),
             "{a}"
         );
     }
-    let entries = l.list_entries("edge", "blocked").await.unwrap();
+    let entries = l.lists().entries("edge", "blocked").await.unwrap();
     let shown: Vec<(&str, Option<u64>)> = entries.iter().map(|e| (e.value.as_str(), e.expires_us)).collect();
     let t = l.now_us() + 60_000_000;
     assert_eq!(
@@ -303,36 +324,55 @@ async fn entries_added_at_run_time_deny_at_once_and_expire_on_the_clock(store: i
         ]
     );
     // An allow list managed at run time lets its caller skip the limits.
-    l.add_list_entries("edge", "partners", &values(&["198.51.100.0/24"]), None)
+    l.lists()
+        .add_entries("edge", "partners", &values(&["198.51.100.0/24"]), None)
         .await
         .unwrap();
-    let d = l.should_rate_limit(&ip("198.51.100.20")).await.unwrap();
+    let d = l.decisions().should_rate_limit(&ip("198.51.100.20")).await.unwrap();
     assert_eq!(d.lists, [(ListAction::Allow, "partners".into())]);
     // The TTL runs on the limiter's clock: a minute later the entries are gone, the one without a TTL stays.
     clock.advance(61_000_000);
     until("the expired range is dropped", async || {
-        l.should_rate_limit(&ip("203.0.113.9")).await.unwrap().overall == Code::Ok
+        l.decisions()
+            .should_rate_limit(&ip("203.0.113.9"))
+            .await
+            .unwrap()
+            .overall
+            == Code::Ok
     })
     .await;
     assert_eq!(
-        l.should_rate_limit(&ip("2001:db8::1")).await.unwrap().overall,
+        l.decisions()
+            .should_rate_limit(&ip("2001:db8::1"))
+            .await
+            .unwrap()
+            .overall,
         Code::OverLimit
     );
-    assert_eq!(l.list_entries("edge", "blocked").await.unwrap().len(), 1);
+    assert_eq!(l.lists().entries("edge", "blocked").await.unwrap().len(), 1);
     // Removing takes run-time entries away; configured values stay.
     let removed = l
-        .remove_list_entries("edge", "blocked", &values(&["2001:db8::/32", "192.0.2.7"]))
+        .lists()
+        .remove_entries("edge", "blocked", &values(&["2001:db8::/32", "192.0.2.7"]))
         .await
         .unwrap();
     assert_eq!(removed, 1, "only the run-time entry was there to remove");
-    assert_eq!(l.should_rate_limit(&ip("2001:db8::1")).await.unwrap().overall, Code::Ok);
     assert_eq!(
-        l.should_rate_limit(&ip("192.0.2.7")).await.unwrap().overall,
+        l.decisions()
+            .should_rate_limit(&ip("2001:db8::1"))
+            .await
+            .unwrap()
+            .overall,
+        Code::Ok
+    );
+    assert_eq!(
+        l.decisions().should_rate_limit(&ip("192.0.2.7")).await.unwrap().overall,
         Code::OverLimit
     );
     // Bad input names what is wrong.
     let err = l
-        .add_list_entries("edge", "blocked", &values(&["10.0.0.0/8", "10.0.0.0/99"]), None)
+        .lists()
+        .add_entries("edge", "blocked", &values(&["10.0.0.0/8", "10.0.0.0/99"]), None)
         .await
         .unwrap_err();
     assert!(
@@ -340,19 +380,20 @@ async fn entries_added_at_run_time_deny_at_once_and_expire_on_the_clock(store: i
         "{err}"
     );
     let err = l
-        .add_list_entries("edge", "nope", &values(&["x"]), None)
+        .lists()
+        .add_entries("edge", "nope", &values(&["x"]), None)
         .await
         .unwrap_err();
     assert!(
         matches!(&err, LimitError::NotFound(m) if m == "list: domain 'edge' has no list 'nope'"),
         "{err}"
     );
-    let err = l.list_entries("other", "blocked").await.unwrap_err();
+    let err = l.lists().entries("other", "blocked").await.unwrap_err();
     assert!(
         matches!(&err, LimitError::NotFound(m) if m.contains("no domain 'other'")),
         "{err}"
     );
-    let err = l.add_list_entries("edge", "blocked", &[], None).await.unwrap_err();
+    let err = l.lists().add_entries("edge", "blocked", &[], None).await.unwrap_err();
     assert!(
         matches!(&err, LimitError::InvalidArgument(m) if m == "values: none given"),
         "{err}"
@@ -380,7 +421,10 @@ async fn two_instances_on_one_redis_share_entries_within_a_second() {
     let (b, _) = limiter(MANAGED, redis_store(&redis.url()).await);
     let (deaf, _) = limiter(MANAGED, redis_store(&deaf_url).await);
     for l in [&a, &b, &deaf] {
-        tokio::spawn(l.clone().keep_lists());
+        tokio::spawn({
+            let l = l.clone();
+            async move { l.lists().keep().await }
+        });
     }
     until("b hears the notices", async || b.store().hearing()).await;
     // Denied by the list (the address's own limit, which the polling below also counts, is not the question).
@@ -388,6 +432,7 @@ async fn two_instances_on_one_redis_share_entries_within_a_second() {
         let l = l.clone();
         async move {
             let d = l
+                .decisions()
                 .should_rate_limit(&req(&[("remote_address", "203.0.113.5")]))
                 .await
                 .unwrap();
@@ -395,14 +440,16 @@ async fn two_instances_on_one_redis_share_entries_within_a_second() {
         }
     };
     assert!(!blocked(&b).await && !blocked(&deaf).await);
-    a.add_list_entries("edge", "blocked", &["203.0.113.0/24".to_string()], None)
+    a.lists()
+        .add_entries("edge", "blocked", &["203.0.113.0/24".to_string()], None)
         .await
         .unwrap();
     let heard = until("b sees the entry", async || blocked(&b).await).await;
     let polled = until("the deaf instance sees the entry", async || blocked(&deaf).await).await;
     assert!(heard < std::time::Duration::from_secs(1), "{heard:?}");
     assert!(polled < std::time::Duration::from_millis(1_500), "{polled:?}");
-    a.remove_list_entries("edge", "blocked", &["203.0.113.0/24".to_string()])
+    a.lists()
+        .remove_entries("edge", "blocked", &["203.0.113.0/24".to_string()])
         .await
         .unwrap();
     let heard = until("b sees the removal", async || !blocked(&b).await).await;
@@ -445,10 +492,14 @@ fn the_readme_lists_example_compiles() {
 async fn a_change_whose_notice_was_lost_is_read_within_the_sweep() {
     use sluice_core::store::{CounterKey, ListChange};
     let (l, _) = limiter(MANAGED, crate::harness::memory());
-    tokio::spawn(l.clone().keep_lists());
+    tokio::spawn({
+        let l = l.clone();
+        async move { l.lists().keep().await }
+    });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let denied = async || {
         let d = l
+            .decisions()
             .should_rate_limit(&req(&[("remote_address", "203.0.113.5")]))
             .await
             .unwrap();

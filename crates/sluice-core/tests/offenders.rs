@@ -42,7 +42,8 @@ fn req(key: &str, value: &str) -> Request {
 async fn send<S: Store>(l: &Limiter<S>, key: &str, value: &str, times: usize) -> usize {
     let mut denied = 0;
     for _ in 0..times {
-        denied += usize::from(l.should_rate_limit(&req(key, value)).await.unwrap().overall == Code::OverLimit);
+        denied +=
+            usize::from(l.decisions().should_rate_limit(&req(key, value)).await.unwrap().overall == Code::OverLimit);
     }
     denied
 }
@@ -69,10 +70,10 @@ async fn offenders_are_summed_and_age_out<S: Store>(instances: &[(Arc<Limiter<S>
         }
     }
     for (l, _) in instances {
-        l.flush_offenders().await;
+        l.tallies().flush_offenders().await;
     }
     let l = &instances[0].0;
-    let top = l.top_offenders("api", Span::Minute, 10).await.unwrap();
+    let top = l.tallies().top_offenders("api", Span::Minute, 10).await.unwrap();
     assert_eq!(
         top.iter().map(|r| r.rule.as_str()).collect::<Vec<_>>(),
         ["api.user", "api.path"],
@@ -90,20 +91,32 @@ async fn offenders_are_summed_and_age_out<S: Store>(instances: &[(Arc<Limiter<S>
     );
     assert_eq!(counts(&rule(&top, "api.path").denied), []);
     // `limit` bounds both lists and the rules.
-    let top = l.top_offenders("api", Span::Minute, 1).await.unwrap();
+    let top = l.tallies().top_offenders("api", Span::Minute, 1).await.unwrap();
     assert_eq!((top.len(), top[0].hits.len()), (1, 1));
     // Two minutes on, the minute is empty and the hour still holds them; after the hour, nothing.
     for (_, clock) in instances {
         clock.advance(120_000_000);
     }
-    assert!(l.top_offenders("api", Span::Minute, 10).await.unwrap().is_empty());
-    let hour = l.top_offenders("api", Span::Hour, 10).await.unwrap();
+    assert!(
+        l.tallies()
+            .top_offenders("api", Span::Minute, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let hour = l.tallies().top_offenders("api", Span::Hour, 10).await.unwrap();
     assert_eq!(counts(&rule(&hour, "api.user").denied), [("user=alice", 17)]);
     for (_, clock) in instances {
         clock.advance(3_600_000_000);
     }
-    assert!(l.top_offenders("api", Span::Hour, 10).await.unwrap().is_empty());
-    let err = l.top_offenders("nope", Span::Hour, 10).await.unwrap_err();
+    assert!(
+        l.tallies()
+            .top_offenders("api", Span::Hour, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let err = l.tallies().top_offenders("nope", Span::Hour, 10).await.unwrap_err();
     assert!(
         matches!(&err, LimitError::NotFound(m) if m.contains("no domain 'nope'")),
         "{err}"
@@ -130,10 +143,10 @@ async fn a_flood_of_distinct_values_stays_bounded(store: impl Store) {
             send(&l, "path", "/hot", 1).await;
         }
         if i % 1_000 == 999 {
-            l.flush_offenders().await;
+            l.tallies().flush_offenders().await;
         }
     }
-    let top = l.top_offenders("api", Span::Hour, 100).await.unwrap();
+    let top = l.tallies().top_offenders("api", Span::Hour, 100).await.unwrap();
     let path = rule(&top, "api.path");
     assert!(path.hits.len() <= 8, "{:?}", path.hits);
     assert_eq!(path.hits[0].0, "path=/hot");
@@ -166,9 +179,9 @@ async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
         cost: 4,
         ..Costs::default()
     };
-    l.report(&req("user", "alice"), &costs).await.unwrap();
-    l.flush_series().await;
-    let series = l.series("api", 3).await.unwrap();
+    l.budgets().report(&req("user", "alice"), &costs).await.unwrap();
+    l.tallies().flush_series().await;
+    let series = l.tallies().series("api", 3).await.unwrap();
     assert_eq!(series.from, l.now_us() / 1_000_000 - 2);
     assert_eq!(
         series.rules["api.user"],
@@ -183,11 +196,14 @@ async fn outcomes_per_second_are_counted_per_rule(store: impl Store) {
     );
     let now = l.now_us() / 1_000_000;
     assert_eq!(
-        l.instances_seen(3).await.unwrap(),
+        l.tallies().instances_seen(3).await.unwrap(),
         [(l.instance().to_string(), now)].into(),
         "the flush's heartbeat, in its second"
     );
-    assert!(matches!(l.series("nope", 3).await, Err(LimitError::NotFound(_))));
+    assert!(matches!(
+        l.tallies().series("nope", 3).await,
+        Err(LimitError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -197,11 +213,11 @@ async fn two_instances_sum_their_outcomes() {
     let (b, _) = limiter(redis_store(&redis.url()).await, 0);
     send(&a, "path", "/a", 2).await;
     send(&b, "path", "/a", 3).await;
-    a.flush_series().await;
-    b.flush_series().await;
-    let series = a.series("api", 1).await.unwrap();
+    a.tallies().flush_series().await;
+    b.tallies().flush_series().await;
+    let series = a.tallies().series("api", 1).await.unwrap();
     assert_eq!(series.rules["api.path"], (vec![5], vec![0]));
-    let seen = a.instances_seen(1).await.unwrap();
+    let seen = a.tallies().instances_seen(1).await.unwrap();
     let seen: Vec<&str> = seen.keys().map(|i| i.as_str()).collect();
     let mut both = vec![a.instance(), b.instance()];
     both.sort_unstable();

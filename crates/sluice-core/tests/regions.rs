@@ -255,7 +255,11 @@ descriptors:
         hits_addend: 0,
     };
     for (key, value) in [("k", "a"), ("k", "a"), ("regional", "x"), ("k", "b"), ("k", "c")] {
-        limiter.should_rate_limit(&request(key, value)).await.expect("decided");
+        limiter
+            .decisions()
+            .should_rate_limit(&request(key, value))
+            .await
+            .expect("decided");
     }
     let now = limiter.now_us();
     // a, b and c: the denial of the second a and the regional limit are not noted.
@@ -267,7 +271,11 @@ descriptors:
     assert_eq!((link.backlog(), link.shipped()), (0, 2));
     assert_eq!(link.line(), "region us: linked, 0 windows waiting");
 
-    limiter.should_rate_limit(&request("k", "d")).await.expect("decided");
+    limiter
+        .decisions()
+        .should_rate_limit(&request("k", "d"))
+        .await
+        .expect("decided");
     assert_eq!(replicator.collect(limiter.store(), now).await.expect("read"), 1);
     assert_eq!(link.backlog(), 1);
     // Past the window and its second of grace: nothing of it is shipped.
@@ -342,7 +350,11 @@ descriptors:
         for i in 0..21 {
             let (limiter, clock, _) = &instances[[0, 1, 1, 2, 2, 2][i % 6]];
             clock.set(now + i as u64);
-            let decision = limiter.should_rate_limit(&request(key)).await.expect("decided");
+            let decision = limiter
+                .decisions()
+                .should_rate_limit(&request(key))
+                .await
+                .expect("decided");
             admitted += usize::from(decision.overall == Code::Ok);
         }
         assert_eq!(admitted, 21, "{key}");
@@ -365,6 +377,7 @@ descriptors:
         for _ in 0..40 {
             fits += usize::from(
                 us_limiter
+                    .decisions()
                     .should_rate_limit(&request(key))
                     .await
                     .expect("decided")
@@ -587,7 +600,7 @@ async fn admitted_under_skew(algorithm: &str, skew_us: i64) -> (usize, usize, us
             clock.set(t.saturating_add_signed(offset));
             let phase = if r == 0 { 0 } else { 20_000 };
             if (t - from) % 50_000 == phase {
-                let decision = limiter.should_rate_limit(&request).await.expect("decided");
+                let decision = limiter.decisions().should_rate_limit(&request).await.expect("decided");
                 if decision.overall == Code::Ok && (start..start + MINUTE).contains(&t) {
                     admitted[r] += 1;
                 }

@@ -82,7 +82,7 @@ fn one(entries: &[(&str, &str)]) -> Request {
 }
 
 async fn decide<S: Store>(l: &sluice_core::limiter::Limiter<S>, r: &Request) -> Decision {
-    l.should_rate_limit(r).await.expect("decides")
+    l.decisions().should_rate_limit(r).await.expect("decides")
 }
 
 fn limit_of(s: &Status) -> (u32, Unit, Option<String>) {
@@ -277,7 +277,11 @@ async fn overrides_are_used_and_validated(store: impl Store) {
             requests_per_unit: 0,
             unit,
         });
-        let e = l.should_rate_limit(&req("edge", vec![d.clone()])).await.unwrap_err();
+        let e = l
+            .decisions()
+            .should_rate_limit(&req("edge", vec![d.clone()]))
+            .await
+            .unwrap_err();
         assert!(
             matches!(&e, LimitError::InvalidArgument(m) if m.contains("descriptors[0].limit.unit")),
             "{e}"
@@ -389,12 +393,12 @@ async fn invalid_requests_are_rejected(store: impl Store) {
         ),
     ];
     for (r, want) in cases {
-        match l.should_rate_limit(&r).await {
+        match l.decisions().should_rate_limit(&r).await {
             Err(LimitError::InvalidArgument(m)) => assert_eq!(m, want),
             other => panic!("{want}: {other:?}"),
         }
         assert!(matches!(
-            l.get_remaining(&r, 1).await,
+            l.decisions().get_remaining(&r, 1).await,
             Err(LimitError::InvalidArgument(_))
         ));
     }
@@ -411,7 +415,11 @@ async fn huge_hits_addend_neither_overflows_nor_panics(store: impl Store) {
     r.hits_addend = u32::MAX;
     r.descriptors[0].hits_addend = None;
     assert_eq!(decide(&l, &r).await.overall, Code::OverLimit);
-    let reports = l.get_remaining(&one(&[("path", "/other")]), u64::MAX).await.unwrap();
+    let reports = l
+        .decisions()
+        .get_remaining(&one(&[("path", "/other")]), u64::MAX)
+        .await
+        .unwrap();
     assert!(matches!(
         &reports[0],
         Report::Limited {
@@ -448,7 +456,7 @@ async fn get_remaining_reports_and_consumes_nothing(store: impl Store) {
         other => panic!("{other:?}"),
     };
     for _ in 0..3 {
-        let reports = l.get_remaining(&r, 1).await.unwrap();
+        let reports = l.decisions().get_remaining(&r, 1).await.unwrap();
         assert_eq!(login(&reports), (3, Some("login".into()), 3, 50 * SECOND, Some(0)));
         assert_eq!(reports[1], Report::Unlimited);
         assert_eq!(reports[2], Report::NoRule);
@@ -456,10 +464,10 @@ async fn get_remaining_reports_and_consumes_nothing(store: impl Store) {
     for _ in 0..3 {
         decide(&l, &one(&[("path", "/login")])).await;
     }
-    let reports = l.get_remaining(&r, 1).await.unwrap();
+    let reports = l.decisions().get_remaining(&r, 1).await.unwrap();
     assert_eq!(login(&reports).2, 0);
     assert_eq!(login(&reports).4, Some(50 * SECOND));
-    let reports = l.get_remaining(&r, 4).await.unwrap();
+    let reports = l.decisions().get_remaining(&r, 4).await.unwrap();
     assert_eq!(login(&reports).4, None, "a cost above the limit never fits");
 }
 

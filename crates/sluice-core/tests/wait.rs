@@ -48,7 +48,7 @@ fn spawn_wait<S: Store>(
     max_wait_us: u64,
 ) -> tokio::task::JoinHandle<Result<sluice_core::limiter::Waited, LimitError>> {
     let (l, r) = (l.clone(), req(job));
-    tokio::spawn(async move { l.wait_for_permit(&r, max_wait_us).await })
+    tokio::spawn(async move { l.decisions().wait_for_permit(&r, max_wait_us).await })
 }
 
 both_stores!(
@@ -60,7 +60,7 @@ both_stores!(
 
 async fn a_waiter_gets_its_permit_when_the_window_turns(store: impl Store) {
     let (l, clock) = limiter(CONFIG, store);
-    let free = l.wait_for_permit(&req("a"), 0).await.unwrap();
+    let free = l.decisions().wait_for_permit(&req("a"), 0).await.unwrap();
     assert_eq!(
         (free.decision.overall, free.waited_us),
         (Code::Ok, 0),
@@ -78,13 +78,16 @@ async fn a_waiter_gets_its_permit_when_the_window_turns(store: impl Store) {
 
 async fn a_waiter_that_gives_up_consumes_nothing(store: impl Store) {
     let (l, clock) = limiter(CONFIG, store);
-    assert_eq!(l.should_rate_limit(&req("b")).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.decisions().should_rate_limit(&req("b")).await.unwrap().overall,
+        Code::Ok
+    );
     let waiter = spawn_wait(&l, "b", 120 * SECOND);
     until_sleeping(&clock, 1).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     clock.advance(50 * SECOND);
-    let d = l.should_rate_limit(&req("b")).await.unwrap();
+    let d = l.decisions().should_rate_limit(&req("b")).await.unwrap();
     assert_eq!(
         (d.overall, d.statuses[0].remaining),
         (Code::Ok, 0),
@@ -94,7 +97,7 @@ async fn a_waiter_that_gives_up_consumes_nothing(store: impl Store) {
 
 async fn waiters_of_one_request_are_served_in_arrival_order(store: impl Store) {
     let (l, clock) = limiter(CONFIG, store);
-    l.should_rate_limit(&req("c")).await.unwrap();
+    l.decisions().should_rate_limit(&req("c")).await.unwrap();
     let first = spawn_wait(&l, "c", 300 * SECOND);
     until_sleeping(&clock, 1).await;
     let second = spawn_wait(&l, "c", 300 * SECOND);
@@ -112,8 +115,8 @@ async fn waiters_of_one_request_are_served_in_arrival_order(store: impl Store) {
 
 async fn a_wait_longer_than_allowed_is_answered_at_once(store: impl Store) {
     let (l, clock) = limiter(CONFIG, store);
-    l.should_rate_limit(&req("d")).await.unwrap();
-    let w = l.wait_for_permit(&req("d"), 10 * SECOND).await.unwrap();
+    l.decisions().should_rate_limit(&req("d")).await.unwrap();
+    let w = l.decisions().wait_for_permit(&req("d"), 10 * SECOND).await.unwrap();
     assert_eq!((w.decision.overall, w.waited_us), (Code::OverLimit, 0));
     assert_eq!(
         w.decision.statuses[0].reset_after_us,
@@ -123,12 +126,18 @@ async fn a_wait_longer_than_allowed_is_answered_at_once(store: impl Store) {
     // A cost no limit can fit never passes: answered at once, whatever the wait allowed.
     let mut big = req("e");
     big.hits_addend = 2;
-    let w = l.wait_for_permit(&big, 3_600 * SECOND).await.unwrap();
+    let w = l.decisions().wait_for_permit(&big, 3_600 * SECOND).await.unwrap();
     assert_eq!((w.decision.overall, w.waited_us), (Code::OverLimit, 0));
     // Nothing was consumed by either.
     clock.advance(50 * SECOND);
-    assert_eq!(l.should_rate_limit(&req("e")).await.unwrap().statuses[0].remaining, 0);
-    assert_eq!(l.should_rate_limit(&req("d")).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.decisions().should_rate_limit(&req("e")).await.unwrap().statuses[0].remaining,
+        0
+    );
+    assert_eq!(
+        l.decisions().should_rate_limit(&req("d")).await.unwrap().overall,
+        Code::Ok
+    );
 }
 
 #[tokio::test]
@@ -138,10 +147,14 @@ async fn past_the_bound_a_waiter_is_refused() {
         ..LimiterSettings::default()
     };
     let (l, clock) = limiter_with(CONFIG, crate::harness::memory(), settings);
-    l.should_rate_limit(&req("f")).await.unwrap();
+    l.decisions().should_rate_limit(&req("f")).await.unwrap();
     let waiter = spawn_wait(&l, "f", 120 * SECOND);
     until_sleeping(&clock, 1).await;
-    let refused = l.wait_for_permit(&req("g"), 120 * SECOND).await.unwrap_err();
+    let refused = l
+        .decisions()
+        .wait_for_permit(&req("g"), 120 * SECOND)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&refused, LimitError::Busy(m) if m.contains("1 calls wait")),
         "{refused}"
@@ -150,7 +163,12 @@ async fn past_the_bound_a_waiter_is_refused() {
     assert_eq!(waiter.await.unwrap().unwrap().decision.overall, Code::Ok);
     // The slot is free again.
     assert_eq!(
-        l.wait_for_permit(&req("g"), 0).await.unwrap().decision.overall,
+        l.decisions()
+            .wait_for_permit(&req("g"), 0)
+            .await
+            .unwrap()
+            .decision
+            .overall,
         Code::Ok
     );
 }

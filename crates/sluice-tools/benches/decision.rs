@@ -1,4 +1,4 @@
-//! `Limiter::should_rate_limit` over the in-memory store: the whole decision core (validation, matching, counter
+//! `Decisions::should_rate_limit` over the in-memory store: the whole decision core (validation, matching, counter
 //! keys, store, metrics) without gRPC. One descriptor and three; one hot counter (every request on the same shard
 //! lock) and many counters (a working set larger than the CPU caches).
 //!
@@ -90,7 +90,7 @@ fn bench_decision(c: &mut Criterion) {
         .expect("a current-thread runtime starts");
     // A limiter that answers anything but a plain OK would make the figures below meaningless.
     let decision = runtime
-        .block_on(new_limiter().should_rate_limit(&three(1)))
+        .block_on(new_limiter().decisions().should_rate_limit(&three(1)))
         .expect("the limiter decides");
     assert_eq!(decision.overall, Code::Ok);
     assert_eq!(decision.statuses.len(), 3);
@@ -100,7 +100,11 @@ fn bench_decision(c: &mut Criterion) {
         let limiter = new_limiter();
         let hot = build(0);
         group.bench_function(format!("{descriptors}_desc_hot"), |b| {
-            b.iter(|| runtime.block_on(limiter.should_rate_limit(black_box(&hot))).is_ok())
+            b.iter(|| {
+                runtime
+                    .block_on(limiter.decisions().should_rate_limit(black_box(&hot)))
+                    .is_ok()
+            })
         });
 
         let limiter = new_limiter();
@@ -110,7 +114,7 @@ fn bench_decision(c: &mut Criterion) {
             b.iter(|| {
                 next = (next + 1) % requests.len();
                 runtime
-                    .block_on(limiter.should_rate_limit(black_box(&requests[next])))
+                    .block_on(limiter.decisions().should_rate_limit(black_box(&requests[next])))
                     .is_ok()
             })
         });

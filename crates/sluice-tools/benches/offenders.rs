@@ -1,7 +1,7 @@
 //! What top offenders cost: `cargo bench -p sluice-tools --bench offenders`. `cargo test --benches` runs a quick
 //! smoke pass.
 //!
-//! 1. On the decision path: `Limiter::should_rate_limit` over the in-memory store, three descriptors a request, with
+//! 1. On the decision path: `Decisions::should_rate_limit` over the in-memory store, three descriptors a request, with
 //!    `top_offenders` at 0 (off) and at 100 (the default), on one hot set of values and on 100 000 distinct ones
 //!    (every decision a new value: the sketch's worst case, a full table scanned for its least value each time).
 //! 2. In Redis: the flush an instance makes once a second, in its worst case for one rule (100 values hit and 100
@@ -68,7 +68,7 @@ fn per_decision(runtime: &tokio::runtime::Runtime, l: &Limiter<MemoryStore>, req
         .map(|_| {
             let start = Instant::now();
             for i in 0..n {
-                let d = runtime.block_on(l.should_rate_limit(&requests[i % requests.len()]));
+                let d = runtime.block_on(l.decisions().should_rate_limit(&requests[i % requests.len()]));
                 std::hint::black_box(d.is_ok());
             }
             start.elapsed().as_nanos() as f64 / n as f64
@@ -121,12 +121,12 @@ fn main() {
             for i in 0..100 {
                 let r = request(f * 100 + i);
                 for _ in 0..2 {
-                    l.should_rate_limit(&r).await.expect("redis answers");
+                    l.decisions().should_rate_limit(&r).await.expect("redis answers");
                 }
             }
             let before = command_usec(&redis);
             let start = Instant::now();
-            l.flush_offenders().await;
+            l.tallies().flush_offenders().await;
             wall += start.elapsed().as_secs_f64();
             // INFO's own time is counted too, once per reading: small next to a flush.
             usec += command_usec(&redis) - before;

@@ -267,7 +267,7 @@ async fn start<S: Store>(
     // Shipping runs until the servers have drained, then ships what was not shipped yet (see `Shipping::stop`); it
     // stops at once if this returns early.
     let shipping = replicator.map(|replicator| Shipping::start(&limiter, replicator));
-    if !limiter.fetched_lists().is_empty() {
+    if !limiter.lists().with_urls().is_empty() {
         let client = crate::sources::lists::client().map_err(ServerError::Serve)?;
         crate::sources::lists::fetch_all(&limiter, &client)
             .await
@@ -301,12 +301,12 @@ async fn upkeep(metrics: Metrics) {
     }
 }
 
-/// Counts the cost of the reservations this instance made that expired unsettled (see `Limiter::reap_expired`).
+/// Counts the cost of the reservations this instance made that expired unsettled (see `Budgets::reap_expired`).
 async fn reap_reservations<S: Store>(limiter: Arc<Limiter<S>>) {
     let mut every = tokio::time::interval(Duration::from_secs(5));
     loop {
         every.tick().await;
-        if let Err(e) = limiter.reap_expired().await {
+        if let Err(e) = limiter.budgets().reap_expired().await {
             tracing::debug!(error = %e, "expired reservations not reaped this time; they are tried again");
         }
     }
@@ -351,7 +351,7 @@ async fn serve_gated<S: Store>(
 ) -> Result<(), ServerError> {
     // A new instance answers, and reports ready, with the run-time list entries already stored. A store it cannot
     // read does not hold it back: it serves by its failure policy, and the lists' keeper reads them when it can.
-    if let Err(e) = limiter.read_lists().await {
+    if let Err(e) = limiter.lists().read_all().await {
         tracing::warn!(error = %e, "run-time list entries not read at start; read again in the background");
     }
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -375,8 +375,8 @@ async fn serve_gated<S: Store>(
     }
     servers.drain(options.grace_period).await;
     // What this instance counted since its last flushes still counts.
-    cx.limiter.flush_series().await;
-    cx.limiter.flush_offenders().await;
+    cx.limiter.tallies().flush_series().await;
+    cx.limiter.tallies().flush_offenders().await;
     Ok(())
 }
 
@@ -580,9 +580,15 @@ impl Background {
     fn spawn<S: Store>(limiter: &Arc<Limiter<S>>, health_gate: JoinHandle<()>) -> Background {
         Background(vec![
             health_gate,
-            tokio::spawn(limiter.clone().keep_lists()),
+            tokio::spawn({
+                let limiter = limiter.clone();
+                async move { limiter.lists().keep().await }
+            }),
             tokio::spawn(crate::sources::lists::keep_fetching(limiter.clone())),
-            tokio::spawn(limiter.clone().keep_tallies()),
+            tokio::spawn({
+                let limiter = limiter.clone();
+                async move { limiter.tallies().keep().await }
+            }),
             tokio::spawn(upkeep(limiter.metrics().clone())),
             tokio::spawn(reap_reservations(limiter.clone())),
         ])

@@ -134,7 +134,7 @@ async fn budgets_through_grpc(store: impl Store) {
     // The instance that made it counts it as expired once it reaps it (the server does every 5 s); bob's 400 was
     // settled by no one, and ann's 8 unsettled reservations of 100 have not expired yet.
     clock.advance(1_000_000);
-    assert_eq!(l.reap_expired().await.unwrap(), 400);
+    assert_eq!(l.budgets().reap_expired().await.unwrap(), 400);
 
     // Report is never refused, counts past the limit, and the next Check denies; a huge cost neither wraps nor fails.
     let report = c1.report(cost("cid", u64::MAX)).await.unwrap().into_inner();
@@ -208,7 +208,7 @@ async fn the_dashboard_shows_reports_apart_from_decisions() {
     }
     let denied = c.reserve(reserve("ann", 1_000, None)).await.unwrap().into_inner();
     assert_eq!(denied.overall_code, Code::OverLimit as i32);
-    l.flush_series().await;
+    l.tallies().flush_series().await;
     // The seconds served end two seconds before now.
     clock.advance(3_000_000);
     let token = format!("token={}", crate::harness::ADMIN_TOKEN);

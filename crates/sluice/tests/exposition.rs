@@ -23,7 +23,7 @@ fn req(domain: &str, descriptors: Vec<Descriptor>) -> Request {
 }
 
 async fn decide<S: Store>(l: &sluice::limiter::Limiter<S>, r: &Request) -> Decision {
-    l.should_rate_limit(r).await.expect("decided")
+    l.decisions().should_rate_limit(r).await.expect("decided")
 }
 
 #[tokio::test]

@@ -64,6 +64,7 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
         .await;
         let (l, _) = limiter_with(yaml, store, settings(policy));
         let d = l
+            .decisions()
             .should_rate_limit(&request(domain, "a"))
             .await
             .expect("the domain's policy answers");
@@ -85,7 +86,7 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
         settings(FailurePolicy::Error),
     );
     assert!(matches!(
-        l.should_rate_limit(&request("plain", "a")).await,
+        l.decisions().should_rate_limit(&request("plain", "a")).await,
         Err(LimitError::Store(_))
     ));
     let (l, clock) = limiter_with(
@@ -95,7 +96,11 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
     );
     for _ in 0..2 {
         assert_eq!(
-            l.should_rate_limit(&request("plain", "a")).await.unwrap().overall,
+            l.decisions()
+                .should_rate_limit(&request("plain", "a"))
+                .await
+                .unwrap()
+                .overall,
             Code::Ok
         );
     }
@@ -103,7 +108,11 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
     let started = Instant::now();
     for _ in 0..100 {
         assert_eq!(
-            l.should_rate_limit(&request("plain", "a")).await.unwrap().overall,
+            l.decisions()
+                .should_rate_limit(&request("plain", "a"))
+                .await
+                .unwrap()
+                .overall,
             Code::Ok
         );
     }
@@ -115,7 +124,7 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
     let text = l.metrics().render();
     assert!(text.contains("sluice_breaker_state 1"), "{text}");
     clock.advance(1_000_000);
-    l.should_rate_limit(&request("plain", "a")).await.unwrap();
+    l.decisions().should_rate_limit(&request("plain", "a")).await.unwrap();
     assert!(
         l.metrics().render().contains("sluice_breaker_state 1"),
         "the failed probe opened it again"
@@ -135,13 +144,17 @@ async fn a_redis_that_stops_answering_times_out_within_the_bound() {
         LimiterSettings::default(),
     );
     assert_eq!(
-        l.should_rate_limit(&request("plain", "a")).await.unwrap().overall,
+        l.decisions()
+            .should_rate_limit(&request("plain", "a"))
+            .await
+            .unwrap()
+            .overall,
         Code::Ok
     );
     gate.hold();
     for _ in 0..2 {
         let started = Instant::now();
-        let answer = l.should_rate_limit(&request("plain", "a")).await;
+        let answer = l.decisions().should_rate_limit(&request("plain", "a")).await;
         let took = started.elapsed();
         assert!(
             matches!(answer, Err(LimitError::Store(StoreError::Timeout(t))) if t == Duration::from_millis(100)),
@@ -155,7 +168,7 @@ async fn a_redis_that_stops_answering_times_out_within_the_bound() {
     gate.release();
     let mut answered = false;
     for _ in 0..50 {
-        if l.should_rate_limit(&request("plain", "b")).await.is_ok() {
+        if l.decisions().should_rate_limit(&request("plain", "b")).await.is_ok() {
             answered = true;
             break;
         }
@@ -171,27 +184,36 @@ async fn the_breaker_closes_when_redis_answers_again() {
     let store = redis_store_with(&gate.url(), Duration::from_millis(150)).await;
     let (l, clock) = limiter_with(yaml, store, settings(FailurePolicy::FailOpen));
     assert_eq!(
-        l.should_rate_limit(&request("plain", "a")).await.unwrap().statuses[0].remaining,
+        l.decisions()
+            .should_rate_limit(&request("plain", "a"))
+            .await
+            .unwrap()
+            .statuses[0]
+            .remaining,
         4
     );
     // Redis hangs: calls time out, the breaker opens.
     gate.hold();
     for _ in 0..2 {
-        let d = l.should_rate_limit(&request("plain", "a")).await.unwrap();
+        let d = l.decisions().should_rate_limit(&request("plain", "a")).await.unwrap();
         assert!(d.statuses[0].limit.is_none(), "answered by fail_open");
     }
     assert!(l.metrics().render().contains("sluice_breaker_state 1"));
     gate.release();
     // Before the cooldown the breaker still answers alone; after it, the probe succeeds and closes it.
     assert!(
-        l.should_rate_limit(&request("plain", "a")).await.unwrap().statuses[0]
+        l.decisions()
+            .should_rate_limit(&request("plain", "a"))
+            .await
+            .unwrap()
+            .statuses[0]
             .limit
             .is_none()
     );
     clock.advance(1_000_000);
     let mut closed = false;
     for _ in 0..50 {
-        let d = l.should_rate_limit(&request("plain", "b")).await.unwrap();
+        let d = l.decisions().should_rate_limit(&request("plain", "b")).await.unwrap();
         if d.statuses[0].limit.is_some() {
             closed = true;
             break;
@@ -232,11 +254,11 @@ descriptors:
     let mut flood = request("flood", "x");
     flood.descriptors[0].entries[0].0 = "ip".into();
     for _ in 0..3 {
-        l.should_rate_limit(&flood).await.unwrap();
+        l.decisions().should_rate_limit(&flood).await.unwrap();
     }
     let before = script_calls(&redis);
     for _ in 0..200 {
-        let d = l.should_rate_limit(&flood).await.unwrap();
+        let d = l.decisions().should_rate_limit(&flood).await.unwrap();
         assert_eq!(d.overall, Code::OverLimit);
         assert_eq!(
             d.statuses[0].reset_after_us,
@@ -249,13 +271,13 @@ descriptors:
     assert!(l.metrics().render().contains("sluice_local_cache_hits_total 200"));
     // At the window's end the cache lets the next hit through to Redis, which admits it.
     clock.advance(50_000_000);
-    assert_eq!(l.should_rate_limit(&flood).await.unwrap().overall, Code::Ok);
+    assert_eq!(l.decisions().should_rate_limit(&flood).await.unwrap().overall, Code::Ok);
     assert_eq!(script_calls(&redis), before + 1);
     // Shadow-mode rules still answer OK from the cache.
     let mut trial = request("flood", "t");
     trial.descriptors[0].entries[0].0 = "trial".into();
     for _ in 0..5 {
-        assert_eq!(l.should_rate_limit(&trial).await.unwrap().overall, Code::Ok);
+        assert_eq!(l.decisions().should_rate_limit(&trial).await.unwrap().overall, Code::Ok);
     }
 }
 
@@ -264,15 +286,18 @@ async fn a_reload_forgets_cached_denials() {
     let small = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
     let (l, _) = limiter_with(small, memory(), LimiterSettings::default());
     let r = request("d", "a");
-    assert_eq!(l.should_rate_limit(&r).await.unwrap().overall, Code::Ok);
-    assert_eq!(l.should_rate_limit(&r).await.unwrap().overall, Code::OverLimit);
+    assert_eq!(l.decisions().should_rate_limit(&r).await.unwrap().overall, Code::Ok);
+    assert_eq!(
+        l.decisions().should_rate_limit(&r).await.unwrap().overall,
+        Code::OverLimit
+    );
     let metrics = l.metrics().clone();
     l.reload(crate::harness::rules(
         &small.replace("requests_per_unit: 1", "requests_per_unit: 10"),
         &metrics,
     ));
     assert_eq!(
-        l.should_rate_limit(&r).await.unwrap().overall,
+        l.decisions().should_rate_limit(&r).await.unwrap().overall,
         Code::Ok,
         "the raised limit applies at once"
     );
@@ -316,7 +341,7 @@ async fn caps_on_hostile_requests_are_invalid_argument_naming_the_cap() {
         ),
     ] {
         // The core names the setting; the service maps it onto the flag that sets it.
-        match l.should_rate_limit(&r).await {
+        match l.decisions().should_rate_limit(&r).await {
             Err(LimitError::OverCap { cap, message }) => {
                 assert_eq!(sluice::faces::errors::over_cap(cap, &message), want);
                 let setting = format!("({})", cap.setting());

@@ -74,8 +74,8 @@ fn arbitrary_requests_never_panic() {
             let request = sluice::faces::wire::to_core(domain, descriptors, hits_addend);
             runtime.block_on(async {
                 for result in [
-                    l.should_rate_limit(&request).await.map(|_| ()),
-                    l.get_remaining(&request, cost).await.map(|_| ()),
+                    l.decisions().should_rate_limit(&request).await.map(|_| ()),
+                    l.decisions().get_remaining(&request, cost).await.map(|_| ()),
                 ] {
                     if let Err(e) = result {
                         prop_assert!(matches!(e, LimitError::InvalidArgument(ref m) if !m.is_empty()), "{e}");

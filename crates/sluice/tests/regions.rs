@@ -427,6 +427,7 @@ descriptors:
     for _ in 0..200 {
         every.tick().await;
         let decision = limiter
+            .decisions()
             .should_rate_limit(&sluice::limiter::Request {
                 domain: "edge".into(),
                 descriptors: vec![sluice::limiter::Descriptor {

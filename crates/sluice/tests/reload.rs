@@ -33,7 +33,7 @@ fn request(key: &str) -> Request {
 
 /// The limit and what is left of the `key` rule, as GetRemaining reports it.
 async fn limit_of(l: &Limiter<MemoryStore>, key: &str) -> (u32, u64) {
-    match &l.get_remaining(&request(key), 1).await.unwrap()[0] {
+    match &l.decisions().get_remaining(&request(key), 1).await.unwrap()[0] {
         Report::Limited { limit, remaining, .. } => (limit.limit.requests, *remaining),
         other => panic!("{other:?}"),
     }
@@ -113,7 +113,7 @@ async fn broken_and_empty_files_never_replace_the_rules_and_counters_survive() {
     std::fs::write(&file, config(5)).unwrap();
     let (l, _reloader) = watched(&file, 5);
     for _ in 0..3 {
-        l.should_rate_limit(&request("user")).await.unwrap();
+        l.decisions().should_rate_limit(&request("user")).await.unwrap();
     }
     assert_eq!(limit_of(&l, "user").await, (10, 7));
 
@@ -141,7 +141,15 @@ async fn broken_and_empty_files_never_replace_the_rules_and_counters_survive() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(limit_of(&l, "path").await.0, 5, "{what} replaced the rules");
-        assert_eq!(l.should_rate_limit(&request("path")).await.unwrap().statuses.len(), 1);
+        assert_eq!(
+            l.decisions()
+                .should_rate_limit(&request("path"))
+                .await
+                .unwrap()
+                .statuses
+                .len(),
+            1
+        );
     }
     // A valid change to another rule: the user counter keeps its value.
     std::fs::write(&file, config(6)).unwrap();

@@ -61,7 +61,7 @@ async fn store(url: &str, tls: RedisTls) -> RedisStore {
 /// Whether one decision through `store` succeeds (the limit is 5 per hour; the first calls are admitted).
 async fn decides(store: RedisStore) -> bool {
     let (l, _) = limiter(CONFIG, store);
-    match l.should_rate_limit(&request()).await {
+    match l.decisions().should_rate_limit(&request()).await {
         Ok(decision) => decision.overall == Code::Ok,
         Err(_) => false,
     }
@@ -157,7 +157,10 @@ async fn redis_mutual_tls_with_a_least_privilege_acl_user() {
         store(&url(&format!("sluice:{ACL_PASSWORD}@")), full.clone()).await,
         other_prefix,
     );
-    assert!(l.should_rate_limit(&request()).await.is_err(), "keys outside ~sluice:*");
+    assert!(
+        l.decisions().should_rate_limit(&request()).await.is_err(),
+        "keys outside ~sluice:*"
+    );
     let mismatched = RedisTls {
         key: Some(key.clone()),
         ..full

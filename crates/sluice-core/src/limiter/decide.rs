@@ -1,22 +1,22 @@
-//! Deciding a request ([`Limiter::should_rate_limit`] and the cost-budget calls), in three phases: the store's hit of
-//! each limited descriptor, the answers to them (the local cache's, then one store call for the rest), and each
-//! descriptor's status shaped from its answer, with the metrics of its outcome counted on the way.
+//! Deciding a request (the decisions' ShouldRateLimit and the budgets' calls, each a [`How`]), in three phases: the
+//! store's hit of each limited descriptor, the answers to them (the local cache's, then one store call for the
+//! rest), and each descriptor's status shaped from its answer, with the metrics of its outcome counted on the way.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::budget::{How, hit_costs};
+use super::core::Core;
 use super::decision::{AppliedLimit, Code, Decision, LimitError, Queued, Status, fallback_status};
 use super::guard::constraining;
-use super::request::{Descriptor, Request, validate};
+use super::new_lease;
+use super::request::{Costs, Descriptor, Request, cost as request_cost, validate};
 use super::resolve::{Target, listed, resolve};
 use super::series::Noted;
-use super::{Limiter, new_lease};
 use crate::metrics::{DomainStats, RuleStats, UNKNOWN_DOMAIN};
 use crate::rules::{Algorithm, Domain, FailurePolicy, List, ListAction, Metadata, Rule, Tier};
 use crate::store::{Announcements, Counters, Hit, Mode, Outcome, ReservationSpec, StoreError, TierOutcome};
 
-impl<S: Counters + Announcements> Limiter<S> {
+impl<S: Counters + Announcements> Core<S> {
     /// Decides a request the way `how` says: each descriptor's hit counted when it fits, only checked, counted
     /// whatever (a report), or counted and held under a reservation.
     pub(crate) async fn decide(&self, request: &Request, how: How<'_>) -> Result<Decision, LimitError> {
@@ -27,7 +27,7 @@ impl<S: Counters + Announcements> Limiter<S> {
         let stats = self.domain_stats(domain);
         let mut targets = resolve(domain, request);
         if domain.is_some_and(|d| !d.lists.is_empty()) {
-            let live = self.lists.load();
+            let live = self.live_lists.load();
             listed(domain, request, &mut targets, live.get(request.domain.as_str()));
         }
         let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
@@ -359,6 +359,61 @@ impl<S: Counters + Announcements> Limiter<S> {
             None => Cow::Borrowed(&domain.override_stats),
         }
     }
+}
+
+/// How a request's hits are counted (see [`Core::decide`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum How<'a> {
+    /// ShouldRateLimit: each hit counted when it fits.
+    Decide,
+    Check(&'a Costs),
+    Report(&'a Costs),
+    Reserve {
+        costs: &'a Costs,
+        id: &'a str,
+        ttl_us: u64,
+    },
+}
+
+impl How<'_> {
+    /// The RPC name in metrics.
+    pub(crate) fn rpc(self) -> &'static str {
+        match self {
+            How::Decide => "should_rate_limit",
+            How::Check(_) => "check",
+            How::Report(_) => "report",
+            How::Reserve { .. } => "reserve",
+        }
+    }
+
+    /// The kind of cost a counted hit adds to the cost metrics, for the cost-budget calls that count.
+    pub(crate) fn counted_kind(self) -> Option<&'static str> {
+        match self {
+            How::Report(_) => Some("reported"),
+            How::Reserve { .. } => Some("reserved"),
+            How::Decide | How::Check(_) => None,
+        }
+    }
+
+    pub(crate) fn named(&self) -> &[(String, u64)] {
+        match self {
+            How::Decide => &[],
+            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => &c.named,
+        }
+    }
+
+    /// A descriptor's cost: its own `hits_addend`, else Envoy's request-wide one (0 means 1) or the call's.
+    pub(crate) fn cost(self, request: &Request, descriptor: &Descriptor) -> u64 {
+        match self {
+            How::Decide => request_cost(request, descriptor),
+            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => descriptor.hits_addend.unwrap_or(c.cost),
+        }
+    }
+}
+
+/// Whether a hit costs anything to any of its limits.
+pub(crate) fn hit_costs(hit: &Hit) -> bool {
+    hit.tiers.iter().any(|t| t.cost.unwrap_or(hit.cost) > 0)
 }
 
 /// A limited descriptor and its answer.

@@ -1,12 +1,12 @@
 //! How a descriptor becomes the store's hit: its identity (the keys of its counters, with the pattern in place of
 //! the value at a `share_threshold` level) and the limits it counts against.
 
-use super::Limiter;
+use super::core::Core;
 use super::request::{Descriptor, Request};
 use crate::rules::{Algorithm, Rule, Tier, TierCost};
 use crate::store::{Announcements, CounterKey, Counters, Hit, Identity, KeyBuilder, Mode, RecordSpec, TierSpec};
 
-impl<S: Counters + Announcements> Limiter<S> {
+impl<S: Counters + Announcements> Core<S> {
     /// The identity of a descriptor of `domain` (its counters' keys): `shared` levels hold their pattern in place of
     /// the value.
     pub(super) fn identity(&self, domain: &str, descriptor: &Descriptor, shared: &[(usize, &str)]) -> Identity {

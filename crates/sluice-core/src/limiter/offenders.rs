@@ -5,16 +5,13 @@
 //! ([`TopCounts`], a Space-Saving table trimmed in batches: at most twice
 //! [`LimiterSettings::top_offenders`](super::LimiterSettings) values, a count never under its true value). Every
 //! [`FLUSH_EVERY`] the tables are added into the store's buckets of ten seconds and of a minute ([`Offenders::tally`](crate::store::Offenders::tally): in Redis one sorted set per bucket, trimmed to the same bound, gone after an
-//! hour), with an index of the rules noted; [`Limiter::top_offenders`] sums the buckets of a span.
+//! hour), with an index of the rules noted; [`Tallies::top_offenders`](super::Tallies::top_offenders) sums the buckets of a span.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::Limiter;
-use super::decision::LimitError;
-use crate::store::{self, Announcements, Counters};
-use crate::store::{CounterKey, Span, Tally};
+use crate::store::{CounterKey, Tally};
 
 /// What was noted since the last flush: per (domain, rule), the values hit and denied.
 #[derive(Default)]
@@ -94,7 +91,7 @@ pub struct RuleOffenders {
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
 /// The kind of the set that indexes a domain's rules (its values are rule paths).
-const RULES: &str = "rules";
+pub(super) const RULES: &str = "rules";
 
 impl Offenders {
     /// Notes one decided descriptor of the rule `rule` in `domain`.
@@ -135,7 +132,7 @@ impl Offenders {
     }
 
     /// What was noted since the last call, as tallies of the store's sets.
-    fn take(&self, prefix: &str, kept: usize) -> Vec<Tally> {
+    pub(super) fn take(&self, prefix: &str, kept: usize) -> Vec<Tally> {
         let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
         let mut tallies = Vec::with_capacity(noted.len() * 2);
         let mut rules: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
@@ -165,54 +162,6 @@ impl Offenders {
             });
         }
         tallies
-    }
-}
-
-impl<S: Counters + Announcements + store::Offenders> Limiter<S> {
-    /// Adds what was noted since the last flush to the store now (what a failed flush held is dropped and logged).
-    pub async fn flush_offenders(&self) {
-        let kept = self.settings.top_offenders;
-        let tallies = self.offenders.take(&self.settings.key_prefix, kept);
-        if tallies.is_empty() {
-            return;
-        }
-        if let Err(e) = self.store().tally(self.clock.now_us(), &tallies, kept).await {
-            tracing::warn!(error = %e, tallies = tallies.len(), "top offenders of the last second not stored");
-        }
-    }
-
-    /// The rules of `domain` noted over `span` (the busiest first, at most `limit`), each with its `limit` values
-    /// hit most and denied most, summed across every instance sharing the store.
-    pub async fn top_offenders(
-        &self,
-        domain: &str,
-        span: Span,
-        limit: usize,
-    ) -> Result<Vec<RuleOffenders>, LimitError> {
-        if self.rules().domain(domain).is_none() {
-            return Err(LimitError::NotFound(format!(
-                "domain: no domain '{domain}' is configured"
-            )));
-        }
-        let prefix = &self.settings.key_prefix;
-        let now_us = self.clock.now_us();
-        let store = self.store();
-        let mut rules = store
-            .top(now_us, &CounterKey::top(prefix, domain, "", RULES), span)
-            .await?;
-        rules.truncate(limit);
-        let reads = rules.into_iter().map(|(rule, _)| async move {
-            let (hits, denied) = (
-                CounterKey::top(prefix, domain, &rule, "hits"),
-                CounterKey::top(prefix, domain, &rule, "denied"),
-            );
-            let (mut hits, mut denied) =
-                futures::future::try_join(store.top(now_us, &hits, span), store.top(now_us, &denied, span)).await?;
-            hits.truncate(limit);
-            denied.truncate(limit);
-            Ok::<_, LimitError>(RuleOffenders { rule, hits, denied })
-        });
-        futures::future::try_join_all(reads).await
     }
 }
 

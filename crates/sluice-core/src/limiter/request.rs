@@ -30,6 +30,15 @@ pub struct Override {
     pub unit: i32,
 }
 
+/// The costs of a cost-budget call (and of a wait's check).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Costs {
+    /// The cost of each descriptor, unless the descriptor sets its own `hits_addend`.
+    pub cost: u64,
+    /// Named costs, e.g. `input_tokens`: limits configured with `cost:` or `price:` count these.
+    pub named: Vec<(String, u64)>,
+}
+
 /// The cost of a descriptor's hit: its own `hits_addend` if present (0 = check only), else the request's, 0 = 1.
 pub fn cost(request: &Request, descriptor: &Descriptor) -> u64 {
     descriptor.hits_addend.unwrap_or(u64::from(request.hits_addend.max(1)))

@@ -3,15 +3,10 @@
 //! instances on one store; what the dashboard plots. Each instance counts in memory and adds its counts to the
 //! store once a second ([`Series::series_add`](crate::store::Series::series_add): in Redis a hash per domain and second, gone after 16 minutes).
 //! With them it adds a heartbeat, its name in a hash per second of its own, so that a reader can tell how many
-//! instances add to the sums.
+//! instances add to the sums ([`Tallies`](super::Tallies) adds them and reads them back).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use super::Limiter;
-use super::decision::LimitError;
-use crate::store::{self, Announcements, CounterKey, Counters};
 
 /// What one counted hit was: a decision that allowed it, one that denied it, or a reported cost (counted whatever the
 /// limits say, so neither).
@@ -73,7 +68,7 @@ impl Outcomes {
 
     /// What was counted, per domain: `(second, field, n)` with fields `a:<rule>` (allowed), `d:<rule>` (denied) and
     /// `r:<rule>` (reported).
-    fn take(&self) -> HashMap<Arc<str>, Vec<(u64, String, u64)>> {
+    pub(super) fn take(&self) -> HashMap<Arc<str>, Vec<(u64, String, u64)>> {
         let noted = std::mem::take(&mut *self.noted.lock().unwrap_or_else(|p| p.into_inner()));
         let mut out: HashMap<Arc<str>, Vec<(u64, String, u64)>> = HashMap::new();
         for ((_, second), Counted { domain, rule, counts }) in noted {
@@ -100,75 +95,9 @@ pub struct Series {
     pub reported: BTreeMap<String, Vec<u64>>,
 }
 
-/// The set of per-second hashes the heartbeats go to, as if it were a domain's: a domain's name cannot be empty, so no
-/// domain's outcomes share it. One set for every domain: an instance writes one heartbeat a second, however many
-/// domains it has.
-const HEARTBEATS: &str = "";
-
-/// How often the counts are added to the store, and how often the top offenders are (see `offenders`).
-const EVERY: Duration = Duration::from_secs(1);
-
-impl<S: Counters + Announcements + store::Series + store::Offenders> Limiter<S> {
-    /// Adds this instance's counts to the store for as long as the limiter lives: the outcomes every second, the top
-    /// offenders every [`FLUSH_EVERY`](super::FLUSH_EVERY). Run it once per limiter, in a task of its own.
-    pub async fn keep_tallies(self: Arc<Self>) {
-        // The first tick a second from now: at start there is nothing to add, not even a heartbeat worth a key.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let per_offenders_flush = (super::FLUSH_EVERY.as_secs() / EVERY.as_secs()).max(1);
-        for n in 1u64.. {
-            tick.tick().await;
-            self.flush_series().await;
-            if n % per_offenders_flush == 0 {
-                self.flush_offenders().await;
-            }
-        }
-    }
-}
-
-impl<S: Counters + Announcements + store::Series> Limiter<S> {
-    /// Adds the outcomes counted since the last flush to the store now, and this instance's heartbeat for the current
-    /// second (what a failed flush held is dropped and logged).
-    pub async fn flush_series(&self) {
-        let mut taken = self.outcomes.take();
-        let beat = (self.clock.now_us() / 1_000_000, self.instance.to_string(), 1);
-        taken.entry(Arc::from(HEARTBEATS)).or_default().push(beat);
-        for (domain, counts) in taken {
-            let set = CounterKey::series(&self.settings.key_prefix, &domain);
-            if let Err(e) = self.store().series_add(&set, &counts).await {
-                tracing::warn!(error = %e, domain = %domain, "outcomes of the last second not stored");
-            }
-        }
-    }
-
-    /// The instances sharing the store whose heartbeat is in the last `seconds` seconds (the current one included),
-    /// by name ([`Limiter::instance`]), each with the last second it was seen. An instance beats once a second.
-    pub async fn instances_seen(&self, seconds: u64) -> Result<BTreeMap<String, u64>, LimitError> {
-        let now = self.clock.now_us() / 1_000_000;
-        let from = now + 1 - seconds.max(1);
-        let set = CounterKey::series(&self.settings.key_prefix, HEARTBEATS);
-        let hashes = self.store().series_read(&set, from, now).await?;
-        let mut seen = BTreeMap::new();
-        for (i, hash) in hashes.into_iter().enumerate() {
-            for instance in hash.into_keys() {
-                seen.insert(instance, from + i as u64);
-            }
-        }
-        Ok(seen)
-    }
-
-    /// The outcomes of `domain`'s rules over the last `seconds` seconds (the current one included), summed across
-    /// every instance sharing the store.
-    pub async fn series(&self, domain: &str, seconds: u64) -> Result<Series, LimitError> {
-        if self.rules().domain(domain).is_none() {
-            return Err(LimitError::NotFound(format!(
-                "domain: no domain '{domain}' is configured"
-            )));
-        }
-        let now = self.clock.now_us() / 1_000_000;
-        let from = now + 1 - seconds.max(1);
-        let set = CounterKey::series(&self.settings.key_prefix, domain);
-        let hashes = self.store().series_read(&set, from, now).await?;
+impl Series {
+    /// A domain's series from `from` on, out of the store's hashes of its seconds (one per second, in order).
+    pub(super) fn from_hashes(from: u64, hashes: Vec<HashMap<String, u64>>) -> Series {
         let len = hashes.len();
         let mut series = Series {
             from,
@@ -194,6 +123,6 @@ impl<S: Counters + Announcements + store::Series> Limiter<S> {
                 }
             }
         }
-        Ok(series)
+        series
     }
 }

@@ -1,7 +1,7 @@
-//! Sizing grants: each due bucket's share of its quota granted ([`Limiter::grant_quota`]) and turned into the
+//! Sizing grants: each due bucket's share of its quota granted ([`Buckets::grant`]) and turned into the
 //! assignment that brings its Envoy there, the bucket's other streams told when they must size theirs again.
 //!
-//! [`Limiter::grant_quota`]: crate::limiter::Limiter::grant_quota
+//! [`Buckets::grant`]: crate::limiter::Buckets::grant
 
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                 }
             })
             .collect();
-        let granted = self.limiter.grant_quota(domain, &claims).await;
+        let granted = self.limiter.buckets().grant(domain, &claims).await;
         let mut announce = Vec::new();
         for ((bucket, state, want, rate), granted) in claimed.into_iter().zip(granted) {
             let granted = match granted {

@@ -142,7 +142,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Charges usages; `None` where a bucket's counters could not be reached (its Envoy keeps its assignment until
     /// the TTL lapses, then follows its own expired-assignment behaviour).
     pub(super) async fn charge(&self, domain: &str, usages: &[Usage]) -> Result<Vec<Option<Charged>>, QuotaError> {
-        match self.limiter.charge_usage(domain, usages).await {
+        match self.limiter.buckets().charge(domain, usages).await {
             Ok(answers) => Ok(answers
                 .into_iter()
                 .map(|a| {

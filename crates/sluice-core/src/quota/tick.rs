@@ -52,7 +52,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                     rate: None,
                 })
                 .collect();
-            let _ = self.limiter.grant_quota(&domain, &claims).await;
+            let _ = self.limiter.buckets().grant(&domain, &claims).await;
         }
         let due: Vec<Usage> = stream
             .buckets

@@ -81,7 +81,12 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         check_size(&self.limiter, &request)?;
         let cost = request.cost.unwrap_or(1);
         let core = to_core(request.domain, request.descriptors, 0);
-        let reports = self.limiter.get_remaining(&core, cost).await.map_err(to_status)?;
+        let reports = self
+            .limiter
+            .decisions()
+            .get_remaining(&core, cost)
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(sluice::GetRemainingResponse {
             descriptors: reports.into_iter().map(to_remaining).collect(),
         }))
@@ -97,6 +102,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let core = to_core(request.domain, request.descriptors, 0);
         let released = self
             .limiter
+            .decisions()
             .release(&core, &request.lease_id)
             .await
             .map_err(to_status)?;
@@ -110,7 +116,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let request = request.into_inner();
         check_size(&self.limiter, &request)?;
         let (core, costs) = cost_request(request);
-        let decision = self.limiter.check(&core, &costs).await.map_err(to_status)?;
+        let decision = self.limiter.budgets().check(&core, &costs).await.map_err(to_status)?;
         Ok(Response::new(to_response(decision, &self.headers)))
     }
 
@@ -125,6 +131,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let core = to_core(request.domain, request.descriptors, request.hits_addend);
         let waited = self
             .limiter
+            .decisions()
             .wait_for_permit(&core, max_wait_us)
             .await
             .map_err(to_status)?;
@@ -139,7 +146,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let request = request.into_inner();
         check_size(&self.limiter, &request)?;
         let (core, costs) = cost_request(request);
-        let decision = self.limiter.report(&core, &costs).await.map_err(to_status)?;
+        let decision = self.limiter.budgets().report(&core, &costs).await.map_err(to_status)?;
         Ok(Response::new(to_response(decision, &self.headers)))
     }
 
@@ -164,7 +171,12 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
             named: request.estimates.into_iter().collect(),
         };
         let core = to_core(request.domain, request.descriptors, 0);
-        let reserved = self.limiter.reserve(&core, &costs, ttl_us).await.map_err(to_status)?;
+        let reserved = self
+            .limiter
+            .budgets()
+            .reserve(&core, &costs, ttl_us)
+            .await
+            .map_err(to_status)?;
         let response = to_response(reserved.decision, &ResponseHeaders::OFF);
         Ok(Response::new(sluice::ReserveResponse {
             overall_code: response.overall_code,
@@ -188,6 +200,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         let core = to_core(request.domain, request.descriptors, 0);
         let settled = self
             .limiter
+            .budgets()
             .settle(&core, &request.reservation_id, &costs)
             .await
             .map_err(to_status)?;
@@ -219,7 +232,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
             QueuedWork::Keep
         };
         let core = to_core(request.domain, request.descriptors, 0);
-        let report = self.limiter.reset(&core, queued).await.map_err(to_status)?;
+        let report = self.limiter.decisions().reset(&core, queued).await.map_err(to_status)?;
         tracing::info!(domain = %core.domain, deleted = report.deleted, kept_streams = report.kept_streams.len(), "reset");
         Ok(Response::new(sluice::ResetResponse {
             deleted: u32::try_from(report.deleted).unwrap_or(u32::MAX),
@@ -243,7 +256,8 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         )?;
         let changed = self
             .limiter
-            .add_list_entries(&request.domain, &request.list, &request.values, Some(ttl_us))
+            .lists()
+            .add_entries(&request.domain, &request.list, &request.values, Some(ttl_us))
             .await
             .map_err(to_status)?;
         tracing::info!(domain = %request.domain, list = %request.list, values = request.values.len(), added = changed, ttl_us, "list entries added");
@@ -262,7 +276,8 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         check_size(&self.limiter, &request)?;
         let changed = self
             .limiter
-            .remove_list_entries(&request.domain, &request.list, &request.values)
+            .lists()
+            .remove_entries(&request.domain, &request.list, &request.values)
             .await
             .map_err(to_status)?;
         tracing::info!(domain = %request.domain, list = %request.list, values = request.values.len(), removed = changed, "list entries removed");
@@ -281,7 +296,8 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         check_size(&self.limiter, &request)?;
         let entries = self
             .limiter
-            .list_entries(&request.domain, &request.list)
+            .lists()
+            .entries(&request.domain, &request.list)
             .await
             .map_err(to_status)?;
         let now_us = self.limiter.now_us();
@@ -326,6 +342,7 @@ impl<S: Store> sluice::rate_limiter_server::RateLimiter for SluiceService<S> {
         };
         let rules = self
             .limiter
+            .tallies()
             .top_offenders(&request.domain, span, limit as usize)
             .await
             .map_err(to_status)?;
@@ -366,7 +383,7 @@ async fn should_rate_limit<S: Store>(
 ) -> Result<Response<rls::RateLimitResponse>, Status> {
     check_size(limiter, &request)?;
     let core = to_core(request.domain, request.descriptors, request.hits_addend);
-    let decision = limiter.should_rate_limit(&core).await.map_err(to_status)?;
+    let decision = limiter.decisions().should_rate_limit(&core).await.map_err(to_status)?;
     Ok(Response::new(to_response(decision, headers)))
 }
 

@@ -144,7 +144,7 @@ async fn ready<S: Store>(State((limiter, rules)): State<Admin<S>>) -> impl IntoR
         Ok(()) => (
             StatusCode::OK,
             std::iter::once("ready".to_string())
-                .chain(limiter.list_failures())
+                .chain(limiter.lists().failures())
                 .chain(limiter.region_lines())
                 .map(|line| line + "\n")
                 .collect(),
@@ -203,7 +203,7 @@ async fn offenders<S: Store>(
         Some(Ok(n @ 1..=1_000)) => n,
         Some(_) => return plain(StatusCode::BAD_REQUEST, "limit: a number from 1 to 1000"),
     };
-    let rules = match limiter.top_offenders(domain, span, limit).await {
+    let rules = match limiter.tallies().top_offenders(domain, span, limit).await {
         Ok(rules) => rules,
         Err(e) => return errors::read_failed(e),
     };
@@ -277,7 +277,7 @@ async fn json<S: Store>(State(state): State<JsonState<S>>, body: Result<Bytes, B
         Err(e) => return invalid(StatusCode::BAD_REQUEST, format!("invalid RateLimitRequest: {e}")),
     };
     let core = to_core(request.domain, request.descriptors, request.hits_addend);
-    match limiter.should_rate_limit(&core).await {
+    match limiter.decisions().should_rate_limit(&core).await {
         Ok(decision) => {
             let status = match decision.overall {
                 Code::Ok => StatusCode::OK,

@@ -121,6 +121,7 @@ pub fn replay(rules: RuleSet, traffic: &Traffic, algorithm: Algorithm, own: bool
         for &(t, k) in &traffic.arrivals {
             clock.set(START_US + t);
             let decision = limiter
+                .decisions()
                 .should_rate_limit(&requests[k as usize])
                 .await
                 .map_err(|e| format!("the limiter refused a request: {e}"))?;

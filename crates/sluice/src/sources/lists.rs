@@ -85,12 +85,12 @@ pub async fn fetch_all<S: Counters + Announcements + Lists>(
     limiter: &Limiter<S>,
     client: &reqwest::Client,
 ) -> Result<(), String> {
-    for (domain, name, source) in limiter.fetched_lists() {
+    for (domain, name, source) in limiter.lists().with_urls() {
         let values = fetch(client, &source.url)
             .await
             .map_err(|e| format!("list '{name}' of domain '{domain}': {e}"))?;
         tracing::info!(domain = %domain, list = %name, url = %source.url, entries = values.len(), "list fetched");
-        limiter.set_fetched(&domain, &name, Arc::new(values));
+        limiter.lists().set_fetched(&domain, &name, Arc::new(values));
     }
     Ok(())
 }
@@ -103,9 +103,10 @@ pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Lim
     // any other (a reload brought it, or changed its URL) at once.
     let start = Instant::now();
     let mut due: HashMap<(Arc<str>, Arc<str>, ListSource), Instant> = limiter
-        .fetched_lists()
+        .lists()
+        .with_urls()
         .into_iter()
-        .filter(|(domain, name, _)| limiter.fetched(domain, name).is_some())
+        .filter(|(domain, name, _)| limiter.lists().fetched(domain, name).is_some())
         .map(|list| {
             let next = start + list.2.refresh;
             (list, next)
@@ -116,7 +117,7 @@ pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Lim
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let lists = limiter.fetched_lists();
+        let lists = limiter.lists().with_urls();
         due.retain(|list, _| lists.contains(list));
         if lists.is_empty() {
             continue;
@@ -140,12 +141,12 @@ pub async fn keep_fetching<S: Counters + Announcements + Lists>(limiter: Arc<Lim
             let retry_after = match fetch(client, &source.url).await {
                 Ok(values) => {
                     tracing::info!(domain = %domain, list = %name, url = %source.url, entries = values.len(), "list fetched");
-                    limiter.set_fetched(domain, name, Arc::new(values));
+                    limiter.lists().set_fetched(domain, name, Arc::new(values));
                     source.refresh
                 }
                 Err(why) => {
                     tracing::warn!(domain = %domain, list = %name, error = %why, "list fetch failed; the last values stay");
-                    limiter.fetch_failed(domain, name, why);
+                    limiter.lists().fetch_failed(domain, name, why);
                     source.refresh.min(RETRY)
                 }
             };

@@ -136,8 +136,8 @@ async fn series<S: Store>(
         Err(refused) => return refused.into_response(),
     };
     let (read, alive) = tokio::join!(
-        limiter.series(&domain, now + 1 - window.from),
-        limiter.instances_seen(data::ALIVE_SECONDS)
+        limiter.tallies().series(&domain, now + 1 - window.from),
+        limiter.tallies().instances_seen(data::ALIVE_SECONDS)
     );
     match read.and_then(|read| Ok((read, alive?))) {
         Ok((read, alive)) => {
@@ -172,10 +172,10 @@ async fn overview<S: Store>(
     let offenders = async {
         match limiter.settings().top_offenders {
             0 => Ok(Vec::new()),
-            _ => limiter.top_offenders(&domain, Span::Minute, 10).await,
+            _ => limiter.tallies().top_offenders(&domain, Span::Minute, 10).await,
         }
     };
-    let (offenders, read, mut health) = tokio::join!(offenders, limiter.series(&domain, 60), health(limiter));
+    let (offenders, read, mut health) = tokio::join!(offenders, limiter.tallies().series(&domain, 60), health(limiter));
     let mut problems = Vec::new();
     let offenders = offenders.unwrap_or_else(|e| {
         problems.push(format!("top offenders: {e}"));
@@ -208,7 +208,13 @@ async fn overview<S: Store>(
         |l: &[(String, u64)]| -> Vec<Value> { l.iter().map(|(v, n)| json!({"value": v, "count": n})).collect() };
     let mut lists = compiled.lists.lines();
     let failed = format!("list {domain}/");
-    lists.extend(limiter.list_failures().into_iter().filter(|l| l.starts_with(&failed)));
+    lists.extend(
+        limiter
+            .lists()
+            .failures()
+            .into_iter()
+            .filter(|l| l.starts_with(&failed)),
+    );
     json(json!({
         "domain": domain,
         "rules": compiled.rule_lines(),
@@ -244,10 +250,14 @@ async fn health<S: Store>(limiter: &Limiter<S>) -> Value {
         Breaker::HalfOpen => "half-open",
         Breaker::Open => "open",
     };
-    let alive = limiter.instances_seen(data::ALIVE_SECONDS).await.unwrap_or_else(|e| {
-        problems.push(format!("instances: {e}"));
-        Default::default()
-    });
+    let alive = limiter
+        .tallies()
+        .instances_seen(data::ALIVE_SECONDS)
+        .await
+        .unwrap_or_else(|e| {
+            problems.push(format!("instances: {e}"));
+            Default::default()
+        });
     let seen = data::Seen {
         instances: &alive,
         this: limiter.instance(),

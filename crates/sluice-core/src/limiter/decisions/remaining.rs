@@ -1,21 +1,22 @@
-//! The read-only report of a request's limits ([`Limiter::get_remaining`]): what is left of each descriptor's most
+//! The read-only report of a request's limits ([`Decisions::get_remaining`]): what is left of each descriptor's most
 //! constrained limit, and when a hit of a given cost would pass, from one peek of the store.
 
-use super::Limiter;
-use super::decision::{AppliedLimit, LimitError, Report};
-use super::request::{Request, validate};
-use super::resolve::{Target, resolve};
+use super::Decisions;
+use crate::limiter::decision::{AppliedLimit, LimitError, Report};
+use crate::limiter::request::{Request, validate};
+use crate::limiter::resolve::{Target, resolve};
 use crate::store::{Announcements, Counters, Hit, Mode, Outcome, StoreError};
 
-impl<S: Counters + Announcements> Limiter<S> {
+impl<S: Counters + Announcements> Decisions<S> {
     /// Reports each descriptor's most constrained limit, what is left of it, and when a hit of `cost` would pass
     /// every limit. Read-only.
     pub async fn get_remaining(&self, request: &Request, cost: u64) -> Result<Vec<Report>, LimitError> {
-        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("get_remaining"))?;
-        let now_us = self.clock.now_us();
-        let rules = self.rules.load();
+        validate(request, &self.core.settings.caps)
+            .inspect_err(|_| self.core.metrics.invalid_request("get_remaining"))?;
+        let now_us = self.core.clock.now_us();
+        let rules = self.core.rules.load();
         let domain = rules.domain(&request.domain);
-        let stats = self.domain_stats(domain);
+        let stats = self.core.domain_stats(domain);
         let targets = resolve(domain, request);
         let hits: Vec<Hit> = request
             .descriptors
@@ -23,7 +24,7 @@ impl<S: Counters + Announcements> Limiter<S> {
             .zip(&targets)
             .filter_map(|(descriptor, target)| match target {
                 Target::Limited { tiers, rule, shared } => {
-                    let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, &[]);
+                    let hit = self.core.hit(request, descriptor, (tiers, *rule, shared), cost, &[]);
                     Some(Hit {
                         mode: Mode::Peek,
                         ..hit
@@ -35,7 +36,7 @@ impl<S: Counters + Announcements> Limiter<S> {
         let outcomes: Result<Vec<Outcome>, StoreError> = if hits.is_empty() {
             Ok(Vec::new())
         } else {
-            self.guard.call(now_us, &hits).await.into_iter().collect()
+            self.core.guard.call(now_us, &hits).await.into_iter().collect()
         };
         let mut outcomes = outcomes
             .inspect_err(|_| stats.remaining_unavailable.increment(1))?

@@ -1,4 +1,4 @@
-//! Waiting for a permit: [`Limiter::wait_for_permit`] holds a call until its hit would pass or its longest wait
+//! Waiting for a permit: [`Decisions::wait_for_permit`] holds a call until its hit would pass or its longest wait
 //! runs out, then answers as ShouldRateLimit does, with how long it waited.
 //!
 //! The wait is the exact one the statuses already carry (an over-limit status's `reset_after_us` is the time until
@@ -6,19 +6,19 @@
 //! before it counts (a check consumes nothing) and counts only once the check passes, so a caller that gives up while
 //! waiting has consumed nothing. Waiters of one request (the same domain and descriptors) are served in the order
 //! they arrived on this instance: each takes its turn through a fair lock per request. At most
-//! [`LimiterSettings::max_waiters`](super::LimiterSettings) calls wait at once on an instance; past it a call is
-//! refused at once ([`LimitError::Busy`]).
+//! [`LimiterSettings::max_waiters`](crate::limiter::LimiterSettings) calls wait at once on an instance; past it a
+//! call is refused at once ([`LimitError::Busy`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use super::Limiter;
-use super::budget::{Costs, How};
-use super::decision::{Code, Decision, LimitError, Report};
-use super::request::Request;
+use super::Decisions;
+use crate::limiter::decide::How;
+use crate::limiter::decision::{Code, Decision, LimitError, Report};
+use crate::limiter::request::{Costs, Request};
 use crate::store::{Announcements, Counters};
 
-/// What [`Limiter::wait_for_permit`] answered.
+/// What [`Decisions::wait_for_permit`] answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Waited {
     /// ShouldRateLimit's answer once the hit passed; the last check's when the wait ran out or could never end.
@@ -80,9 +80,9 @@ fn turn_name(request: &Request) -> String {
     name
 }
 
-impl<S: Counters + Announcements> Limiter<S> {
+impl<S: Counters + Announcements> Decisions<S> {
     /// Waits until the request's hit would pass, at most `max_wait_us`, then decides it as
-    /// [`Limiter::should_rate_limit`] does. Answers the last check (OVER_LIMIT, nothing consumed) when the wait would
+    /// [`Decisions::should_rate_limit`] does. Answers the last check (OVER_LIMIT, nothing consumed) when the wait would
     /// run past `max_wait_us` or can never end (a cost that never fits, a deny list); refuses the call with
     /// [`LimitError::Busy`] when as many calls as allowed wait already.
     pub async fn wait_for_permit(&self, request: &Request, max_wait_us: u64) -> Result<Waited, LimitError> {
@@ -92,7 +92,7 @@ impl<S: Counters + Announcements> Limiter<S> {
                 self.waiters.max
             ))
         })?;
-        let start = self.clock.now_us();
+        let start = self.core.clock.now_us();
         let costs = Costs {
             cost: u64::from(request.hits_addend.max(1)),
             named: Vec::new(),
@@ -103,23 +103,23 @@ impl<S: Counters + Announcements> Limiter<S> {
         let mut out_of_turn = false;
         let _turn = tokio::select! {
             held = turn.lock() => Some(held),
-            () = self.clock.sleep_until(start.saturating_add(max_wait_us)) => {
+            () = self.core.clock.sleep_until(start.saturating_add(max_wait_us)) => {
                 out_of_turn = true;
                 None
             }
         };
         loop {
-            let mut answer = self.decide(request, How::Check(&costs)).await?;
+            let mut answer = self.core.decide(request, How::Check(&costs)).await?;
             if answer.overall == Code::Ok {
-                let decision = self.decide(request, How::Decide).await?;
+                let decision = self.core.decide(request, How::Decide).await?;
                 if decision.overall == Code::Ok || out_of_turn {
-                    let waited_us = self.clock.now_us().saturating_sub(start);
+                    let waited_us = self.core.clock.now_us().saturating_sub(start);
                     return Ok(Waited { decision, waited_us });
                 }
                 // Another caller took the room between the check and the hit: wait as its answer says.
                 answer = decision;
             }
-            let waited_us = self.clock.now_us().saturating_sub(start);
+            let waited_us = self.core.clock.now_us().saturating_sub(start);
             let wait = if out_of_turn {
                 None
             } else {
@@ -127,7 +127,10 @@ impl<S: Counters + Announcements> Limiter<S> {
             };
             match wait {
                 Some(wait) if waited_us.saturating_add(wait) <= max_wait_us => {
-                    self.clock.sleep_until(self.clock.now_us().saturating_add(wait)).await;
+                    self.core
+                        .clock
+                        .sleep_until(self.core.clock.now_us().saturating_add(wait))
+                        .await;
                 }
                 _ => {
                     return Ok(Waited {

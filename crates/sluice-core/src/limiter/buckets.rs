@@ -1,5 +1,5 @@
-//! Usage that already happened, charged to RLQS buckets ([`Limiter::charge_usage`]), and the grants of each bucket's
-//! quota to the Envoys that share it ([`Limiter::grant_quota`]).
+//! RLQS buckets: usage that already happened, charged to their quotas ([`Buckets::charge`]), and the grants of each
+//! bucket's quota to the Envoys that share it ([`Buckets::grant`]), over the store's [`Grants`].
 //!
 //! An Envoy of the Rate Limit Quota Service decides requests itself from its assignment and reports how many it
 //! allowed and denied. Each bucket's quota is an ordinary counter (a rule of the domain's `quota_buckets`), so every
@@ -7,9 +7,12 @@
 //! the limit says (they were served: a forced hit). What each Envoy may spend next is a grant, recorded in the
 //! bucket's ledger in the same store ([`Grants::grant`]), so that every instance shares out the same quota.
 
+use std::sync::Arc;
+
+use super::LimitError;
+use super::core::Core;
 use super::hits::identity_of;
 use super::series::Noted;
-use super::{LimitError, Limiter};
 use crate::metrics::MAX_COUNTED;
 use crate::rules::{Algorithm, BucketSettings, Domain, Rule};
 use crate::store::{
@@ -55,17 +58,24 @@ pub struct TierState {
     pub retry_after_us: u64,
 }
 
-impl<S: Counters + Announcements + Grants> Limiter<S> {
+/// The RLQS buckets' quotas.
+pub struct Buckets<S> {
+    core: Arc<Core<S>>,
+}
+
+impl<S> Buckets<S> {
+    pub(super) fn new(core: Arc<Core<S>>) -> Buckets<S> {
+        Buckets { core }
+    }
+}
+
+impl<S: Counters + Announcements> Buckets<S> {
     /// Charges each bucket's usage to its quota and reports what is left: one store call for every bucket. An
     /// empty usage (nothing allowed or denied) charges nothing and only reads. A bucket whose counters could not be
     /// reached gets its own error; the others keep their answers.
-    pub async fn charge_usage(
-        &self,
-        domain: &str,
-        usages: &[Usage],
-    ) -> Result<Vec<Result<Charged, StoreError>>, LimitError> {
-        let now_us = self.clock.now_us();
-        let rules = self.rules.load();
+    pub async fn charge(&self, domain: &str, usages: &[Usage]) -> Result<Vec<Result<Charged, StoreError>>, LimitError> {
+        let now_us = self.core.clock.now_us();
+        let rules = self.core.rules.load();
         let domain_name = domain;
         let domain = rules.domain(domain);
         let matched: Vec<Option<(&Rule, Identity)>> = usages
@@ -79,7 +89,7 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
         let mut answers = if hits.is_empty() {
             Vec::new()
         } else {
-            self.guard.call(now_us, &hits).await
+            self.core.guard.call(now_us, &hits).await
         }
         .into_iter();
 
@@ -107,9 +117,11 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
             if let Some(domain) = domain {
                 // Reported usage shows in the rule's series as its decisions do.
                 let (allowed, denied) = (usage.allowed.min(MAX_COUNTED), usage.denied.min(MAX_COUNTED));
-                self.outcomes
+                self.core
+                    .outcomes
                     .note_many(&domain.name, &rule.path, now_us, Noted::Allowed, allowed);
-                self.outcomes
+                self.core
+                    .outcomes
                     .note_many(&domain.name, &rule.path, now_us, Noted::Denied, denied);
             }
             let state = self.charged(domain_name, usage, (rule, id), &quota);
@@ -122,7 +134,7 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
     /// A limited bucket's quota after its usage was charged (`quota`: what the store answered), the usage counted in
     /// its rule's metrics.
     fn charged(&self, domain: &str, usage: &Usage, (rule, id): (&Rule, &Identity), quota: &Outcome) -> QuotaState {
-        let ratio = self.metrics.near_limit_ratio();
+        let ratio = self.core.metrics.near_limit_ratio();
         if usage.allowed > 0 {
             let (used, limit) = quota
                 .tiers
@@ -131,11 +143,11 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
                 .map(|(t, spec)| (t.used, spec.limit.capacity()))
                 .max_by_key(|(used, limit)| used.saturating_mul(1000) / u64::from((*limit).max(1)))
                 .unwrap_or((0, 0));
-            rule.stats(&self.metrics, domain)
+            rule.stats(&self.core.metrics, domain)
                 .record(usage.allowed, limit, used, true, rule.shadow_mode, ratio);
         }
         if usage.denied > 0 {
-            rule.stats(&self.metrics, domain)
+            rule.stats(&self.core.metrics, domain)
                 .record(usage.denied, 0, 0, false, false, ratio);
         }
         let tiers = quota
@@ -185,7 +197,7 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
             return;
         }
         let peeks: Vec<Hit> = exhausted.iter().map(|(_, h)| h.clone()).collect();
-        let answers = self.guard.call(now_us, &peeks).await;
+        let answers = self.core.guard.call(now_us, &peeks).await;
         for ((i, _), answer) in exhausted.iter().zip(answers) {
             let Ok(Charged::Limited(state)) = &mut out[*i] else {
                 continue;
@@ -204,11 +216,19 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
         }
     }
 
+    fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
+        let key = CounterKey::bucket_builder(&self.core.settings.key_prefix, &domain.name)
+            .layout(self.core.settings.key_layout);
+        identity_of(key, &usage.bucket, shared)
+    }
+}
+
+impl<S: Counters + Announcements + Grants> Buckets<S> {
     /// Grants each claim its part of its bucket's quota ([`Grants::grant`]): one store call for every claim. A claim
     /// whose bucket no limited rule matches (or an unlimited or shadow one) gets `None` and touches nothing.
-    pub async fn grant_quota(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
-        let now_us = self.clock.now_us();
-        let rules = self.rules.load();
+    pub async fn grant(&self, domain: &str, claims: &[Claim<'_>]) -> Vec<Result<Option<Granted>, StoreError>> {
+        let now_us = self.core.clock.now_us();
+        let rules = self.core.rules.load();
         let domain = rules.domain(domain);
         let mut grants = Vec::new();
         let placed: Vec<bool> = claims
@@ -242,7 +262,7 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
         let mut granted = if grants.is_empty() {
             Vec::new()
         } else {
-            self.guard.store().grant(now_us, &grants).await
+            self.core.guard.store().grant(now_us, &grants).await
         }
         .into_iter();
         placed
@@ -256,14 +276,9 @@ impl<S: Counters + Announcements + Grants> Limiter<S> {
             })
             .collect()
     }
-
-    fn bucket_identity(&self, domain: &Domain, usage: &Usage, shared: &[(usize, &str)]) -> Identity {
-        let key = CounterKey::bucket_builder(&self.settings.key_prefix, &domain.name).layout(self.settings.key_layout);
-        identity_of(key, &usage.bucket, shared)
-    }
 }
 
-/// One Envoy stream's claim on a bucket's quota ([`Limiter::grant_quota`]): see [`Grant`].
+/// One Envoy stream's claim on a bucket's quota ([`Buckets::grant`]): see [`Grant`].
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     /// The bucket id, entries sorted by key.

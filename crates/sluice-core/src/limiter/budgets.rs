@@ -1,37 +1,38 @@
 //! Cost budgets: costs known only after the work is done (LLM tokens, bytes, compute units).
 //!
-//! - [`Limiter::check`] decides a cost without counting it;
-//! - [`Limiter::report`] counts a cost that already happened, whatever the limits say (never refused);
-//! - [`Limiter::reserve`] admits an estimated cost when every limit has room for it and holds it under a reservation
-//!   id, so that concurrent calls can never together overspend; [`Limiter::settle`] replaces the estimate with the
-//!   actual cost. An unsettled reservation expires and stays charged at its estimate.
+//! - [`Budgets::check`] decides a cost without counting it;
+//! - [`Budgets::report`] counts a cost that already happened, whatever the limits say (never refused);
+//! - [`Budgets::reserve`] admits an estimated cost when every limit has room for it and holds it under a reservation
+//!   id, so that concurrent calls can never together overspend; [`Budgets::settle`] replaces the estimate with the
+//!   actual cost. An unsettled reservation expires and stays charged at its estimate, and
+//!   [`Budgets::reap_expired`] counts it so in the cost metrics.
 //!
 //! Each limit counts the request's cost, or a named cost (`cost: input_tokens`), or a priced sum of named costs
 //! (`price: {input_tokens: 3, output_tokens: 12}`): several limits of one descriptor, each counting its own cost,
 //! are still decided together.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::request::{Descriptor, Request, cost as request_cost, validate};
+use super::core::Core;
+use super::decide::How;
+use super::request::{Costs, Descriptor, Request, validate};
 use super::resolve::{Target, resolve};
-use super::{Code, Decision, LimitError, Limiter};
-use crate::store::{Announcements, Counters, Hit, Reservations, Settled, Settlement, StoreError};
+use super::{Code, Decision, LimitError};
+use crate::store::{Announcements, Counters, Reservations, Settled, Settlement, StoreError};
 
-/// The costs of a cost-budget call.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Costs {
-    /// The cost of each descriptor, unless the descriptor sets its own `hits_addend`.
-    pub cost: u64,
-    /// Named costs, e.g. `input_tokens`: limits configured with `cost:` or `price:` count these.
-    pub named: Vec<(String, u64)>,
+/// The cost-budget calls, over the store's [`Reservations`].
+pub struct Budgets<S> {
+    core: Arc<Core<S>>,
+    /// The reservations made here and not yet seen settled, to count those that expire.
+    book: Mutex<ReservationBook>,
 }
 
-/// What [`Limiter::reserve`] did.
+/// What [`Budgets::reserve`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reserved {
     /// OK: every descriptor's limits admitted the estimate, now held; OVER_LIMIT: nothing is held.
     pub decision: Decision,
-    /// Names the reservation in [`Limiter::settle`]; `None` when nothing was reserved.
+    /// Names the reservation in [`Budgets::settle`]; `None` when nothing was reserved.
     pub id: Option<String>,
     pub ttl_us: u64,
 }
@@ -48,74 +49,33 @@ pub struct SettledDescriptor {
     pub refunded: u64,
 }
 
-/// How a request's hits are counted (see [`Limiter::decide`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum How<'a> {
-    /// ShouldRateLimit: each hit counted when it fits.
-    Decide,
-    Check(&'a Costs),
-    Report(&'a Costs),
-    Reserve {
-        costs: &'a Costs,
-        id: &'a str,
-        ttl_us: u64,
-    },
-}
-
-impl How<'_> {
-    /// The RPC name in metrics.
-    pub(crate) fn rpc(self) -> &'static str {
-        match self {
-            How::Decide => "should_rate_limit",
-            How::Check(_) => "check",
-            How::Report(_) => "report",
-            How::Reserve { .. } => "reserve",
-        }
-    }
-
-    /// The kind of cost a counted hit adds to the cost metrics, for the cost-budget calls that count.
-    pub(crate) fn counted_kind(self) -> Option<&'static str> {
-        match self {
-            How::Report(_) => Some("reported"),
-            How::Reserve { .. } => Some("reserved"),
-            How::Decide | How::Check(_) => None,
-        }
-    }
-
-    pub(crate) fn named(&self) -> &[(String, u64)] {
-        match self {
-            How::Decide => &[],
-            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => &c.named,
-        }
-    }
-
-    /// A descriptor's cost: its own `hits_addend`, else Envoy's request-wide one (0 means 1) or the call's.
-    pub(crate) fn cost(self, request: &Request, descriptor: &Descriptor) -> u64 {
-        match self {
-            How::Decide => request_cost(request, descriptor),
-            How::Check(c) | How::Report(c) | How::Reserve { costs: c, .. } => descriptor.hits_addend.unwrap_or(c.cost),
-        }
-    }
-}
-
-/// Whether a hit costs anything to any of its limits.
-pub(crate) fn hit_costs(hit: &Hit) -> bool {
-    hit.tiers.iter().any(|t| t.cost.unwrap_or(hit.cost) > 0)
-}
-
 /// The longest a reservation may be held: a day.
 pub const MAX_RESERVATION_TTL_US: u64 = 86_400_000_000;
 
-impl<S: Counters + Announcements + Reservations> Limiter<S> {
-    /// Decides `costs` without counting anything: the statuses [`Limiter::should_rate_limit`] would answer.
+impl<S> Budgets<S> {
+    pub(super) fn new(core: Arc<Core<S>>) -> Budgets<S> {
+        Budgets {
+            core,
+            book: Mutex::default(),
+        }
+    }
+
+    fn book(&self) -> MutexGuard<'_, ReservationBook> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<S: Counters + Announcements + Reservations> Budgets<S> {
+    /// Decides `costs` without counting anything: the statuses
+    /// [`Decisions::should_rate_limit`](super::Decisions::should_rate_limit) would answer.
     pub async fn check(&self, request: &Request, costs: &Costs) -> Result<Decision, LimitError> {
-        self.decide(request, How::Check(costs)).await
+        self.core.decide(request, How::Check(costs)).await
     }
 
     /// Counts `costs` against every limit the descriptors match, whatever the limits say; every status is OK and
     /// says what is left.
     pub async fn report(&self, request: &Request, costs: &Costs) -> Result<Decision, LimitError> {
-        self.decide(request, How::Report(costs)).await
+        self.core.decide(request, How::Report(costs)).await
     }
 
     /// Admits the estimated `costs` when every limit of every descriptor has room for them, and holds them for
@@ -123,14 +83,17 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
     /// at once and nothing stays reserved.
     pub async fn reserve(&self, request: &Request, costs: &Costs, ttl_us: u64) -> Result<Reserved, LimitError> {
         if ttl_us == 0 || ttl_us > MAX_RESERVATION_TTL_US {
-            self.metrics.invalid_request("reserve");
+            self.core.metrics.invalid_request("reserve");
             return Err(LimitError::InvalidArgument(format!(
                 "ttl must be more than 0 and at most {} s",
                 MAX_RESERVATION_TTL_US / 1_000_000
             )));
         }
         let id = super::new_lease();
-        let decision = self.decide(request, How::Reserve { costs, id: &id, ttl_us }).await?;
+        let decision = self
+            .core
+            .decide(request, How::Reserve { costs, id: &id, ttl_us })
+            .await?;
         // Nothing is held when no descriptor met a limit (an unknown domain or key): no id, which Settle would not
         // know.
         let holds = decision.statuses.iter().any(|s| s.limit.is_some());
@@ -142,7 +105,7 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
             });
         }
         if decision.overall == Code::Ok {
-            let expires_at = self.clock.now_us().saturating_add(ttl_us);
+            let expires_at = self.core.clock.now_us().saturating_add(ttl_us);
             self.book().track(&id, expires_at, request);
             return Ok(Reserved {
                 decision,
@@ -187,12 +150,12 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
         id: &str,
         costs: &Costs,
     ) -> Result<Option<Vec<SettledDescriptor>>, LimitError> {
-        validate(request, &self.settings.caps).inspect_err(|_| self.metrics.invalid_request("settle"))?;
-        if id.is_empty() || id.len() > self.settings.caps.max_value_bytes {
-            self.metrics.invalid_request("settle");
+        validate(request, &self.core.settings.caps).inspect_err(|_| self.core.metrics.invalid_request("settle"))?;
+        if id.is_empty() || id.len() > self.core.settings.caps.max_value_bytes {
+            self.core.metrics.invalid_request("settle");
             return Err(LimitError::InvalidArgument(format!(
                 "reservation_id must be 1 to {} bytes",
-                self.settings.caps.max_value_bytes
+                self.core.settings.caps.max_value_bytes
             )));
         }
         let found = self.settle_with(request, id, costs, false).await?;
@@ -208,7 +171,7 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
     /// reservation settled through another instance left no record, so it is never counted; one this limiter did not
     /// make, or could not keep track of (more than [`MAX_TRACKED`] held at once), is not counted here.
     pub async fn reap_expired(&self) -> Result<u64, LimitError> {
-        let now_us = self.clock.now_us();
+        let now_us = self.core.clock.now_us();
         let due = self.book().take_due(now_us.saturating_sub(REAP_AFTER_US));
         let (mut reaped, mut failed) = (0u64, None);
         for (id, request) in due {
@@ -230,10 +193,6 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
         }
     }
 
-    fn book(&self) -> std::sync::MutexGuard<'_, ReservationBook> {
-        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Settles (or, with `reap`, reaps) reservation `id` over the request's descriptors, counting the cost metrics.
     async fn settle_with(
         &self,
@@ -242,8 +201,8 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
         costs: &Costs,
         reap: bool,
     ) -> Result<Option<Vec<SettledDescriptor>>, LimitError> {
-        let now_us = self.clock.now_us();
-        let rules = self.rules.load();
+        let now_us = self.core.clock.now_us();
+        let rules = self.core.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);
         let how = How::Report(costs);
         let mut settlements = Vec::new();
@@ -252,8 +211,10 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
         for (i, (descriptor, target)) in request.descriptors.iter().zip(&targets).enumerate() {
             if let Target::Limited { tiers, rule, shared } = target {
                 let cost = how.cost(request, descriptor);
-                let hit = self.hit(request, descriptor, (tiers, *rule, shared), cost, &costs.named);
-                let reservation = self.identity(&request.domain, descriptor, shared).reservation(id);
+                let hit = self
+                    .core
+                    .hit(request, descriptor, (tiers, *rule, shared), cost, &costs.named);
+                let reservation = self.core.identity(&request.domain, descriptor, shared).reservation(id);
                 settlements.push(Settlement { hit, reservation, reap });
                 index.push(i);
                 labels.push(rule.map(|r| {
@@ -269,7 +230,7 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
         if settlements.is_empty() {
             return Ok(None);
         }
-        let answers = self.guard.store().settle(now_us, &settlements).await;
+        let answers = self.core.guard.store().settle(now_us, &settlements).await;
         if !reap {
             // What came back frees its counters' denials, here and on every instance. A settlement that failed may
             // still have been applied (a timeout), so its counters are freed too.
@@ -283,7 +244,7 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
                 })
                 .flat_map(|(s, _)| s.hit.tiers.iter().map(|t| t.key.as_str().to_string()))
                 .collect();
-            self.guard.freed(freed).await;
+            self.core.guard.freed(freed).await;
         }
         self.tally_settled(request, (&index, &labels), answers, reap)
     }
@@ -311,12 +272,12 @@ impl<S: Counters + Announcements + Reservations> Limiter<S> {
                         if let Some((rule, limits)) = label {
                             let limit = limits.get(j).map_or("", String::as_str);
                             if reap {
-                                self.metrics.cost(domain, rule, limit, "expired", t.estimate);
+                                self.core.metrics.cost(domain, rule, limit, "expired", t.estimate);
                             } else {
-                                self.metrics.cost(domain, rule, limit, "settled", t.estimate);
-                                self.metrics.cost(domain, rule, limit, "actual", t.actual);
-                                self.metrics.cost(domain, rule, limit, "refunded", t.refunded);
-                                self.metrics.cost(domain, rule, limit, "charged", t.charged);
+                                self.core.metrics.cost(domain, rule, limit, "settled", t.estimate);
+                                self.core.metrics.cost(domain, rule, limit, "actual", t.actual);
+                                self.core.metrics.cost(domain, rule, limit, "refunded", t.refunded);
+                                self.core.metrics.cost(domain, rule, limit, "charged", t.charged);
                             }
                         }
                         d.estimate = d.estimate.saturating_add(t.estimate);
@@ -344,7 +305,7 @@ pub const MAX_TRACKED: usize = 100_000;
 
 /// The reservations a limiter made and has not seen settled: what it may have to reap.
 #[derive(Debug, Default)]
-pub(crate) struct ReservationBook {
+struct ReservationBook {
     by_expiry: std::collections::BTreeMap<(u64, String), Request>,
     expiry_of: std::collections::HashMap<String, u64>,
 }
