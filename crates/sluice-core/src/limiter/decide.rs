@@ -30,7 +30,7 @@ impl<S: Counters + Announcements> Core<S> {
             let live = self.live_lists.load();
             listed(domain, request, &mut targets, live.get(request.domain.as_str()));
         }
-        let lease = targets.iter().any(|t| t.has(Algorithm::Concurrency)).then(new_lease);
+        let lease = targets.iter().any(|t| t.has(Algorithm::takes_lease)).then(new_lease);
         let mut hits = self.hits_of(request, &targets, how, lease.as_deref())?;
         let decided = self.decide_hits(&mut hits, now_us, domain, stats).await?;
         let answers = decided.iter().zip(&hits);
@@ -255,13 +255,13 @@ impl<S: Counters + Announcements> Core<S> {
             }
         }
         for (spec, t) in hit.tiers.iter().zip(&outcome.tiers) {
-            match (spec.algorithm, &t.id) {
-                (Algorithm::Queue, Some(id)) => shaped.queued.push(Queued {
+            match &t.id {
+                Some(id) if spec.algorithm.queues() => shaped.queued.push(Queued {
                     descriptor: index,
                     stream: spec.key.as_str().to_string(),
                     entry_id: id.clone(),
                 }),
-                (Algorithm::Concurrency, Some(_)) => shaped.leased = true,
+                Some(_) if spec.algorithm.takes_lease() => shaped.leased = true,
                 _ => {}
             }
         }

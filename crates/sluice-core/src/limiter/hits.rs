@@ -3,7 +3,7 @@
 
 use super::core::Core;
 use super::request::{Descriptor, Request};
-use crate::rules::{Algorithm, Rule, Tier, TierCost};
+use crate::rules::{Rule, Tier, TierCost};
 use crate::store::{Announcements, CounterKey, Counters, Hit, Identity, KeyBuilder, Mode, RecordSpec, TierSpec};
 
 impl<S: Counters + Announcements> Core<S> {
@@ -31,7 +31,7 @@ impl<S: Counters + Announcements> Core<S> {
         let capacity = tiers.iter().map(|t| u64::from(t.limit.capacity())).max().unwrap_or(0);
         let cost = cost.min(capacity + 1);
         let id = self.identity(&request.domain, descriptor, shared);
-        let queue = tiers.iter().any(|t| t.limit.algorithm == Algorithm::Queue);
+        let queue = tiers.iter().any(|t| t.limit.algorithm.queues());
         let regions = self.guard.regions().is_some();
         let record = rule.and_then(|r| r.record.as_ref()).map(|record| RecordSpec {
             key: id.records(),
@@ -93,7 +93,7 @@ pub(super) fn alone(tiers: &[Tier], rule: Option<&Rule>) -> bool {
 pub(super) fn tier_key(id: &Identity, tier: &Tier, lone: bool) -> CounterKey {
     // A descriptor's one fixed window, counting requests in this region alone, is what the reference can express: in
     // its layout, under its key.
-    let reference = lone && tier.limit.algorithm == Algorithm::FixedWindow && tier.cost == TierCost::Request;
+    let reference = lone && tier.limit.algorithm.is_reference() && tier.cost == TierCost::Request;
     if let Some(key) = id
         .reference_window(tier.limit.window_us())
         .filter(|_| reference && !tier.global)

@@ -22,8 +22,9 @@ pub enum Target<'a> {
 }
 
 impl Target<'_> {
-    pub fn has(&self, algorithm: Algorithm) -> bool {
-        matches!(self, Target::Limited { tiers, .. } if tiers.iter().any(|t| t.limit.algorithm == algorithm))
+    /// Whether one of its limits is of an algorithm that `is` (e.g. [`Algorithm::takes_lease`]).
+    pub fn has(&self, is: impl Fn(Algorithm) -> bool) -> bool {
+        matches!(self, Target::Limited { tiers, .. } if tiers.iter().any(|t| is(t.limit.algorithm)))
     }
 }
 

@@ -112,6 +112,12 @@ impl Algorithm {
         matches!(self, Algorithm::Concurrency | Algorithm::Queue)
     }
 
+    /// Whether envoyproxy/ratelimit knows it (the fixed window, its only algorithm): a descriptor's one limit of it,
+    /// counting requests in one region, keeps the reference's key layout for the drop-in.
+    pub fn is_reference(self) -> bool {
+        self == Algorithm::FixedWindow
+    }
+
     /// Whether a lone limit of it counts its denials too, as the reference's fixed windows do (never a cost above
     /// its limit, which can never fit, nor a refused reservation, which holds nothing, nor a global window's).
     pub fn counts_denials_alone(self) -> bool {

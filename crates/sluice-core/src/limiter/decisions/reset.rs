@@ -7,7 +7,7 @@ use crate::limiter::hits::{alone, tier_key};
 use crate::limiter::request::{Request, validate};
 use crate::limiter::resolve::{Target, resolve};
 use crate::limiter::settings::Cap;
-use crate::rules::{Algorithm, Tier};
+use crate::rules::Tier;
 use crate::store::{Announcements, CounterKey, Counters, Releases, StreamReset, algorithm};
 
 impl<S: Counters + Announcements + Releases> Decisions<S> {
@@ -29,7 +29,7 @@ impl<S: Counters + Announcements + Releases> Decisions<S> {
                 ),
             });
         }
-        let keys = self.keys(request, |t| t.limit.algorithm == Algorithm::Concurrency, false);
+        let keys = self.keys(request, |t| t.limit.algorithm.takes_lease(), false);
         Ok(self.core.guard.store().release(&keys, lease).await?)
     }
 
@@ -39,7 +39,7 @@ impl<S: Counters + Announcements + Releases> Decisions<S> {
     pub async fn reset(&self, request: &Request, queued: QueuedWork) -> Result<ResetReport, LimitError> {
         validate(request, &self.core.settings.caps).inspect_err(|_| self.core.metrics.invalid_request("reset"))?;
         let keep_streams = queued == QueuedWork::Keep;
-        let is_stream = |t: &Tier| keep_streams && t.limit.algorithm == Algorithm::Queue;
+        let is_stream = |t: &Tier| keep_streams && t.limit.algorithm.queues();
         let keys = self.keys(request, |t| !is_stream(t), true);
         let streams = self.keys(request, is_stream, false);
         let deleted = self.core.guard.store().reset(&keys).await;
