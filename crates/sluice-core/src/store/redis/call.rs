@@ -163,7 +163,8 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua` and `algorithm/sliding_window.lua`); with others, the driver's.
+        // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua`
+        // and `algorithm/sliding_window.lua`); with others, the driver's.
         if let (None, []) = (record, fields) {
             let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
                 (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, hit.cost, &hit.lease),
