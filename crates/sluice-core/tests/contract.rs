@@ -118,11 +118,8 @@ fn reserving(mut h: Hit, name: &str, id: &str, ttl_us: u64) -> Hit {
 /// Settles the reservation `id` of `h`'s descriptor (`k=<name>`) with the actual cost `actual`.
 async fn settle(store: &impl Store, now: u64, h: &Hit, name: &str, id: &str, actual: u64) -> Settled {
     let settlement = Settlement {
-        hit: Hit {
-            cost: actual,
-            mode: Mode::Hit,
-            ..h.clone()
-        },
+        tiers: h.tiers.clone(),
+        cost: actual,
         reservation: reservation_key(name, id),
         reap: false,
     };

@@ -492,11 +492,8 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                         let settlements: Vec<Settlement> = settle
                             .iter()
                             .map(|(r, actual, costs)| Settlement {
-                                hit: Hit {
-                                    tiers: with_costs(&tiers, costs, &shapes),
-                                    cost: actual.resolve(&shapes),
-                                    ..hit.clone()
-                                },
+                                tiers: with_costs(&tiers, costs, &shapes),
+                                cost: actual.resolve(&shapes),
                                 reservation: id.reservation(&r.to_string()),
                                 reap: false,
                             })

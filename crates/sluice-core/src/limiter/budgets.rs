@@ -215,7 +215,12 @@ impl<S: Counters + Announcements + Reservations> Budgets<S> {
                     .core
                     .hit(request, descriptor, (tiers, *rule, shared), cost, &costs.named);
                 let reservation = self.core.identity(&request.domain, descriptor, shared).reservation(id);
-                settlements.push(Settlement { hit, reservation, reap });
+                settlements.push(Settlement {
+                    tiers: hit.tiers,
+                    cost: hit.cost,
+                    reservation,
+                    reap,
+                });
                 index.push(i);
                 labels.push(rule.map(|r| {
                     let limits: Vec<String> = tiers
@@ -242,7 +247,7 @@ impl<S: Counters + Announcements + Reservations> Budgets<S> {
                     Ok(Settled::Unknown) => false,
                     Err(_) => true,
                 })
-                .flat_map(|(s, _)| s.hit.tiers.iter().map(|t| t.key.as_str().to_string()))
+                .flat_map(|(s, _)| s.tiers.iter().map(|t| t.key.as_str().to_string()))
                 .collect();
             self.core.guard.freed(freed).await;
         }

@@ -133,10 +133,22 @@ impl Mode {
     }
 }
 
+/// Each tier's cost, in order, as the stores decide with it ([`TierSpec::bounded_cost`]), where `cost` is the cost of
+/// every tier without its own.
+pub(crate) fn tier_costs(tiers: &[TierSpec], cost: u64) -> Vec<u64> {
+    tiers.iter().map(|t| t.bounded_cost(cost)).collect()
+}
+
+/// Whether every tier is of a counting algorithm (`fixed_window`, `sliding_window`, `token_bucket`,
+/// `leaky_bucket`): what forced hits, reservations and settlements need.
+pub(crate) fn all_count(tiers: &[TierSpec]) -> bool {
+    tiers.iter().all(|t| t.algorithm.counts())
+}
+
 impl Hit {
     /// Each tier's cost, in order, as the stores decide with it ([`TierSpec::bounded_cost`]).
     pub(crate) fn tier_costs(&self) -> Vec<u64> {
-        self.tiers.iter().map(|t| t.bounded_cost(self.cost)).collect()
+        tier_costs(&self.tiers, self.cost)
     }
 
     /// Whether the hit only reports ([`Mode::Peek`]).
@@ -170,10 +182,9 @@ impl Hit {
         self.reservation().filter(|_| self.counts())
     }
 
-    /// Whether every tier is of a counting algorithm (`fixed_window`, `sliding_window`, `token_bucket`,
-    /// `leaky_bucket`): what forced hits, reservations and settlements need.
+    /// Whether every tier is of a counting algorithm: what forced hits and reservations need ([`all_count`]).
     pub(crate) fn counts(&self) -> bool {
-        self.tiers.iter().all(|t| t.algorithm.counts())
+        all_count(&self.tiers)
     }
 }
 
@@ -206,14 +217,15 @@ impl ReservationSpec {
 
 /// Replace a reservation's estimates with the actual costs.
 ///
-/// `hit` names the descriptor's tiers (as the reserving hit did, in the same order) and carries the actual costs: each
-/// tier's is its own [`cost`](TierSpec::cost), else the hit's `cost`, bounded as any cost is
-/// ([`TierSpec::bounded_cost`]: at most the tier's capacity + 1, so the arithmetic stays exact); its other fields are
-/// not read. `reservation` is the record the reserving hit wrote ([`ReservationSpec::key`]), with the same hash tag as
-/// the tiers.
+/// `tiers` are the descriptor's tiers (as the reserving hit named them, in the same order), each with its actual cost:
+/// its own [`cost`](TierSpec::cost), else `cost`, bounded as any cost is ([`TierSpec::bounded_cost`]: at most the
+/// tier's capacity + 1, so the arithmetic stays exact). `reservation` is the record the reserving hit wrote
+/// ([`ReservationSpec::key`]), with the same hash tag as the tiers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    pub hit: Hit,
+    pub tiers: Vec<TierSpec>,
+    /// The actual cost of every tier without a [`cost`](TierSpec::cost) of its own.
+    pub cost: u64,
     pub reservation: CounterKey,
     /// Reap instead of settle: only a reservation that has expired unsettled is found (a record is kept
     /// [`RESERVATION_GRACE_US`] past its expiry for this), its record removed and its estimates reported as

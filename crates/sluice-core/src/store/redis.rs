@@ -51,7 +51,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::{
     Announcements, Answers, CounterKey, Counters, Grant, Granted, Grants, Hit, Notice, Releases, Reservations, Settled,
-    Settlement, StoreError, StreamReset,
+    Settlement, StoreError, StreamReset, all_count,
 };
 
 mod call;
@@ -513,7 +513,7 @@ impl Reservations for RedisStore {
     async fn settle(&self, now_us: u64, settlements: &[Settlement]) -> Vec<Result<Settled, StoreError>> {
         // A settlement whose hit has a tier that does not count never reaches Redis.
         let counted: Vec<usize> = (0..settlements.len())
-            .filter(|&i| settlements[i].hit.counts())
+            .filter(|&i| all_count(&settlements[i].tiers))
             .collect();
         let mut answers: Vec<Result<Settled, StoreError>> = settlements.iter().map(|_| Ok(Settled::Unknown)).collect();
         if counted.is_empty() {
@@ -525,7 +525,7 @@ impl Reservations for RedisStore {
             .run_calls(
                 &counted,
                 |&i| Call::settle(now, &settlements[i], routed),
-                |value, &i| parse_settled(value, settlements[i].hit.tiers.len()),
+                |value, &i| parse_settled(value, settlements[i].tiers.len()),
             )
             .await;
         for (i, answer) in counted.into_iter().zip(settled) {

@@ -132,7 +132,8 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     assert!(apply(&store, T0, &reserve("r")).await.admitted);
     assert_eq!((get(&minute), get(&hour)), ("10".into(), "10".into()));
     let settlement = Settlement {
-        hit: Hit { cost: 4, ..h.clone() },
+        tiers: h.tiers.clone(),
+        cost: 4,
         reservation: id.reservation("r"),
         reap: false,
     };

@@ -12,7 +12,6 @@ use super::{
     reservation_key, reserving, settle,
 };
 use crate::harness::{RedisServer, T0, redis_store, tier};
-use sluice_core::store::Mode;
 use sluice_core::store::{Counters, Reservations};
 
 every_store!(
@@ -203,7 +202,8 @@ async fn settlements_in_one_call_are_independent(store: impl Store) {
     assert!(apply(&store, T0, &reserving(h(2), name, "b", HOUR)).await.admitted);
     assert!(apply(&store, T0, &reserving(h(1), name, "c", HOUR)).await.admitted);
     let settlement = |id: &str, actual, tiers: Vec<TierSpec>| Settlement {
-        hit: hit(tiers, actual),
+        tiers,
+        cost: actual,
         reservation: reservation_key(name, id),
         reap: false,
     };
@@ -436,11 +436,8 @@ async fn redis_a_compact_record_settles_and_reaps() {
     let later = T0 + 31 * SECOND;
     for id in ["b", "c"] {
         let reaping = Settlement {
-            hit: Hit {
-                cost: 0,
-                mode: Mode::Hit,
-                ..h(0)
-            },
+            tiers: h(0).tiers,
+            cost: 0,
             reservation: reservation_key("res-forms", id),
             reap: true,
         };
@@ -491,11 +488,8 @@ async fn redis_settlements_reload_the_script_and_route_per_slot_in_a_cluster() {
         .zip(&hits)
         .enumerate()
         .map(|(i, (name, h))| Settlement {
-            hit: Hit {
-                cost: i as u64 % 8,
-                mode: Mode::Hit,
-                ..h.clone()
-            },
+            tiers: h.tiers.clone(),
+            cost: i as u64 % 8,
             reservation: reservation_key(name, "a"),
             reap: false,
         })

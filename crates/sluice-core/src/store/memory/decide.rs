@@ -6,7 +6,8 @@ use super::shard::{Ledger, Records, Reservation, Shard, State};
 use super::{MemoryStore, lock};
 use crate::store::algorithm::{self, Check, Expiry, Refund, ceil_ms_us};
 use crate::store::{
-    Claimant, Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec, allot,
+    Claimant, Grant, Granted, Hit, Outcome, RESERVATION_GRACE_US, Settled, Settlement, TierSettled, TierSpec,
+    all_count, allot, tier_costs,
 };
 
 /// What a tier's hit of `cost` would find in the shard at `now`, by its algorithm's check.
@@ -122,19 +123,19 @@ impl MemoryStore {
 
     /// Settles one reservation under its descriptor's shard lock, as `settle` in `lua/decide.lua` does.
     pub(super) fn settle_one(&self, now: u64, settlement: &Settlement) -> Settled {
-        let hit = &settlement.hit;
-        if !hit.counts() {
+        let tiers = &settlement.tiers;
+        if !all_count(tiers) {
             return Settled::Unknown;
         }
         let key = settlement.reservation.as_str();
         // The shard `decide` wrote the record in: its tiers' (the record shares their hash tag).
-        let tag = hit.tiers.first().map(|t| t.key.tag()).unwrap_or_default();
+        let tag = tiers.first().map(|t| t.key.tag()).unwrap_or_default();
         let mut shard = self.shard(tag, now);
         let (estimates, at) = match shard.live(key, now) {
             // One estimate per tier, or the settlement names other tiers than the reservation: left as it is. A
             // settlement finds only a live reservation, a reaping only an expired one.
             Some(State::Reservation(r))
-                if r.estimates.len() == hit.tiers.len() && (r.expires_at <= now) == settlement.reap =>
+                if r.estimates.len() == tiers.len() && (r.expires_at <= now) == settlement.reap =>
             {
                 (r.estimates.clone(), r.at)
             }
@@ -144,7 +145,7 @@ impl MemoryStore {
         let actuals = if settlement.reap {
             estimates.clone()
         } else {
-            hit.tier_costs()
+            tier_costs(tiers, settlement.cost)
         };
         let mut settled: Vec<TierSettled> = estimates
             .iter()
@@ -154,14 +155,12 @@ impl MemoryStore {
         // Every tier is read before any is written, as the script does (there a key of the wrong type stops the
         // settlement before it changes anything): a tier charged more is counted as a forced hit of the difference,
         // a tier charged less gives the difference back.
-        let checks: Vec<Option<Check>> = hit
-            .tiers
+        let checks: Vec<Option<Check>> = tiers
             .iter()
             .zip(&settled)
             .map(|(t, s)| (s.charged > 0).then(|| check(&shard, t, now, s.charged, true)))
             .collect();
-        let refunds: Vec<Option<Refund>> = hit
-            .tiers
+        let refunds: Vec<Option<Refund>> = tiers
             .iter()
             .zip(&settled)
             .map(|(t, s)| {
@@ -175,16 +174,16 @@ impl MemoryStore {
             s.refunded = refund.as_ref().map_or(0, |r| r.given);
         }
         shard.entries.remove(key);
-        for (((spec, s), check), refund) in hit.tiers.iter().zip(&settled).zip(&checks).zip(refunds) {
+        for (((spec, s), check), refund) in tiers.iter().zip(&settled).zip(&checks).zip(refunds) {
             if let Some(check) = check {
-                algorithm::commit(&mut *shard, spec, check, now, s.charged, &hit.lease);
+                algorithm::commit(&mut *shard, spec, check, now, s.charged, "");
             }
             if let Some(refund) = refund {
                 shard.give_back(spec.key.as_str(), now, refund);
             }
         }
         // Each tier as a peek of cost 1 reports it.
-        let checks: Vec<Check> = hit.tiers.iter().map(|t| check(&shard, t, now, 1, false)).collect();
+        let checks: Vec<Check> = tiers.iter().map(|t| check(&shard, t, now, 1, false)).collect();
         let outcome = Outcome {
             admitted: checks.iter().all(|c| c.ok),
             tiers: checks.iter().map(|c| c.outcome(false, true, false, None)).collect(),

@@ -94,7 +94,14 @@ impl Call {
         };
         // At most MAX_RESERVATION_TTL_US: exact in the script's doubles.
         let reservation = reservation.map(|r| (&r.key, vec![Value::Integer(r.bounded_ttl_us() as i64)]));
-        Call::build(mode, now_us, hit, record, reservation, routed)
+        Call::build(
+            mode,
+            now_us,
+            (&hit.tiers, hit.cost),
+            Some((hit, record)),
+            reservation,
+            routed,
+        )
     }
 
     /// One settlement's keys and arguments: decide.lua's mode 'settle', with the record as the last key.
@@ -106,7 +113,7 @@ impl Call {
                 ScriptMode::Settle
             },
             now_us,
-            &settlement.hit,
+            (&settlement.tiers, settlement.cost),
             None,
             Some((&settlement.reservation, Vec::new())),
             routed,
@@ -116,10 +123,6 @@ impl Call {
     /// One grant's keys and arguments: decide.lua's mode 'grant', its tiers read at cost 0, with the ledger as the
     /// last key and the holder's entry, whether it is a newcomer and a rate's limit (-1: a budget) after the tiers.
     pub(super) fn grant(now_us: Option<u64>, grant: &Grant, routed: bool) -> Call {
-        let hit = Hit {
-            tiers: grant.tiers.clone(),
-            ..Hit::default()
-        };
         let amount = |n: u64| Value::Integer(n.min(MAX_LEDGER_AMOUNT) as i64);
         let tail = vec![
             Value::from(grant.holder.as_str()),
@@ -132,31 +135,30 @@ impl Call {
         Call::build(
             ScriptMode::Grant,
             now_us,
-            &hit,
+            (&grant.tiers, 0),
             None,
             Some((&grant.ledger, tail)),
             routed,
         )
     }
 
-    /// The call in `mode`; `extra`: the key after the tiers' (a reservation's record, a grant's ledger), and the
-    /// arguments after theirs (the record's TTL when the mode writes it, a grant's entry).
+    /// The call in `mode` on `tiers`, with `cost` the cost of every tier without its own; `hit`: for a hit or a peek,
+    /// the hit (its lease, its queue fields, its reservation) and the hit records to keep or read; `extra`: the key
+    /// after the tiers' (a reservation's record, a grant's ledger), and the arguments after theirs (the record's TTL
+    /// when the mode writes it, a grant's entry).
     fn build(
         mode: ScriptMode,
         now_us: Option<u64>,
-        hit: &Hit,
-        record: Option<&RecordSpec>,
+        (tiers, cost): (&[TierSpec], u64),
+        hit: Option<(&Hit, Option<&RecordSpec>)>,
         extra: Option<(&CounterKey, Vec<Value>)>,
         routed: bool,
     ) -> Call {
-        // A settlement carries no queue fields: its tiers all count.
-        let fields: &[(String, String)] = if matches!(mode, ScriptMode::Settle | ScriptMode::Reap) {
-            &[]
-        } else {
-            &hit.fields
-        };
-        let slot = hit
-            .tiers
+        let record = hit.and_then(|(_, record)| record);
+        let lease = hit.map_or("", |(h, _)| h.lease.as_str());
+        // A settlement and a grant carry no queue fields: their tiers all count.
+        let fields: &[(String, String)] = hit.map_or(&[], |(h, _)| &h.fields);
+        let slot = tiers
             .first()
             .map(|t| &t.key)
             .or(record.map(|r| &r.key))
@@ -166,13 +168,14 @@ impl Call {
         // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua`
         // and `algorithm/sliding_window.lua`); with others, the driver's.
         if let (None, []) = (record, fields) {
-            let compact = match (mode, &hit.tiers[..], hit.reservation(), &extra) {
-                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, hit.cost, &hit.lease),
-                (ScriptMode::Hit, tiers, _, _) => Compact::windows(now_us, tiers, hit.cost),
+            let reservation = hit.and_then(|(h, _)| h.reservation());
+            let compact = match (mode, tiers, reservation, &extra) {
+                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, cost, lease),
+                (ScriptMode::Hit, tiers, _, _) => Compact::windows(now_us, tiers, cost),
                 (ScriptMode::Reserve, tiers, Some(reservation), _) => {
-                    Compact::reserve(now_us, tiers, hit.cost, reservation)
+                    Compact::reserve(now_us, tiers, cost, reservation)
                 }
-                (ScriptMode::Settle, tiers, _, Some((record, _))) => Compact::settle(now_us, tiers, hit.cost, record),
+                (ScriptMode::Settle, tiers, _, Some((record, _))) => Compact::settle(now_us, tiers, cost, record),
                 _ => None,
             };
             if let Some(compact) = compact {
@@ -187,9 +190,9 @@ impl Call {
             }
         }
         // Built only here: a compact form writes its keys itself.
-        let mut keys: Vec<Value> = Vec::with_capacity(hit.tiers.len() + 2);
+        let mut keys: Vec<Value> = Vec::with_capacity(tiers.len() + 2);
         // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
-        keys.extend(hit.tiers.iter().map(|t| {
+        keys.extend(tiers.iter().map(|t| {
             if t.algorithm.read_at_window_key() {
                 Value::from(t.key.window(window_start(now_us, t.window_us)).as_str())
             } else {
@@ -203,7 +206,7 @@ impl Call {
             keys.push(Value::from(key.as_str()));
         }
         let tail = extra.map(|r| r.1).unwrap_or_default();
-        let args = driver_args(mode, now_us, hit, record, fields, keys.len(), tail);
+        let args = driver_args(mode, now_us, (tiers, cost), (lease, record, fields), keys.len(), tail);
         Call {
             keys,
             args,
@@ -245,13 +248,12 @@ impl Call {
 fn driver_args(
     mode: ScriptMode,
     now_us: Option<u64>,
-    hit: &Hit,
-    record: Option<&RecordSpec>,
-    fields: &[(String, String)],
+    (tiers, hit_cost): (&[TierSpec], u64),
+    (lease, record, fields): (&str, Option<&RecordSpec>, &[(String, String)]),
     keys: usize,
     tail: Vec<Value>,
 ) -> Vec<Value> {
-    let count = 7 + 2 * fields.len() + 5 * hit.tiers.len() + tail.len();
+    let count = 7 + 2 * fields.len() + 5 * tiers.len() + tail.len();
     let mut args: Vec<Value> = Vec::with_capacity(2 + count);
     // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
     args.push(Value::Integer(-(keys as i64)));
@@ -260,10 +262,10 @@ fn driver_args(
     args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
     // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
     // doubles. It is the cost of every tier that sends '' for its own.
-    let capacity = hit.tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
-    let cost = hit.cost.min(capacity.saturating_add(1));
+    let capacity = tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
+    let cost = hit_cost.min(capacity.saturating_add(1));
     args.push(Value::Integer(i64::try_from(cost).unwrap_or(i64::MAX)));
-    args.push(Value::from(hit.lease.as_str()));
+    args.push(Value::from(lease));
     match record {
         Some(RecordSpec { size, value, .. }) => {
             args.push(Value::Integer(i64::from(*size)));
@@ -279,13 +281,13 @@ fn driver_args(
         args.push(Value::from(k.as_str()));
         args.push(Value::from(v.as_str()));
     }
-    for t in &hit.tiers {
+    for t in tiers {
         args.push(Value::from(script_algorithm(t)));
         args.push(Value::Integer(t.limit as i64));
         args.push(Value::Integer(t.window_us as i64));
         args.push(Value::Integer(t.burst as i64));
         // The tier's cost, bounded by its capacity + 1 (at most 2^32), or '' when it is the hit's as sent.
-        match t.bounded_cost(hit.cost) {
+        match t.bounded_cost(hit_cost) {
             c if c == cost => args.push(Value::from("")),
             c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
         }

@@ -270,10 +270,8 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
     let settle = Call::settle(
         None,
         &Settlement {
-            hit: Hit {
-                fields: vec![("k".into(), "v".into())],
-                ..hit.clone()
-            },
+            tiers: hit.tiers.clone(),
+            cost: hit.cost,
             reservation: id.reservation("r"),
             reap: false,
         },
@@ -285,7 +283,8 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
     let alone = Call::settle(
         None,
         &Settlement {
-            hit: Hit::default(),
+            tiers: Vec::new(),
+            cost: 0,
             reservation: id.reservation("r"),
             reap: false,
         },
@@ -351,11 +350,8 @@ fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
     ];
     assert_eq!((args, width), (expected.map(String::from).to_vec(), 2));
     let settlement = Settlement {
-        hit: Hit {
-            cost: 3,
-            mode: Mode::Hit,
-            ..hit.clone()
-        },
+        tiers: hit.tiers.clone(),
+        cost: 3,
         reservation: reservation.key.clone(),
         reap: false,
     };
@@ -370,7 +366,7 @@ fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
     };
     assert!(Call::settle(None, &reap, false).compact.is_none());
     let mut mixed = settlement.clone();
-    mixed.hit.tiers.push(tier(Algorithm::SlidingWindow, 1_000_000));
+    mixed.tiers.push(tier(Algorithm::SlidingWindow, 1_000_000));
     assert!(Call::settle(None, &mixed, false).compact.is_none());
     let mut fields = hit.clone();
     fields.fields = vec![("k".into(), "v".into())];
