@@ -101,36 +101,50 @@ local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
   return out
 end
 
+-- Per decision, kept from call to call and overwritten as they are used (a decision is done with them before the next
+-- begins): each tier's algorithm, its numbers (limit, window, burst), its cost and what its check found; and the
+-- queue fields of a hit that has none.
+local tier_impls, tier_params, tier_costs, tier_states, no_fields = {}, {}, {}, {}, {}
+
 local function decide(k, nk, a)
   decision = decision + 1
-  local function arg(i) return ARGV[a + i - 1] end
-  local mode = arg(1)
+  -- ARGV[a + i - 1] is the decision's argument i (see above).
+  local mode = ARGV[a]
   local reaping = mode == 'reap'
   if reaping then mode = 'settle' end
   local reserving = mode == 'reserve' or mode == 'reserve_report'
   if mode == 'reserve' then mode = 'hit' elseif mode == 'reserve_report' then mode = 'report' end
-  local now = clock(arg(2))
-  local hit_cost = tonumber(arg(3))
-  local id = arg(4)
-  local record_size = tonumber(arg(5))
-  local record_value = arg(6)
-  local nfields = tonumber(arg(7))
-  local fields = {}
-  for i = 1, nfields do fields[i] = arg(7 + i) end
-  local first = 8 + nfields
+  local now = clock(ARGV[a + 1])
+  local hit_cost = number(ARGV[a + 2])
+  local id = ARGV[a + 3]
+  local record_size = number(ARGV[a + 4])
+  local record_value = ARGV[a + 5]
+  local nfields = number(ARGV[a + 6])
+  local fields = no_fields
+  if nfields > 0 then
+    fields = {}
+    for i = 1, nfields do fields[i] = ARGV[a + 6 + i] end
+  end
+  -- Where the tiers' arguments begin.
+  local first = a + 7 + nfields
   local tiers = nk
   if record_size > 0 then tiers = tiers - 1 end
   if reserving or mode == 'settle' or mode == 'grant' then tiers = tiers - 1 end
 
   -- Each tier's cost: its own, or the hit's. The hit is written at all only if one of them is positive.
-  local impls, states, params, costs = {}, {}, {}, {}
+  local impls, states, params, costs = tier_impls, tier_states, tier_params, tier_costs
   local positive = false
   for i = 1, tiers do
     local base = first + (i - 1) * 5
-    local impl = algorithm(arg(base))
-    if impl == nil then error('unknown algorithm ' .. tostring(arg(base)), 0) end
-    impls[i], params[i] = impl, { tonumber(arg(base + 1)), tonumber(arg(base + 2)), tonumber(arg(base + 3)) }
-    costs[i] = tonumber(arg(base + 4)) or hit_cost
+    local impl = algorithm(ARGV[base])
+    if impl == nil then error('unknown algorithm ' .. tostring(ARGV[base]), 0) end
+    local p = params[i]
+    if p == nil then
+      p = {}
+      params[i] = p
+    end
+    impls[i], p[1], p[2], p[3] = impl, number(ARGV[base + 1]), number(ARGV[base + 2]), number(ARGV[base + 3])
+    costs[i] = number(ARGV[base + 4]) or hit_cost
     if costs[i] > 0 then positive = true end
   end
   if mode == 'settle' then return settle(k, tiers, impls, params, costs, K[k + nk - 1], now, reaping) end
@@ -143,10 +157,10 @@ local function decide(k, nk, a)
     end
     local g = first + 5 * tiers
     -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).
-    local rate = tonumber(arg(g + 5))
+    local rate = tonumber(ARGV[g + 5])
     if rate >= 0 then left = rate end
-    return grant(K[k + nk - 1], now, left or 0, arg(g), tonumber(arg(g + 1)), tonumber(arg(g + 2)),
-      tonumber(arg(g + 3)), arg(g + 4) == '1', rate >= 0)
+    return grant(K[k + nk - 1], now, left or 0, ARGV[g], tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]),
+      tonumber(ARGV[g + 3]), ARGV[g + 4] == '1', rate >= 0)
   end
   local forced = mode == 'report' and positive
 
@@ -160,9 +174,9 @@ local function decide(k, nk, a)
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
   local commit = forced or (mode == 'hit' and positive and
-    (admitted or (not reserving and tiers == 1 and arg(first) == 'fixed_window' and costs[1] <= params[1][1])))
+    (admitted or (not reserving and tiers == 1 and ARGV[first] == 'fixed_window' and costs[1] <= params[1][1])))
   if reserving and commit and (forced or admitted) then
-    local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(arg(first + 5 * tiers)))
+    local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(ARGV[first + 5 * tiers]))
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     record_write(rkey, table.concat(e, ','), now, ttl)

@@ -134,9 +134,11 @@ local function number(s)
   local v = numbers[s]
   if v == nil then
     v = tonumber(s)
-    if numbered >= 4096 then numbers, numbered = {}, 0 end
-    numbers[s] = v
-    numbered = numbered + 1
+    if v ~= nil then
+      if numbered >= 4096 then numbers, numbered = {}, 0 end
+      numbers[s] = v
+      numbered = numbered + 1
+    end
   end
   return v
 end
