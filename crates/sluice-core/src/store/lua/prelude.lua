@@ -10,13 +10,15 @@
 -- Exports, and nothing else is shared among the files:
 --   L, algorithm(name)          the algorithms' loaders, and the algorithm of a name (its table, below)
 --   K, decision                 where a call's keys are read; the number of the decision under way
---   number(s), clock(arg)       an argument read as a number; a call's time
+--   number(s), numbers          an argument read as a number, and the numbers read so far (batch.lua's fast path)
+--   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   ceil_ms, max0               arithmetic every algorithm uses
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
 --   answers, moved, failed      a call's answers, and the hits a failed write of a shared counter carried
 --   blocking_places             what stops a hit on a sorted set of places (a compact hit's answer)
---   keep(m), flush(), forget()  the algorithms holding counters read or counted for several hits of one call
+--   keep(m), flush(), forget(), holding   the algorithms holding counters read or counted for several hits of one
+--                               call
 --   record_write, live_reservation   the reservation records
 --   regions_count, global_of, global_fits   a window counted in every region (`global: true`)
 --
