@@ -128,7 +128,12 @@ async fn limits_hold_on_every_primary() {
     for (port, keys) in &by_primary {
         assert!(!keys.is_empty(), "primary {port} holds counters");
         let dbsize: usize = redis_cli(*port, &["DBSIZE"]).trim().parse().unwrap();
-        assert_eq!(dbsize, keys.len());
+        assert_eq!(
+            dbsize,
+            keys.len(),
+            "primary {port}: DBSIZE against KEYS {keys:?}; {}",
+            redis_cli(*port, &["INFO", "keyspace"]).trim()
+        );
     }
     assert_eq!(
         by_primary.values().map(Vec::len).sum::<usize>(),
