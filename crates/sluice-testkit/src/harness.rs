@@ -46,24 +46,26 @@ pub fn user_without_functions(redis: &crate::RedisServer, user: &str, key_prefix
 /// Taken below the kernel's ephemeral range (`ip_local_port_range`), where neither outgoing connections nor
 /// listeners on port 0 are given ports: a port taken from inside that range could be handed to one of the test's
 /// own connections before the process it was meant for binds it. Ports come in blocks of 64, each held by one
-/// process at a time through a lock on a file in the temporary directory (released when the process exits): two test
-/// processes running at once, on a busy machine, never pick the same port for servers of their own. Each call in a
-/// process tries the next port of its block, from a first block that differs per process.
+/// process at a time: the process listens on the block's first port for as long as it runs, and another finds it
+/// taken and moves on. So two test processes running at once, on a busy machine, never pick the same port for
+/// servers of their own. Each call in a process tries the next port of its block, from a first block that differs
+/// per process.
 pub fn free_port() -> u16 {
+    use std::net::TcpListener;
     use std::sync::Mutex;
     const BLOCK: u32 = 64;
-    /// The block in use, the next port's offset in it, how many blocks were tried, and the locks held.
+    /// The block in use, the next port's offset in it, how many blocks were tried, and the blocks' first ports held.
     struct Held {
         block: u32,
         offset: u32,
         tried: u32,
-        locks: Vec<std::fs::File>,
+        markers: Vec<TcpListener>,
     }
     static HELD: Mutex<Held> = Mutex::new(Held {
         block: 0,
         offset: BLOCK,
         tried: 0,
-        locks: Vec::new(),
+        markers: Vec::new(),
     });
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -76,35 +78,16 @@ pub fn free_port() -> u16 {
         while held.offset < BLOCK {
             let port = first + held.block * BLOCK + held.offset;
             held.offset += 1;
-            if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
                 return port as u16;
             }
         }
         assert!(held.tried < blocks, "no free port on 127.0.0.1 below {low}");
         let block = (start + held.tried) % blocks;
         held.tried += 1;
-        let dir = std::env::temp_dir().join("sluice-test-ports");
-        let file = std::fs::create_dir_all(&dir).and_then(|()| {
-            std::fs::File::options()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join(block.to_string()))
-        });
-        // Where files cannot be locked at all, the block is used unlocked, as a single process would.
-        let mine = match file {
-            Ok(file) => match file.try_lock() {
-                Ok(()) => {
-                    held.locks.push(file);
-                    true
-                }
-                Err(std::fs::TryLockError::WouldBlock) => false,
-                Err(std::fs::TryLockError::Error(_)) => true,
-            },
-            Err(_) => true,
-        };
-        if mine {
-            (held.block, held.offset) = (block, 0);
+        if let Ok(marker) = TcpListener::bind(("127.0.0.1", (first + block * BLOCK) as u16)) {
+            held.markers.push(marker);
+            (held.block, held.offset) = (block, 1);
         }
     }
 }
