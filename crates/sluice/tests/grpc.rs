@@ -213,7 +213,9 @@ async fn concurrent_requests_share_a_script_call() {
 
 #[tokio::test]
 async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs() {
-    let timeout = Duration::from_millis(300);
+    // A second: long beside the time a busy host takes to send 300 requests, so that three timeouts (3.5 s with
+    // room) and the seven rounds of a queue sent in turn (7 s) stay apart however busy the host.
+    let timeout = Duration::from_secs(1);
     let (redis, gate, server) = gated_server(timeout).await;
     let client = envoy_client(&server).await;
     client.clone().should_rate_limit(three()).await.unwrap();
