@@ -45,24 +45,59 @@ pub fn user_without_functions(redis: &crate::RedisServer, user: &str, key_prefix
 ///
 /// Taken below the kernel's ephemeral range (`ip_local_port_range`), where neither outgoing connections nor
 /// listeners on port 0 are given ports: a port taken from inside that range could be handed to one of the test's
-/// own connections before the process it was meant for binds it. Each call in a process tries the next port, from a
-/// start that differs per process.
+/// own connections before the process it was meant for binds it. Ports come in blocks of 64, each held by one
+/// process at a time: the process listens on the block's first port for as long as it runs, and another finds it
+/// taken and moves on. So two test processes running at once, on a busy machine, never pick the same port for
+/// servers of their own. Each call in a process tries the next port of its block, from a first block that differs
+/// per process.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
+    use std::net::TcpListener;
+    use std::sync::Mutex;
+    const BLOCK: u32 = 64;
+    /// The block in use, the next port's offset in it, how many blocks were tried, and the blocks' first ports held.
+    struct Held {
+        block: u32,
+        offset: u32,
+        tried: u32,
+        markers: Vec<TcpListener>,
+    }
+    static HELD: Mutex<Held> = Mutex::new(Held {
+        block: 0,
+        offset: BLOCK,
+        tried: 0,
+        markers: Vec::new(),
+    });
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
         .unwrap_or(32_768);
-    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1));
-    let start = std::process::id().wrapping_mul(7_919);
-    for _ in 0..span {
-        let port = first + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
-            return port as u16;
+    let (first, blocks) = (10_000u32, (low.saturating_sub(10_000) / BLOCK).max(1));
+    let start = std::process::id().wrapping_mul(7_919) % blocks;
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        while held.offset < BLOCK {
+            let port = first + held.block * BLOCK + held.offset;
+            held.offset += 1;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+        assert!(held.tried < blocks, "no free port on 127.0.0.1 below {low}");
+        let block = (start + held.tried) % blocks;
+        held.tried += 1;
+        if let Ok(marker) = TcpListener::bind(("127.0.0.1", (first + block * BLOCK) as u16)) {
+            held.markers.push(marker);
+            (held.block, held.offset) = (block, 1);
         }
     }
-    panic!("no free port on 127.0.0.1 below {low}")
+}
+
+/// Whether `key` holds a second of a domain's outcome counts (`<prefix>{<tag>}series|<domain>:<second>`, see
+/// `CounterKey::series`), which a running server adds to its store once a second, heartbeat included: not a counter.
+/// A test that counts or compares a store's keys leaves them out, since how many seconds it spans depends on how
+/// busy the host is.
+pub fn is_series(key: &str) -> bool {
+    key.contains("}series|")
 }
 
 /// Runs `redis-cli` against a plain port and returns its raw (`--raw`) output.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::harness::{ACL_PASSWORD, free_port, poll_until, readme_acl_user};
+use crate::harness::{ACL_PASSWORD, free_port, info_field, is_series, poll_until, readme_acl_user};
 
 /// A `redis-server` process on a free port, killed when dropped.
 pub struct RedisServer {
@@ -18,31 +18,44 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        RedisServer::start_on(free_port())
+        // A port free when chosen can be taken by another process before redis-server binds it; that server then
+        // exits, and another port is tried, so that a test never shares a Redis it did not start.
+        for _ in 0..10 {
+            if let Some(server) = RedisServer::try_start_on(free_port()) {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports");
     }
 
     /// Starts on a given port, e.g. to bring a stopped server back where clients expect it.
     pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::try_start_on(port)
+            .unwrap_or_else(|| panic!("redis-server on port {port} did not start, or another process holds the port"))
+    }
+
+    /// The server on `port` once it answers, if the one answering is the process started here; `None` if it exited
+    /// (the port was taken) or another process answers.
+    fn try_start_on(port: u16) -> Option<RedisServer> {
         let child = Command::new("redis-server")
             .args(base_args(port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (the README's test command installs it)");
-        let server = RedisServer { child, port };
-        server.wait_ready();
-        server
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut server = RedisServer { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if self.cli(&["PING"]).trim() == "PONG" {
-                return;
+            if !matches!(server.child.try_wait(), Ok(None)) {
+                return None;
+            }
+            if server.cli(&["PING"]).trim() == "PONG" {
+                let pid = info_field(port, "server", "process_id");
+                return (pid == Some(server.child.id().to_string())).then_some(server);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server on port {} did not start", self.port);
+        panic!("redis-server on port {port} did not start within 30 s");
     }
 
     pub fn url(&self) -> String {
@@ -76,12 +89,13 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Every key with its value and remaining TTL in milliseconds, sorted: a snapshot to compare.
+    /// Every key with its value and remaining TTL in milliseconds, sorted: a snapshot to compare. The per-second
+    /// outcome counts a server adds once a second are left out (see [`is_series`]).
     pub fn snapshot(&self) -> Vec<(String, String, i64)> {
         let keys = self.cli(&["--raw", "KEYS", "*"]);
         let mut out: Vec<_> = keys
             .lines()
-            .filter(|k| !k.is_empty())
+            .filter(|k| !k.is_empty() && !is_series(k))
             .map(|k| {
                 let value = self.cli(&["DUMP", k]).trim().to_string();
                 let ttl: i64 = self.cli(&["--raw", "PTTL", k]).trim().parse().unwrap_or(-3);

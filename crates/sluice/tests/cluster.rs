@@ -17,8 +17,8 @@ use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRe
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, counter_of, info_field, keys, limiter, live_server, poll_until, redis_cli, redis_store,
-    redis_store_with, script_calls,
+    RedisCluster, TestServer, counter_of, info_field, is_series, keys, limiter, live_server_with, poll_until,
+    redis_cli, redis_store, redis_store_with, script_calls,
 };
 
 const CONFIG: &str = "
@@ -68,9 +68,14 @@ fn slot(port: u16, key: &str) -> u16 {
         .expect("a slot number")
 }
 
-/// Every counter key of the cluster, by the primary that holds it.
+/// Every counter key of the cluster, by the primary that holds it: every key but the outcome counts the server adds
+/// once a second, however long a busy host makes the test.
 fn keys_by_primary(cluster: &RedisCluster) -> BTreeMap<u16, Vec<String>> {
-    cluster.primaries().into_iter().map(|p| (p, keys(p))).collect()
+    cluster
+        .primaries()
+        .into_iter()
+        .map(|p| (p, keys(p).into_iter().filter(|k| !is_series(k)).collect()))
+        .collect()
 }
 
 /// Checks that every descriptor's keys share one slot and one primary; returns the number of descriptors seen.
@@ -127,8 +132,6 @@ async fn limits_hold_on_every_primary() {
     assert_eq!(by_primary.len(), 3, "three primaries");
     for (port, keys) in &by_primary {
         assert!(!keys.is_empty(), "primary {port} holds counters");
-        let dbsize: usize = redis_cli(*port, &["DBSIZE"]).trim().parse().unwrap();
-        assert_eq!(dbsize, keys.len());
     }
     assert_eq!(
         by_primary.values().map(Vec::len).sum::<usize>(),
@@ -292,7 +295,10 @@ async fn scripts_come_back_after_flush_and_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_recovers_after_promotion() {
     let mut cluster = RedisCluster::start();
-    let server = live_server(&cluster.url(), CONFIG).await;
+    // A store timeout of a second, not the live server's 200 ms: calls on the killed primary still fail quickly,
+    // and a call on a healthy one is not failed for being slow on a busy host, which this test would count as the
+    // failover's doing.
+    let server = live_server_with(&cluster.url(), CONFIG, Duration::from_secs(1), Default::default()).await;
     let mut client = RateLimitServiceClient::connect(server.grpc_url()).await.unwrap();
     let chosen = one_value_per_primary(&cluster, &mut client).await;
     let (&victim, victim_value) = chosen.iter().next().unwrap();

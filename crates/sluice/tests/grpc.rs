@@ -64,17 +64,16 @@ fn script_calls(redis: &RedisServer) -> u64 {
 }
 
 /// Waits (a bounded poll of `INFO commandstats`, not a time window) until Redis has run `n` script calls since
-/// `since`.
+/// `since`. The bound, 30 s, only stops a hang: a busy host can be slow to send a call.
 async fn wait_for_script_calls(redis: &RedisServer, since: u64, n: u64) -> u64 {
-    let mut sent = 0;
-    for _ in 0..200 {
-        sent = script_calls(redis) - since;
-        if sent >= n {
-            break;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let sent = script_calls(redis) - since;
+        if sent >= n || std::time::Instant::now() > deadline {
+            return sent;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    sent
 }
 
 /// A server whose Redis store (one connection, `timeout` per call) reaches Redis through a [`ReplyGate`].
@@ -174,7 +173,7 @@ async fn concurrent_requests_share_a_script_call() {
     }
     answers.extend((3..=8).map(send));
     // Wait until the six requests are in the store's queue; nothing can leave it while both calls are held.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while l.store().waiting() < 6 {
         assert!(
             std::time::Instant::now() < deadline,
@@ -207,13 +206,16 @@ async fn concurrent_requests_share_a_script_call() {
         3,
         "the six waiting requests were decided by one script call"
     );
-    assert_eq!(redis.snapshot().len(), 9, "one key per descriptor value");
+    let keys: Vec<String> = redis.snapshot().into_iter().map(|(key, _, _)| key).collect();
+    assert_eq!(keys.len(), 9, "one key per descriptor value: {keys:?}");
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs() {
-    let timeout = Duration::from_millis(300);
+    // A second: long beside the time a busy host takes to send 300 requests, so that three timeouts (3.5 s with
+    // room) and the seven rounds of a queue sent in turn (7 s) stay apart however busy the host.
+    let timeout = Duration::from_secs(1);
     let (redis, gate, server) = gated_server(timeout).await;
     let client = envoy_client(&server).await;
     client.clone().should_rate_limit(three()).await.unwrap();
@@ -222,7 +224,6 @@ async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs()
     // round of two calls takes 128 descriptors and hangs for a timeout, so sent in turn the queue would take seven
     // rounds; the requests that have waited a timeout fail instead of going out.
     gate.hold();
-    let started = std::time::Instant::now();
     let calls = script_calls(&redis);
     let mut answers = Vec::new();
     for n in 1..=2 {
@@ -230,6 +231,8 @@ async fn requests_waiting_for_a_call_fail_within_the_timeouts_when_redis_hangs()
         answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));
         assert_eq!(wait_for_script_calls(&redis, calls, n).await, n);
     }
+    // Timed from when both calls are known to hang, not from the polls that saw them go out (slow on a busy host).
+    let started = std::time::Instant::now();
     for _ in 0..300 {
         let mut client = client.clone();
         answers.push(tokio::spawn(async move { client.should_rate_limit(three()).await }));

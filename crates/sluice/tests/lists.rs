@@ -52,6 +52,11 @@ fn admin<T>(message: T) -> tonic::Request<T> {
     request
 }
 
+/// The store's timeout where no test is about timeouts: it only bounds a hang. A busy host can take more than a quiet
+/// one's half second to read 20 000 run-time entries, and a read that times out at start is one the server goes on
+/// without.
+const STORE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Polls `done` every 10 ms for at most `within`; how long it took.
 async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
     let start = Instant::now();
@@ -74,8 +79,8 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 async fn run_time_entries_and_offenders_are_shared_by_two_instances() {
     let redis = RedisServer::start();
     let settings = LimiterSettings::default;
-    let a = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
-    let b = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let a = live_server_with(&redis.url(), CONFIG, STORE_TIMEOUT, settings()).await;
+    let b = live_server_with(&redis.url(), CONFIG, STORE_TIMEOUT, settings()).await;
     let mut admin_a = RateLimiterClient::connect(a.grpc_url()).await.unwrap();
     let mut admin_b = RateLimiterClient::connect(b.grpc_url()).await.unwrap();
     let mut envoy_b = RateLimitServiceClient::connect(b.grpc_url()).await.unwrap();
@@ -500,7 +505,7 @@ async fn the_admin_list_calls_are_held_to_the_request_cap_and_the_values_a_call_
 async fn a_new_instance_answers_with_the_run_time_entries_already_stored() {
     let redis = RedisServer::start();
     let settings = LimiterSettings::default;
-    let a = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let a = live_server_with(&redis.url(), CONFIG, STORE_TIMEOUT, settings()).await;
     let mut admin_a = RateLimiterClient::connect(a.grpc_url()).await.unwrap();
     // Enough entries that reading them takes a while, and the one that matters.
     for chunk in 0..20 {
@@ -524,7 +529,7 @@ async fn a_new_instance_answers_with_the_run_time_entries_already_stored() {
     admin_a.add_list_entries(admin(deny)).await.unwrap();
 
     // A new instance: its very first answer, and its first ready, already hold the entry.
-    let b = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let b = live_server_with(&redis.url(), CONFIG, STORE_TIMEOUT, settings()).await;
     let mut envoy_b = RateLimitServiceClient::connect(b.grpc_url()).await.unwrap();
     let first = envoy_b
         .should_rate_limit(request("remote_address", "203.0.113.7"))
@@ -533,7 +538,7 @@ async fn a_new_instance_answers_with_the_run_time_entries_already_stored() {
         .into_inner();
     assert_eq!(first.overall_code, Code::OverLimit as i32, "{first:?}");
     assert_eq!(header(&first, "x-sluice-list-deny"), Some("blocked"));
-    let c = live_server_with(&redis.url(), CONFIG, Duration::from_millis(500), settings()).await;
+    let c = live_server_with(&redis.url(), CONFIG, STORE_TIMEOUT, settings()).await;
     let (status, body) = c.http_get("/readyz").await;
     assert_eq!(status, 200, "{body}");
     let mut envoy_c = RateLimitServiceClient::connect(c.grpc_url()).await.unwrap();

@@ -79,7 +79,9 @@ pub(super) fn serve(args: ServeArgs, compat: Option<Translation>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(settings(args), shutdown_signal())) {
+    // The signals are listened for before anything binds: a SIGTERM that comes as soon as the ports answer drains the
+    // server instead of killing it.
+    match runtime.block_on(async { server::run(settings(args), shutdown_signal()).await }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "sluice stopped");
@@ -134,19 +136,23 @@ fn settings(args: ServeArgs) -> Settings {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. Both are listened for from the call on, not from the first poll, so that none is
+/// missed (and left to kill the process) while the server starts. Called inside the runtime.
+fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = async {
-        match signal(SignalKind::terminate()) {
+    let (term, int) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    let received = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+        match s {
             Ok(mut s) => {
                 s.recv().await;
             }
             Err(_) => std::future::pending().await,
         }
     };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    async move {
+        tokio::select! {
+            _ = received(term) => tracing::info!("SIGTERM received"),
+            _ = received(int) => tracing::info!("SIGINT received"),
+        }
     }
 }
