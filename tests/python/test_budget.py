@@ -226,15 +226,18 @@ def test_a_refund_is_in_force_at_once_with_the_cache_on(sluice_bin: Path, tmp_pa
             for _ in range(2):
                 refused = reserve(mine, 1)
                 assert (refused.overall_code, refused.reservation_id) == (2, "")
+            asked = time.monotonic()
             settled = other.Settle(
                 pb2.SettleRequest(domain="llm", descriptors=user, reservation_id=held.reservation_id, actual=0),
                 timeout=RPC_TIMEOUT_S,
             )
             assert settled.settled and settled.settlements[0].refunded == BUDGET
             done = time.monotonic()
-            # Bounded by the stated 100 ms; the first try passes unless the notice is still on its way.
+            # Bounded by the stated 100 ms on a quiet host, and by as much more as twice the settlement's own round
+            # trip on a busy one; the first try passes unless the notice is still on its way.
+            bound = 0.1 + 2 * (done - asked)
             while reserve(mine, 1).overall_code != 1:
-                assert time.monotonic() - done < 0.1, f"round {round}: a stale denial outlived the refund"
+                assert time.monotonic() - done < bound, f"round {round}: a stale denial outlived the refund"
             lags.append(time.monotonic() - done)
             check = mine.Check(pb2.CostRequest(domain="llm", descriptors=user, cost=1), timeout=RPC_TIMEOUT_S)
             assert check.overall_code == 1

@@ -260,12 +260,15 @@ def test_get_remaining_is_exact_and_consumes_nothing(client: Client):
 def test_wait_for_permit_waits_for_the_next_window(client: Client):
     tick = {"tick": fresh("t")}
     # Spend the second's one hit (a second try when the first lands at the very end of a second).
+    asked = time.monotonic()
     assert any(not client.should_rate_limit("shop", tick).allowed for _ in range(3))
+    # What a call takes on this host now: a busy host wakes a waiting call late by about as much.
+    late = max(0.05, 4 * (time.monotonic() - asked))
     started = time.monotonic()
     permit = client.wait_for_permit("shop", tick, max_wait=2.0)
     elapsed = time.monotonic() - started
     assert permit.allowed, permit
-    assert permit.waited <= datetime.timedelta(seconds=1), permit.waited
+    assert permit.waited <= datetime.timedelta(seconds=1 + late), (permit.waited, late)
     assert elapsed >= permit.waited.total_seconds()
     assert not client.should_rate_limit("shop", tick).allowed, "the permit counted the new second's hit"
 
