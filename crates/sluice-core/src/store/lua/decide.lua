@@ -106,47 +106,60 @@ end
 -- queue fields of a hit that has none.
 local tier_impls, tier_params, tier_costs, tier_states, no_fields = {}, {}, {}, {}, {}
 
-local function decide(k, nk, a)
-  decision = decision + 1
-  -- ARGV[a + i - 1] is the decision's argument i (see above).
-  local mode = ARGV[a]
-  local reaping = mode == 'reap'
+-- The arguments of the decision last read: where they were (the call's ARGV, the offset and the key count) and what
+-- they say. Descriptors of a run (batch.lua's '*') share their arguments, so each after the first reads nothing again.
+local read_argv, read_a, read_nk
+local mode, reaping, reserving, now, hit_cost, id, record_size, record_value, fields, first, tiers, positive
+
+-- Reads the decision's arguments at ARGV[a] (see above) into the locals above and the tier tables.
+local function read(nk, a)
+  if read_argv == ARGV and read_a == a and read_nk == nk then return end
+  -- Marked read only once all of it is: arguments that stop the reading part-way are read again by the next.
+  read_argv = nil
+  mode = ARGV[a]
+  reaping = mode == 'reap'
   if reaping then mode = 'settle' end
-  local reserving = mode == 'reserve' or mode == 'reserve_report'
+  reserving = mode == 'reserve' or mode == 'reserve_report'
   if mode == 'reserve' then mode = 'hit' elseif mode == 'reserve_report' then mode = 'report' end
-  local now = clock(ARGV[a + 1])
-  local hit_cost = number(ARGV[a + 2])
-  local id = ARGV[a + 3]
-  local record_size = number(ARGV[a + 4])
-  local record_value = ARGV[a + 5]
+  now = clock(ARGV[a + 1])
+  hit_cost = number(ARGV[a + 2])
+  id = ARGV[a + 3]
+  record_size = number(ARGV[a + 4])
+  record_value = ARGV[a + 5]
   local nfields = number(ARGV[a + 6])
-  local fields = no_fields
+  fields = no_fields
   if nfields > 0 then
     fields = {}
     for i = 1, nfields do fields[i] = ARGV[a + 6 + i] end
   end
   -- Where the tiers' arguments begin.
-  local first = a + 7 + nfields
-  local tiers = nk
+  first = a + 7 + nfields
+  tiers = nk
   if record_size > 0 then tiers = tiers - 1 end
   if reserving or mode == 'settle' or mode == 'grant' then tiers = tiers - 1 end
 
   -- Each tier's cost: its own, or the hit's. The hit is written at all only if one of them is positive.
-  local impls, states, params, costs = tier_impls, tier_states, tier_params, tier_costs
-  local positive = false
+  positive = false
   for i = 1, tiers do
     local base = first + (i - 1) * 5
     local impl = algorithm(ARGV[base])
     if impl == nil then error('unknown algorithm ' .. tostring(ARGV[base]), 0) end
-    local p = params[i]
+    local p = tier_params[i]
     if p == nil then
       p = {}
-      params[i] = p
+      tier_params[i] = p
     end
-    impls[i], p[1], p[2], p[3] = impl, number(ARGV[base + 1]), number(ARGV[base + 2]), number(ARGV[base + 3])
-    costs[i] = number(ARGV[base + 4]) or hit_cost
-    if costs[i] > 0 then positive = true end
+    tier_impls[i], p[1], p[2], p[3] = impl, number(ARGV[base + 1]), number(ARGV[base + 2]), number(ARGV[base + 3])
+    tier_costs[i] = number(ARGV[base + 4]) or hit_cost
+    if tier_costs[i] > 0 then positive = true end
   end
+  read_argv, read_a, read_nk = ARGV, a, nk
+end
+
+local function decide(k, nk, a)
+  decision = decision + 1
+  read(nk, a)
+  local impls, states, params, costs = tier_impls, tier_states, tier_params, tier_costs
   if mode == 'settle' then return settle(k, tiers, impls, params, costs, K[k + nk - 1], now, reaping) end
   if mode == 'grant' then
     local left
