@@ -14,7 +14,7 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, node_id, own_slots, redis_cli, redis_store_with, reshard, script_calls,
+    RedisCluster, T0, decided, info_field, node_id, own_slots, redis_cli, redis_store_with, reshard, script_calls,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -251,6 +251,62 @@ async fn instances_started_on_a_fresh_cluster_decide_at_once() {
         }
     }
     assert_eq!(total, 4 * DESCRIPTORS as u64, "every hit counted once");
+}
+
+/// A start beside a dead primary: one primary and its replica killed, so that a third of the slots has no live node.
+/// The store, at a timeout of three seconds, routes the live slots as soon as a live node has named them: it starts,
+/// and decides every live slot's descriptor, about as soon as on the whole cluster (waiting on no dead node's
+/// timeout), while the dead slots' descriptors fail alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_beside_a_dead_primary_decides_the_live_slots_at_once() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let mut cluster = RedisCluster::start();
+    let ids: Vec<Identity> = (0..300).map(|i| identity("damaged:", i)).collect();
+    let hits: Vec<Hit> = ids.iter().map(|id| hit(id, 1)).collect();
+    // What a start and a first decision take on the whole cluster, in this run.
+    let started = Instant::now();
+    let whole = redis_store_with(&cluster.url(), TIMEOUT).await;
+    assert!(decided(whole.hit(NOW, &hits).await).iter().all(|o| o.admitted));
+    let baseline = started.elapsed();
+    drop(whole);
+
+    let victim = cluster.primaries()[0];
+    let dead = own_slots(victim);
+    let replica = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(victim.to_string().as_str()))
+        .expect("the victim has a replica");
+    cluster.node(replica).kill();
+    cluster.node(victim).kill();
+
+    let (live, dead): (Vec<_>, Vec<_>) = ids.iter().zip(&hits).partition(|(id, _)| !serves(&dead, slot(id)));
+    let live: Vec<Hit> = live.into_iter().map(|(_, h)| h.clone()).collect();
+    let dead: Vec<Hit> = dead.into_iter().map(|(_, h)| h.clone()).collect();
+    let started = Instant::now();
+    let store = redis_store_with(&cluster.url(), TIMEOUT).await;
+    let answers = store.hit(NOW, &live).await;
+    let took = started.elapsed();
+    for answer in &answers {
+        assert!(
+            matches!(answer, Ok(o) if o.admitted),
+            "a live slot's descriptor is decided: {answer:?}"
+        );
+    }
+    for answer in store.hit(NOW, &dead).await {
+        assert!(answer.is_err(), "a dead slot's descriptor fails: {answer:?}");
+    }
+    let (live, failed) = (live.len(), dead.len());
+    eprintln!(
+        "start beside a dead primary: {live} live descriptors decided {took:?} after start ({baseline:?} on the \
+         whole cluster); {failed} dead"
+    );
+    assert!(live > 100 && failed > 50, "{live} live, {failed} dead");
+    assert!(
+        took < baseline + TIMEOUT / 3,
+        "decided {took:?} after start, {baseline:?} on the whole cluster: the start waited on the dead node"
+    );
 }
 
 /// Requests of one and of three descriptors, from many tasks at once, over descriptors of one and of two tiers on

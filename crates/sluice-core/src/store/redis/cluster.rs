@@ -7,8 +7,9 @@
 //! calls for its slots, and the calls for the others go on.
 //!
 //! The slot map is read with `CLUSTER SLOTS` from every known node at once (the seeds of the URL, then every node the
-//! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other. It
-//! is read again every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired)
+//! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other; an
+//! answer that serves more slots than the map in use (at start, or while slots are uncovered) is used at once, so that
+//! a node that does not answer (a dead primary, answered for only by the timeout) holds back no slot of the others. It is read again every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired)
 //! or one of its primaries does not answer (a failover under way), every [`SETTLED_REFRESH`] otherwise, and at once
 //! when a call meets MOVED, a slot without a primary, or a node that does not answer. What a call does then is
 //! `route`'s.
@@ -24,6 +25,8 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::Notify;
 
 use super::call::Form;
@@ -65,7 +68,12 @@ impl SlotMap {
     }
 
     fn complete(&self) -> bool {
-        !self.primaries.is_empty() && self.owner.iter().all(|&o| o != NO_OWNER)
+        !self.primaries.is_empty() && self.served() == SLOTS
+    }
+
+    /// How many slots have a primary.
+    fn served(&self) -> usize {
+        self.owner.iter().filter(|&&o| o != NO_OWNER).count()
     }
 }
 
@@ -92,11 +100,15 @@ struct Inner {
     /// Every node with connections, by `host:port`.
     nodes: Mutex<HashMap<Arc<str>, Node>>,
     wake: Notify,
+    /// How many reads of the map have ended; with `changed`, told of each end and of each map installed.
+    reads: AtomicU64,
+    changed: Notify,
 }
 
 impl Cluster {
-    /// Starts routing for the cluster that `config` (a clustered configuration) names, reading the slot map once
-    /// (for at most `patience`); it is read again in the background until it is complete. Each node's shared calls
+    /// Starts routing for the cluster that `config` (a clustered configuration) names, waiting at most `patience` for
+    /// a complete slot map or the end of a first read of it, whichever comes first; it is read in the background from
+    /// then on. Each node's shared calls
     /// run `script`, and count their waiting requests in `waiting`.
     pub async fn start(
         config: Config,
@@ -121,12 +133,23 @@ impl Cluster {
             settled: std::sync::atomic::AtomicBool::new(false),
             nodes: Mutex::default(),
             wake: Notify::new(),
+            reads: AtomicU64::new(0),
+            changed: Notify::new(),
         });
-        let _ = tokio::time::timeout(patience, inner.refresh()).await;
-        if !inner.settled.load(Ordering::Relaxed) {
+        tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
+        let first_map = async {
+            loop {
+                let changed = inner.changed.notified();
+                if inner.map.load().complete() || inner.reads.load(Ordering::Relaxed) > 0 {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let _ = tokio::time::timeout(patience, first_map).await;
+        if !inner.map.load().complete() {
             tracing::warn!("redis cluster: the slot map is not complete yet; reading it again in the background");
         }
-        tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
         Cluster {
             inner,
             resent: AtomicU64::new(0),
@@ -214,9 +237,18 @@ impl Drop for Inner {
     }
 }
 
-/// Reads the slot map again whenever asked, or on a timer; ends within one wait of the cluster being dropped.
+/// Reads the slot map at once, then again whenever asked, or on a timer; ends within one wait of the cluster being
+/// dropped.
 async fn keep_fresh(inner: Weak<Inner>) {
     while let Some(strong) = inner.upgrade() {
+        strong.refresh().await;
+        strong.reads.fetch_add(1, Ordering::Relaxed);
+        strong.changed.notify_waiters();
+        drop(strong);
+        tokio::time::sleep(MIN_REFRESH_GAP).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         let wait = if strong.settled.load(Ordering::Relaxed) {
             SETTLED_REFRESH
         } else {
@@ -226,9 +258,6 @@ async fn keep_fresh(inner: Weak<Inner>) {
         if Arc::strong_count(&strong) == 1 {
             return;
         }
-        strong.refresh().await;
-        drop(strong);
-        tokio::time::sleep(MIN_REFRESH_GAP).await;
     }
 }
 
@@ -268,10 +297,20 @@ impl Inner {
         Some(node)
     }
 
-    /// Reads `CLUSTER SLOTS` from every known node and installs the answer most of them give, a complete one first.
-    /// Records whether the cluster looks settled: the map complete, and every primary in it answering.
+    /// Reads `CLUSTER SLOTS` from every known node and installs the answer most of them give, a complete one first;
+    /// an answer that serves more slots than the map in use (at start, or while slots are uncovered) is installed as
+    /// it comes. Records whether the
+    /// cluster looks settled: the map complete, and every primary in it answering.
     async fn refresh(&self) {
-        let answered = self.ask_slots().await;
+        let mut asking = self.ask_slots();
+        let mut answered = Vec::new();
+        while let Some(answer) = asking.next().await {
+            let Some(answer) = answer else { continue };
+            if covers(&answer.1) > self.map.load().served() {
+                self.install(self.map_of(&answer.1).0);
+            }
+            answered.push(answer);
+        }
         let answers: Vec<Vec<Range>> = answered.iter().map(|(_, r)| r.clone()).collect();
         let Some(best) = pick(&answers) else {
             self.settled.store(false, Ordering::Relaxed);
@@ -288,8 +327,9 @@ impl Inner {
         self.keep_connections(&known);
     }
 
-    /// Every node's answer to `CLUSTER SLOTS`, asking the seeds and every node known: the ones that answered.
-    async fn ask_slots(&self) -> Vec<(Arc<str>, Vec<Range>)> {
+    /// Every node's answer to `CLUSTER SLOTS`, asking the seeds and every node known, in the order they come (`None`:
+    /// a node that did not answer).
+    fn ask_slots(&self) -> FuturesUnordered<impl Future<Output = Option<(Arc<str>, Vec<Range>)>> + use<>> {
         let mut asked: Vec<Server> = self.seeds.clone();
         {
             let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
@@ -304,7 +344,7 @@ impl Inner {
                 }
             }
         }
-        let queries = asked
+        asked
             .iter()
             .filter_map(|server| self.node(server).map(|n| (n, server.host.to_string())))
             .map(|(node, host)| async move {
@@ -314,8 +354,8 @@ impl Inner {
                     .ok()
                     .and_then(|v| parse_slots(v, &host))
                     .map(|ranges| (node.addr, ranges))
-            });
-        futures::future::join_all(queries).await.into_iter().flatten().collect()
+            })
+            .collect()
     }
 
     /// The slot map of the ranges `best`, with connections to its primaries, and every node it names (primaries and
@@ -346,7 +386,7 @@ impl Inner {
         (map, known)
     }
 
-    /// Installs `map`, logging when it differs from the one in use.
+    /// Installs `map`, logging when it differs from the one in use, and tells whoever waits for a map.
     fn install(&self, map: SlotMap) {
         let old = self.map.load();
         if old.owner != map.owner
@@ -360,6 +400,7 @@ impl Inner {
             tracing::info!(?primaries, complete = map.complete(), "redis cluster: slot map changed");
         }
         self.map.store(Arc::new(map));
+        self.changed.notify_waiters();
     }
 
     /// Closes the connections to nodes that are neither seeds nor `known` any more, and opens connections to every
@@ -428,13 +469,16 @@ fn parse_slots(value: Value, host: &str) -> Option<Vec<Range>> {
     Some(out)
 }
 
+/// How many slots an answer serves.
+fn covers(answer: &[Range]) -> usize {
+    answer
+        .iter()
+        .map(|r| usize::from(r.end.saturating_sub(r.start)) + 1)
+        .sum()
+}
+
 /// The answer most nodes gave among the complete ones, or among all when none is complete.
 fn pick(answers: &[Vec<Range>]) -> Option<&Vec<Range>> {
-    let covers = |a: &Vec<Range>| {
-        a.iter()
-            .map(|r| usize::from(r.end.saturating_sub(r.start)) + 1)
-            .sum::<usize>()
-    };
     let complete: Vec<&Vec<Range>> = answers.iter().filter(|a| covers(a) >= SLOTS).collect();
     let pool: Vec<&Vec<Range>> = if complete.is_empty() {
         answers.iter().filter(|a| !a.is_empty()).collect()
