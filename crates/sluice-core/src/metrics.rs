@@ -45,6 +45,9 @@ pub const CONFIG_LOADED: &str = "sluice_config_loaded_timestamp_seconds";
 
 /// Decisions made without the store, by the failure policy that answered.
 pub const STORE_FALLBACK: &str = "sluice_store_fallback_total";
+/// Descriptors whose store call failed after it may have run (a timeout, a broken connection), by store: each may have
+/// been counted once, at its cost, though the failure policy answered it.
+pub const STORE_UNKNOWN: &str = "sluice_store_unknown_outcomes_total";
 /// Requests a deny or allow list decided, by domain, list and action.
 pub const LISTED: &str = "sluice_list_matches_total";
 /// Fetches of a list from its URL, by domain, list and result (`success`, `failure`).
@@ -314,6 +317,12 @@ impl Metrics {
             Label::from_static_parts("kind", kind),
         ];
         self.counter(STORE_ERRORS, labels).increment(1);
+    }
+
+    /// Counts `n` descriptors whose store call failed after it may have run (see [`STORE_UNKNOWN`]).
+    pub fn unknown_outcomes(&self, store: &'static str, n: u64) {
+        self.counter(STORE_UNKNOWN, vec![Label::from_static_parts("store", store)])
+            .increment(n);
     }
 
     /// Counts a request rejected before it reached a domain (bad input).

@@ -132,7 +132,8 @@ async fn failure_policies_answer_when_redis_is_gone_and_the_breaker_answers_fast
 }
 
 /// A Redis that stops answering (its replies held back by a proxy) costs each call one timeout, reported as a
-/// timeout, and the calls answer again once the replies flow.
+/// timeout, and the calls answer again once the replies flow. A call whose answer was lost may have been counted:
+/// these were, once each, and the metric of unknown outcomes says how many there may be.
 #[tokio::test]
 async fn a_redis_that_stops_answering_times_out_within_the_bound() {
     let redis = RedisServer::start();
@@ -174,6 +175,17 @@ async fn a_redis_that_stops_answering_times_out_within_the_bound() {
         }
     }
     assert!(answered, "no answer after the replies flowed again");
+    // The two calls whose answers were lost ran: the documented bound, each counted once at its cost, and counted in
+    // the metric of unknown outcomes.
+    let d = l.decisions().should_rate_limit(&request("plain", "a")).await.unwrap();
+    assert_eq!(d.statuses[0].remaining, 5 - 4, "{d:?}");
+    let text = l.metrics().render();
+    let unknown: u64 = text
+        .lines()
+        .find(|l| l.starts_with("sluice_store_unknown_outcomes_total{store=\"redis\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no unknown outcomes counted: {text}"));
+    assert!(unknown >= 2, "{unknown} unknown outcomes");
 }
 
 #[tokio::test]

@@ -214,6 +214,14 @@ impl<S: Counters + Announcements> Guard<S> {
             Err(StoreError::Other("store returned too few outcomes".into()))
         });
         self.record_store_call(op, started, answers.iter().find_map(|a| a.as_ref().err()));
+        let unknown = answers
+            .iter()
+            .zip(hits)
+            .filter(|(a, hit)| !hit.peeks() && a.as_ref().is_err_and(StoreError::may_have_run))
+            .count();
+        if unknown > 0 {
+            self.metrics.unknown_outcomes(store, unknown as u64);
+        }
         answers
     }
 

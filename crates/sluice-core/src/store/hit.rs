@@ -360,6 +360,14 @@ impl StoreError {
         }
     }
 
+    /// Whether the call may have run on the server though its answer was lost: a timeout or a broken connection
+    /// (the call may have been written and run before the answer failed to come). Every other error comes with
+    /// nothing written: the script decides each descriptor whole or not at all, a refusal by the cluster's topology
+    /// runs nothing, and sluice never sends a call again that may have run.
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, StoreError::Timeout(_) | StoreError::Connection(_))
+    }
+
     /// Whether the server failed to answer (rather than answering with an error about this one call, such as a key
     /// of the wrong type): what counts against its circuit breaker.
     pub fn is_unreachable(&self) -> bool {
