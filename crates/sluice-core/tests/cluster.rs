@@ -1,7 +1,8 @@
 //! The Redis store on a Redis Cluster of three primaries. The descriptors that live on one primary share its script
 //! call whatever their slots; a descriptor of a slot that is migrating or has moved is decided once, where its
 //! counter is, and never part-way; and a live reshard under load (`redis-cli --cluster reshard`, twice) fails no
-//! decision, loses no hit and counts none twice.
+//! decision, loses no hit and counts none twice; nor does a rebalance onto a newly added primary; and a start beside a
+//! dead primary decides the live slots at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, info_field, node_id, own_slots, redis_cli, redis_store_with, reshard, script_calls,
+    RedisCluster, T0, decided, info_field, node_id, own_slots, rebalance, redis_cli, redis_store_with, reshard,
+    script_calls,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -314,11 +316,41 @@ async fn a_start_beside_a_dead_primary_decides_the_live_slots_at_once() {
 /// decision succeeds, and afterwards each counter holds exactly the hits admitted on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once() {
+    let cluster = RedisCluster::start();
+    let primaries = cluster.primaries();
+    let moves = [(primaries[0], primaries[1]), (primaries[1], primaries[2])];
+    moves_under_load(&cluster, "reshard:", move || {
+        for (from, to) in moves {
+            reshard(from, to, 1_000).map_err(|e| format!("reshard from {from} to {to}: {e}"))?;
+        }
+        Ok(())
+    })
+    .await;
+}
+
+/// The same load while a seventh node joins as a primary and the slots are spread over the four
+/// (`redis-cli --cluster rebalance`): the new primary, met first when a slot moves to it, fails no decision either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_onto_a_new_primary_under_load_fails_no_decision_and_counts_every_hit_once() {
+    let mut cluster = RedisCluster::start();
+    let any = cluster.primaries()[0];
+    let new = cluster.add_primary();
+    moves_under_load(&cluster, "rebalance:", move || rebalance(any)).await;
+    assert!(cluster.primaries().contains(&new), "the new primary serves slots");
+}
+
+/// Decides hits from many tasks at once, with a store of five seconds' timeout, while `operate` moves slots (blocking,
+/// as redis-cli does), and for as many requests after; then checks that every decision succeeded, that some
+/// descriptors were sent again to their slots, and that each counter, read on the node that serves its slot, holds
+/// exactly the hits admitted on it.
+async fn moves_under_load(
+    cluster: &RedisCluster,
+    prefix: &'static str,
+    operate: impl FnOnce() -> Result<(), String> + Send + 'static,
+) {
     const DESCRIPTORS: usize = 1_500;
     const WORKERS: usize = 24;
-    let cluster = RedisCluster::start();
     let store = Arc::new(redis_store_with(&cluster.url(), Duration::from_secs(5)).await);
-    let prefix = "reshard:";
     let tiers = |i: usize| if i % 3 == 0 { 2 } else { 1 };
     let ids: Arc<Vec<Identity>> = Arc::new((0..DESCRIPTORS).map(|i| identity(prefix, i)).collect());
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..DESCRIPTORS).map(|_| AtomicU64::new(0)).collect());
@@ -364,13 +396,11 @@ async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once()
     };
 
     until(500).await;
-    let primaries = cluster.primaries();
-    let before: Vec<Vec<(u16, u16)>> = primaries.iter().map(|&p| own_slots(p)).collect();
+    let nodes: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let slot_map = |nodes: &[u16]| -> Vec<Vec<(u16, u16)>> { nodes.iter().map(|&p| own_slots(p)).collect() };
+    let before = slot_map(&nodes);
     let started = (Instant::now(), requests.load(Ordering::Relaxed));
-    let moves = [(primaries[0], primaries[1]), (primaries[1], primaries[2])];
-    let resharded = tokio::task::spawn_blocking(move || moves.map(|(from, to)| reshard(from, to, 1_000)))
-        .await
-        .unwrap();
+    let operated = tokio::task::spawn_blocking(operate).await.unwrap();
     let during = requests.load(Ordering::Relaxed) - started.1;
     let took = started.0.elapsed();
     // Requests after the moves, while the store's slot map may still name the old owners.
@@ -379,14 +409,12 @@ async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once()
     for w in workers {
         w.await.unwrap();
     }
-    for (moved, (from, to)) in resharded.iter().zip(moves) {
-        assert!(moved.is_ok(), "reshard from {from} to {to}: {moved:?}");
-    }
+    assert!(operated.is_ok(), "{operated:?}");
     let failures = failures.lock().unwrap().clone();
     let total = requests.load(Ordering::Relaxed);
     eprintln!(
-        "live reshard: {during} requests during the moves ({took:?}), {total} in all; {} descriptors sent again to \
-         their slots; {} failed",
+        "{prefix} {during} requests during the moves ({took:?}), {total} in all; {} descriptors sent again to their \
+         slots; {} failed",
         store.resent(),
         failures.len()
     );
@@ -403,9 +431,9 @@ async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once()
     );
 
     // Every counter, read on the node that holds it, counts exactly the hits admitted on it.
-    let after: Vec<Vec<(u16, u16)>> = primaries.iter().map(|&p| own_slots(p)).collect();
+    let after = slot_map(&nodes);
     let mut found: HashMap<String, (u64, u16)> = HashMap::new();
-    for &port in &primaries {
+    for port in cluster.primaries() {
         let ranges = own_slots(port);
         for (key, n) in counters(port, prefix) {
             assert!(

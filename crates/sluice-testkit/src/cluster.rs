@@ -131,6 +131,35 @@ impl RedisCluster {
             .expect("a node of this cluster")
     }
 
+    /// Starts a seventh node and adds it to the cluster as a primary without slots (`redis-cli --cluster add-node`),
+    /// waiting until every node knows it and it sees the cluster whole; returns its port.
+    pub fn add_primary(&mut self) -> u16 {
+        let node = RedisCluster::spawn_node(self.dir.path(), free_port());
+        let port = node.port;
+        self.nodes.push(node);
+        let (new, existing) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{}", self.nodes[0].port));
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "add-node", &new, &existing])
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(
+            out.status.success(),
+            "add-node: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let id = node_id(port);
+        let known = poll_until(Duration::from_secs(20), || {
+            self.nodes
+                .iter()
+                .all(|n| redis_cli(n.port, &["CLUSTER", "NODES"]).contains(&id))
+                && redis_cli(port, &["CLUSTER", "INFO"])
+                    .lines()
+                    .any(|l| l.trim() == "cluster_state:ok")
+        });
+        assert!(known, "every node knows the new primary, and it knows the cluster");
+        port
+    }
+
     /// Starts a killed node again on its port, with its `nodes-P.conf` (so it rejoins as the same node).
     pub fn restart(&mut self, port: u16) {
         let node = RedisCluster::spawn_node(self.dir.path(), port);
@@ -151,30 +180,53 @@ fn owns_slots(port: u16) -> bool {
 /// waits for it to finish. The error is redis-cli's output.
 pub fn reshard(from: u16, to: u16, slots: u32) -> Result<(), String> {
     let at = format!("127.0.0.1:{from}");
-    let cli = |args: &[&str]| {
-        Command::new("redis-cli")
-            .args(args)
-            .output()
-            .expect("redis-cli must be installed")
-    };
+    agreed(&at);
+    let (from_id, to_id, count) = (node_id(from), node_id(to), slots.to_string());
+    let out = Command::new("redis-cli")
+        .args([
+            "--cluster",
+            "reshard",
+            &at,
+            "--cluster-from",
+            &from_id,
+            "--cluster-to",
+            &to_id,
+            "--cluster-slots",
+            &count,
+            "--cluster-yes",
+        ])
+        .output()
+        .expect("redis-cli must be installed");
+    cli_result(&out)
+}
+
+/// Spreads the slots evenly over every primary, empty ones included (`redis-cli --cluster rebalance
+/// --cluster-use-empty-masters`), as an operator does after adding one, once every node agrees on the slots. The
+/// error is redis-cli's output.
+pub fn rebalance(any: u16) -> Result<(), String> {
+    let at = format!("127.0.0.1:{any}");
+    agreed(&at);
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "rebalance", &at, "--cluster-use-empty-masters"])
+        .output()
+        .expect("redis-cli must be installed");
+    cli_result(&out)
+}
+
+/// Waits until every node agrees on the slots, as seen from the node at `at` (a reshard refuses to start otherwise).
+fn agreed(at: &str) {
     poll_until(Duration::from_secs(10), || {
-        let check = cli(&["--cluster", "check", &at]);
+        let check = Command::new("redis-cli")
+            .args(["--cluster", "check", at])
+            .output()
+            .expect("redis-cli must be installed");
         let text = String::from_utf8_lossy(&check.stdout);
         text.contains("All nodes agree about slots configuration") && !text.contains("[WARNING]")
     });
-    let (from_id, to_id, count) = (node_id(from), node_id(to), slots.to_string());
-    let out = cli(&[
-        "--cluster",
-        "reshard",
-        &at,
-        "--cluster-from",
-        &from_id,
-        "--cluster-to",
-        &to_id,
-        "--cluster-slots",
-        &count,
-        "--cluster-yes",
-    ]);
+}
+
+/// A redis-cli run's success, or the tail of its output.
+fn cli_result(out: &std::process::Output) -> Result<(), String> {
     if out.status.success() {
         return Ok(());
     }

@@ -317,6 +317,7 @@ impl Inner {
             return;
         };
         let (map, known) = self.map_of(best);
+        self.connect_new_primaries(&map).await;
         let settled = map.complete()
             && map
                 .primaries
@@ -384,6 +385,20 @@ impl Inner {
             known.extend(range.replicas.iter().map(|r| Arc::from(r.as_str())));
         }
         (map, known)
+    }
+
+    /// Waits, at most the store's timeout, for the connections of the primaries `map` names that the map in use does
+    /// not (a node a rebalance just gave its first slots): routed to only once its connections are up, it charges no
+    /// call their setup against the call's own timeout. The map in use serves meanwhile (its old owners answer MOVED
+    /// or ASK, which are followed).
+    async fn connect_new_primaries(&self, map: &SlotMap) {
+        let old = self.map.load();
+        let new = map
+            .primaries
+            .iter()
+            .filter(|p| !old.primaries.iter().any(|o| o.addr == p.addr))
+            .map(|p| tokio::time::timeout(self.timeout, p.pool.wait_for_connect()));
+        futures::future::join_all(new).await;
     }
 
     /// Installs `map`, logging when it differs from the one in use, and tells whoever waits for a map.

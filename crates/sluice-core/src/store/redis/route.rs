@@ -18,6 +18,7 @@
 use std::time::{Duration, Instant};
 
 use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::ClientLike;
 use fred::types::Value;
 
 use super::call::{Call, Form, eval};
@@ -131,7 +132,7 @@ pub(super) async fn to_slot(
     let started = Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
-        let answer = to_slot_once(cluster, script, &make).await;
+        let answer = to_slot_once(cluster, script, timeout, &make).await;
         match &answer {
             Err((e, _)) if is_tryagain(e) && started.elapsed() + pause < timeout => {
                 tokio::time::sleep(pause).await;
@@ -143,7 +144,12 @@ pub(super) async fn to_slot(
 }
 
 /// [`to_slot`]'s call, and the redirection it may follow.
-async fn to_slot_once(cluster: &Cluster, script: &DecisionScript, make: &impl Fn() -> Call) -> Answer {
+async fn to_slot_once(
+    cluster: &Cluster,
+    script: &DecisionScript,
+    timeout: Duration,
+    make: &impl Fn() -> Call,
+) -> Answer {
     let call = make();
     let slot = call.slot.unwrap_or(0);
     let Some(node) = cluster.owner(slot) else {
@@ -163,6 +169,9 @@ async fn to_slot_once(cluster: &Cluster, script: &DecisionScript, make: &impl Fn
     let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
         return Err((e, Some(node)));
     };
+    // A node met first here (a slot moving to a new primary) is connected before the call is sent, so that the call's
+    // own timeout is not spent on the connection's setup.
+    let _ = tokio::time::timeout(timeout, target.pool.wait_for_connect()).await;
     eval(target.pool.next(), script, vec![make()], Form::Declared, asking)
         .await
         .map(|mut values| values.pop().unwrap_or(Reply::Script(Value::Null)))
