@@ -1,8 +1,8 @@
 //! The Redis store on a Redis Cluster of three primaries. The descriptors that live on one primary share its script
 //! call whatever their slots; a descriptor of a slot that is migrating or has moved is decided once, where its
 //! counter is, and never part-way; and a live reshard under load (`redis-cli --cluster reshard`, twice) fails no
-//! decision, loses no hit and counts none twice; nor does a rebalance onto a newly added primary; and a start beside a
-//! dead primary decides the live slots at once.
+//! decision, loses no hit and counts none twice; nor do a rebalance onto a newly added primary and three manual
+//! failovers; and a start beside a dead primary decides the live slots at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +15,8 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, info_field, node_id, own_slots, rebalance, redis_cli, redis_store_with, reshard,
-    script_calls,
+    RedisCluster, T0, decided, failover, info_field, node_id, own_slots, rebalance, redis_cli, redis_store_with,
+    replica_of, reshard, script_calls,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -337,6 +337,23 @@ async fn a_rebalance_onto_a_new_primary_under_load_fails_no_decision_and_counts_
     let new = cluster.add_primary();
     moves_under_load(&cluster, "rebalance:", move || rebalance(any)).await;
     assert!(cluster.primaries().contains(&new), "the new primary serves slots");
+}
+
+/// The same load through three manual failovers (`CLUSTER FAILOVER` on a replica of each primary in turn): no decision
+/// fails while each primary hands its slots to its replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_failovers_under_load_fail_no_decision_and_count_every_hit_once() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let replicas: Vec<u16> = cluster
+        .primaries()
+        .into_iter()
+        .map(|p| replica_of(p, &nodes).expect("every primary has a replica"))
+        .collect();
+    moves_under_load(&cluster, "failover:", move || {
+        replicas.into_iter().try_for_each(failover)
+    })
+    .await;
 }
 
 /// Decides hits from many tasks at once, with a store of five seconds' timeout, while `operate` moves slots (blocking,

@@ -235,6 +235,31 @@ fn cli_result(out: &std::process::Output) -> Result<(), String> {
     Err(format!("{} {}", tail.join(" | "), String::from_utf8_lossy(&out.stderr)))
 }
 
+/// Promotes the replica at `replica` in place of its primary, as an operator does before maintenance (`CLUSTER
+/// FAILOVER`: the primary stops taking writes until the replica has caught up, so nothing is lost), and waits until
+/// every node agrees on the slots again. The error says what did not happen.
+pub fn failover(replica: u16) -> Result<(), String> {
+    let answer = redis_cli(replica, &["CLUSTER", "FAILOVER"]);
+    if answer.trim() != "OK" {
+        return Err(format!("CLUSTER FAILOVER on {replica}: {answer}"));
+    }
+    if !poll_until(Duration::from_secs(20), || {
+        info_field(replica, "replication", "role").as_deref() == Some("master") && owns_slots(replica)
+    }) {
+        return Err(format!("{replica} was not promoted"));
+    }
+    agreed(&format!("127.0.0.1:{replica}"));
+    Ok(())
+}
+
+/// The port of a replica of the primary at `primary`.
+pub fn replica_of(primary: u16, nodes: &[u16]) -> Option<u16> {
+    nodes
+        .iter()
+        .copied()
+        .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(primary.to_string().as_str()))
+}
+
 /// A node's id in its cluster.
 pub fn node_id(port: u16) -> String {
     redis_cli(port, &["CLUSTER", "MYID"]).trim().to_string()
