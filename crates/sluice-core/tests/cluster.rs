@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fred::util::redis_keyslot;
 use sluice_core::rules::Algorithm;
 use sluice_core::store::redis::{FormatCheck, RedisStore};
-use sluice_core::store::{CounterKey, Hit, Identity, RecordSpec, TierSpec};
+use sluice_core::store::{CounterKey, Hit, Identity, ListChange, ListEntry, Lists, RecordSpec, TierSpec};
 
 use crate::harness::{
     RedisCluster, T0, decided, failover, info_field, node_id, own_slots, rebalance, redis_cli, redis_store_with,
@@ -309,6 +309,72 @@ async fn a_start_beside_a_dead_primary_decides_the_live_slots_at_once() {
         took < baseline + TIMEOUT / 3,
         "decided {took:?} after start, {baseline:?} on the whole cluster: the start waited on the dead node"
     );
+}
+
+/// The commands sluice sends outside its decision script (a list's entries here; offenders' tallies, regions'
+/// shipments, releases and the format marker go the same way) follow a moving slot: ASK while its keys migrate, and
+/// MOVED once it has moved while the store's slot map still names the old primary. Every call succeeds and the
+/// entries are where the slot is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_outside_the_script_follow_a_moving_slot() {
+    let cluster = RedisCluster::start();
+    let store = redis_store_with(&cluster.url(), Duration::from_secs(5)).await;
+    let list = CounterKey::list("moving:", "d", "deny");
+    let slot = redis_keyslot(list.as_str().as_bytes());
+    let source = cluster.slot_owner(slot).expect("the slot has a primary");
+    let target = cluster.primaries().into_iter().find(|&p| p != source).unwrap();
+    let add = |value: &'static str| {
+        let store = &store;
+        let list = &list;
+        async move {
+            let values = [value.to_string()];
+            let change = ListChange::Add {
+                values: &values,
+                expires_us: None,
+                max: 100,
+            };
+            store.list_change(NOW, list, change).await
+        }
+    };
+    let entries = || async { store.list_entries(NOW, &list).await };
+    assert_eq!(add("a").await.unwrap(), Some(1));
+
+    // The slot migrates, its key already moved: the source answers ASK for it.
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    let setslot = |port: u16, how: &str, id: &str| {
+        let answer = redis_cli(port, &["CLUSTER", "SETSLOT", &slot.to_string(), how, id]);
+        assert_eq!(answer.trim(), "OK", "SETSLOT {how} on {port}");
+    };
+    setslot(target, "IMPORTING", &source_id);
+    setslot(source, "MIGRATING", &target_id);
+    let migrated = redis_cli(
+        source,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &target.to_string(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            list.as_str(),
+        ],
+    );
+    assert_eq!(migrated.trim(), "OK");
+    assert_eq!(add("b").await.expect("ASK is followed"), Some(1));
+    let values = |found: Vec<ListEntry>| found.into_iter().map(|e| e.value).collect::<Vec<_>>();
+    assert_eq!(values(entries().await.expect("ASK is followed")), ["a", "b"]);
+
+    // The slot is the target's now; the store's map, read again only every few seconds once settled, still names
+    // the source, which answers MOVED.
+    for port in cluster.primaries() {
+        setslot(port, "NODE", &target_id);
+    }
+    assert_eq!(add("c").await.expect("MOVED is followed"), Some(1));
+    assert_eq!(values(entries().await.expect("MOVED is followed")), ["a", "b", "c"]);
+    assert_eq!(redis_cli(target, &["ZCARD", list.as_str()]).trim(), "3");
+    let left = redis_cli(source, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]);
+    assert_eq!(left.trim(), "0");
 }
 
 /// Requests of one and of three descriptors, from many tasks at once, over descriptors of one and of two tiers on

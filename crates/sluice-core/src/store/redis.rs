@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fred::clients::{Client, Pool};
+use fred::clients::Pool;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, PubsubInterface};
 use fred::types::config::ServerConfig;
@@ -369,38 +369,34 @@ impl RedisStore {
         let calls = keys.iter().map(|key| async move {
             let mut args = vec![Value::from(key.as_str())];
             args.extend(extra.map(Value::from));
-            let n: i64 = self
-                .client_for(key)?
-                .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), args)
-                .await
-                .map_err(|e| self.classify(e))?;
-            Ok::<u64, StoreError>(n.max(0) as u64)
+            let n = self.send(key, command, args).await?;
+            Ok::<u64, StoreError>(n.as_i64().unwrap_or(0).max(0) as u64)
         });
         futures::future::join_all(calls).await.into_iter().sum()
     }
 
-    /// The connection for a single-key command on `key`: the one server's, or in a cluster the primary's that
-    /// serves the key's slot.
-    /// Runs one command on `key`'s server.
+    /// Runs one command on `key`'s server, `key` its first argument.
     async fn command(&self, key: &CounterKey, command: &'static str, args: Vec<Value>) -> Result<Value, StoreError> {
         let mut all = Vec::with_capacity(args.len() + 1);
         all.push(Value::from(key.as_str()));
         all.extend(args);
-        self.client_for(key)?
-            .custom(CustomCommand::new_static(command, ClusterHash::FirstKey, false), all)
-            .await
-            .map_err(|e| self.classify(e))
+        self.send(key, command, all).await
     }
 
-    fn client_for(&self, key: &CounterKey) -> Result<Client, StoreError> {
+    /// Runs `verb` with `args` (about `key`, or keys of its slot) on the server that holds `key`: the one server, or in
+    /// a cluster the primary that serves the key's slot, following MOVED and ASK (`route::command_to_slot`).
+    async fn send(&self, key: &CounterKey, verb: &'static str, args: Vec<Value>) -> Result<Value, StoreError> {
+        self.send_raw(key, verb, args).await.map_err(|e| self.classify(e))
+    }
+
+    /// [`Self::send`], with Redis's own error.
+    async fn send_raw(&self, key: &CounterKey, verb: &'static str, args: Vec<Value>) -> Result<Value, FredError> {
         let Some(cluster) = &self.cluster else {
-            return Ok(self.pool.next().clone());
+            let command = CustomCommand::new_static(verb, ClusterHash::Random, false);
+            return self.pool.next().custom(command, args).await;
         };
         let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
-        cluster
-            .owner(slot)
-            .map(|node| node.pool.next().clone())
-            .ok_or_else(|| StoreError::Connection(format!("no primary serves cluster slot {slot} yet")))
+        route::command_to_slot(cluster, self.timeout, slot, verb, args).await
     }
 }
 
@@ -416,18 +412,15 @@ const RESET_IDLE_STREAM: &str = include_str!("lua/reset_idle_stream.lua");
 /// own slot, all written before any answer is awaited.
 async fn reset_idle_streams(store: &RedisStore, keys: &[CounterKey]) -> Result<StreamReset, StoreError> {
     let calls = keys.iter().map(|key| async move {
-        let slot = fred::util::redis_keyslot(key.as_str().as_bytes());
-        let command = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
         let args = vec![
             Value::from(RESET_IDLE_STREAM),
             Value::Integer(1),
             Value::from(key.as_str()),
         ];
-        let client = store.client_for(key)?;
-        client
-            .custom::<i64, _>(command, args)
-            .await
-            .map_err(|e| store.classify(e))
+        let answer = store.send(key, "EVAL", args).await?;
+        answer
+            .as_i64()
+            .ok_or_else(|| StoreError::Script(format!("reset_idle_stream.lua answered {answer:?}")))
     });
     let answers = futures::future::join_all(calls).await;
     let mut reset = StreamReset::default();

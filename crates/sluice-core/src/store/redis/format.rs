@@ -2,8 +2,7 @@
 //! `<prefix>format`, so that a later version that changes the form can tell what a server holds and move it, and so
 //! that this version refuses a server written by a form it does not know instead of misreading it.
 
-use fred::interfaces::KeysInterface;
-use fred::types::{Expiration, SetOptions, Value};
+use fred::types::Value;
 
 use super::RedisStore;
 use crate::store::{CounterKey, StoreError};
@@ -26,24 +25,19 @@ impl RedisStore {
     /// be read (the server or the primary of its slot is not reachable yet): the caller decides whether to wait.
     pub async fn check_format(&self, prefix: &str) -> Result<FormatCheck, StoreError> {
         let marker = format!("{prefix}format");
-        let client = self.client_for(&CounterKey::named(marker.clone(), 0))?;
+        let key = CounterKey::named(marker.clone(), 0);
+        let get = || self.send(&key, "GET", vec![Value::from(marker.as_str())]);
         let call = async {
-            let found: Option<String> = client.get(&marker).await?;
-            if let Some(found) = found {
+            if let Some(found) = get().await?.as_string() {
                 return Ok(found);
             }
-            let _: Value = client
-                .set(&marker, FORMAT, None::<Expiration>, Some(SetOptions::NX), false)
-                .await?;
-            client
-                .get::<Option<String>, _>(&marker)
-                .await
-                .map(Option::unwrap_or_default)
+            let set = vec![Value::from(marker.as_str()), Value::from(FORMAT), Value::from("NX")];
+            self.send(&key, "SET", set).await?;
+            Ok(get().await?.as_string().unwrap_or_default())
         };
         let found = tokio::time::timeout(self.timeout, call)
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-            .map_err(|e| self.classify(e))?;
+            .map_err(|_| StoreError::Timeout(self.timeout))??;
         Ok(if found == FORMAT {
             FormatCheck::Known
         } else {

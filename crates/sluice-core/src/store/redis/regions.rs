@@ -5,9 +5,8 @@
 use std::sync::LazyLock;
 use std::sync::atomic::Ordering;
 
-use fred::interfaces::ClientLike;
+use fred::types::Value;
 use fred::types::scripts::Script;
-use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::reply::is_noscript;
 use super::{RedisStore, integer};
@@ -55,30 +54,25 @@ impl RedisStore {
         keys: Vec<Value>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
-        let slot = fred::util::redis_keyslot(first.as_str().as_bytes());
         let mut all = Vec::with_capacity(2 + keys.len() + args.len());
         all.push(Value::from(sha));
         all.push(Value::Integer(keys.len() as i64));
         all.extend(keys);
         all.extend(args);
-        let client = self.client_for(first)?;
         let eval = |mut all: Vec<Value>| {
             all[0] = Value::from(script);
-            let eval = CustomCommand::new_static("EVAL", ClusterHash::Custom(slot), false);
-            let client = client.clone();
             async move {
-                let answer = client.custom::<Value, _>(eval, all).await;
+                let answer = self.send(first, "EVAL", all).await;
                 if answer.is_ok() {
                     self.region_scripts.store(true, Ordering::Relaxed);
                 }
-                answer.map_err(|e| self.classify(e))
+                answer
             }
         };
         if !self.region_scripts.load(Ordering::Relaxed) {
             return eval(all).await;
         }
-        let evalsha = CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false);
-        match client.custom::<Value, _>(evalsha, all.clone()).await {
+        match self.send_raw(first, "EVALSHA", all.clone()).await {
             Err(e) if is_noscript(&e) => eval(all).await,
             answer => answer.map_err(|e| self.classify(e)),
         }

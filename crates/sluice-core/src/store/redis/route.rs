@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
-use fred::types::Value;
+use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::call::{Call, Form, eval};
 use super::cluster::{Cluster, Node};
@@ -129,18 +129,76 @@ pub(super) async fn to_slot(
     timeout: Duration,
     make: impl Fn() -> Call,
 ) -> Answer {
+    again_on_tryagain(timeout, || to_slot_once(cluster, script, timeout, &make), |(e, _)| e).await
+}
+
+/// Runs `attempt` again after TRYAGAIN (the call ran nothing), after pauses that double from [`FIRST_RETRY_PAUSE`],
+/// while `timeout` has not passed since the first attempt.
+async fn again_on_tryagain<T, E, F: Future<Output = Result<T, E>>>(
+    timeout: Duration,
+    attempt: impl Fn() -> F,
+    error: impl Fn(&E) -> &FredError,
+) -> Result<T, E> {
     let started = Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
-        let answer = to_slot_once(cluster, script, timeout, &make).await;
+        let answer = attempt().await;
         match &answer {
-            Err((e, _)) if is_tryagain(e) && started.elapsed() + pause < timeout => {
+            Err(e) if is_tryagain(error(e)) && started.elapsed() + pause < timeout => {
                 tokio::time::sleep(pause).await;
                 pause *= 2;
             }
             _ => return answer,
         }
     }
+}
+
+/// One command (`verb`, `args`: a single key's, or a script's on keys of one slot) to the primary of `slot`, as
+/// [`to_slot`] sends a descriptor: MOVED and ASK (it ran nothing) are followed once, to the node they name; MOVED, a
+/// slot without a primary and a node that failed to answer ask for a new slot map; TRYAGAIN is tried again while
+/// the store's `timeout` has not passed.
+pub(super) async fn command_to_slot(
+    cluster: &Cluster,
+    timeout: Duration,
+    slot: u16,
+    verb: &'static str,
+    args: Vec<Value>,
+) -> Result<Value, FredError> {
+    let once = || async {
+        let Some(node) = cluster.owner(slot) else {
+            cluster.refresh_soon();
+            return Err(FredError::new(
+                ErrorKind::Cluster,
+                format!("no primary serves cluster slot {slot} yet"),
+            ));
+        };
+        let command = || CustomCommand::new_static(verb, ClusterHash::Custom(slot), false);
+        let e = match node.pool.next().custom(command(), args.clone()).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => e,
+        };
+        let redirect = redirection(&e);
+        if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
+            return Err(e);
+        }
+        cluster.refresh_soon();
+        let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+            return Err(e);
+        };
+        let _ = tokio::time::timeout(timeout, target.pool.wait_for_connect()).await;
+        let client = target.pool.next();
+        if !asking {
+            return client.custom(command(), args.clone()).await;
+        }
+        // After ASK the command must follow ASKING on the same connection: a pipeline writes both together.
+        let pipeline = client.pipeline();
+        let asking = CustomCommand::new_static("ASKING", ClusterHash::Custom(slot), false);
+        let _: () = pipeline.custom(asking, Vec::<Value>::new()).await?;
+        let _: () = pipeline.custom(command(), args.clone()).await?;
+        let (_, answer): (Value, Value) = pipeline.all().await?;
+        Ok(answer)
+    };
+    again_on_tryagain(timeout, once, |e| e).await
 }
 
 /// [`to_slot`]'s call, and the redirection it may follow.
