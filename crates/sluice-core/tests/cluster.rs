@@ -15,8 +15,8 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, ListChange, ListEntry, Lists, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, failover, info_field, node_id, own_slots, rebalance, redis_cli, redis_store_with,
-    replica_of, reshard, script_calls,
+    RedisCluster, T0, decided, failover, migrate, own_slots, rebalance, redis_cli, redis_store_with, replica_of,
+    reshard, script_calls, setslot,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -132,13 +132,8 @@ async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
     assert_eq!(script_calls(source), calls + 1, "one call for descriptors of two slots");
 
     // The slot migrates from `source` to `target`: `a`'s counter is still on `source`, `c` has none yet.
-    let s_text = s.to_string();
-    let setslot = |port: u16, state: &str, node: u16| {
-        let answer = redis_cli(port, &["CLUSTER", "SETSLOT", &s_text, state, &node_id(node)]);
-        assert_eq!(answer.trim(), "OK", "SETSLOT {state} on {port}");
-    };
-    setslot(target, "IMPORTING", source);
-    setslot(source, "MIGRATING", target);
+    setslot(target, s, "IMPORTING", source);
+    setslot(source, s, "MIGRATING", target);
     let resent = store.resent();
     let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1), hit(&c, 1)]).await);
     assert!(out.iter().all(|o| o.admitted));
@@ -150,7 +145,7 @@ async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
         "`c` was refused by `source`'s call and sent to its slot; `a` and `b` were decided in it"
     );
     let keys_in = |port: u16| {
-        redis_cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &s_text])
+        redis_cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &s.to_string()])
             .trim()
             .to_string()
     };
@@ -186,23 +181,9 @@ async fn a_descriptor_of_a_moving_slot_is_decided_once_where_its_counter_is() {
     // `source`, which refuses (MOVED): `a` is counted once, on `target`.
     let a_key = hit(&a, 1).tiers[0].key.window(NOW).as_str().to_string();
     let e_key = hit(&e, 1).tiers[0].key.window(NOW).as_str().to_string();
-    let migrated = redis_cli(
-        source,
-        &[
-            "MIGRATE",
-            "127.0.0.1",
-            &target.to_string(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-            &a_key,
-            &e_key,
-        ],
-    );
-    assert_eq!(migrated.trim(), "OK");
+    migrate(source, target, &[&a_key, &e_key]);
     for port in cluster.primaries() {
-        setslot(port, "NODE", target);
+        setslot(port, s, "NODE", target);
     }
     let out = decided(store.hit(NOW, &[hit(&a, 1), hit(&b, 1)]).await);
     assert!(out.iter().all(|o| o.admitted));
@@ -274,12 +255,8 @@ async fn a_start_beside_a_dead_primary_decides_the_live_slots_at_once() {
 
     let victim = cluster.primaries()[0];
     let dead = own_slots(victim);
-    let replica = cluster
-        .nodes
-        .iter()
-        .map(|n| n.port)
-        .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(victim.to_string().as_str()))
-        .expect("the victim has a replica");
+    let nodes: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let replica = replica_of(victim, &nodes).expect("the victim has a replica");
     cluster.node(replica).kill();
     cluster.node(victim).kill();
 
@@ -340,27 +317,9 @@ async fn commands_outside_the_script_follow_a_moving_slot() {
     assert_eq!(add("a").await.unwrap(), Some(1));
 
     // The slot migrates, its key already moved: the source answers ASK for it.
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    let setslot = |port: u16, how: &str, id: &str| {
-        let answer = redis_cli(port, &["CLUSTER", "SETSLOT", &slot.to_string(), how, id]);
-        assert_eq!(answer.trim(), "OK", "SETSLOT {how} on {port}");
-    };
-    setslot(target, "IMPORTING", &source_id);
-    setslot(source, "MIGRATING", &target_id);
-    let migrated = redis_cli(
-        source,
-        &[
-            "MIGRATE",
-            "127.0.0.1",
-            &target.to_string(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-            list.as_str(),
-        ],
-    );
-    assert_eq!(migrated.trim(), "OK");
+    setslot(target, slot, "IMPORTING", source);
+    setslot(source, slot, "MIGRATING", target);
+    migrate(source, target, &[list.as_str()]);
     assert_eq!(add("b").await.expect("ASK is followed"), Some(1));
     let values = |found: Vec<ListEntry>| found.into_iter().map(|e| e.value).collect::<Vec<_>>();
     assert_eq!(values(entries().await.expect("ASK is followed")), ["a", "b"]);
@@ -368,7 +327,7 @@ async fn commands_outside_the_script_follow_a_moving_slot() {
     // The slot is the target's now; the store's map, read again only every few seconds once settled, still names
     // the source, which answers MOVED.
     for port in cluster.primaries() {
-        setslot(port, "NODE", &target_id);
+        setslot(port, slot, "NODE", target);
     }
     assert_eq!(add("c").await.expect("MOVED is followed"), Some(1));
     assert_eq!(values(entries().await.expect("MOVED is followed")), ["a", "b", "c"]);

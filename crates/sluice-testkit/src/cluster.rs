@@ -260,6 +260,21 @@ pub fn replica_of(primary: u16, nodes: &[u16]) -> Option<u16> {
         .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(primary.to_string().as_str()))
 }
 
+/// `CLUSTER SETSLOT <slot> <state> <id of node>` on the node at `port` (`IMPORTING`, `MIGRATING`, `NODE`), as a
+/// reshard does step by step.
+pub fn setslot(port: u16, slot: u16, state: &str, node: u16) {
+    let answer = redis_cli(port, &["CLUSTER", "SETSLOT", &slot.to_string(), state, &node_id(node)]);
+    assert_eq!(answer.trim(), "OK", "SETSLOT {state} on {port}");
+}
+
+/// Moves `keys` (of one slot) from the node at `from` to the one at `to` (`MIGRATE`), as a reshard does.
+pub fn migrate(from: u16, to: u16, keys: &[&str]) {
+    let to = to.to_string();
+    let mut args = vec!["MIGRATE", "127.0.0.1", &to, "", "0", "5000", "KEYS"];
+    args.extend_from_slice(keys);
+    assert_eq!(redis_cli(from, &args).trim(), "OK", "MIGRATE {keys:?}");
+}
+
 /// A node's id in its cluster.
 pub fn node_id(port: u16) -> String {
     redis_cli(port, &["CLUSTER", "MYID"]).trim().to_string()

@@ -12,7 +12,7 @@ pub mod redis;
 pub mod sentinel;
 pub mod tls;
 
-pub use cluster::{RedisCluster, failover, keys, node_id, own_slots, rebalance, replica_of, reshard};
+pub use cluster::{RedisCluster, failover, keys, migrate, node_id, own_slots, rebalance, replica_of, reshard, setslot};
 pub use core::{counter_of, decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
 pub use harness::*;
 pub use link::Link;

@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 use crate::harness::{
     RedisCluster, TestServer, counter_of, info_field, is_series, keys, limiter, live_server_with, poll_until,
-    redis_cli, redis_store, redis_store_with, script_calls,
+    redis_cli, redis_store, redis_store_with, replica_of, script_calls,
 };
 
 const CONFIG: &str = "
@@ -304,12 +304,8 @@ async fn a_killed_primary_recovers_after_promotion() {
     let (&victim, victim_value) = chosen.iter().next().unwrap();
     let all: Vec<String> = chosen.values().cloned().collect();
     let healthy: Vec<String> = chosen.values().filter(|v| *v != victim_value).cloned().collect();
-    let victim_replica = cluster
-        .nodes
-        .iter()
-        .map(|n| n.port)
-        .find(|&p| info_field(p, "replication", "master_port").as_deref() == Some(victim.to_string().as_str()))
-        .expect("the victim has a replica");
+    let nodes: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let victim_replica = replica_of(victim, &nodes).expect("the victim has a replica");
 
     // Watch for the promotion from a plain thread, to split detection and election from the client's catch-up.
     let promoted_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
