@@ -17,7 +17,7 @@
 -- starts the hash afresh. Forced hits and settlements never reach it (it is not one of the counting algorithms).
 
 -- Per counter written in the decision under way (prelude.lua's `decision`, which `written_in` names): the TTL (ms)
--- and the longest window (in sub-windows) it was given there.
+-- and the longest window (in sub-windows) it was given there, and whether its expiry moves in this decision.
 local bucket_written, written_in = {}, nil
 
 function L.bucketed_window()
@@ -92,7 +92,8 @@ function L.bucketed_window()
   end
 
   -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
-  -- until the longest window no longer counts its newest sub-window.
+  -- until the longest window no longer counts its newest sub-window. That moment moves only with a newer sub-window,
+  -- a longer window or a counter started afresh: a hit in the newest sub-window leaves the expiry as it is.
   function M.commit(key, state, now, cost, limit, window, burst)
     local s = state.s
     local width, current = s.width, s.current
@@ -104,7 +105,7 @@ function L.bucketed_window()
     end
     local seen = bucket_written[key]
     if seen ~= nil then
-      if ttl > seen[1] then
+      if (seen[3] or longest > s.longest) and ttl > seen[1] then
         redis.call('PEXPIRE', key, ttl)
         seen[1] = ttl
       end
@@ -117,6 +118,7 @@ function L.bucketed_window()
     local at, text = string.format('%d', current), string.format('%d', cost)
     -- The oldest start any limit's window still spans.
     local keep = current - (longest - 1) * width
+    local moves = s.t == nil or s.l < keep or current > s.l or longest > s.longest
     if s.t == nil or s.l < keep then
       -- Nothing kept is spanned any more: the counter starts afresh.
       if s.t ~= nil then redis.call('DEL', key) end
@@ -141,8 +143,8 @@ function L.bucketed_window()
       end
       if longest > s.longest then redis.call('HSET', key, 's', string.format('%d', longest)) end
     end
-    redis.call('PEXPIRE', key, ttl)
-    bucket_written[key] = { ttl, longest }
+    if moves then redis.call('PEXPIRE', key, ttl) end
+    bucket_written[key] = { ttl, longest, moves }
     return ''
   end
 
