@@ -139,7 +139,10 @@ impl Cluster {
         tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
         let first_map = async {
             loop {
+                // Registered before the test, so that a change between the two is not missed.
                 let changed = inner.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
                 if inner.map.load().complete() || inner.reads.load(Ordering::Relaxed) > 0 {
                     return;
                 }
