@@ -177,15 +177,9 @@ pub(super) async fn command_to_slot(
             Ok(answer) => return Ok(answer),
             Err(e) => e,
         };
-        let redirect = redirection(&e);
-        if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
-            return Err(e);
-        }
-        cluster.refresh_soon();
-        let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+        let Some((asking, target)) = redirected(cluster, timeout, &e).await else {
             return Err(e);
         };
-        let _ = tokio::time::timeout(timeout, target.pool.wait_for_connect()).await;
         let client = target.pool.next();
         if !asking {
             return client.custom(command(), args.clone()).await;
@@ -219,19 +213,27 @@ async fn to_slot_once(
         Ok(mut values) => return Ok(values.pop().unwrap_or(Reply::Script(Value::Null))),
         Err(e) => e,
     };
-    let redirect = redirection(&e);
-    if redirect.is_none() && e.kind() != &ErrorKind::Timeout && e.kind() != &ErrorKind::IO {
-        return Err((e, Some(node)));
-    }
-    cluster.refresh_soon();
-    let Some((asking, target)) = redirect.and_then(|(ask, addr)| Some((ask, cluster.node(&addr)?))) else {
+    let Some((asking, target)) = redirected(cluster, timeout, &e).await else {
         return Err((e, Some(node)));
     };
-    // A node met first here (a slot moving to a new primary) is connected before the call is sent, so that the call's
-    // own timeout is not spent on the connection's setup.
-    let _ = tokio::time::timeout(timeout, target.pool.wait_for_connect()).await;
     eval(target.pool.next(), script, vec![make()], Form::Declared, asking)
         .await
         .map(|mut values| values.pop().unwrap_or(Reply::Script(Value::Null)))
         .map_err(|e| (e, Some(target)))
+}
+
+/// Where a call refused with `e` goes next: after MOVED or ASK (it ran nothing), the node named and whether the call
+/// must follow ASKING there; `None` for any other error, which is the call's answer. A redirection, a timeout and a
+/// broken connection ask for a new slot map. A node met first here (a slot moving to a new primary) is connected
+/// before the call is sent again, within `timeout`, so that the call's own timeout is not spent on the connection's
+/// setup.
+async fn redirected(cluster: &Cluster, timeout: Duration, e: &FredError) -> Option<(bool, Node)> {
+    let redirect = redirection(e);
+    if redirect.is_some() || matches!(e.kind(), ErrorKind::Timeout | ErrorKind::IO) {
+        cluster.refresh_soon();
+    }
+    let (asking, addr) = redirect?;
+    let target = cluster.node(&addr)?;
+    let _ = tokio::time::timeout(timeout, target.pool.wait_for_connect()).await;
+    Some((asking, target))
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Cluster operations under load at the store's default timeout (100 ms): the core tests that move slots while 24
+# tasks decide (three reshards of 2 000 slots, a rebalance onto a newly added primary, three manual failovers, each
+# on a fresh 3+3 Redis Cluster the harness starts), RUNS (10) times each, with the store's timeout set by
+# SLUICE_MOVES_TIMEOUT_MS (TIMEOUT_MS, 100) instead of the tests' 5 s; OPS picks some of the three. Prints, per operation, the failed decisions
+# of every run and the runs that failed (and on standard error the first failures of each).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-10}
+TIMEOUT_MS=${TIMEOUT_MS:-100}
+
+command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
+cargo test --locked -p sluice-core --test core --no-run >&2
+declare -A tests=(
+  [reshard]=cluster::a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once
+  [rebalance]=cluster::a_rebalance_onto_a_new_primary_under_load_fails_no_decision_and_counts_every_hit_once
+  [failover]=cluster::manual_failovers_under_load_fail_no_decision_and_count_every_hit_once
+)
+for op in ${OPS:-reshard rebalance failover}; do
+  failed=() bad=0
+  for _ in $(seq "$RUNS"); do
+    out=$(SLUICE_MOVES_TIMEOUT_MS=$TIMEOUT_MS cargo test --locked -q -p sluice-core --test core -- --exact \
+      "${tests[$op]}" --nocapture 2>&1 || true)
+    n=$(grep -oE '; [0-9]+ failed$' <<<"$out" | grep -oE '[0-9]+' || echo '?')
+    failed+=("$n")
+    if [ "$n" != 0 ]; then
+      bad=$((bad + 1))
+      grep -m1 -oE 'failed decisions: .{0,600}' <<<"$out" >&2 || true
+    fi
+  done
+  echo "$op: failed decisions per run: ${failed[*]}; runs with a failure: $bad of $RUNS (timeout ${TIMEOUT_MS} ms)"
+done
