@@ -2,12 +2,17 @@
 # Cluster operations under load at the store's default timeout (100 ms): the core tests that move slots while 24
 # tasks decide (three reshards of 2 000 slots, a rebalance onto a newly added primary, three manual failovers, each
 # on a fresh 3+3 Redis Cluster the harness starts), RUNS (10) times each, with the store's timeout set by
-# SLUICE_MOVES_TIMEOUT_MS (TIMEOUT_MS, 100) instead of the tests' 5 s; OPS picks some of the three. Prints, per operation, the failed decisions
-# of every run and the runs that failed (and on standard error the first failures of each).
+# SLUICE_MOVES_TIMEOUT_MS (TIMEOUT_MS, 100) instead of the tests' 5 s; OPS picks some of the three. Prints, per
+# operation, the failed decisions of every run, the runs that failed (and on standard error the first failures of
+# each), and per run the longest a 10 ms sleep overslept on this host while it ran: a stall of the host as long as the
+# timeout fails decisions whatever sluice does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
+
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)"; exit 1; }
 cargo test --locked -p sluice-core --test core --no-run >&2
@@ -17,16 +22,30 @@ declare -A tests=(
   [failover]=cluster::manual_failovers_under_load_fail_no_decision_and_count_every_hit_once
 )
 for op in ${OPS:-reshard rebalance failover}; do
-  failed=() bad=0
+  failed=() stalls=() bad=0
   for _ in $(seq "$RUNS"); do
+    python3 -c '
+import signal, sys, time
+longest = 0.0
+def done(*_):
+    print(round(longest * 1000)); sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+while True:
+    t = time.monotonic(); time.sleep(0.01); longest = max(longest, time.monotonic() - t - 0.01)
+' >"$work/stall" &
+    watch=$!
+    pids+=("$watch")
     out=$(SLUICE_MOVES_TIMEOUT_MS=$TIMEOUT_MS cargo test --locked -q -p sluice-core --test core -- --exact \
       "${tests[$op]}" --nocapture 2>&1 || true)
     n=$(grep -oE '; [0-9]+ failed$' <<<"$out" | grep -oE '[0-9]+' || echo '?')
     failed+=("$n")
+    kill "$watch" && wait "$watch" || true
+    stalls+=("$(cat "$work/stall")")
     if [ "$n" != 0 ]; then
       bad=$((bad + 1))
       grep -m1 -oE 'failed decisions: .{0,600}' <<<"$out" >&2 || true
     fi
   done
-  echo "$op: failed decisions per run: ${failed[*]}; runs with a failure: $bad of $RUNS (timeout ${TIMEOUT_MS} ms)"
+  echo "$op: failed decisions per run: ${failed[*]}; runs with a failure: $bad of $RUNS (timeout ${TIMEOUT_MS} ms);" \
+    "longest oversleep per run (ms): ${stalls[*]}"
 done

@@ -2,7 +2,8 @@
 //! call whatever their slots; a descriptor of a slot that is migrating or has moved is decided once, where its
 //! counter is, and never part-way; and three live reshards under load (`redis-cli --cluster reshard`) fail no
 //! decision, lose no hit and count none twice; nor do a rebalance onto a newly added primary and three manual
-//! failovers; and a start beside a dead primary decides the live slots at once.
+//! failovers; a start beside a dead primary decides the live slots at once; and a task looping on calls that fail at
+//! once (no node answering yet) does not keep the store from reading the slot map.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +16,8 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, ListChange, ListEntry, Lists, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, T0, decided, failover, migrate, own_slots, rebalance, redis_cli, redis_store_with, replica_of,
-    reshard, script_calls, setslot,
+    RedisCluster, RedisProcess, T0, decided, failover, migrate, own_slots, rebalance, redis_cli, redis_store_with,
+    replica_of, reshard, script_calls, setslot, signal,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -285,6 +286,49 @@ async fn a_start_beside_a_dead_primary_decides_the_live_slots_at_once() {
     assert!(
         took < baseline + TIMEOUT / 3,
         "decided {took:?} after start, {baseline:?} on the whole cluster: the start waited on the dead node"
+    );
+}
+
+/// A store started while every node is frozen (SIGSTOP) has no slot map, so each call fails at once, awaiting
+/// nothing. A task that loops on such calls, on a runtime of one thread, still lets the store read the map once the
+/// nodes run again: its calls succeed within seconds, not never.
+#[tokio::test]
+async fn a_task_looping_on_calls_that_fail_at_once_lets_the_store_recover() {
+    let cluster = RedisCluster::start();
+    let pids: Vec<u32> = cluster.nodes.iter().filter_map(RedisProcess::pid).collect();
+    for &pid in &pids {
+        signal(pid, "STOP");
+    }
+    let store = redis_store_with(&cluster.url(), Duration::from_millis(200)).await;
+    let hits = [hit(&identity("frozen:", 0), 1)];
+    assert!(store.hit(NOW, &hits).await[0].is_err(), "no node answers yet");
+    // Resumed from another thread: this one's runtime is the test's, busy with the loop below.
+    let resumed = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        for pid in pids {
+            signal(pid, "CONT");
+        }
+    });
+    let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(30));
+    let mut calls = 0u64;
+    let recovered = loop {
+        calls += 1;
+        if store.hit(NOW, &hits).await[0].is_ok() {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+    };
+    resumed.join().unwrap();
+    let state = if recovered { "recovered" } else { "still failing" };
+    eprintln!(
+        "looping on failing calls: {state} after {:?} and {calls} calls",
+        started.elapsed()
+    );
+    assert!(
+        recovered,
+        "the store read the slot map while a task looped on its failing calls"
     );
 }
 

@@ -246,6 +246,11 @@ impl RedisProcess {
     pub fn alive(&self) -> bool {
         self.child.is_some()
     }
+
+    /// The process's PID while it runs (for [`signal`]).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
 }
 
 impl Drop for RedisProcess {

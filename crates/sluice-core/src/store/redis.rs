@@ -270,6 +270,10 @@ impl RedisStore {
         let Some(cluster) = &self.cluster else {
             return self.run_on_server(items, call, parse).await;
         };
+        // A call whose slots have no known primary fails without awaiting anything: a task that loops on such calls
+        // would otherwise never give its worker thread back to the runtime, whose I/O brings the slot map that ends
+        // the failures.
+        tokio::task::consume_budget().await;
         let mut results: Vec<Option<Result<T, StoreError>>> = items.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..items.len()).collect();
         // The cluster's routing and the script's reload are boxed: inline, their states would make this future (held

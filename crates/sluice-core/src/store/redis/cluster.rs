@@ -173,6 +173,28 @@ impl Cluster {
         node
     }
 
+    /// The primary that serves `slot`, waiting at most `patience` for it while no read of the slot map has ended yet
+    /// (a store just started, whose first read took longer than the start waited): until then a slot without a
+    /// primary in the map is not known to have none. Once a read has ended, [`Cluster::owner`] at once.
+    pub async fn owner_within(&self, slot: u16, patience: Duration) -> Option<Node> {
+        let known = async {
+            loop {
+                // Registered before the test, so that a change between the two is not missed.
+                let changed = self.inner.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.inner.reads.load(Ordering::Relaxed) > 0 || self.owner(slot).is_some() {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        if self.inner.reads.load(Ordering::Relaxed) == 0 {
+            let _ = tokio::time::timeout(patience, known).await;
+        }
+        self.owner(slot)
+    }
+
     /// The failure domain of `slot`: its primary's id, or one shared by every slot without a primary.
     pub fn domain(&self, slot: u16) -> u64 {
         let map = self.inner.map.load();

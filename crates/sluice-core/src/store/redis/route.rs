@@ -165,7 +165,7 @@ pub(super) async fn command_to_slot(
     args: Vec<Value>,
 ) -> Result<Value, FredError> {
     let once = || async {
-        let Some(node) = cluster.owner(slot) else {
+        let Some(node) = cluster.owner_within(slot, timeout).await else {
             cluster.refresh_soon();
             return Err(FredError::new(
                 ErrorKind::Cluster,
@@ -204,7 +204,7 @@ async fn to_slot_once(
 ) -> Answer {
     let call = make();
     let slot = call.slot.unwrap_or(0);
-    let Some(node) = cluster.owner(slot) else {
+    let Some(node) = cluster.owner_within(slot, timeout).await else {
         let e = FredError::new(ErrorKind::Cluster, format!("no primary serves cluster slot {slot} yet"));
         return Err((e, None));
     };
