@@ -337,7 +337,7 @@ impl Inner {
             answered.push(answer);
         }
         let answers: Vec<Vec<Range>> = answered.iter().map(|(_, r)| r.clone()).collect();
-        let Some(best) = pick(&answers) else {
+        let Some(best) = pick(&answers, self.map.load().served()) else {
             self.settled.store(false, Ordering::Relaxed);
             return;
         };
@@ -517,8 +517,11 @@ fn covers(answer: &[Range]) -> usize {
         .sum()
 }
 
-/// The answer most nodes gave among the complete ones, or among all when none is complete.
-fn pick(answers: &[Vec<Range>]) -> Option<&Vec<Range>> {
+/// The answer most nodes gave among the complete ones, or among all when none is complete; `None` when that answer
+/// serves fewer slots than `served`, the map in use, and only one node gave it: a node that has just joined knows
+/// only the slots gossip has told it of, and while the others are slow to answer (a rebalance under way) its view
+/// alone must not take their primaries out of the map. A loss of coverage that several nodes agree on is taken.
+fn pick(answers: &[Vec<Range>], served: usize) -> Option<&Vec<Range>> {
     let complete: Vec<&Vec<Range>> = answers.iter().filter(|a| covers(a) >= SLOTS).collect();
     let pool: Vec<&Vec<Range>> = if complete.is_empty() {
         answers.iter().filter(|a| !a.is_empty()).collect()
@@ -535,7 +538,8 @@ fn pick(answers: &[Vec<Range>]) -> Option<&Vec<Range>> {
             None => votes.push((a, 1)),
         }
     }
-    votes.into_iter().max_by_key(|(a, n)| (*n, covers(a))).map(|(a, _)| a)
+    let (best, n) = votes.into_iter().max_by_key(|(a, n)| (*n, covers(a)))?;
+    (n > 1 || covers(best) >= served).then_some(best)
 }
 
 fn primary_of(r: &Range) -> (u16, u16, &str) {
@@ -545,4 +549,37 @@ fn primary_of(r: &Range) -> (u16, u16, &str) {
 fn split_addr(addr: &str) -> Option<Server> {
     let (host, port) = addr.rsplit_once(':')?;
     Some(Server::new(host, port.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(ranges: &[(u16, u16, &str)]) -> Vec<Range> {
+        ranges
+            .iter()
+            .map(|&(start, end, primary)| Range {
+                start,
+                end,
+                primary: primary.to_string(),
+                replicas: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lone_narrower_view_does_not_replace_the_map_but_an_agreed_one_does() {
+        let whole = answer(&[(0, 8191, "a:1"), (8192, 16383, "b:1")]);
+        let newcomer = answer(&[(0, 8191, "a:1")]);
+        // The others did not answer in time: the newcomer's view alone keeps the map in use.
+        assert!(pick(std::slice::from_ref(&newcomer), SLOTS).is_none());
+        // Two nodes agree that b's slots have no primary (b died without a replica): taken.
+        assert_eq!(pick(&[newcomer.clone(), newcomer.clone()], SLOTS), Some(&newcomer));
+        // A complete answer wins over any number of narrower ones, and a lone view is taken at start.
+        assert_eq!(
+            pick(&[newcomer.clone(), newcomer.clone(), whole.clone()], SLOTS),
+            Some(&whole)
+        );
+        assert_eq!(pick(std::slice::from_ref(&newcomer), 0), Some(&newcomer));
+    }
 }
