@@ -4,8 +4,9 @@
 # on a fresh 3+3 Redis Cluster the harness starts), RUNS (10) times each, with the store's timeout set by
 # SLUICE_MOVES_TIMEOUT_MS (TIMEOUT_MS, 100) instead of the tests' 5 s; OPS picks some of the three. Prints, per
 # operation, the failed decisions of every run, the runs that failed (and on standard error the first failures of
-# each), and per run the longest a 10 ms sleep overslept on this host while it ran: a stall of the host as long as the
-# timeout fails decisions whatever sluice does.
+# each), and per run the longest a 10 ms sleep overslept on this host while it ran and the slowest fsync of a small
+# write in the nodes' directory (TMPDIR, or /tmp): a stall of the host, or of a node's fsync of its cluster config
+# (at every slot change), as long as the timeout fails decisions whatever sluice does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-10}
@@ -22,16 +23,24 @@ declare -A tests=(
   [failover]=cluster::manual_failovers_under_load_fail_no_decision_and_count_every_hit_once
 )
 for op in ${OPS:-reshard rebalance failover}; do
-  failed=() stalls=() bad=0
+  failed=() stalls=() fsyncs=() bad=0
   for _ in $(seq "$RUNS"); do
     python3 -c '
-import signal, sys, time
-longest = 0.0
+import os, signal, sys, tempfile, time
+# The longest a 10 ms sleep overslept (the host stalled), and the longest fsync of a small write where the
+# nodes keep their files (a node saves its cluster config with fsync at every slot change).
+longest = slowest = 0.0
+probe = tempfile.NamedTemporaryFile(prefix="fsync-probe-")
 def done(*_):
-    print(round(longest * 1000)); sys.exit(0)
+    print(round(longest * 1000), round(slowest * 1000)); sys.exit(0)
 signal.signal(signal.SIGTERM, done)
+tick = 0
 while True:
     t = time.monotonic(); time.sleep(0.01); longest = max(longest, time.monotonic() - t - 0.01)
+    tick += 1
+    if tick % 10 == 0:
+        t = time.monotonic(); probe.write(b"x"); probe.flush(); os.fsync(probe.fileno())
+        slowest = max(slowest, time.monotonic() - t)
 ' >"$work/stall" &
     watch=$!
     pids+=("$watch")
@@ -40,12 +49,13 @@ while True:
     n=$(grep -oE '; [0-9]+ failed$' <<<"$out" | grep -oE '[0-9]+' || echo '?')
     failed+=("$n")
     kill "$watch" && wait "$watch" || true
-    stalls+=("$(cat "$work/stall")")
+    read -r stall fsync <"$work/stall"
+    stalls+=("$stall") fsyncs+=("$fsync")
     if [ "$n" != 0 ]; then
       bad=$((bad + 1))
       grep -m1 -oE 'failed decisions: .{0,600}' <<<"$out" >&2 || true
     fi
   done
   echo "$op: failed decisions per run: ${failed[*]}; runs with a failure: $bad of $RUNS (timeout ${TIMEOUT_MS} ms);" \
-    "longest oversleep per run (ms): ${stalls[*]}"
+    "longest oversleep per run (ms): ${stalls[*]}; slowest fsync per run (ms): ${fsyncs[*]}"
 done
