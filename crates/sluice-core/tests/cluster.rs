@@ -382,8 +382,8 @@ async fn commands_outside_the_script_follow_a_moving_slot() {
 
 /// Requests of one and of three descriptors, from many tasks at once, over descriptors of one and of two tiers on
 /// every slot, while three reshards move two thousand slots each: from the first primary to the second, from the
-/// second to the third, and from the first to the third. Every decision succeeds, and afterwards each counter holds exactly the
-/// hits admitted on it.
+/// second to the third, and from the first to the third. Every decision succeeds, and afterwards each counter holds
+/// exactly the hits admitted on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_reshard_under_load_fails_no_decision_and_counts_every_hit_once() {
     let cluster = RedisCluster::start();

@@ -7,12 +7,14 @@
 //! calls for its slots, and the calls for the others go on.
 //!
 //! The slot map is read with `CLUSTER SLOTS` from every known node at once (the seeds of the URL, then every node the
-//! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other; an
-//! answer that serves more slots than the map in use (at start, or while slots are uncovered) is used at once, so that
-//! a node that does not answer (a dead primary, answered for only by the timeout) holds back no slot of the others. It is read again every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired)
-//! or one of its primaries does not answer (a failover under way), every [`SETTLED_REFRESH`] otherwise, and at once
-//! when a call meets MOVED, a slot without a primary, or a node that does not answer. What a call does then is
-//! `route`'s.
+//! answers name), and the answer most nodes give wins, a complete one (all 16384 slots served) before any other, and
+//! one that serves fewer slots than the map in use only if two nodes give it (see [`pick`]); an answer that serves
+//! more slots than the map in use (at start, or while slots are uncovered) is used at once, so that a node that does
+//! not answer (a dead primary, answered for only by the timeout) holds back no slot of the others. It is read again
+//! every [`UNSETTLED_REFRESH`] while it is incomplete (a cluster still being created, or being repaired) or one of its
+//! primaries does not answer (a failover under way), every [`SETTLED_REFRESH`] otherwise, and at once when a call
+//! meets MOVED, a slot without a primary, or a node that does not answer. Until a first read has ended, a call for a
+//! slot without a primary waits for it ([`Cluster::owner_within`]). What a call does then is `route`'s.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -137,18 +139,7 @@ impl Cluster {
             changed: Notify::new(),
         });
         tokio::spawn(keep_fresh(Arc::downgrade(&inner)));
-        let first_map = async {
-            loop {
-                // Registered before the test, so that a change between the two is not missed.
-                let changed = inner.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if inner.map.load().complete() || inner.reads.load(Ordering::Relaxed) > 0 {
-                    return;
-                }
-                changed.await;
-            }
-        };
+        let first_map = inner.until(|map| map.complete());
         let _ = tokio::time::timeout(patience, first_map).await;
         if !inner.map.load().complete() {
             tracing::warn!("redis cluster: the slot map is not complete yet; reading it again in the background");
@@ -177,19 +168,8 @@ impl Cluster {
     /// (a store just started, whose first read took longer than the start waited): until then a slot without a
     /// primary in the map is not known to have none. Once a read has ended, [`Cluster::owner`] at once.
     pub async fn owner_within(&self, slot: u16, patience: Duration) -> Option<Node> {
-        let known = async {
-            loop {
-                // Registered before the test, so that a change between the two is not missed.
-                let changed = self.inner.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if self.inner.reads.load(Ordering::Relaxed) > 0 || self.owner(slot).is_some() {
-                    return;
-                }
-                changed.await;
-            }
-        };
         if self.inner.reads.load(Ordering::Relaxed) == 0 {
+            let known = self.inner.until(|map| map.owner[usize::from(slot)] != NO_OWNER);
             let _ = tokio::time::timeout(patience, known).await;
         }
         self.owner(slot)
@@ -287,6 +267,20 @@ async fn keep_fresh(inner: Weak<Inner>) {
 }
 
 impl Inner {
+    /// Waits until a read of the slot map has ended, or the map in use is `ready`.
+    async fn until(&self, ready: impl Fn(&SlotMap) -> bool) {
+        loop {
+            // Registered before the test, so that a change between the two is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.reads.load(Ordering::Relaxed) > 0 || ready(&self.map.load()) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// The connections to `server`, made on first use; `None` if fred refuses the node's configuration.
     fn node(&self, server: &Server) -> Option<Node> {
         let addr: Arc<str> = Arc::from(format!("{}:{}", server.host, server.port));
