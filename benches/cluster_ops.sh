@@ -6,7 +6,8 @@
 # operation, the failed decisions of every run, the runs that failed (and on standard error the first failures of
 # each), and per run the longest a 10 ms sleep overslept on this host while it ran and the slowest fsync of a small
 # write in the nodes' directory (TMPDIR, or /tmp): a stall of the host, or of a node's fsync of its cluster config
-# (at every slot change), as long as the timeout fails decisions whatever sluice does.
+# (at every slot change), as long as the timeout fails decisions whatever sluice does. `TMPDIR=/dev/shm` keeps the
+# nodes' files in memory, which takes the disk out of the measure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-10}
