@@ -95,161 +95,174 @@ local function compact_done(count, t)
   if node then a = a + compact_width(count) + t else a, k = a + compact_width(count), k + t end
 end
 
--- The lone forms that head their arguments with a letter ('b' a bucket, 's' a sliding window), and whether another
--- compact call of this batch hits the same counter (in capitals: read once and written once for all of them).
-local buckets = { b = false, B = true }
-local slidings = { s = false, S = true }
--- A reservation's letter (true) or a settlement's (false).
-local reserving = { r = true, e = false }
--- A lone sliding log's or concurrency limit's letter: its algorithm.
-local sets = { l = 'sliding_log', c = 'concurrency' }
--- And the global windows' ('gw' fixed, 'gs' sliding; in capitals when shared).
-local globals = {
-  gw = { fixed = true, shared = false, name = 'global:fixed_window' },
-  GW = { fixed = true, shared = true, name = 'global:fixed_window' },
-  gs = { fixed = false, shared = false, name = 'global:sliding_window' },
-  GS = { fixed = false, shared = true, name = 'global:sliding_window' },
-}
-
 -- A compact call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
 local function compact_failure(err, width)
   answers[o] = compact_error(err)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
--- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it.
-local function decide_one()
-  local head = ARGV[a]
-  -- The commonest call first: a lone fixed window, headed by its window (a number read before: see `number`), in
-  -- the declared form.
-  local window = numbers[head]
-  local shared = buckets[head]
-  if window ~= nil and window > 0 and not node then
-    local text, at, width = ARGV[a + 1], now, 2
-    if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
-    local ok, answer = pcall(algorithm('fixed_window').hit, K[k], window, number(text), text, at, guess)
+-- The compact forms headed by a letter: each decides the descriptor whose head is at ARGV[a] (keys from K[k], answer
+-- at answers[o]) and moves past it. A letter in capitals: another compact call of this batch hits the same counter
+-- (read once and written once for all of them).
+local forms = {}
+
+-- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form): 'f',
+-- their number, the window and the cost; a key each.
+function forms.f()
+  local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
+  local cost, hit = number(text), algorithm('fixed_window').hit
+  for _ = 1, m do
+    local ok, answer = pcall(hit, K[k], w, cost, text, now, guess)
     if ok then answers[o] = answer else compact_failure(answer, 1) end
-    a, k, o = a + width, k + 1, o + 1
-  elseif head == 'f' then
-    -- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form):
-    -- 'f', their number, the window and the cost; a key each.
-    local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
-    local cost, hit = number(text), algorithm('fixed_window').hit
-    for _ = 1, m do
-      local ok, answer = pcall(hit, K[k], w, cost, text, now, guess)
-      if ok then answers[o] = answer else compact_failure(answer, 1) end
-      k, o = k + 1, o + 1
-    end
-    a = a + 4
-  elseif shared ~= nil then
-    -- A lone bucket: its letter, three numbers, (time), and in the node form its key.
+    k, o = k + 1, o + 1
+  end
+  a = a + 4
+end
+
+-- A lone bucket ('b', 'B'): three numbers, (time), and in the node form its key.
+local function bucket(shared)
+  return function()
     local key, at = compact_key_and_time(4)
     local ok, answer = pcall(algorithm('token_bucket').hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]),
       number(ARGV[a + 3]), at, o, shared)
     if ok then answers[o] = answer else compact_failure(answer, 1) end
     compact_done(4)
     o = o + 1
-  elseif slidings[head] ~= nil then
-    -- A lone sliding window: its letter, three numbers, (time), and in the node form its two keys.
+  end
+end
+forms.b, forms.B = bucket(false), bucket(true)
+
+-- A lone sliding window ('s', 'S'): three numbers, (time), and in the node form its two keys.
+local function sliding(shared)
+  return function()
     local cur, at = compact_key_and_time(4)
     local prev = K[k + 1]
     if node then prev = ARGV[a + compact_width(4) + 1] end
     local ok, c, p = pcall(algorithm('sliding_window').hit, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, slidings[head])
+      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, shared)
     if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
     compact_done(4, 2)
     o = o + 2
-  elseif sets[head] ~= nil then
-    -- A lone sliding log or concurrency limit: its letter, three numbers, a concurrency limit's lease, (time), and in
-    -- the node form its key.
-    local count = 4
-    if head == 'c' then count = 5 end
+  end
+end
+forms.s, forms.S = sliding(false), sliding(true)
+
+-- A lone sliding log ('l') or concurrency limit ('c'), of the algorithm `name`: three numbers, a concurrency limit's
+-- lease, (time), and in the node form its key; `count` arguments before the time.
+local function set(name, count)
+  return function()
     local key, at = compact_key_and_time(count)
-    local ok, err = pcall(algorithm(sets[head]).hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
+    local ok, err = pcall(algorithm(name).hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
       ARGV[a + 4], at, o)
     if not ok then compact_failure(err, 3) end
     compact_done(count)
     o = o + 3
-  elseif globals[head] ~= nil then
-    -- A lone global window: 'gw' (fixed) or 'gs' (sliding), in capitals when shared, four numbers, (time), and in
-    -- the node form its one or two keys.
-    local g = globals[head]
-    local t = g.fixed and 1 or 2
+  end
+end
+forms.l, forms.c = set('sliding_log', 4), set('concurrency', 5)
+
+-- A lone global window, fixed ('gw', 'GW') or sliding ('gs', 'GS'): four numbers, (time), and in the node form its
+-- one or two keys.
+local function global(fixed, shared)
+  local name, t = 'global:sliding_window', 2
+  if fixed then name, t = 'global:fixed_window', 1 end
+  return function()
     local key, at = compact_key_and_time(5)
     local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
       number(ARGV[a + 4])
     local ok, err
-    if g.fixed then
-      ok, err = pcall(algorithm(g.name).hit, key, window, limit, cost, times, at, o, g.shared)
+    if fixed then
+      ok, err = pcall(algorithm(name).hit, key, window, limit, cost, times, at, o, shared)
     else
       local prev = K[k + 1]
       if node then prev = ARGV[a + compact_width(5) + 1] end
-      ok, err = pcall(algorithm(g.name).hit, key, prev, window, limit, cost, times, at, o, g.shared)
+      ok, err = pcall(algorithm(name).hit, key, prev, window, limit, cost, times, at, o, shared)
     end
     if not ok then compact_failure(err, t + 1) end
     compact_done(5, t)
     o = o + t + 1
-  elseif reserving[head] ~= nil then
-    -- A reservation ('r') or a settlement ('e') on fixed windows alone: its letter, t, three numbers per window, a
-    -- reservation's TTL, (time), and in the node form its t windows' keys and its record's.
+  end
+end
+forms.gw, forms.GW = global(true, false), global(true, true)
+forms.gs, forms.GS = global(false, false), global(false, true)
+
+-- A reservation ('r') or a settlement ('e') on fixed windows alone: t, three numbers per window, a reservation's TTL,
+-- (time), and in the node form its t windows' keys and its record's.
+local function budget(reserving)
+  return function()
     local t = number(ARGV[a + 1])
     local fixed = algorithm('fixed_window')
     local count, width, run = 2 + 3 * t, 1 + 3 * t, fixed.settle
-    if reserving[head] then count, width, run = count + 1, t, fixed.reserve end
+    if reserving then count, width, run = count + 1, t, fixed.reserve end
     local _, at = compact_key_and_time(count)
     local keys = compact_keys(count, t + 1)
-    local rkey = keys[t + 1]
-    local ok, err = pcall(run, keys, rkey, a + 1, at, guess, o)
+    local ok, err = pcall(run, keys, keys[t + 1], a + 1, at, guess, o)
     if not ok then compact_failure(err, width) end
     compact_done(count, t + 1)
     o = o + width
-  elseif head == 'w' then
-    -- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
-    local t = number(ARGV[a + 1])
-    local _, at = compact_key_and_time(2 + 3 * t)
-    local ok, err = pcall(algorithm('fixed_window').hits, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
-    if not ok then compact_failure(err, t) end
-    compact_done(2 + 3 * t, t)
-    o = o + t
-  else
-    local h = number(head)
-    if h > 0 then
-      -- A lone fixed window: window, cost, (time), and in the node form its key.
-      local key, at = compact_key_and_time(2)
-      local ok, answer = pcall(algorithm('fixed_window').hit, key, h, number(ARGV[a + 1]), ARGV[a + 1], at, guess)
-      if ok then answers[o] = answer else compact_failure(answer, 1) end
-      compact_done(2)
-    else
-      local nk, na = -h, tonumber(ARGV[a + 1])
-      a = a + 2
-      local here = true
-      if node then
-        local probe = ARGV[a]
-        k = a + 1
-        a = a + 1 + nk
-        here = served[probe]
-        if here == nil then
-          here = probe ~= '' and (pcall(redis.call, 'GET', probe))
-          served[probe] = here
-        end
-      end
-      local answer = false
-      if here then
-        -- decide.lua's form may read a counter compact calls of this batch share: write those first.
-        if next(holding) ~= nil then flush() end
-        local ok
-        ok, answer = pcall(decide, k, nk, a)
-        if not ok then
-          if type(answer) == 'table' then answer = answer.err end
-          answer = tostring(answer)
-        end
-      end
-      answers[o] = answer
-      if not node then k = k + nk end
-      a = a + na
-    end
-    o = o + 1
   end
+end
+forms.r, forms.e = budget(true), budget(false)
+
+-- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
+function forms.w()
+  local t = number(ARGV[a + 1])
+  local _, at = compact_key_and_time(2 + 3 * t)
+  local ok, err = pcall(algorithm('fixed_window').hits, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
+  if not ok then compact_failure(err, t) end
+  compact_done(2 + 3 * t, t)
+  o = o + t
+end
+
+-- A descriptor in decide.lua's form, of `nk` keys: its argument count, in the node form its probe key (the
+-- descriptor's key prefix and hash tag alone, '' for none) and its keys, then its arguments.
+local function driver(nk)
+  local na = tonumber(ARGV[a + 1])
+  a = a + 2
+  local here = true
+  if node then
+    local probe = ARGV[a]
+    k = a + 1
+    a = a + 1 + nk
+    here = served[probe]
+    if here == nil then
+      here = probe ~= '' and (pcall(redis.call, 'GET', probe))
+      served[probe] = here
+    end
+  end
+  local answer = false
+  if here then
+    -- decide.lua's form may read a counter compact calls of this batch share: write those first.
+    if next(holding) ~= nil then flush() end
+    local ok
+    ok, answer = pcall(decide, k, nk, a)
+    if not ok then
+      if type(answer) == 'table' then answer = answer.err end
+      answer = tostring(answer)
+    end
+  end
+  answers[o] = answer
+  if not node then k = k + nk end
+  a, o = a + na, o + 1
+end
+
+-- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a
+-- compact form's letter, a lone fixed window's window (most often a number read before: see `number`), or minus the
+-- key count of decide.lua's form.
+local function decide_one()
+  local head = ARGV[a]
+  local form = forms[head]
+  if form ~= nil then return form() end
+  local window = numbers[head] or number(head)
+  if window <= 0 then return driver(-window) end
+  -- The commonest call, a lone fixed window: its cost, (time), and in the node form its key.
+  local text, key, at, width = ARGV[a + 1], K[k], now, 2
+  if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
+  if node then key = ARGV[a + width] end
+  local ok, answer = pcall(algorithm('fixed_window').hit, key, window, number(text), text, at, guess)
+  if ok then answers[o] = answer else compact_failure(answer, 1) end
+  if node then a = a + width + 1 else a, k = a + width, k + 1 end
+  o = o + 1
 end
 
 -- The entry: decides the call's descriptors (KEYS and ARGV, as above) and returns their answers. Everything a call
