@@ -8,17 +8,11 @@
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing of compact calls
---           (below); then per descriptor, either a compact call's arguments, as the algorithm files' compact forms
---           read them: a lone fixed window's (fixed_window.lua's hit: the window, a positive number, first), a run of
---           lone fixed windows that share their window and cost and are decided by the server's clock ('f', their
---           number, the window, the cost; a key each), a lone bucket's ('b' or 'B', then token_bucket.lua's hit), a
---           lone sliding window's ('s' or 'S', then sliding_window.lua's), a lone sliding log's or concurrency
---           limit's ('l' or 'c', then sliding_log.lua's or concurrency.lua's), several fixed windows' ('w', then
---           fixed_window.lua's hits), a lone global window's ('gw' or 'gs', in capitals when shared, then the global
---           forms' hit in fixed_window.lua and sliding_window.lua), a reservation's or a settlement's on fixed windows
---           alone ('r' or 'e', then fixed_window.lua's reserve or settle); or minus its key count, its argument count,
---           and its arguments as decide.lua reads them. Descriptors in a row whose arguments are the same (every one of
---           them) may go as one run: '*', their number, and the arguments once (counting once in n); each has its own keys.
+--           (below); then per descriptor, either a compact call's arguments (`forms` below, each headed by its
+--           letter, or a lone fixed window's by its window, a positive number), or minus its key count, its argument
+--           count, and its arguments as decide.lua reads them. Descriptors in a row whose arguments are the same
+--           (every one of them) may go as one run: '*', their number, and the arguments once (counting once in n);
+--           each has its own keys.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
 --           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
