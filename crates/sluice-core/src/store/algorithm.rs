@@ -373,6 +373,23 @@ pub(crate) fn own_count(check: &Check, cost: u64) -> Option<OwnCount> {
     }
 }
 
+/// A tier's answer from its check, in either store: `written` when the hit was committed to it with its positive
+/// `cost`, `peek` for a report that changes nothing, `force` for a hit counted whether it fits or not (see
+/// [`Check::outcome`]); a global tier that was written also tells the count it left, shipped to the other regions.
+pub(crate) fn tier_outcome(
+    t: &TierSpec,
+    check: &Check,
+    cost: u64,
+    (written, peek, force): (bool, bool, bool),
+    id: Option<String>,
+) -> TierOutcome {
+    let mut tier = check.outcome(written, peek, force, id);
+    if t.global && written {
+        tier.own = own_count(check, cost);
+    }
+    tier
+}
+
 /// A global window's check (`prelude.lua`'s `global_of` and the global forms' `hit`): its algorithm's, made by `check` against its
 /// limit (of a window of `window_us`) less `others`, what the other regions counted (a fixed window's sum, a sliding window's weighted estimate),
 /// and reporting the sum as used; a cost that fits the limit fits again once the window has passed, whatever the
@@ -409,6 +426,58 @@ pub(crate) fn check(t: &TierSpec, state: Option<&Counter>, now: u64, cost: u64, 
         Algorithm::Concurrency => concurrency::check(shape(state), t, now, cost),
         Algorithm::Queue => queue::check(shape(state), t, now, cost),
         Algorithm::BucketedWindow => bucketed_window::check(shape(state), t, now, cost),
+    }
+}
+
+/// What a tier's hit of `cost` found, from what the decision script saw of the tier (its algorithm's `check` in
+/// `algorithm/<name>.lua`): three integers, -1 where there is nothing. A fixed window's count; a sliding window's
+/// counts of the current and the previous window; a bucket's arrival time; for a sliding log, a concurrency limit, a
+/// queue and a bucketed window, the live count, the newest place (a hit's time, a lease's deadline, an entry's
+/// millisecond, a sub-window's start) and the place that must leave before the hit fits; a global window's third is
+/// what the other regions counted. Decided by the same check the memory store decides by.
+pub(crate) fn seen(t: &TierSpec, now: u64, cost: u64, force: bool, [a, b, c]: [i64; 3]) -> Check {
+    if t.global {
+        let others = count_of(c);
+        return global_check((t.limit, t.window_us), now, cost, others, |limit| {
+            view(t, limit, now, cost, force, [a, b, -1])
+        });
+    }
+    view(t, t.limit, now, cost, force, [a, b, c])
+}
+
+/// A value the script saw: a count (never below 0), or a place (`None` for -1, nothing).
+fn count_of(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+fn place_of(v: i64) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+/// [`seen`] against `limit`.
+fn view(t: &TierSpec, limit: u64, now: u64, cost: u64, force: bool, [a, b, c]: [i64; 3]) -> Check {
+    let window = t.window_us;
+    match t.algorithm {
+        Algorithm::FixedWindow => fixed_window::check_count(limit, window, now, cost, count_of(a)),
+        Algorithm::SlidingWindow => sliding_window::check_counts(limit, window, now, cost, count_of(a), count_of(b)),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            token_bucket::check_tat(window.div_ceil(limit.max(1)), t.burst, now, cost, force, count_of(a))
+        }
+        Algorithm::SlidingLog => {
+            sliding_log::check_view(limit, window, now, cost, count_of(a), count_of(b), place_of(c))
+        }
+        Algorithm::Concurrency => {
+            concurrency::check_view(limit, window, now, cost, count_of(a), count_of(b), place_of(c))
+        }
+        Algorithm::Queue => queue::check_view(limit, window, now, cost, count_of(a), place_of(b), place_of(c)),
+        Algorithm::BucketedWindow => bucketed_window::check_view(
+            limit,
+            bucketed_window::width(t),
+            window,
+            now,
+            cost,
+            (count_of(a), place_of(b), place_of(c)),
+        ),
     }
 }
 

@@ -176,6 +176,13 @@ impl Hit {
         self.reports() && self.counts()
     }
 
+    /// Whether the decision counts the hit whatever the limits say: [forced](Hit::forced), not a peek, and of a
+    /// positive cost in some tier (a forced hit of nothing writes nothing). What each tier then leaves is reported,
+    /// even where the hit did not fit.
+    pub(crate) fn forces(&self) -> bool {
+        !self.peeks() && self.forced() && self.tiers.iter().any(|t| t.bounded_cost(self.cost) > 0)
+    }
+
     /// The reservation the hit holds if it is admitted: its [reservation](Hit::reservation), when every tier counts.
     /// Both stores decide by this one test.
     pub(crate) fn reserves(&self) -> Option<&ReservationSpec> {

@@ -252,7 +252,7 @@ impl RedisStore {
         self.run_calls(
             hits,
             |hit| Call::new(now, hit, routed),
-            |value, hit| parse(value, hit.tiers.len()),
+            |value, hit| parse(value, hit),
         )
         .await
     }
@@ -522,7 +522,7 @@ impl Reservations for RedisStore {
             .run_calls(
                 &counted,
                 |&i| Call::settle(now, &settlements[i], routed),
-                |value, &i| parse_settled(value, settlements[i].tiers.len()),
+                |value, &i| parse_settled(value, &settlements[i]),
             )
             .await;
         for (i, answer) in counted.into_iter().zip(settled) {

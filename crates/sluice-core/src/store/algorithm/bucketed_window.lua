@@ -45,6 +45,8 @@ function L.bucketed_window()
     return n
   end
 
+  -- Sees the window's count, the start of its newest sub-window that holds any and the start of the one whose leaving
+  -- lets the hit fit (decide.lua's interface, prelude.lua).
   function M.check(key, now, cost, limit, window, burst)
     local width = width_of(window, burst)
     local current = now - now % width
@@ -54,8 +56,8 @@ function L.bucketed_window()
     local f = redis.call('HMGET', key, 't', 'o', 'l', 's')
     local t, o, l = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
     local s = { current = current, width = width, t = t, o = o, l = l, longest = tonumber(f[4]) or 0 }
-    -- The count, the start of the newest non-empty sub-window spanned (nil: none), and the spanned counts if read.
-    local n, newest, c = 0, nil, nil
+    -- The count, the start of the newest non-empty sub-window spanned (-1: none), and the spanned counts if read.
+    local n, newest, c = 0, -1, nil
     if t ~= nil and l >= first then
       if o >= first and l <= current then
         n, newest = t, l
@@ -67,35 +69,26 @@ function L.bucketed_window()
         end
       end
     end
-    local ok = n + cost <= limit
-    local reset0 = 0
-    if newest ~= nil then reset0 = max0(newest + window - now) end
-    local retry = 0
-    if cost > limit then
-      retry = -1
-    elseif not ok then
-      -- The first sub-window whose leaving brings the count low enough for the cost.
+    local leaving = -1
+    if cost <= limit and n + cost > limit then
       c = c or counts(key, first, current, width)
-      retry = max0(current + window - now)
       local left = n
       for i = 1, #c do
         left = left - math.min(c[i], left)
-        if left + cost <= limit then retry = max0(first + (i - 1) * width + window - now); break end
+        if left + cost <= limit then leaving = first + (i - 1) * width; break end
       end
     end
-    local reset1 = reset0
-    if cost > 0 then reset1 = max0(current + window - now) end
-    return {
-      ok = ok, used0 = n, used = n + cost, rem0 = max0(limit - n), rem1 = max0(limit - n - cost),
-      reset0 = reset0, reset1 = reset1, retry = retry, s = s,
-    }
+    return n + cost <= limit, n, newest, leaving, s
+  end
+
+  function M.left(n, _, _, _, limit)
+    return max0(limit - n)
   end
 
   -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
   -- until the longest window no longer counts its newest sub-window. That moment moves only with a newer sub-window,
   -- a longer window or a counter started afresh: a hit in the newest sub-window leaves the expiry as it is.
-  function M.commit(key, state, now, cost, limit, window, burst)
-    local s = state.s
+  function M.commit(key, now, cost, _, window, burst, _, _, _, _, s)
     local width, current = s.width, s.current
     local longest = math.max(s.longest, burst)
     local ttl = ceil_ms(current + window - now)
@@ -113,7 +106,7 @@ function L.bucketed_window()
         redis.call('HSET', key, 's', string.format('%d', longest))
         seen[2] = longest
       end
-      return ''
+      return '', current + window - now
     end
     local at, text = string.format('%d', current), string.format('%d', cost)
     -- The oldest start any limit's window still spans.
@@ -145,7 +138,7 @@ function L.bucketed_window()
     end
     if moves then redis.call('PEXPIRE', key, ttl) end
     bucket_written[key] = { ttl, longest, moves }
-    return ''
+    return '', current + window - now
   end
 
   return M

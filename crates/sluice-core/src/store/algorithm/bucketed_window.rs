@@ -49,29 +49,47 @@ pub(crate) fn check(state: Option<&Buckets>, t: &TierSpec, now: u64, cost: u64) 
 pub(crate) fn check_counts(limit: u64, width: u64, window: u64, now: u64, cost: u64, counts: &[u64]) -> Check {
     let current = now - now % width;
     let n = counts.iter().fold(0u64, |sum, &c| sum.saturating_add(c));
-    let used = n.saturating_add(cost);
-    let ok = used <= limit;
-    // The start of the `i`-th sub-window given, and when it leaves the window.
+    // The start of the `i`-th sub-window given.
     let last = counts.len().saturating_sub(1) as u64;
     let start = |i: usize| current.saturating_sub((last - i as u64) * width);
-    let leaves = |i: usize| (start(i) + window).saturating_sub(now);
-    let reset0 = counts.iter().rposition(|&c| c > 0).map_or(0, leaves);
+    let newest = counts.iter().rposition(|&c| c > 0).map(start);
+    // The first sub-window whose leaving brings the count low enough for the cost, when it does not fit but could.
+    let mut leaving = None;
+    if cost <= limit && n.saturating_add(cost) > limit {
+        let mut left = n;
+        for (i, &c) in counts.iter().enumerate() {
+            left -= c.min(left);
+            if left.saturating_add(cost) <= limit {
+                leaving = Some(start(i));
+                break;
+            }
+        }
+    }
+    check_view(limit, width, window, now, cost, (n, newest, leaving))
+}
+
+/// What a hit of `cost` would find at `now` in sub-windows of `width` whose count over a window of `window` is `n`,
+/// the newest of them that holds any starting at `newest`, where the sub-window starting at `leaving` must leave the
+/// window before the hit fits (`bucketed_window.lua`'s check reads the three).
+pub(crate) fn check_view(
+    limit: u64,
+    width: u64,
+    window: u64,
+    now: u64,
+    cost: u64,
+    (n, newest, leaving): (u64, Option<u64>, Option<u64>),
+) -> Check {
+    let current = now - now % width;
+    let used = n.saturating_add(cost);
+    let ok = used <= limit;
+    let leaves = |start: u64| (start + window).saturating_sub(now);
+    let reset0 = newest.map_or(0, leaves);
     let retry = if cost > limit {
         None
     } else if ok {
         Some(0)
     } else {
-        // The first sub-window whose leaving brings the count low enough for the cost.
-        let mut left = n;
-        let mut wait = None;
-        for (i, &c) in counts.iter().enumerate() {
-            left -= c.min(left);
-            if left.saturating_add(cost) <= limit {
-                wait = Some(leaves(i));
-                break;
-            }
-        }
-        wait.or(Some((current + window).saturating_sub(now)))
+        Some(leaves(leaving.unwrap_or(current)))
     };
     Check {
         ok,
@@ -80,11 +98,7 @@ pub(crate) fn check_counts(limit: u64, width: u64, window: u64, now: u64, cost: 
         rem0: limit.saturating_sub(n),
         rem1: limit.saturating_sub(used),
         reset0,
-        reset1: if cost > 0 {
-            (current + window).saturating_sub(now)
-        } else {
-            reset0
-        },
+        reset1: if cost > 0 { leaves(current) } else { reset0 },
         retry,
         write: Write::Buckets,
     }

@@ -31,39 +31,30 @@ end
 function L.concurrency()
   local M = {}
 
-  function M.check(key, now, cost, limit, window)
+  -- Sees the live count, the latest deadline and the deadline that must pass before the hit fits (decide.lua's
+  -- interface, prelude.lua).
+  function M.check(key, now, cost, limit)
     local live = string.format('(%d', now)
     local count = redis.call('ZCOUNT', key, live, '+inf')
-    local slots = 0
+    local slots, latest, leaving = 0, -1, -1
     if cost > 0 then slots = 1 end
-    local s = { used0 = count, used = count + slots }
-    s.ok = count + slots <= limit
-    s.rem0 = max0(limit - count)
-    s.rem1 = max0(limit - count - slots)
-    s.reset0 = 0
-    if count > 0 then
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      s.reset0 = tonumber(last[2]) - now
+    if count > 0 then latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+    if slots <= limit and count + slots > limit then
+      leaving = tonumber(redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1,
+        1)[2])
     end
-    s.reset1 = s.reset0
-    if slots > 0 then s.reset1 = window end
-    if slots > limit then
-      s.retry = -1
-    elseif s.ok then
-      s.retry = 0
-    else
-      local first = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1, 1)
-      s.retry = tonumber(first[2]) - now
-    end
-    return s
+    return count + slots <= limit, count, latest, leaving
   end
 
-  function M.commit(key, s, now, cost, limit, window, burst, id)
-    if cost == 0 then return '' end
+  function M.left(count, _, _, _, limit)
+    return max0(limit - count)
+  end
+
+  function M.commit(key, now, _, _, window, _, _, _, _, _, _, id)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     redis.call('ZADD', key, now + window, id)
     redis.call('PEXPIRE', key, ceil_ms(window))
-    return id
+    return id, window
   end
   M.hit = compact_lease
   return M

@@ -19,29 +19,28 @@ end
 function L.fixed_window()
   local M = {}
 
+  -- Sees the count of the window `now` is in (decide.lua's interface, prelude.lua).
   function M.check(key, now, cost, limit, window)
-    local start = now - now % window
-    local wkey = window_of(key, start, window)
-    local n, exists = window_count(wkey)
-    local reset = start + window - now
-    local ok = n + cost <= limit
-    local retry = 0
-    if cost > limit then retry = -1 elseif not ok then retry = reset end
-    return {
-      ok = ok, used0 = n, used = n + cost, rem0 = max0(limit - n), rem1 = max0(limit - n - cost),
-      reset0 = reset, reset1 = reset, retry = retry, n = n, wkey = wkey, exists = exists,
-    }
+    local wkey = window_of(key, now - now % window, window)
+    local n = window_count(wkey)
+    return n + cost <= limit, n, -1, -1, wkey
   end
 
-  function M.commit(key, s, now, cost)
-    if cost == 0 then return '' end
-    local count = string.format('%d', math.min(s.n + cost, MAX_COUNT))
-    if s.exists then
-      redis.call('SET', s.wkey, count, 'KEEPTTL')
+  function M.left(n, _, _, _, limit)
+    return max0(limit - n)
+  end
+
+  -- Counts `cost` in the window seen (past the limit if decide.lua says so), up to MAX_COUNT; the window's first
+  -- count sets its expiry, later ones keep it. Returns the time until the window ends.
+  function M.commit(_, now, cost, _, window, _, _, n, _, _, wkey)
+    local reset = window - now % window
+    local count = string.format('%d', math.min(n + cost, MAX_COUNT))
+    if n > 0 then
+      redis.call('SET', wkey, count, 'KEEPTTL')
     else
-      redis.call('SET', s.wkey, count, 'PX', ceil_ms(s.reset0 + WINDOW_KEY_GRACE_US))
+      redis.call('SET', wkey, count, 'PX', ceil_ms(reset + WINDOW_KEY_GRACE_US))
     end
-    return ''
+    return '', reset
   end
 
   -- Gives back up to `amount` (down to 0) if the hit at `at` was counted in the current window; the key keeps its

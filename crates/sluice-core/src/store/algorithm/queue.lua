@@ -16,36 +16,27 @@ function L.queue()
     return math.floor(math.max(0, now - window) / 1000) + 1
   end
 
-  function M.check(key, now, cost, limit, window)
-    local cutoff = queue_cutoff(now, window)
-    local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', cutoff), 'COUNT', limit + 1)
-    local len = #waiting
-    local slots = 0
-    if cost > 0 then slots = 1 end
-    local s = { used0 = len, used = len + slots }
-    s.ok = len + slots <= limit
-    s.rem0 = max0(limit - len)
-    s.rem1 = max0(limit - len - slots)
-    local function stale_at(id)
-      local ms = tonumber(string.match(id, '^(%d+)-'))
-      return ms * 1000 + window - now
-    end
-    s.reset0 = 0
-    if len > 0 then s.reset0 = stale_at(waiting[1][1]) end
-    s.reset1 = s.reset0
-    if slots > 0 then s.reset1 = math.floor(now / 1000) * 1000 + window - now end
-    if slots > limit then
-      s.retry = -1
-    elseif s.ok then
-      s.retry = 0
-    else
-      s.retry = stale_at(waiting[limit - slots + 1][1])
-    end
-    return s
+  -- The millisecond of the entry id `id`.
+  local function ms_of(id)
+    return tonumber(string.match(id, '^(%d+)-'))
   end
 
-  function M.commit(key, s, now, cost, limit, window, burst, id, fields)
-    if cost == 0 then return '' end
+  -- Sees the waiting entries' count, the newest one's millisecond and the millisecond of the one that must go stale
+  -- before the hit fits (decide.lua's interface, prelude.lua).
+  function M.check(key, now, cost, limit, window)
+    local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', queue_cutoff(now, window)), 'COUNT', limit + 1)
+    local len, slots, newest, leaving = #waiting, 0, -1, -1
+    if cost > 0 then slots = 1 end
+    if len > 0 then newest = ms_of(waiting[1][1]) end
+    if slots <= limit and len + slots > limit then leaving = ms_of(waiting[limit - slots + 1][1]) end
+    return len + slots <= limit, len, newest, leaving
+  end
+
+  function M.left(len, _, _, _, limit)
+    return max0(limit - len)
+  end
+
+  function M.commit(key, now, _, _, window, _, _, _, _, _, _, _, fields)
     redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
     local ms = math.floor(now / 1000)
     local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
@@ -61,7 +52,7 @@ function L.queue()
       added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
     end
     redis.call('PEXPIRE', key, ceil_ms(window))
-    return added
+    return added, math.floor(now / 1000) * 1000 + window - now
   end
   return M
 end

@@ -31,15 +31,32 @@ pub(crate) fn check(state: Option<&Queue>, t: &TierSpec, now: u64, cost: u64) ->
     };
     let len = waiting.len() as u64;
     let slots = u64::from(cost > 0);
+    // The entry that must go stale before the hit fits, when it does not fit but could.
+    let leaving = (slots <= limit && len + slots > limit).then(|| waiting[(limit - slots) as usize]);
+    check_view(limit, window, now, cost, len, waiting.first().copied(), leaving)
+}
+
+/// What a hit of `cost` would find at `now` among `len` waiting entries, the newest of its millisecond `newest`,
+/// where the entry of the millisecond `leaving` must go stale before the hit fits (`queue.lua`'s check reads them).
+pub(crate) fn check_view(
+    limit: u64,
+    window: u64,
+    now: u64,
+    cost: u64,
+    len: u64,
+    newest: Option<u64>,
+    leaving: Option<u64>,
+) -> Check {
+    let slots = u64::from(cost > 0);
     let ok = len + slots <= limit;
-    let stale_at = |ms: u64| ms * 1_000 + window - now;
-    let reset0 = waiting.first().map_or(0, |&ms| stale_at(ms));
+    let stale_at = |ms: u64| (ms * 1_000 + window).saturating_sub(now);
+    let reset0 = newest.map_or(0, stale_at);
     let retry = if slots > limit {
         None
     } else if ok {
         Some(0)
     } else {
-        Some(stale_at(waiting[(limit - slots) as usize]))
+        leaving.map(stale_at)
     };
     Check {
         ok,

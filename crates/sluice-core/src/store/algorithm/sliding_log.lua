@@ -46,36 +46,28 @@ end
 function L.sliding_log()
   local M = {}
 
+  -- Sees the live count, the newest hit's time and the time that must leave before the hit fits (decide.lua's
+  -- interface, prelude.lua).
   function M.check(key, now, cost, limit, window)
     local since = string.format('(%d', now - window)
     local count = redis.call('ZCOUNT', key, since, '+inf')
-    local s = { count = count, used0 = count, used = count + cost }
-    s.ok = count + cost <= limit
-    s.rem0 = max0(limit - count)
-    s.rem1 = max0(limit - count - cost)
-    s.reset0 = 0
-    if count > 0 then
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      s.reset0 = tonumber(newest[2]) + window - now
+    local newest, leaving = -1, -1
+    if count > 0 then newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+    if cost <= limit and count + cost > limit then
+      leaving = tonumber(redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1,
+        1)[2])
     end
-    s.reset1 = s.reset0
-    if cost > 0 then s.reset1 = window end
-    if cost > limit then
-      s.retry = -1
-    elseif s.ok then
-      s.retry = 0
-    else
-      local oldest = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-      s.retry = tonumber(oldest[2]) + window - now
-    end
-    return s
+    return count + cost <= limit, count, newest, leaving
   end
 
-  function M.commit(key, s, now, cost, limit, window)
-    if cost == 0 then return '' end
+  function M.left(count, _, _, _, limit)
+    return max0(limit - count)
+  end
+
+  function M.commit(key, now, cost, _, window)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
     sl_add(key, now, redis.call('ZCARD', key), cost, window)
-    return ''
+    return '', window
   end
   M.hit = compact_log
   return M

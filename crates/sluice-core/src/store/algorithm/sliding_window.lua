@@ -162,54 +162,22 @@ end
 function L.sliding_window()
   local M = {}
 
-  -- The first offset e in [lo, hi) of a window where the estimate with (p, c) is at most `need`, or nil. The estimate
-  -- never grows with e, so a binary search finds it exactly.
-  local function sw_first_fit(p, c, window, lo, hi, need)
-    if lo >= hi or sw_estimate(p, c, hi - 1, window) > need then return nil end
-    while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
-      if sw_estimate(p, c, mid, window) <= need then hi = mid else lo = mid + 1 end
-    end
-    return lo
-  end
-
+  -- Sees the counts of the current window and of the previous one (decide.lua's interface, prelude.lua).
   function M.check(key, now, cost, limit, window)
     local start = now - now % window
     local cur, prev = sw_keys(key, start, window)
     local read = sw_read(cur, prev, start)
-    local c, p = read.c, read.p
-    local elapsed = now - start
-    local est = sw_estimate(p, c, elapsed, window)
-    local s = { read = read, used0 = est, used = est + cost }
-    s.ok = est + cost <= limit
-    s.rem0 = max0(limit - est)
-    s.rem1 = max0(limit - est - cost)
-    local function until_empty(cc, pp)
-      if cc > 0 then return start + 2 * window - now end
-      if pp > 0 then return start + window - now end
-      return 0
-    end
-    s.reset0 = until_empty(c, p)
-    s.reset1 = until_empty(c + cost, p)
-    if cost > limit then
-      s.retry = -1
-    elseif s.ok then
-      s.retry = 0
-    else
-      local e = sw_first_fit(p, c, window, elapsed, window, limit - cost)
-      if e ~= nil then
-        s.retry = e - elapsed
-      else
-        e = sw_first_fit(c, 0, window, 0, window, limit - cost)
-        if e ~= nil then s.retry = window - elapsed + e else s.retry = 2 * window - elapsed end
-      end
-    end
-    return s
+    return sw_estimate(read.p, read.c, now - start, window) + cost <= limit, read.c, read.p, -1, read
   end
 
-  function M.commit(key, s, now, cost, limit, window)
-    if cost > 0 then sw_add(s.read, cost, now, window) end
-    return ''
+  function M.left(c, p, _, now, limit, window)
+    return max0(limit - sw_estimate(p, c, now % window, window))
+  end
+
+  -- Counts `cost` in the current window seen; returns the time until the count leaves the estimate.
+  function M.commit(_, now, cost, _, window, _, _, _, _, _, read)
+    sw_add(read, cost, now, window)
+    return '', 2 * window - now % window
   end
 
   -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's or the

@@ -77,52 +77,42 @@ end
 function L.token_bucket()
   local M = {}
 
-  function M.check(key, now, cost, limit, window, burst, force)
+  local function interval_of(limit, window)
     local rate = math.max(limit, 1)
-    local interval = math.floor((window + rate - 1) / rate)
-    local tolerance = burst * interval
-    local tat = tonumber(redis.call('GET', key)) or now
-    if tat < now then tat = now end
-    -- A cost above the bucket never fits: it is not priced (its product could leave the exact range).
-    local over = cost > burst
-    local reach = tat
-    if not over then reach = tat + cost * interval end
-    local new = reach
-    if force then
-      -- Charged at most burst + 1 tokens; the debt stops at MAX_DEBT_US past an empty bucket (a debt already past
-      -- that, after the clock stepped back, is kept, never forgiven).
-      new = math.max(math.min(tat + math.min(cost, burst + 1) * interval, now + tolerance + MAX_DEBT_US), tat)
-    end
-    local s = { new = new }
-    s.ok = not over and reach - now <= tolerance
-    s.rem0 = max0(math.floor((now + tolerance - tat) / interval))
-    s.rem1 = 0
-    if not over or force then s.rem1 = max0(math.floor((now + tolerance - new) / interval)) end
-    s.used0 = burst - s.rem0
-    s.used = burst - s.rem1
-    s.reset0 = tat - now
-    s.reset1 = new - now
-    if over then
-      s.retry = -1
-    elseif s.ok then
-      s.retry = 0
-    else
-      s.retry = reach - now - tolerance
-    end
-    return s
+    return math.floor((window + rate - 1) / rate)
   end
 
-  function M.commit(key, s, now, cost)
-    if cost == 0 then return '' end
-    redis.call('SET', key, string.format('%d', s.new), 'PX', ceil_ms(s.new - now))
-    return ''
+  -- Sees the arrival time, `now` when it is earlier or there is none (decide.lua's interface, prelude.lua). A cost
+  -- above the bucket never fits: it is not priced (its product could leave the exact range).
+  function M.check(key, now, cost, limit, window, burst)
+    local interval = interval_of(limit, window)
+    local tat = tonumber(redis.call('GET', key)) or now
+    if tat < now then tat = now end
+    return cost <= burst and tat + cost * interval - now <= burst * interval, tat, -1, -1
+  end
+
+  function M.left(tat, _, _, now, limit, window, burst)
+    local interval = interval_of(limit, window)
+    return max0(math.floor((now + burst * interval - tat) / interval))
+  end
+
+  -- Moves the arrival time seen by `cost` tokens. A forced hit is charged at most burst + 1 tokens, and its debt
+  -- stops at MAX_DEBT_US past an empty bucket (a debt already past that, after the clock stepped back, is kept, never
+  -- forgiven). Returns the time until the bucket is full again.
+  function M.commit(key, now, cost, limit, window, burst, force, tat)
+    local interval = interval_of(limit, window)
+    local new = tat + cost * interval
+    if force then
+      new = math.max(math.min(tat + math.min(cost, burst + 1) * interval, now + burst * interval + MAX_DEBT_US), tat)
+    end
+    redis.call('SET', key, string.format('%d', new), 'PX', ceil_ms(new - now))
+    return '', new - now
   end
 
   -- Moves the arrival time back by `amount` tokens, never before `now`. Only as many tokens as the arrival time is
   -- past `now` are priced, so the product stays exact whatever the amount.
   function M.refund(key, now, at, amount, limit, window)
-    local rate = math.max(limit, 1)
-    local interval = math.floor((window + rate - 1) / rate)
+    local interval = interval_of(limit, window)
     local tat = tonumber(redis.call('GET', key))
     if tat == nil or tat <= now then return nil end
     -- Back to `now` at most: then only the whole tokens the arrival time was past `now` came back.

@@ -30,15 +30,15 @@
 --             holder, what it holds, what it wants, its entry's TTL in us, whether it is a newcomer (1/0), and a
 --             rate's limit per window when the holders share a rate (-1: a budget)
 --
--- Returns { admitted (0/1), then per tier: ok, used, remaining, reset (us), retry (us, -1 never), id,
---           then in peek mode the recorded values, newest first }.
--- Each tier is decided with its own cost and reports for it: admitted means every tier admits its own cost.
--- remaining is what is left after a committed hit, what is left now otherwise, and 0 for a tier a hit does not fit
--- (but what is left after it for a forced hit, which every tier counts); used is the count after a committed or
--- hypothetical hit, the count now for a peek. For a forced hit, admitted, ok and retry are an ordinary hit's.
+-- Returns { flags, now, then per tier: ok, what its check saw (three values, see prelude.lua), id, then in peek mode
+--           the recorded values, newest first }, where flags is 1 when the hit is admitted, plus 2 when it was
+--           committed, and now is the decision's time in microseconds. sluice makes each tier's answer from what its
+--           check saw, by the algorithm's Rust twin (`algorithm::seen`).
+-- Each tier is decided with its own cost: admitted means every tier admits its own cost. For a forced hit, admitted
+-- and ok are an ordinary hit's.
 -- In grant mode: ledger.lua's grant's answer.
 -- In settle mode: { 0 } when there is no such reservation, else { 1, then per tier: estimate, actual, charged,
--- refunded, then admitted and per tier the six values of a peek of cost 1 after settling }.
+-- refunded, then the answer of a peek of cost 1 after settling, as above }.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
 -- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
@@ -50,66 +50,48 @@
 -- is written before any tier, and a settlement reads the record and every tier before it writes, so a key of the wrong
 -- type stops either before it changes anything.
 
--- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
--- tiers (impls, params, from K[k]): reads every tier, then deletes the record and, tier by tier, counts
--- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
--- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
--- never written, or not one estimate per tier): { 0 }, nothing written.
--- Reaping (`reaping`): only an expired record is found, and it is settled at its estimates, which changes no tier.
-local function settle(k, tiers, impls, params, actual, rkey, now, reaping)
-  for i = 1, tiers do
-    if impls[i].refund == nil then return { 0 } end
-  end
-  local e, at = live_reservation(rkey, now, tiers, reaping)
-  if e == nil then return { 0 } end
-  if reaping then actual = e end
-  -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
-  -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
-  local out, charged, states, writes = { 1 }, {}, {}, {}
-  for i = 1, tiers do
-    local key, p = K[k + i - 1], params[i]
-    local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
-    charged[i] = c
-    states[i] = impls[i].check(key, now, c, p[1], p[2], p[3], true)
-    -- Reported refunded: what came back to a window still in force, not what was asked.
-    local given = 0
-    if r > 0 then given, writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
-    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, given or 0
-  end
-  redis.call('DEL', rkey)
-  for i = 1, tiers do
-    local p = params[i]
-    if charged[i] > 0 then
-      impls[i].commit(K[k + i - 1], states[i], now, charged[i], p[1], p[2], p[3], '', {})
-    end
-    if writes[i] then writes[i]() end
-  end
-  local n = 4 * tiers + 2
-  out[n] = 1
-  for i = 1, tiers do
-    local p = params[i]
-    local s = impls[i].check(K[k + i - 1], now, 1, p[1], p[2], p[3], false)
-    if not s.ok then out[4 * tiers + 2] = 0 end
-    out[n + 1] = s.ok and 1 or 0
-    out[n + 2] = s.used0
-    out[n + 3] = s.rem0
-    out[n + 4] = s.reset0
-    out[n + 5] = s.retry
-    out[n + 6] = ''
-    n = n + 6
-  end
-  return out
-end
-
--- Per decision, kept from call to call and overwritten as they are used (a decision is done with them before the next
--- begins): each tier's algorithm, its numbers (limit, window, burst), its cost and what its check found; and the
--- queue fields of a hit that has none.
-local tier_impls, tier_params, tier_costs, tier_states, no_fields = {}, {}, {}, {}, {}
-
 -- The arguments of the decision last read: where they were (the call's ARGV, the offset and the key count) and what
 -- they say. Descriptors of a run (batch.lua's '*') share their arguments, so each after the first reads nothing again.
 local read_argv, read_a, read_nk
 local mode, reaping, reserving, now, hit_cost, id, record_size, record_value, fields, first, tiers, positive
+
+-- Per decision, kept from call to call and overwritten as they are used (a decision is done with them before the next
+-- begins): each tier's algorithm, its numbers (limit, window, burst) and its cost, what its check saw (ok, the three
+-- values sluice reads and what its commit needs beside them); the queue fields of a hit that has none, and the ids
+-- of a decision that created none.
+local tier_impls, tier_params, tier_costs, no_fields, no_ids = {}, {}, {}, {}, {}
+local seen_ok, seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}, {}
+
+-- Keeps what tier i's check saw; returns whether the hit fits it.
+local function seen(i, ok, a, b, c, x)
+  seen_ok[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = ok, a, b, c, x
+  return ok
+end
+
+-- Commits `cost` to tier i (its key `key`) over what its check saw; returns what it created (a lease, a queue entry's
+-- id, or '') and the time until what it wrote expires (the hit records live as long as the longest).
+local function commit(i, key, cost, force, id, fields)
+  local p = tier_params[i]
+  return tier_impls[i].commit(key, now, cost, p[1], p[2], p[3], force, seen_a[i], seen_b[i], seen_c[i], seen_x[i], id,
+    fields)
+end
+
+-- Writes into `out` after its place n: the flags (admitted 1, committed 2), the time, then per tier what its check
+-- saw and the id its commit created; returns the last place written.
+local function answer(out, n, admitted, committed, ids)
+  local flags = 0
+  if admitted then flags = 1 end
+  if committed then flags = flags + 2 end
+  out[n + 1], out[n + 2] = flags, now
+  n = n + 2
+  for i = 1, tiers do
+    local ok = 0
+    if seen_ok[i] then ok = 1 end
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = ok, seen_a[i], seen_b[i], seen_c[i], ids[i] or ''
+    n = n + 5
+  end
+  return n
+end
 
 -- Reads the decision's arguments at ARGV[a] (see above) into the locals above and the tier tables.
 local function read(nk, a)
@@ -156,16 +138,57 @@ local function read(nk, a)
   read_argv, read_a, read_nk = ARGV, a, nk
 end
 
+-- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
+-- tiers (impls, params, from K[k]): reads every tier, then deletes the record and, tier by tier, counts
+-- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
+-- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
+-- never written, or not one estimate per tier): { 0 }, nothing written.
+-- Reaping (`reaping`): only an expired record is found, and it is settled at its estimates, which changes no tier.
+local function settle(k, impls, params, actual, rkey)
+  for i = 1, tiers do
+    if impls[i].refund == nil then return { 0 } end
+  end
+  local e, at = live_reservation(rkey, now, tiers, reaping)
+  if e == nil then return { 0 } end
+  if reaping then actual = e end
+  -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
+  -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
+  local out, charged, writes = { 1 }, {}, {}
+  for i = 1, tiers do
+    local key, p = K[k + i - 1], params[i]
+    local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
+    charged[i] = c
+    seen(i, impls[i].check(key, now, c, p[1], p[2], p[3], true))
+    -- Reported refunded: what came back to a window still in force, not what was asked.
+    local given = 0
+    if r > 0 then given, writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
+    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, given or 0
+  end
+  redis.call('DEL', rkey)
+  for i = 1, tiers do
+    if charged[i] > 0 then commit(i, K[k + i - 1], charged[i], true, '', no_fields) end
+    if writes[i] then writes[i]() end
+  end
+  local admitted = true
+  for i = 1, tiers do
+    local p = params[i]
+    admitted = seen(i, impls[i].check(K[k + i - 1], now, 1, p[1], p[2], p[3], false)) and admitted
+  end
+  answer(out, 4 * tiers + 1, admitted, false, no_ids)
+  return out
+end
+
 local function decide(k, nk, a)
   decision = decision + 1
   read(nk, a)
-  local impls, states, params, costs = tier_impls, tier_states, tier_params, tier_costs
-  if mode == 'settle' then return settle(k, tiers, impls, params, costs, K[k + nk - 1], now, reaping) end
+  local impls, params, costs = tier_impls, tier_params, tier_costs
+  if mode == 'settle' then return settle(k, impls, params, costs, K[k + nk - 1]) end
   if mode == 'grant' then
     local left
     for i = 1, tiers do
       local p = params[i]
-      local rem = impls[i].check(K[k + i - 1], now, 0, p[1], p[2], p[3], false).rem0
+      local _, x, y, z = impls[i].check(K[k + i - 1], now, 0, p[1], p[2], p[3], false)
+      local rem = impls[i].left(x, y, z, now, p[1], p[2], p[3])
       if left == nil or rem < left then left = rem end
     end
     local g = first + 5 * tiers
@@ -180,48 +203,36 @@ local function decide(k, nk, a)
   local admitted = true
   for i = 1, tiers do
     local p = params[i]
-    local s = impls[i].check(K[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)
-    states[i] = s
-    admitted = admitted and s.ok
+    admitted = seen(i, impls[i].check(K[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)) and admitted
   end
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
-  local commit = forced or (mode == 'hit' and positive and
+  local committed = forced or (mode == 'hit' and positive and
     (admitted or (not reserving and tiers == 1 and ARGV[first] == 'fixed_window' and costs[1] <= params[1][1])))
-  if reserving and commit and (forced or admitted) then
+  if reserving and committed and (forced or admitted) then
     local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(ARGV[first + 5 * tiers]))
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     record_write(rkey, table.concat(e, ','), now, ttl)
   end
-  local out = { admitted and 1 or 0 }
-  local n = 1
-  local longest = 0
-  for i = 1, tiers do
-    local s, entry = states[i], ''
-    local remaining, reset = s.rem0, s.reset0
-    -- A tier whose cost is 0 is checked, never written.
-    if commit and costs[i] > 0 then
-      local p = params[i]
-      entry = impls[i].commit(K[k + i - 1], s, now, costs[i], p[1], p[2], p[3], id, fields)
-      remaining, reset = s.rem1, s.reset1
+  -- A tier whose cost is 0 is checked, never written.
+  local ids, longest = no_ids, 0
+  if committed then
+    ids = {}
+    for i = 1, tiers do
+      if costs[i] > 0 then
+        local made, lives = commit(i, K[k + i - 1], costs[i], forced, id, fields)
+        ids[i] = made
+        if lives > longest then longest = lives end
+      end
     end
-    if mode ~= 'peek' and not forced and not s.ok then remaining = 0 end
-    if reset > longest then longest = reset end
-    local used = s.used
-    if mode == 'peek' then used = s.used0 end
-    out[n + 1] = s.ok and 1 or 0
-    out[n + 2] = used
-    out[n + 3] = remaining
-    out[n + 4] = reset
-    out[n + 5] = s.retry
-    out[n + 6] = entry
-    n = n + 6
   end
+  local out = {}
+  local n = answer(out, 0, admitted, committed, ids)
 
   if record_size > 0 then
     local rkey = K[k + tiers]
-    if commit then
+    if committed then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)
       redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))

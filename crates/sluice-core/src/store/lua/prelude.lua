@@ -276,14 +276,14 @@ local function global_of(name, others, compact)
   return function()
     local a = algorithm(name)
     local M = { commit = a.commit, refund = a.refund }
+    -- Sees what the algorithm sees against the limit less the others' count, which comes third.
     function M.check(key, now, cost, limit, window, burst, force)
-      local start = now - now % window
-      local o = others(key, start, now, window)
-      local s = a.check(key, now, cost, max0(limit - o), window, burst, force)
-      s.used0, s.used = s.used0 + o, s.used + o
-      -- A cost that fits the limit fits again once the window has passed, whatever the others counted.
-      if s.retry == -1 and cost <= limit then s.retry = start + window - now end
-      return s
+      local o = others(key, now - now % window, now, window)
+      local ok, x, y, _, z = a.check(key, now, cost, max0(limit - o), window, burst, force)
+      return ok, x, y, o, z
+    end
+    function M.left(x, y, o, now, limit, window, burst)
+      return a.left(x, y, -1, now, max0(limit - o), window, burst)
     end
     compact(M)
     return M

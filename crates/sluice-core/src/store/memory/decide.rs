@@ -31,7 +31,7 @@ impl MemoryStore {
         let cost = |t: &TierSpec| t.bounded_cost(hit.cost);
         let positive = hit.tiers.iter().any(|t| cost(t) > 0);
         // A forced hit is counted by every tier, fitting or not; what it leaves is reported, even where it did not fit.
-        let force = !peek && positive && hit.forced();
+        let force = hit.forces();
         let checks: Vec<Check> = hit
             .tiers
             .iter()
@@ -67,11 +67,11 @@ impl MemoryStore {
             let id = written
                 .then(|| algorithm::commit(&mut *shard, spec, &check, now, cost, &hit.lease))
                 .flatten();
-            let mut tier = check.outcome(written, peek, force, id);
-            if spec.global && written {
-                tier.own = algorithm::own_count(&check, cost);
+            let tier = algorithm::tier_outcome(spec, &check, cost, (written, peek, force), id);
+            // The hit records live as long as the longest-lived tier the hit was counted in.
+            if written {
+                longest = longest.max(tier.reset_after_us);
             }
-            longest = longest.max(tier.reset_after_us);
             tiers.push(tier);
         }
         let mut records = Vec::new();

@@ -5,7 +5,8 @@
 use fred::error::Error as FredError;
 use fred::types::Value;
 
-use crate::store::{Granted, Outcome, Settled, StoreError, TierOutcome, TierSettled};
+use crate::store::algorithm;
+use crate::store::{Granted, Hit, Outcome, Settled, Settlement, StoreError, TierSettled, TierSpec};
 
 /// One descriptor's answer from a script call: decided or settled by sluice from a compact form's integers, or the
 /// script's own answer (the driver's, an error, or nil: not decided there).
@@ -36,20 +37,27 @@ fn items(reply: Reply) -> Result<Vec<Value>, StoreError> {
 }
 
 /// Reads a hit's answer: decided from a compact form, or `decide.lua`'s.
-pub(super) fn parse(reply: Reply, tiers: usize) -> Result<Outcome, StoreError> {
+pub(super) fn parse(reply: Reply, hit: &Hit) -> Result<Outcome, StoreError> {
     match reply {
         Reply::Decided(outcome) => Ok(outcome),
-        reply => outcome(items(reply)?, tiers),
+        reply => {
+            let items = items(reply)?;
+            let cost = |t: &TierSpec| t.bounded_cost(hit.cost);
+            let (mut outcome, rest) = decided(&items, &hit.tiers, cost, (hit.peeks(), hit.forces()))?;
+            outcome.records = rest.iter().filter_map(Value::as_string).collect();
+            Ok(outcome)
+        }
     }
 }
 
-/// Reads a settlement's answer: settled from a compact form, or `decide.lua`'s in settle mode: `{ 0 }`, or `{ 1 }`, then per tier (estimate, actual, charged,
-/// refunded), then an outcome.
-pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, StoreError> {
+/// Reads a settlement's answer: settled from a compact form, or `decide.lua`'s in settle mode: `{ 0 }`, or `{ 1 }`,
+/// then per tier (estimate, actual, charged, refunded), then the answer of a peek of cost 1.
+pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Settled, StoreError> {
     if let Reply::Settled(settled) = reply {
         return Ok(settled);
     }
-    let mut items = items(reply)?;
+    let items = items(reply)?;
+    let tiers = settlement.tiers.len();
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
     match items.first().and_then(Value::as_i64) {
         Some(0) => Ok(Settled::Unknown),
@@ -65,7 +73,7 @@ pub(super) fn parse_settled(reply: Reply, tiers: usize) -> Result<Settled, Store
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
-            let outcome = outcome(items.split_off(1 + 4 * tiers), tiers)?;
+            let (outcome, _) = decided(&items[1 + 4 * tiers..], &settlement.tiers, |_| 1, (true, false))?;
             Ok(Settled::Done {
                 tiers: settled,
                 outcome,
@@ -95,33 +103,38 @@ pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
     })
 }
 
-fn outcome(items: Vec<Value>, tiers: usize) -> Result<Outcome, StoreError> {
-    if items.len() < 1 + 6 * tiers {
+/// The outcome of `decide.lua`'s answer `items` on `tiers`, each decided with `cost(tier)`, a peek or a forced hit as
+/// `(peek, force)` say: the flags (admitted 1, committed 2), the decision's time, then per tier whether the hit fits
+/// it, what its check saw and the id its commit created. Each tier's numbers are made from what its check saw, by
+/// the check the memory store decides by. Returns the items after the tiers' (a peek's hit records).
+fn decided<'a>(
+    items: &'a [Value],
+    tiers: &[TierSpec],
+    cost: impl Fn(&TierSpec) -> u64,
+    (peek, force): (bool, bool),
+) -> Result<(Outcome, &'a [Value]), StoreError> {
+    let width = 2 + 5 * tiers.len();
+    if items.len() < width {
         return Err(bad());
     }
     let int = |v: &Value| v.as_i64().ok_or_else(bad);
-    let count = |v: &Value| int(v).map(|n| n.max(0) as u64);
-    let admitted = int(&items[0])? == 1;
-    let mut outcomes = Vec::with_capacity(tiers);
-    for t in items[1..1 + 6 * tiers].chunks_exact(6) {
-        let retry = int(&t[4])?;
-        let id = t[5].as_string().filter(|s| !s.is_empty());
-        outcomes.push(TierOutcome {
-            ok: int(&t[0])? == 1,
-            used: count(&t[1])?,
-            remaining: count(&t[2])?,
-            reset_after_us: count(&t[3])?,
-            retry_after_us: u64::try_from(retry).ok(),
-            id,
-            own: None,
-        });
+    let flags = int(&items[0])?;
+    let now = u64::try_from(int(&items[1])?).map_err(|_| bad())?;
+    let committed = flags & 2 != 0;
+    let mut outcomes = Vec::with_capacity(tiers.len());
+    for (t, v) in tiers.iter().zip(items[2..width].chunks_exact(5)) {
+        let cost = cost(t);
+        let mut check = algorithm::seen(t, now, cost, force, [int(&v[1])?, int(&v[2])?, int(&v[3])?]);
+        check.ok = int(&v[0])? == 1;
+        let id = v[4].as_string().filter(|s| !s.is_empty());
+        outcomes.push(algorithm::tier_outcome(t, &check, cost, (committed && cost > 0, peek, force), id));
     }
-    let records = items[1 + 6 * tiers..].iter().filter_map(Value::as_string).collect();
-    Ok(Outcome {
-        admitted,
+    let outcome = Outcome {
+        admitted: flags & 1 != 0,
         tiers: outcomes,
-        records,
-    })
+        records: Vec::new(),
+    };
+    Ok((outcome, &items[width..]))
 }
 
 pub(super) fn is_noscript(e: &FredError) -> bool {
