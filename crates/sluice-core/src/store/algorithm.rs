@@ -430,19 +430,34 @@ pub(crate) fn check(t: &TierSpec, state: Option<&Counter>, now: u64, cost: u64, 
 }
 
 /// What a tier's hit of `cost` found, from what the decision script saw of the tier (its algorithm's `check` in
-/// `algorithm/<name>.lua`): three integers, -1 where there is nothing. A fixed window's count; a sliding window's
-/// counts of the current and the previous window; a bucket's arrival time; for a sliding log, a concurrency limit, a
-/// queue and a bucketed window, the live count, the newest place (a hit's time, a lease's deadline, an entry's
-/// millisecond, a sub-window's start) and the place that must leave before the hit fits; a global window's third is
-/// what the other regions counted. Decided by the same check the memory store decides by.
-pub(crate) fn seen(t: &TierSpec, now: u64, cost: u64, force: bool, [a, b, c]: [i64; 3]) -> Check {
+/// `algorithm/<name>.lua`), integers where -1 is nothing: a fixed window's count; a sliding window's counts of the
+/// current and the previous window; a bucket's arrival time; for a sliding log, a concurrency limit, a queue and a
+/// bucketed window, the live count, the newest place (a hit's time, a lease's deadline, an entry's millisecond, a
+/// sub-window's start) and the place that must leave before the hit fits; for a global window, then what the other
+/// regions counted. Decided by the same check the memory store decides by.
+pub(crate) fn seen(t: &TierSpec, now: u64, cost: u64, force: bool, values: &[i64]) -> Check {
+    let at = |i: usize| values.get(i).copied().unwrap_or(-1);
     if t.global {
-        let others = count_of(c);
+        let own = values.len().saturating_sub(1);
+        let others = count_of(at(own));
+        let second = if own > 1 { at(1) } else { -1 };
         return global_check((t.limit, t.window_us), now, cost, others, |limit| {
-            view(t, limit, now, cost, force, [a, b, -1])
+            view(t, limit, now, cost, force, [at(0), second, -1])
         });
     }
-    view(t, t.limit, now, cost, force, [a, b, c])
+    view(t, t.limit, now, cost, force, [at(0), at(1), at(2)])
+}
+
+/// How many values the decision script answers for a tier (its algorithm's `width` in `algorithm/<name>.lua`): what
+/// its check saw, a queue's entry id after them, a global window's others' count after them.
+pub(crate) fn seen_width(t: &TierSpec) -> usize {
+    let own = match t.algorithm {
+        Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::BucketedWindow => 3,
+        Algorithm::Queue => 4,
+    };
+    own + usize::from(t.global)
 }
 
 /// A value the script saw: a count (never below 0), or a place (`None` for -1, nothing).

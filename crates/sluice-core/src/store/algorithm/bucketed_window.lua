@@ -47,7 +47,10 @@ function L.bucketed_window()
 
   -- Sees the window's count, the start of its newest sub-window that holds any and the start of the one whose leaving
   -- lets the hit fit (decide.lua's interface, prelude.lua).
-  function M.check(key, now, cost, limit, window, burst)
+  M.width, M.burst = 3, true
+
+  function M.check(j, now, cost, limit, window, burst)
+    local key = K[j]
     local width = width_of(window, burst)
     local current = now - now % width
     -- The sub-windows the window spans: the current one and up to burst - 1 before it, none before the epoch.
@@ -88,7 +91,8 @@ function L.bucketed_window()
   -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
   -- until the longest window no longer counts its newest sub-window. That moment moves only with a newer sub-window,
   -- a longer window or a counter started afresh: a hit in the newest sub-window leaves the expiry as it is.
-  function M.commit(key, now, cost, _, window, burst, _, _, _, _, s)
+  function M.commit(j, now, cost, _, window, burst, _, _, _, _, s)
+    local key = K[j]
     local width, current = s.width, s.current
     local longest = math.max(s.longest, burst)
     local ttl = ceil_ms(current + window - now)

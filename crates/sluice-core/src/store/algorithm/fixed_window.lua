@@ -19,11 +19,39 @@ end
 function L.fixed_window()
   local M = {}
 
+  M.width, M.counts_denials = 1, true
+
   -- Sees the count of the window `now` is in (decide.lua's interface, prelude.lua).
-  function M.check(key, now, cost, limit, window)
-    local wkey = window_of(key, now - now % window, window)
+  function M.check(j, now, cost, limit, window)
+    local wkey = window_at(K[j], now, window)
     local n = window_count(wkey)
     return n + cost <= limit, n, -1, -1, wkey
+  end
+
+  -- Counts `cost` in the window at once, by one INCRBY, and sees the count before it: a hit that fits, the common
+  -- case, costs one command and no read before it.
+  function M.take(j, now, cost, limit, window)
+    local wkey = window_at(K[j], now, window)
+    local n = redis.call('INCRBY', wkey, string.format('%d', cost)) - cost
+    return n + cost <= limit, n, -1, -1, wkey
+  end
+
+  -- Takes back what take counted: a window it started goes (one that held 0 reads the same).
+  function M.undo(_, _, cost, _, _, _, _, n, _, _, wkey)
+    if n == 0 then
+      redis.call('DEL', wkey)
+    else
+      redis.call('INCRBY', wkey, string.format('%d', -cost))
+    end
+  end
+
+  -- Keeps what take counted: the window's first count sets its expiry; the count stops at MAX_COUNT. Returns the time
+  -- until the window ends.
+  function M.kept(_, now, cost, _, window, _, _, n, _, _, wkey)
+    local reset = window - now % window
+    if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(reset + WINDOW_KEY_GRACE_US)) end
+    if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
+    return '', reset
   end
 
   function M.left(n, _, _, _, limit)
@@ -45,10 +73,10 @@ function L.fixed_window()
 
   -- Gives back up to `amount` (down to 0) if the hit at `at` was counted in the current window; the key keeps its
   -- expiry.
-  function M.refund(key, now, at, amount, limit, window)
+  function M.refund(j, now, at, amount, limit, window)
     local start = now - now % window
     if at - at % window ~= start then return nil end
-    local wkey = window_of(key, start, window)
+    local wkey = window_at(K[j], now, window)
     local n, exists = window_count(wkey)
     if not exists then return nil end
     local given = math.min(n, amount)
@@ -409,8 +437,8 @@ end
 
 -- The global form (`global: true`, prelude.lua's global_of): the limit less what the other regions counted in the
 -- window.
-L['global:fixed_window'] = global_of('fixed_window', function(key, start, _, window)
-  return regions_count(window_of(key, start, window))
+L['global:fixed_window'] = global_of('fixed_window', function(j, now, window)
+  return regions_count(window_at(K[j], now, window))
 end, function(M)
   M.hit = compact_global_fixed
 end)

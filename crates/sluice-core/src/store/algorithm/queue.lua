@@ -23,8 +23,10 @@ function L.queue()
 
   -- Sees the waiting entries' count, the newest one's millisecond and the millisecond of the one that must go stale
   -- before the hit fits (decide.lua's interface, prelude.lua).
-  function M.check(key, now, cost, limit, window)
-    local waiting = redis.call('XREVRANGE', key, '+', string.format('%d', queue_cutoff(now, window)), 'COUNT', limit + 1)
+  M.width = 4
+
+  function M.check(j, now, cost, limit, window)
+    local waiting = redis.call('XREVRANGE', K[j], '+', string.format('%d', queue_cutoff(now, window)), 'COUNT', limit + 1)
     local len, slots, newest, leaving = #waiting, 0, -1, -1
     if cost > 0 then slots = 1 end
     if len > 0 then newest = ms_of(waiting[1][1]) end
@@ -36,7 +38,8 @@ function L.queue()
     return max0(limit - len)
   end
 
-  function M.commit(key, now, _, _, window, _, _, _, _, _, _, _, fields)
+  function M.commit(j, now, _, _, window, _, _, _, _, _, _, _, fields)
+    local key = K[j]
     redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
     local ms = math.floor(now / 1000)
     local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))

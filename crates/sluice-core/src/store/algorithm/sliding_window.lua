@@ -16,9 +16,13 @@ local function sw_estimate(p, c, elapsed, window)
   return math.floor(p * (window - elapsed) / window) + c
 end
 
--- The keys of the counter `base`'s window starting at `start` and of the one before.
-local function sw_keys(base, start, window)
-  return window_key(base, start, window), window_key(base, start - window, window)
+-- The keys of the current window and of the one before of the descriptor whose keys start at K[j] (built for the
+-- windows sluice's clock expects; see prelude.lua's window_at).
+local function sw_at(j, now, window)
+  local cur, prev = K[j], K[j + 1]
+  local at = window_at(cur, now, window)
+  if at == cur then return cur, prev end
+  return at, window_of(cur, now - now % window - window, window)
 end
 
 -- The counter whose windows starting at `start` and before have the keys `cur` and `prev`: their counts (c, p), and
@@ -162,10 +166,12 @@ end
 function L.sliding_window()
   local M = {}
 
+  M.width, M.keys = 2, 2
+
   -- Sees the counts of the current window and of the previous one (decide.lua's interface, prelude.lua).
-  function M.check(key, now, cost, limit, window)
+  function M.check(j, now, cost, limit, window)
     local start = now - now % window
-    local cur, prev = sw_keys(key, start, window)
+    local cur, prev = sw_at(j, now, window)
     local read = sw_read(cur, prev, start)
     return sw_estimate(read.p, read.c, now - start, window) + cost <= limit, read.c, read.p, -1, read
   end
@@ -182,11 +188,11 @@ function L.sliding_window()
 
   -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's or the
   -- previous one's. The key keeps its expiry.
-  function M.refund(key, now, at, amount, limit, window)
+  function M.refund(j, now, at, amount, limit, window)
     local start = now - now % window
     local from = at - at % window
     if from ~= start and from ~= start - window then return nil end
-    local cur, prev = sw_keys(key, start, window)
+    local cur, prev = sw_at(j, now, window)
     local s = sw_read(cur, prev, start)
     local n, target = s.c, s.cur
     if from ~= start then n, target = s.p, s.prev end
@@ -230,9 +236,9 @@ local function compact_global_sliding(cur, prev, window, limit, cost, times, now
   answers[pos], answers[pos + 1], answers[pos + 2] = c, p, others
 end
 
-L['global:sliding_window'] = global_of('sliding_window', function(key, start, now, window)
-  local cur, prev = sw_keys(key, start, window)
-  return sw_estimate(regions_count(prev), regions_count(cur), now - start, window)
+L['global:sliding_window'] = global_of('sliding_window', function(j, now, window)
+  local cur, prev = sw_at(j, now, window)
+  return sw_estimate(regions_count(prev), regions_count(cur), now % window, window)
 end, function(M)
   M.hit = compact_global_sliding
 end)

@@ -84,9 +84,11 @@ function L.token_bucket()
 
   -- Sees the arrival time, `now` when it is earlier or there is none (decide.lua's interface, prelude.lua). A cost
   -- above the bucket never fits: it is not priced (its product could leave the exact range).
-  function M.check(key, now, cost, limit, window, burst)
+  M.width, M.burst = 1, true
+
+  function M.check(j, now, cost, limit, window, burst)
     local interval = interval_of(limit, window)
-    local tat = tonumber(redis.call('GET', key)) or now
+    local tat = tonumber(redis.call('GET', K[j])) or now
     if tat < now then tat = now end
     return cost <= burst and tat + cost * interval - now <= burst * interval, tat, -1, -1
   end
@@ -99,19 +101,20 @@ function L.token_bucket()
   -- Moves the arrival time seen by `cost` tokens. A forced hit is charged at most burst + 1 tokens, and its debt
   -- stops at MAX_DEBT_US past an empty bucket (a debt already past that, after the clock stepped back, is kept, never
   -- forgiven). Returns the time until the bucket is full again.
-  function M.commit(key, now, cost, limit, window, burst, force, tat)
+  function M.commit(j, now, cost, limit, window, burst, force, tat)
     local interval = interval_of(limit, window)
     local new = tat + cost * interval
     if force then
       new = math.max(math.min(tat + math.min(cost, burst + 1) * interval, now + burst * interval + MAX_DEBT_US), tat)
     end
-    redis.call('SET', key, string.format('%d', new), 'PX', ceil_ms(new - now))
+    redis.call('SET', K[j], string.format('%d', new), 'PX', ceil_ms(new - now))
     return '', new - now
   end
 
   -- Moves the arrival time back by `amount` tokens, never before `now`. Only as many tokens as the arrival time is
   -- past `now` are priced, so the product stays exact whatever the amount.
-  function M.refund(key, now, at, amount, limit, window)
+  function M.refund(j, now, at, amount, limit, window)
+    local key = K[j]
     local interval = interval_of(limit, window)
     local tat = tonumber(redis.call('GET', key))
     if tat == nil or tat <= now then return nil end

@@ -45,7 +45,7 @@
 -- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
 -- arguments (a) are, the probe keys read (node form), the timing (guess) and the server's time it gives (now), and
 -- where the next answer goes (o: a descriptor's answer takes one place, or as many as its compact form returns).
-local node, k, a, served, guess, now, o
+local node, k, a, served, now, o
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
 -- written; sent again to its slot).
@@ -141,20 +141,6 @@ local function sliding(shared)
 end
 forms.s, forms.S = sliding(false), sliding(true)
 
--- A lone sliding log ('l') or concurrency limit ('c'), of the algorithm `name`: three numbers, a concurrency limit's
--- lease, (time), and in the node form its key; `count` arguments before the time.
-local function set(name, count)
-  return function()
-    local key, at = compact_key_and_time(count)
-    local ok, err = pcall(algorithm(name).hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
-      ARGV[a + 4], at, o)
-    if not ok then compact_failure(err, 3) end
-    compact_done(count)
-    o = o + 3
-  end
-end
-forms.l, forms.c = set('sliding_log', 4), set('concurrency', 5)
-
 -- A lone global window, fixed ('gw', 'GW') or sliding ('gs', 'GS'): four numbers, (time), and in the node form its
 -- one or two keys.
 local function global(fixed, shared)
@@ -198,46 +184,37 @@ local function budget(reserving)
 end
 forms.r, forms.e = budget(true), budget(false)
 
--- Several fixed windows: 'w', t, three numbers per window, (time), and in the node form its t keys.
-function forms.w()
-  local t = number(ARGV[a + 1])
-  local _, at = compact_key_and_time(2 + 3 * t)
-  local ok, err = pcall(algorithm('fixed_window').hits, compact_keys(2 + 3 * t, t), a + 1, at, guess, o)
-  if not ok then compact_failure(err, t) end
-  compact_done(2 + 3 * t, t)
-  o = o + t
-end
-
--- A descriptor in decide.lua's form, of `nk` keys: its argument count, in the node form its probe key (the
--- descriptor's key prefix and hash tag alone, '' for none) and its keys, then its arguments.
-local function driver(nk)
-  local na = tonumber(ARGV[a + 1])
-  a = a + 2
-  local here = true
+-- A descriptor in decide.lua's form: its arguments, its time when each carries its own, then in the node form its
+-- probe key (the descriptor's key prefix and hash tag alone, '' for none) and its keys. Decided only where its probe
+-- was read (node form): a slot served here in a stable state.
+local function generic()
+  local ends, nk = read(a)
+  local w, at = width(), now
+  if guess == nil then
+    at = tonumber(ARGV[ends])
+    ends = ends + 1
+  end
+  local here, keys = true, k
   if node then
-    local probe = ARGV[a]
-    k = a + 1
-    a = a + 1 + nk
+    local probe = ARGV[ends]
+    keys = ends + 1
     here = served[probe]
     if here == nil then
       here = probe ~= '' and (pcall(redis.call, 'GET', probe))
       served[probe] = here
     end
   end
-  local answer = false
-  if here then
+  if not here then
+    answers[o] = false
+    for j = 1, w - 1 do answers[o + j] = 0 end
+  else
     -- decide.lua's form may read a counter compact calls of this batch share: write those first.
     if next(holding) ~= nil then flush() end
-    local ok
-    ok, answer = pcall(decide, k, nk, a)
-    if not ok then
-      if type(answer) == 'table' then answer = answer.err end
-      answer = tostring(answer)
-    end
+    local ok, err = pcall(decide, a, keys, at, o)
+    if not ok then compact_failure(err, w) end
   end
-  answers[o] = answer
-  if not node then k = k + nk end
-  a, o = a + na, o + 1
+  if node then a = ends + 1 + nk else a, k = ends, k + nk end
+  o = o + w
 end
 
 -- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a
@@ -248,7 +225,7 @@ local function decide_one()
   local form = forms[head]
   if form ~= nil then return form() end
   local window = numbers[head] or number(head)
-  if window <= 0 then return driver(-window) end
+  if window == nil then return generic() end
   -- The commonest call, a lone fixed window: its cost, (time), and in the node form its key.
   local text, key, at, width = ARGV[a + 1], K[k], now, 2
   if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end

@@ -1,66 +1,132 @@
--- decide.lua: decides one descriptor against all its tiers at once, atomically.
+-- decide.lua: the decision loop. One descriptor decided against all its limits at once, atomically, in any mode: read
+-- each limit's state (its algorithm's check), ask whether the hit fits, then write all or none.
 --
--- decide(k, nk, a) reads the descriptor's nk keys from K[k] (KEYS, or ARGV in a cluster node's batch: see
--- prelude.lua) and its arguments from ARGV[a] (batch.lua passes the offsets); below, KEYS[i] stands for K[k + i - 1]
--- and ARGV[i] for ARGV[a + i - 1].
--- KEYS[1..t]  one state key per tier (all with the same hash tag: one cluster slot)
--- KEYS[t+1]   the hit-record list, present when ARGV[5] > 0
--- KEYS[last]  the reservation record, in the modes 'reserve', 'reserve_report' and 'settle'; the grant ledger in the
---             mode 'grant'
--- ARGV[1]     mode: 'hit' applies the hit, 'peek' only reports (and returns the hit records), 'report' applies a
---             forced hit: every tier counts its cost whether it fits or not (a usage that already happened; sent
---             only when every tier is fixed_window, sliding_window, token_bucket or leaky_bucket, see `Hit::forced`);
---             'reserve' and 'reserve_report' are 'hit' and 'report' that also write the reservation record KEYS[last]
---             when the hit is counted, and 'settle' settles the reservation KEYS[last] with the actual costs (each
---             tier's, see settle below); 'reap' is a 'settle' that finds only an expired record (kept
---             RESERVATION_GRACE_MS past its expiry) and settles it at its estimates, changing no tier; these are sent
---             only when every tier counts (see `Hit::reserves`), and 'settle' and 'reap' with no hit records and no
---             queue fields; 'grant' reads each tier as a peek of cost 0 does and grants from what they have left
---             (ledger.lua's grant), with no hit records and no queue fields
--- ARGV[2]     now in microseconds, or '' to read the server's clock (TIME): one clock for every sluice instance
--- ARGV[3]     the hit's cost, bounded by the largest tier's capacity + 1: the cost of every tier whose cost is ''
--- ARGV[4]     lease id for concurrency tiers
--- ARGV[5]     hit records to keep (0: none)     ARGV[6]  the value to record
--- ARGV[7]     f, the number of queue entry fields, then the f fields (name, value, name, value, ...)
--- then per tier 5 values: algorithm, limit, window (us), burst, cost: the tier's own cost (input tokens, output
---             tokens, credits: each limit may count its own), or '' for ARGV[3]. sluice sends every tier's cost
---             bounded by that tier's capacity + 1 (burst for buckets, the limit otherwise; `TierSpec::bounded_cost`),
---             and '' where that equals ARGV[3]. A cost of 0 (a tier's or the hit's) checks without consuming.
--- then, in the modes 'reserve' and 'reserve_report', the reservation record's TTL in us; in the mode 'grant', the
---             holder, what it holds, what it wants, its entry's TTL in us, whether it is a newcomer (1/0), and a
---             rate's limit per window when the holders share a rate (-1: a budget)
+-- decide(head, a, k) decides the descriptor whose head is ARGV[a] (batch.lua's entry reads it), and returns where its
+-- arguments end. Its arguments, from ARGV[a] on:
+-- head        the mode, then '+' and a letter for each part the arguments carry beyond the tiers: 'l' a lease id, 'q'
+--             queue entry fields, 'k' hit records (`modes` below). The modes: 'hit' applies the hit; 'peek' only
+--             reports (and returns the hit records); 'report' applies a forced hit: every tier counts its cost whether
+--             it fits or not (a usage that already happened; sent only when every tier counts, see `Hit::forced`);
+--             'reserve' and 'reserve_report' are 'hit' and 'report' that also write the reservation record when the
+--             hit is counted; 'settle' settles a reservation with the actual costs; 'reap' is a 'settle' that finds
+--             only an expired record (kept RESERVATION_GRACE_MS past its expiry) and settles it at its estimates,
+--             changing no tier (these two are sent only when every tier counts, and with no lease, fields or records);
+--             'grant' reads each tier as a peek of cost 0 does and grants from what they have left (ledger.lua).
+-- t           the number of tiers
+-- per tier    its algorithm's name, window (us), limit and cost (bounded by the tier's capacity + 1, see
+--             `TierSpec::bounded_cost`; 0 checks without consuming), then for an algorithm with a burst (a table
+--             with `burst`: the buckets' burst, the bucketed window's number of sub-windows) the burst
+-- then        with 'l', the lease id; with 'q', f and f fields (name, value, ...); with 'k', the number of hit records
+--             to keep and the value to record; in the modes 'reserve' and 'reserve_report', the record's TTL (us); in
+--             the mode 'grant', the holder, what it holds, what it wants, its entry's TTL (us), whether it is a newcomer
+--             (1/0), and a rate's limit per window when the holders share a rate (-1: a budget)
+-- Its keys, from K[k] on (in a cluster node's batch, after its arguments and its probe: batch.lua): per tier as many
+-- as its algorithm keeps (`keys`: a sliding window's current and previous windows', built for the window sluice's
+-- clock expects; a fixed window's, the same; the counter's otherwise); then the hit records' list with 'k', and the
+-- reservation record (modes 'reserve', 'reserve_report', 'settle', 'reap') or the grant ledger (mode 'grant').
 --
--- Returns { flags, now, then per tier: ok, what its check saw (three values, see prelude.lua), id, then in peek mode
---           the recorded values, newest first }, where flags is 1 when the hit is admitted, plus 2 when it was
---           committed, and now is the decision's time in microseconds. sluice makes each tier's answer from what its
---           check saw, by the algorithm's Rust twin (`algorithm::seen`).
--- Each tier is decided with its own cost: admitted means every tier admits its own cost. For a forced hit, admitted
--- and ok are an ordinary hit's.
--- In grant mode: ledger.lua's grant's answer.
--- In settle mode: { 0 } when there is no such reservation, else { 1, then per tier: estimate, actual, charged,
--- refunded, then the answer of a peek of cost 1 after settling, as above }.
+-- Writes its answer into answers[o] on (batch.lua): the flags, 1 when the hit is admitted plus 2 when it was
+-- committed, then per tier what its check saw (`width` values: see prelude.lua), then with 'k' in the mode 'peek' the
+-- recorded values, newest first, as one array. sluice makes each tier's numbers from what its check saw, by the
+-- algorithm's Rust twin (`algorithm::seen`); a forced hit's admitted is an ordinary hit's.
+-- In the mode 'settle' ('reap'): 0 and zeros when there is no such reservation, else 1, then per tier the estimate,
+-- the actual cost, the charge and the refund, then the answer of a peek of cost 1 after settling, as above.
+-- In the mode 'grant': ledger.lua's grant's six values.
 --
 -- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
 -- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
--- nothing), and that a forced hit commits every tier.
--- A hit is committed only if some tier's cost is positive, and each tier commits its own cost; a tier whose cost is 0
--- is checked and never written (no count, no lease, no queue entry). A peek never writes. Hit records expire with the
--- longest-lived tier. A reservation record is written only by a hit that is admitted and committed (or forced): the
--- record prelude.lua's record_write writes, of what each tier was charged. It
--- is written before any tier, and a settlement reads the record and every tier before it writes, so a key of the wrong
--- type stops either before it changes anything.
+-- nothing), and that a forced hit commits every tier. A hit is committed only if some tier's cost is positive, and
+-- each tier commits its own cost; a tier whose cost is 0 is checked and never written (no count, no lease, no queue
+-- entry). A peek never writes. Hit records expire with the longest-lived tier the hit was counted in. A reservation
+-- record is written only by a hit that is admitted and committed (or forced), before any tier's write but a taken
+-- count's (below), and a settlement reads the record and every tier before it writes, so a key of the wrong type stops
+-- either before it changes anything. A tier whose algorithm takes a hit at once (`take`: a fixed window's INCRBY, in
+-- the modes 'hit' and 'reserve') is counted before the next tier is seen, and taken back (`undo`) when the hit is not
+-- committed or a later step fails: the script runs atomically, so no reader sees a count taken back.
 
--- The arguments of the decision last read: where they were (the call's ARGV, the offset and the key count) and what
--- they say. Descriptors of a run (batch.lua's '*') share their arguments, so each after the first reads nothing again.
-local read_argv, read_a, read_nk
-local mode, reaping, reserving, now, hit_cost, id, record_size, record_value, fields, first, tiers, positive
+-- The modes by head (their letters parsed once).
+local modes = {}
+local function mode_of(head)
+  local m = modes[head]
+  if m == nil then
+    local name, parts = string.match(head, '^([%a_]+)%+?(%a*)$')
+    if name == nil then error('unknown descriptor head ' .. head, 0) end
+    m = { name = name, lease = string.find(parts, 'l', 1, true) ~= nil, fields = string.find(parts, 'q', 1, true) ~= nil,
+      records = string.find(parts, 'k', 1, true) ~= nil }
+    m.reserving = name == 'reserve' or name == 'reserve_report'
+    m.forcing = name == 'report' or name == 'reserve_report'
+    m.settling = name == 'settle' or name == 'reap'
+    m.taking = name == 'hit' or name == 'reserve'
+    modes[head] = m
+  end
+  return m
+end
 
--- Per decision, kept from call to call and overwritten as they are used (a decision is done with them before the next
--- begins): each tier's algorithm, its numbers (limit, window, burst) and its cost, what its check saw (ok, the three
--- values sluice reads and what its commit needs beside them); the queue fields of a hit that has none, and the ids
--- of a decision that created none.
-local tier_impls, tier_params, tier_costs, no_fields, no_ids = {}, {}, {}, {}, {}
-local seen_ok, seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}, {}
+-- The decision under way, kept from call to call and overwritten as it is read (a decision is done with it before the
+-- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (ok, the values
+-- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
+-- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
+local impl, windows, limits, bursts, costs, places = {}, {}, {}, {}, {}, {}
+local seen_ok, seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}, {}
+local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
+
+-- The arguments of the decision last read (the call's ARGV and the offset): descriptors of a run (batch.lua's '*')
+-- share their arguments, so each after the first reads nothing again.
+local read_argv, read_a, read_end, read_keys
+
+-- Reads the decision's arguments at ARGV[a] into the tables above; returns where they end and how many keys it has.
+local function read(a)
+  if read_argv == ARGV and read_a == a then return read_end, read_keys end
+  read_argv = nil
+  m = mode_of(ARGV[a])
+  tiers = number(ARGV[a + 1])
+  local at, nk = a + 2, 0
+  for i = 1, tiers do
+    local A = algorithm(ARGV[at])
+    if A == nil then error('unknown algorithm ' .. tostring(ARGV[at]), 0) end
+    impl[i], windows[i], limits[i], costs[i] = A, number(ARGV[at + 1]), number(ARGV[at + 2]), number(ARGV[at + 3])
+    places[i] = nk
+    if A.burst then
+      bursts[i] = number(ARGV[at + 4])
+      at = at + 5
+    else
+      bursts[i] = 0
+      at = at + 4
+    end
+    nk = nk + (A.keys or 1)
+  end
+  lease, fields, record_size = '', no_fields, 0
+  if m.lease then
+    lease = ARGV[at]
+    at = at + 1
+  end
+  if m.fields then
+    local f = number(ARGV[at])
+    fields = {}
+    for j = 1, f do fields[j] = ARGV[at + j] end
+    at = at + 1 + f
+  end
+  if m.records then
+    record_size, record_value = number(ARGV[at]), ARGV[at + 1]
+    at = at + 2
+    nk = nk + 1
+  end
+  tail = at
+  if m.reserving then at = at + 1 elseif m.name == 'grant' then at = at + 6 end
+  if m.reserving or m.settling or m.name == 'grant' then nk = nk + 1 end
+  read_argv, read_a, read_end, read_keys = ARGV, a, at, nk
+  return at, nk
+end
+
+-- How many places the decision read last answers in (see above).
+local function width()
+  if m.name == 'grant' then return 6 end
+  local w = 1
+  for i = 1, tiers do w = w + impl[i].width end
+  if m.settling then return w + 1 + 4 * tiers end
+  if m.records and m.name == 'peek' then w = w + 1 end
+  return w
+end
 
 -- Keeps what tier i's check saw; returns whether the hit fits it.
 local function seen(i, ok, a, b, c, x)
@@ -68,178 +134,180 @@ local function seen(i, ok, a, b, c, x)
   return ok
 end
 
--- Commits `cost` to tier i (its key `key`) over what its check saw; returns what it created (a lease, a queue entry's
--- id, or '') and the time until what it wrote expires (the hit records live as long as the longest).
-local function commit(i, key, cost, force, id, fields)
-  local p = tier_params[i]
-  return tier_impls[i].commit(key, now, cost, p[1], p[2], p[3], force, seen_a[i], seen_b[i], seen_c[i], seen_x[i], id,
-    fields)
+-- Tier i's check of `cost` (its keys from K[k + its place]).
+local function check(k, i, cost, force)
+  return seen(i, impl[i].check(k + places[i], now, cost, limits[i], windows[i], bursts[i], force))
 end
 
--- Writes into `out` after its place n: the flags (admitted 1, committed 2), the time, then per tier what its check
--- saw and the id its commit created; returns the last place written.
-local function answer(out, n, admitted, committed, ids)
+-- Commits `cost` to tier i over what its check saw (or keeps what it took); returns what it created (a lease, a queue
+-- entry's id, or '') and the time until what it wrote expires.
+local function commit(k, i, cost, force)
+  local A = impl[i]
+  local f = A.commit
+  if taken[i] then f = A.kept end
+  return f(k + places[i], now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i], seen_x[i],
+    lease, fields)
+end
+
+-- Takes back what tiers 1 to `upto` took.
+local function undo(k, upto)
+  for i = upto, 1, -1 do
+    if taken[i] then
+      impl[i].undo(k + places[i], now, costs[i], limits[i], windows[i], bursts[i], false, seen_a[i], seen_b[i], seen_c[i],
+        seen_x[i])
+    end
+  end
+end
+
+-- Writes the flags (admitted 1, committed 2) and what each tier's check saw into answers[o] on; returns the next
+-- place.
+local function answer(o, admitted, committed, ids)
   local flags = 0
   if admitted then flags = 1 end
   if committed then flags = flags + 2 end
-  out[n + 1], out[n + 2] = flags, now
-  n = n + 2
+  answers[o] = flags
+  o = o + 1
   for i = 1, tiers do
-    local ok = 0
-    if seen_ok[i] then ok = 1 end
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = ok, seen_a[i], seen_b[i], seen_c[i], ids[i] or ''
-    n = n + 5
+    local w = impl[i].width
+    answers[o] = seen_a[i]
+    if w > 1 then answers[o + 1] = seen_b[i] end
+    if w > 2 then answers[o + 2] = seen_c[i] end
+    if w > 3 then answers[o + 3] = ids[i] or '' end
+    o = o + w
   end
-  return n
+  return o
 end
 
--- Reads the decision's arguments at ARGV[a] (see above) into the locals above and the tier tables.
-local function read(nk, a)
-  if read_argv == ARGV and read_a == a and read_nk == nk then return end
-  -- Marked read only once all of it is: arguments that stop the reading part-way are read again by the next.
-  read_argv = nil
-  mode = ARGV[a]
-  reaping = mode == 'reap'
-  if reaping then mode = 'settle' end
-  reserving = mode == 'reserve' or mode == 'reserve_report'
-  if mode == 'reserve' then mode = 'hit' elseif mode == 'reserve_report' then mode = 'report' end
-  now = clock(ARGV[a + 1])
-  hit_cost = number(ARGV[a + 2])
-  id = ARGV[a + 3]
-  record_size = number(ARGV[a + 4])
-  record_value = ARGV[a + 5]
-  local nfields = number(ARGV[a + 6])
-  fields = no_fields
-  if nfields > 0 then
-    fields = {}
-    for i = 1, nfields do fields[i] = ARGV[a + 6 + i] end
-  end
-  -- Where the tiers' arguments begin.
-  first = a + 7 + nfields
-  tiers = nk
-  if record_size > 0 then tiers = tiers - 1 end
-  if reserving or mode == 'settle' or mode == 'grant' then tiers = tiers - 1 end
-
-  -- Each tier's cost: its own, or the hit's. The hit is written at all only if one of them is positive.
-  positive = false
+-- Settles the reservation K[rk] with each tier's actual cost (its cost here): reads every tier, then deletes the
+-- record and, tier by tier, counts `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its
+-- algorithm's refund; answers each tier's estimate, actual, charge and refund, and each tier as a peek of cost 1 does.
+-- No record (expired, settled, never written, or not one estimate per tier): 0, nothing written. Reaping: only an
+-- expired record is found, and it is settled at its estimates, which changes no tier.
+local function settle(k, rk, o)
+  local e, at
   for i = 1, tiers do
-    local base = first + (i - 1) * 5
-    local impl = algorithm(ARGV[base])
-    if impl == nil then error('unknown algorithm ' .. tostring(ARGV[base]), 0) end
-    local p = tier_params[i]
-    if p == nil then
-      p = {}
-      tier_params[i] = p
-    end
-    tier_impls[i], p[1], p[2], p[3] = impl, number(ARGV[base + 1]), number(ARGV[base + 2]), number(ARGV[base + 3])
-    tier_costs[i] = number(ARGV[base + 4]) or hit_cost
-    if tier_costs[i] > 0 then positive = true end
+    if impl[i].refund == nil then at = -1 end
   end
-  read_argv, read_a, read_nk = ARGV, a, nk
-end
-
--- Settles the reservation `rkey` at `now` with each tier's actual cost `actual[i]` (bounded as any cost) over the
--- tiers (impls, params, from K[k]): reads every tier, then deletes the record and, tier by tier, counts
--- `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its algorithm's refund; reports each
--- tier's estimate, actual, charged and refunded, and each tier as a peek of cost 1 does. No record (expired, settled,
--- never written, or not one estimate per tier): { 0 }, nothing written.
--- Reaping (`reaping`): only an expired record is found, and it is settled at its estimates, which changes no tier.
-local function settle(k, impls, params, actual, rkey)
-  for i = 1, tiers do
-    if impls[i].refund == nil then return { 0 } end
+  if at == nil then e, at = live_reservation(K[rk], now, tiers, m.name == 'reap') end
+  if e == nil then
+    for j = 0, width() - 1 do answers[o + j] = 0 end
+    return
   end
-  local e, at = live_reservation(rkey, now, tiers, reaping)
-  if e == nil then return { 0 } end
-  if reaping then actual = e end
+  answers[o] = 1
+  local writes, charged = {}, {}
   -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
   -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
-  local out, charged, writes = { 1 }, {}, {}
   for i = 1, tiers do
-    local key, p = K[k + i - 1], params[i]
-    local c, r = max0(actual[i] - e[i]), max0(e[i] - actual[i])
-    charged[i] = c
-    seen(i, impls[i].check(key, now, c, p[1], p[2], p[3], true))
+    local actual = costs[i]
+    if m.name == 'reap' then actual = e[i] end
+    local c, r = max0(actual - e[i]), max0(e[i] - actual)
+    charged[i], taken[i] = c, false
+    check(k, i, c, true)
     -- Reported refunded: what came back to a window still in force, not what was asked.
     local given = 0
-    if r > 0 then given, writes[i] = impls[i].refund(key, now, at, r, p[1], p[2], p[3]) end
-    out[4 * i - 2], out[4 * i - 1], out[4 * i], out[4 * i + 1] = e[i], actual[i], c, given or 0
+    if r > 0 then
+      given, writes[i] = impl[i].refund(k + places[i], now, at, r, limits[i], windows[i], bursts[i])
+    end
+    answers[o + 4 * i - 3], answers[o + 4 * i - 2], answers[o + 4 * i - 1], answers[o + 4 * i] = e[i], actual, c,
+      given or 0
   end
-  redis.call('DEL', rkey)
+  redis.call('DEL', K[rk])
   for i = 1, tiers do
-    if charged[i] > 0 then commit(i, K[k + i - 1], charged[i], true, '', no_fields) end
+    if charged[i] > 0 then commit(k, i, charged[i], true) end
     if writes[i] then writes[i]() end
   end
   local admitted = true
-  for i = 1, tiers do
-    local p = params[i]
-    admitted = seen(i, impls[i].check(K[k + i - 1], now, 1, p[1], p[2], p[3], false)) and admitted
-  end
-  answer(out, 4 * tiers + 1, admitted, false, no_ids)
-  return out
+  for i = 1, tiers do admitted = check(k, i, 1, false) and admitted end
+  answer(o + 4 * tiers + 1, admitted, false, no_fields)
 end
 
-local function decide(k, nk, a)
-  decision = decision + 1
-  read(nk, a)
-  local impls, params, costs = tier_impls, tier_params, tier_costs
-  if mode == 'settle' then return settle(k, impls, params, costs, K[k + nk - 1]) end
-  if mode == 'grant' then
-    local left
-    for i = 1, tiers do
-      local p = params[i]
-      local _, x, y, z = impls[i].check(K[k + i - 1], now, 0, p[1], p[2], p[3], false)
-      local rem = impls[i].left(x, y, z, now, p[1], p[2], p[3])
-      if left == nil or rem < left then left = rem end
-    end
-    local g = first + 5 * tiers
-    -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).
-    local rate = tonumber(ARGV[g + 5])
-    if rate >= 0 then left = rate end
-    return grant(K[k + nk - 1], now, left or 0, ARGV[g], tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]),
-      tonumber(ARGV[g + 3]), ARGV[g + 4] == '1', rate >= 0)
+-- Grants from what the tiers have left (ledger.lua's grant), from the arguments at ARGV[g] on.
+local function give(k, g, lk, o)
+  local left
+  for i = 1, tiers do
+    local _, x, y, z = impl[i].check(k + places[i], now, 0, limits[i], windows[i], bursts[i], false)
+    local rem = impl[i].left(x, y, z, now, limits[i], windows[i], bursts[i])
+    if left == nil or rem < left then left = rem end
   end
-  local forced = mode == 'report' and positive
+  -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).
+  local rate = tonumber(ARGV[g + 5])
+  if rate >= 0 then left = rate end
+  local out = grant(K[lk], now, left or 0, ARGV[g], tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]),
+    ARGV[g + 4] == '1', rate >= 0)
+  for j = 1, #out do answers[o + j - 1] = out[j] end
+end
 
+-- Decides the descriptor whose arguments are at ARGV[a] and keys at K[k] on, at `at`, into answers[o] on (see above).
+local function decide(a, k, at, o)
+  decision = decision + 1
+  now = at
+  local ends, nk = read(a)
+  if m.settling then
+    settle(k, k + nk - 1, o)
+    return ends, nk
+  end
+  if m.name == 'grant' then
+    give(k, tail, k + nk - 1, o)
+    return ends, nk
+  end
+  local positive = false
+  for i = 1, tiers do
+    if costs[i] > 0 then positive = true end
+  end
+  local forced = m.forcing and positive
+  -- Each tier seen in order; one that takes the hit at once counts it now. A step that fails takes back what the ones
+  -- before it took.
   local admitted = true
   for i = 1, tiers do
-    local p = params[i]
-    admitted = seen(i, impls[i].check(K[k + i - 1], now, costs[i], p[1], p[2], p[3], forced)) and admitted
+    local A = impl[i]
+    taken[i] = m.taking and costs[i] > 0 and A.take ~= nil
+    local f = A.check
+    if taken[i] then f = A.take end
+    local fine, ok, x, y, z, s = pcall(f, k + places[i], now, costs[i], limits[i], windows[i], bursts[i], forced)
+    if not fine then
+      taken[i] = false
+      undo(k, i - 1)
+      error(ok, 0)
+    end
+    admitted = seen(i, ok, x, y, z, s) and admitted
   end
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
-  local committed = forced or (mode == 'hit' and positive and
-    (admitted or (not reserving and tiers == 1 and ARGV[first] == 'fixed_window' and costs[1] <= params[1][1])))
-  if reserving and committed and (forced or admitted) then
-    local rkey, ttl = K[k + nk - 1], ceil_ms(tonumber(ARGV[first + 5 * tiers]))
+  local committed = forced or (positive and (m.name == 'hit' or m.name == 'reserve') and
+    (admitted or (not m.reserving and tiers == 1 and impl[1].counts_denials and costs[1] <= limits[1])))
+  if not committed then
+    undo(k, tiers)
+  elseif m.reserving then
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
-    record_write(rkey, table.concat(e, ','), now, ttl)
+    local ok, err = pcall(record_write, K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
+    if not ok then
+      undo(k, tiers)
+      error(err, 0)
+    end
   end
   -- A tier whose cost is 0 is checked, never written.
-  local ids, longest = no_ids, 0
+  local ids, longest = no_fields, 0
   if committed then
     ids = {}
     for i = 1, tiers do
       if costs[i] > 0 then
-        local made, lives = commit(i, K[k + i - 1], costs[i], forced, id, fields)
+        local made, lives = commit(k, i, costs[i], forced)
         ids[i] = made
         if lives > longest then longest = lives end
       end
     end
   end
-  local out = {}
-  local n = answer(out, 0, admitted, committed, ids)
-
+  o = answer(o, admitted, committed, ids)
   if record_size > 0 then
-    local rkey = K[k + tiers]
+    local rkey = K[k + places[tiers] + (impl[tiers].keys or 1)]
     if committed then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)
       redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
-    elseif mode == 'peek' then
-      local values = redis.call('LRANGE', rkey, 0, record_size - 1)
-      for _, v in ipairs(values) do n = n + 1; out[n] = v end
+    elseif m.name == 'peek' then
+      answers[o] = redis.call('LRANGE', rkey, 0, record_size - 1)
     end
   end
-  return out
+  return ends, nk
 end

@@ -187,6 +187,19 @@ local function forget()
   end
 end
 
+-- Per call: when the call is decided by the server's clock, the time by sluice's clock the keys of windows were built
+-- for (batch.lua's timing), else nil.
+local guess
+
+-- The key of the window of `window` us that `now` is in, from `key`, the key sluice built for the window it expects:
+-- the same, unless the call is decided by the server's clock and the server's window is another (the two clocks
+-- across an edge).
+local function window_at(key, now, window)
+  local start = now - now % window
+  if guess ~= nil and start ~= guess - guess % window then return window_of(key, start, window) end
+  return key
+end
+
 -- The time of a call (per call): `arg` in microseconds, or, for '', the server's clock (TIME), read once per script
 -- call so that every descriptor of a batch is decided at the same instant.
 local server_now
@@ -198,18 +211,6 @@ local function clock(arg)
     server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return server_now
-end
-
--- A compact hit of `slots` places that did not go into the sorted set `key` (a sliding log's hit times, a concurrency
--- limit's lease deadlines), whose `count` live places score above `from` (a ZRANGEBYSCORE bound): writes into
--- answers[pos + 1] the newest score (if there is one), and into answers[pos + 2] the score of the place that must
--- leave before the hit fits `limit` (if it can).
-local function blocking_places(key, from, count, slots, limit, pos)
-  if count > 0 then answers[pos + 1] = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
-  if slots <= limit and count + slots > limit then
-    local first = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1, 1)
-    answers[pos + 2] = tonumber(first[2])
-  end
 end
 
 -- Reservation records: the text `<t> <x> <e>` at a reservation's key, t = when it was charged, x = when it expires by
@@ -275,14 +276,17 @@ end
 local function global_of(name, others, compact)
   return function()
     local a = algorithm(name)
-    local M = { commit = a.commit, refund = a.refund }
-    -- Sees what the algorithm sees against the limit less the others' count, which comes third.
-    function M.check(key, now, cost, limit, window, burst, force)
-      local o = others(key, now - now % window, now, window)
-      local ok, x, y, _, z = a.check(key, now, cost, max0(limit - o), window, burst, force)
+    local M = { commit = a.commit, refund = a.refund, width = a.width + 1, keys = a.keys }
+    -- Sees what the algorithm sees against the limit less the others' count, which comes after it.
+    function M.check(j, now, cost, limit, window, burst, force)
+      local o = others(j, now, window)
+      local ok, x, y, _, z = a.check(j, now, cost, max0(limit - o), window, burst, force)
+      if a.width == 1 then return ok, x, o, -1, z end
       return ok, x, y, o, z
     end
-    function M.left(x, y, o, now, limit, window, burst)
+    function M.left(x, y, z, now, limit, window, burst)
+      local o = z
+      if a.width == 1 then o = y end
       return a.left(x, y, -1, now, max0(limit - o), window, burst)
     end
     compact(M)

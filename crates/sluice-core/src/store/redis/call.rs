@@ -10,6 +10,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use super::compact::Compact;
 use super::reply::Reply;
 use super::script::DecisionScript;
+use crate::store::algorithm::seen_width;
 use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
 
 mod coalesce;
@@ -70,6 +71,10 @@ pub(super) struct Call {
     args: Vec<Value>,
     /// The call's compact form (`store/redis/compact.rs`): what sluice needs to decide from the integers it gets.
     compact: Option<Compact>,
+    /// How many places its answer takes among the script's answers (`lua/batch.lua`).
+    width: usize,
+    /// The decision's time, or `None` for the server's clock.
+    now_us: Option<u64>,
     /// The cluster slot of its keys, which share one hash tag; `None` when it is not routed (against one server,
     /// where working it out cost more than anything else in building the call).
     pub(super) slot: Option<u16>,
@@ -166,12 +171,11 @@ impl Call {
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
         // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua`
-        // and `algorithm/sliding_window.lua`); with others, the driver's.
+        // and `algorithm/sliding_window.lua`); with others, the decision loop's.
         if let (None, []) = (record, fields) {
             let reservation = hit.and_then(|(h, _)| h.reservation());
             let compact = match (mode, tiers, reservation, &extra) {
-                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, cost, lease),
-                (ScriptMode::Hit, tiers, _, _) => Compact::windows(now_us, tiers, cost),
+                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, cost),
                 (ScriptMode::Reserve, tiers, Some(reservation), _) => {
                     Compact::reserve(now_us, tiers, cost, reservation)
                 }
@@ -183,22 +187,28 @@ impl Call {
                 return Call {
                     keys: Vec::new(),
                     args: Vec::new(),
+                    width: compact.width(),
+                    now_us,
                     compact: Some(compact),
                     slot,
                     probe: None,
                 };
             }
         }
-        // Built only here: a compact form writes its keys itself.
         let mut keys: Vec<Value> = Vec::with_capacity(tiers.len() + 2);
-        // A fixed window's count is a key per window (`algorithm/fixed_window.lua`): the one sluice's clock expects.
-        keys.extend(tiers.iter().map(|t| {
-            if t.algorithm.read_at_window_key() {
-                Value::from(t.key.window(window_start(now_us, t.window_us)).as_str())
+        // A fixed or sliding window's counts are a key per window (`algorithm/fixed_window.lua`,
+        // `algorithm/sliding_window.lua`): the ones sluice's clock expects.
+        for t in tiers {
+            if t.algorithm.keys_per_window() {
+                let start = window_start(now_us, t.window_us);
+                keys.push(Value::from(t.key.window(start).as_str()));
+                if t.algorithm.windows_weighed() > 1 {
+                    keys.push(Value::from(t.key.window(start.saturating_sub(t.window_us)).as_str()));
+                }
             } else {
-                Value::from(t.key.as_str())
+                keys.push(Value::from(t.key.as_str()));
             }
-        }));
+        }
         if let Some(r) = record {
             keys.push(Value::from(r.key.as_str()));
         }
@@ -206,10 +216,19 @@ impl Call {
             keys.push(Value::from(key.as_str()));
         }
         let tail = extra.map(|r| r.1).unwrap_or_default();
-        let args = driver_args(mode, now_us, (tiers, cost), (lease, record, fields), keys.len(), tail);
+        let peek = mode == ScriptMode::Peek;
+        let width = match mode {
+            ScriptMode::Grant => 6,
+            ScriptMode::Settle | ScriptMode::Reap => 2 + tiers.iter().map(|t| 4 + seen_width(t)).sum::<usize>(),
+            _ => 1 + tiers.iter().map(seen_width).sum::<usize>() + usize::from(peek && record.is_some()),
+        };
+        let mut args = loop_args(mode, (tiers, cost), (lease, record, fields), tail);
+        args.extend(now_us.map(|now| Value::Integer(now as i64)));
         Call {
             keys,
             args,
+            width,
+            now_us,
             compact: None,
             slot,
             probe: None,
@@ -242,55 +261,47 @@ impl Call {
     }
 }
 
-/// The driver's arguments for a call of `keys` keys (`lua/decide.lua`): headed by minus the key count and the count
-/// of what follows, then the mode, the time, the hit's cost, the lease, the record, the queue fields, each tier's
-/// five values and `tail`.
-fn driver_args(
+/// The decision loop's arguments (`lua/decide.lua`): the head (the mode, and '+' with a letter for each part that
+/// follows the tiers: 'l' a lease, 'q' queue fields, 'k' hit records), the number of tiers, each tier's algorithm,
+/// window, limit and cost (and burst, for the algorithms that have one), then those parts and `tail`. A lease goes
+/// only with a tier that takes one, and queue fields with a queue.
+fn loop_args(
     mode: ScriptMode,
-    now_us: Option<u64>,
     (tiers, hit_cost): (&[TierSpec], u64),
-    (lease, record, fields): (&str, Option<&RecordSpec>, &[(String, String)]),
-    keys: usize,
+    (lease_id, record, fields): (&str, Option<&RecordSpec>, &[(String, String)]),
     tail: Vec<Value>,
 ) -> Vec<Value> {
-    let count = 7 + 2 * fields.len() + 5 * tiers.len() + tail.len();
-    let mut args: Vec<Value> = Vec::with_capacity(2 + count);
-    // Minus the key count: what tells this form from a compact fixed window's, headed by its (positive) window.
-    args.push(Value::Integer(-(keys as i64)));
-    args.push(Value::Integer(count as i64));
-    args.push(Value::from(mode.as_str()));
-    args.push(now_us.map_or(Value::from(""), |now| Value::Integer(now as i64)));
-    // The hit's cost bounded by the largest capacity + 1 (at most 2^32): never wraps, and exact in the script's
-    // doubles. It is the cost of every tier that sends '' for its own.
-    let capacity = tiers.iter().map(TierSpec::capacity).max().unwrap_or(0);
-    let cost = hit_cost.min(capacity.saturating_add(1));
-    args.push(Value::Integer(i64::try_from(cost).unwrap_or(i64::MAX)));
-    args.push(Value::from(lease));
-    match record {
-        Some(RecordSpec { size, value, .. }) => {
-            args.push(Value::Integer(i64::from(*size)));
-            args.push(Value::from(value.as_deref().unwrap_or_default()));
-        }
-        None => {
-            args.push(Value::Integer(0));
-            args.push(Value::from(""));
-        }
+    let lease = tiers.iter().any(|t| t.algorithm.takes_lease());
+    let queue = !fields.is_empty() && tiers.iter().any(|t| t.algorithm.queues());
+    let mut head = String::from(mode.as_str());
+    if lease || queue || record.is_some() {
+        head.push('+');
+        head.extend([(lease, 'l'), (queue, 'q'), (record.is_some(), 'k')].into_iter().filter(|p| p.0).map(|p| p.1));
     }
-    args.push(Value::Integer(2 * fields.len() as i64));
-    for (k, v) in fields {
-        args.push(Value::from(k.as_str()));
-        args.push(Value::from(v.as_str()));
-    }
+    let int = |n: u64| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+    let mut args: Vec<Value> = Vec::with_capacity(3 + 5 * tiers.len() + 2 * fields.len() + tail.len());
+    args.push(Value::from(head));
+    args.push(int(tiers.len() as u64));
     for t in tiers {
         args.push(Value::from(script_algorithm(t)));
-        args.push(Value::Integer(t.limit as i64));
-        args.push(Value::Integer(t.window_us as i64));
-        args.push(Value::Integer(t.burst as i64));
-        // The tier's cost, bounded by its capacity + 1 (at most 2^32), or '' when it is the hit's as sent.
-        match t.bounded_cost(hit_cost) {
-            c if c == cost => args.push(Value::from("")),
-            c => args.push(Value::Integer(i64::try_from(c).unwrap_or(i64::MAX))),
+        args.extend([int(t.window_us), int(t.limit), int(t.bounded_cost(hit_cost))]);
+        if t.algorithm.is_bucket() || t.algorithm.has_sub_windows() {
+            args.push(int(t.burst));
         }
+    }
+    if lease {
+        args.push(Value::from(lease_id));
+    }
+    if queue {
+        args.push(int(2 * fields.len() as u64));
+        for (k, v) in fields {
+            args.push(Value::from(k.as_str()));
+            args.push(Value::from(v.as_str()));
+        }
+    }
+    if let Some(RecordSpec { size, value, .. }) = record {
+        args.push(Value::Integer(i64::from(*size)));
+        args.push(Value::from(value.as_deref().unwrap_or_default()));
     }
     args.extend(tail);
     args
@@ -321,21 +332,16 @@ pub(super) async fn eval(
     asking: bool,
 ) -> Result<Vec<Reply>, FredError> {
     let (calls, plan) = coalesce(calls);
-    let widths: Vec<usize> = calls
-        .iter()
-        .map(|c| c.compact.as_ref().map_or(1, Compact::width))
-        .collect();
+    let widths: Vec<usize> = calls.iter().map(|c| c.width).collect();
     let places = widths.iter().sum::<usize>();
     let route = calls
         .first()
         .and_then(|c| c.slot)
         .map_or(ClusterHash::Random, ClusterHash::Custom);
-    // Decided by the server's clock: the compact fixed windows' keys are built for this host's time, sent along.
-    let guess = calls
-        .iter()
-        .any(|c| c.compact.as_ref().is_some_and(|l| l.tier.now_us().is_none()))
-        .then(host_now_us);
+    // Decided by the server's clock: the windows' keys are built for this host's time, sent along.
+    let guess = calls.iter().any(|c| c.now_us.is_none()).then(host_now_us);
     let header = timing(guess);
+    let nows: Vec<Option<u64>> = calls.iter().map(|c| c.now_us).collect();
     let (verb, name) = script.command();
     let command = match form {
         Form::Declared => declared(name, calls, guess, header),
@@ -370,7 +376,10 @@ pub(super) async fn eval(
             (Some(compact), value) => compact
                 .answer(value, p.ahead, compact.now_us().unwrap_or(server_now))
                 .unwrap_or_else(|| Reply::Script(value.clone())),
-            (None, _) => Reply::Script(std::mem::replace(&mut values[p.sent], Value::Null)),
+            (None, _) => match std::mem::replace(&mut values[p.sent], Value::Null) {
+                Value::Array(items) => Reply::Seen(items, nows[p.sent].unwrap_or(server_now)),
+                value => Reply::Script(value),
+            },
         })
         .collect())
 }
@@ -468,9 +477,9 @@ fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value)
     command
 }
 
-/// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact fixed window's
-/// arguments and its key, or the driver form's two counts, its probe key ('' when it has none: the script then
-/// decides nothing of it), its keys and the rest of its arguments.
+/// EVALSHA's arguments in the node form: no keys, 'node', n, the timing header, then per call a compact form's
+/// arguments and its keys, or the decision loop's arguments, its probe key ('' when it has none: the script then
+/// decides nothing of it) and its keys.
 fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let size: usize = calls.iter().map(|c| 1 + c.keys.len() + c.args.len().max(3)).sum();
     let mut command = Vec::with_capacity(5 + size);
@@ -485,11 +494,9 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<
             compact.push_keys(guess.unwrap_or(0), &mut command);
             continue;
         }
-        let mut args = call.args.into_iter();
-        command.extend(args.by_ref().take(2));
+        command.extend(call.args);
         command.push(call.probe.unwrap_or_else(|| Value::from("")));
         command.extend(call.keys);
-        command.extend(args);
     }
     command
 }

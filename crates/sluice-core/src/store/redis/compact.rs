@@ -30,10 +30,6 @@ pub(super) enum CompactTier {
     Window(WindowTier),
     Bucket(BucketTier),
     Sliding(SlidingTier),
-    /// Several fixed windows, each with its counter's key, decided together.
-    Windows(Vec<(CounterKey, WindowTier)>),
-    /// A sliding log or a concurrency limit.
-    Set(SetTier),
     /// A global fixed or sliding window.
     Global(GlobalTier),
     /// A reservation on fixed windows alone: each window with its counter's key and its estimate as the cost, the
@@ -67,23 +63,6 @@ pub(super) struct GlobalTier {
     shared: bool,
     /// How many identical hits the call carries, decided one after the other (see `call.rs`'s `coalesce`).
     pub(super) times: u64,
-}
-
-/// What sluice needs to decide a lone sliding log or concurrency limit from the live count, the newest place and the
-/// place that must leave first (their scripts' `hit`), as `algorithm/sliding_log.lua`'s or `algorithm/concurrency.lua`'s
-/// check decides it.
-#[derive(Debug, Clone)]
-pub(super) struct SetTier {
-    /// A sliding log (places are hit times, live for a window); else a concurrency limit (places are lease
-    /// deadlines, and any positive cost takes one).
-    log: bool,
-    limit: u64,
-    window_us: u64,
-    /// The hit's cost, bounded by the limit + 1.
-    cost: u64,
-    /// A concurrency limit's lease id.
-    lease: String,
-    now_us: Option<u64>,
 }
 
 /// What sluice needs to decide a lone sliding window from the counts the hit found, as `algorithm/sliding_window.lua`'s
@@ -139,7 +118,7 @@ impl Compact {
 
     /// The commonest call, a hit on one limit with nothing else to write, in its compact form; `None` when the form
     /// does not apply: another algorithm, a window of 0, a time past i64.
-    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64, lease: &str) -> Option<Compact> {
+    pub(super) fn of(now_us: Option<u64>, tier: &TierSpec, cost: u64) -> Option<Compact> {
         if !compact(now_us, tier) {
             return None;
         }
@@ -173,14 +152,6 @@ impl Compact {
                 now_us,
                 shared: false,
             }),
-            Algorithm::SlidingLog | Algorithm::Concurrency => CompactTier::Set(SetTier {
-                log: tier.algorithm == Algorithm::SlidingLog,
-                limit: tier.limit,
-                window_us: tier.window_us,
-                cost,
-                lease: lease.to_string(),
-                now_us,
-            }),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => CompactTier::Bucket(BucketTier {
                 interval: tier.window_us.div_ceil(tier.limit.max(1)).max(1),
                 burst: tier.burst,
@@ -193,19 +164,6 @@ impl Compact {
         Some(Compact {
             key: tier.key.clone(),
             tier: tier_of,
-        })
-    }
-
-    /// A hit on several fixed windows with nothing else to write, in its compact form; `None` when the form does not
-    /// apply: another algorithm among them, a global window, a window of 0, a time past i64, fewer than two tiers.
-    pub(super) fn windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Compact> {
-        if tiers.len() < 2 {
-            return None;
-        }
-        let windows = fixed_windows(now_us, tiers, cost)?;
-        Some(Compact {
-            key: tiers[0].key.clone(),
-            tier: CompactTier::Windows(windows),
         })
     }
 
@@ -249,11 +207,7 @@ impl Compact {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
             CompactTier::Global(t) => t.shared = true,
-            CompactTier::Window(_)
-            | CompactTier::Windows(_)
-            | CompactTier::Set(_)
-            | CompactTier::Reserve { .. }
-            | CompactTier::Settle { .. } => {}
+            CompactTier::Window(_) | CompactTier::Reserve { .. } | CompactTier::Settle { .. } => {}
         }
     }
 
@@ -265,30 +219,24 @@ impl Compact {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
             CompactTier::Global(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
-            CompactTier::Window(_)
-            | CompactTier::Windows(_)
-            | CompactTier::Set(_)
-            | CompactTier::Reserve { .. }
-            | CompactTier::Settle { .. } => None,
+            CompactTier::Window(_) | CompactTier::Reserve { .. } | CompactTier::Settle { .. } => None,
         }
     }
 
     /// How many keys [`Compact::push_keys`] pushes.
     pub(super) fn key_count(&self) -> usize {
         match &self.tier {
-            CompactTier::Windows(tiers) => tiers.len(),
             // The windows' and the record's.
             CompactTier::Reserve { windows, .. } | CompactTier::Settle { windows, .. } => windows.len() + 1,
             CompactTier::Sliding(_) => 2,
             CompactTier::Global(t) => 1 + usize::from(t.sliding),
-            CompactTier::Window(_) | CompactTier::Bucket(_) | CompactTier::Set(_) => 1,
+            CompactTier::Window(_) | CompactTier::Bucket(_) => 1,
         }
     }
 
     /// How many places its answer takes in the script's answers (`lua/batch.lua`).
     pub(super) fn width(&self) -> usize {
         match &self.tier {
-            CompactTier::Set(_) => 3,
             CompactTier::Reserve { windows, .. } => windows.len(),
             // Whether the record was found, then per window its estimate, what came back and its count after.
             CompactTier::Settle { windows, .. } => 1 + 3 * windows.len(),
@@ -310,9 +258,6 @@ impl Compact {
         let window = |key: &CounterKey, start: u64| Value::from(String::from(key.window(start)));
         match &self.tier {
             CompactTier::Window(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
-            CompactTier::Windows(tiers) => {
-                out.extend(tiers.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))))
-            }
             CompactTier::Reserve { windows, record, .. } | CompactTier::Settle { windows, record } => {
                 out.extend(windows.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))));
                 out.push(Value::from(record.as_str()));
@@ -329,7 +274,7 @@ impl Compact {
                 out.push(window(&self.key, start.saturating_sub(*window_us)));
             }
             CompactTier::Global(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
-            CompactTier::Bucket(_) | CompactTier::Set(_) => out.push(Value::from(self.key.as_str())),
+            CompactTier::Bucket(_) => out.push(Value::from(self.key.as_str())),
         }
     }
 
@@ -356,17 +301,6 @@ impl Compact {
                 int(t.limit),
                 int(t.cost),
             ]),
-            CompactTier::Set(t) => {
-                out.extend([
-                    Value::from(if t.log { "l" } else { "c" }),
-                    int(t.window_us),
-                    int(t.limit),
-                    int(t.cost),
-                ]);
-                if !t.log {
-                    out.push(Value::from(t.lease.as_str()));
-                }
-            }
             CompactTier::Global(t) => out.extend([
                 Value::from(match (t.sliding, t.shared) {
                     (false, false) => "gw",
@@ -379,10 +313,6 @@ impl Compact {
                 int(t.cost),
                 int(t.times),
             ]),
-            CompactTier::Windows(tiers) => {
-                out.extend([Value::from("w"), int(tiers.len() as u64)]);
-                push_windows(tiers, out);
-            }
             CompactTier::Reserve { windows, ttl_us, .. } => {
                 out.extend([Value::from("r"), int(windows.len() as u64)]);
                 push_windows(windows, out);
@@ -404,7 +334,7 @@ fn push_windows(windows: &[(CounterKey, WindowTier)], out: &mut Vec<Value>) {
     }
 }
 
-/// Each tier's window at its own bounded cost, for several windows, a reservation or a settlement; `None` unless every
+/// Each tier's window at its own bounded cost, for a reservation or a settlement; `None` unless every
 /// tier is a fixed window that fits a compact form (not global).
 fn fixed_windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Vec<(CounterKey, WindowTier)>> {
     let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);

@@ -5,7 +5,7 @@
 use fred::error::Error as FredError;
 use fred::types::Value;
 
-use crate::store::algorithm;
+use crate::store::algorithm::{self, seen_width};
 use crate::store::{Granted, Hit, Outcome, Settled, Settlement, StoreError, TierSettled, TierSpec};
 
 /// One descriptor's answer from a script call: decided or settled by sluice from a compact form's integers, or the
@@ -14,6 +14,9 @@ use crate::store::{Granted, Hit, Outcome, Settled, Settlement, StoreError, TierS
 pub(super) enum Reply {
     Decided(Outcome),
     Settled(Settled),
+    /// The decision loop's answer (`lua/decide.lua`): its places, and the time it was decided at.
+    Seen(Vec<Value>, u64),
+    /// Any other answer: an error, or nil (not decided there).
     Script(Value),
 }
 
@@ -27,10 +30,11 @@ fn bad() -> StoreError {
     StoreError::Script("unexpected script answer".into())
 }
 
-/// The items of one descriptor's answer from the script, or the error that stopped it alone (see `lua/batch.lua`).
-fn items(reply: Reply) -> Result<Vec<Value>, StoreError> {
+/// The places of one descriptor's answer from the decision loop and the time it was decided at, or the error that
+/// stopped it alone (see `lua/batch.lua`).
+fn items(reply: Reply) -> Result<(Vec<Value>, u64), StoreError> {
     match reply {
-        Reply::Script(Value::Array(items)) => Ok(items),
+        Reply::Seen(items, now) => Ok((items, now)),
         Reply::Script(Value::String(error)) => Err(StoreError::Script(error.to_string())),
         _ => Err(bad()),
     }
@@ -41,10 +45,13 @@ pub(super) fn parse(reply: Reply, hit: &Hit) -> Result<Outcome, StoreError> {
     match reply {
         Reply::Decided(outcome) => Ok(outcome),
         reply => {
-            let items = items(reply)?;
+            let (items, now) = items(reply)?;
             let cost = |t: &TierSpec| t.bounded_cost(hit.cost);
-            let (mut outcome, rest) = decided(&items, &hit.tiers, cost, (hit.peeks(), hit.forces()))?;
-            outcome.records = rest.iter().filter_map(Value::as_string).collect();
+            let modes = (hit.peeks(), hit.forces());
+            let (mut outcome, rest) = decided(&items, now, (&hit.tiers, &hit.lease), cost, modes)?;
+            if let Some(Value::Array(records)) = rest.first() {
+                outcome.records = records.iter().filter_map(Value::as_string).collect();
+            }
             Ok(outcome)
         }
     }
@@ -56,7 +63,7 @@ pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Set
     if let Reply::Settled(settled) = reply {
         return Ok(settled);
     }
-    let items = items(reply)?;
+    let (items, now) = items(reply)?;
     let tiers = settlement.tiers.len();
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);
     match items.first().and_then(Value::as_i64) {
@@ -73,7 +80,8 @@ pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Set
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
-            let (outcome, _) = decided(&items[1 + 4 * tiers..], &settlement.tiers, |_| 1, (true, false))?;
+            let tiers = (&settlement.tiers[..], "");
+            let (outcome, _) = decided(&items[1 + 4 * tiers.0.len()..], now, tiers, |_| 1, (true, false))?;
             Ok(Settled::Done {
                 tiers: settled,
                 outcome,
@@ -85,7 +93,7 @@ pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Set
 
 /// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
 pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
-    let items = items(reply)?;
+    let (items, _) = items(reply)?;
     let count = |i: usize| {
         items
             .get(i)
@@ -103,38 +111,45 @@ pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
     })
 }
 
-/// The outcome of `decide.lua`'s answer `items` on `tiers`, each decided with `cost(tier)`, a peek or a forced hit as
-/// `(peek, force)` say: the flags (admitted 1, committed 2), the decision's time, then per tier whether the hit fits
-/// it, what its check saw and the id its commit created. Each tier's numbers are made from what its check saw, by
-/// the check the memory store decides by. Returns the items after the tiers' (a peek's hit records).
+/// The outcome of `decide.lua`'s answer `items` on `tiers` (with the hit's `lease`), decided at `now`, each tier with
+/// `cost(tier)`, a peek or a forced hit as `(peek, force)` say: the flags (admitted 1, committed 2), then per tier what its check saw (see
+/// [`algorithm::seen`]; a queue's entry id after it). Each tier's numbers are made from what its check saw, by the
+/// check the memory store decides by. Returns the places after the tiers' (a peek's hit records).
 fn decided<'a>(
     items: &'a [Value],
-    tiers: &[TierSpec],
+    now: u64,
+    (tiers, lease): (&[TierSpec], &str),
     cost: impl Fn(&TierSpec) -> u64,
     (peek, force): (bool, bool),
 ) -> Result<(Outcome, &'a [Value]), StoreError> {
-    let width = 2 + 5 * tiers.len();
-    if items.len() < width {
-        return Err(bad());
-    }
     let int = |v: &Value| v.as_i64().ok_or_else(bad);
-    let flags = int(&items[0])?;
-    let now = u64::try_from(int(&items[1])?).map_err(|_| bad())?;
+    let flags = int(items.first().ok_or_else(bad)?)?;
     let committed = flags & 2 != 0;
+    let mut at = 1;
     let mut outcomes = Vec::with_capacity(tiers.len());
-    for (t, v) in tiers.iter().zip(items[2..width].chunks_exact(5)) {
+    for t in tiers {
+        let width = seen_width(t);
+        let values = items.get(at..at + width).ok_or_else(bad)?;
+        at += width;
+        let own = if t.algorithm.queues() { &values[..3] } else { values };
+        let seen: Vec<i64> = own.iter().map(int).collect::<Result<_, _>>()?;
         let cost = cost(t);
-        let mut check = algorithm::seen(t, now, cost, force, [int(&v[1])?, int(&v[2])?, int(&v[3])?]);
-        check.ok = int(&v[0])? == 1;
-        let id = v[4].as_string().filter(|s| !s.is_empty());
-        outcomes.push(algorithm::tier_outcome(t, &check, cost, (committed && cost > 0, peek, force), id));
+        let check = algorithm::seen(t, now, cost, force, &seen);
+        let written = committed && cost > 0;
+        // What the commit created: a queue's entry, or the lease a concurrency limit took.
+        let id = if t.algorithm.queues() {
+            values[3].as_string().filter(|s| !s.is_empty())
+        } else {
+            (written && t.algorithm.takes_lease()).then(|| lease.to_string())
+        };
+        outcomes.push(algorithm::tier_outcome(t, &check, cost, (written, peek, force), id));
     }
     let outcome = Outcome {
         admitted: flags & 1 != 0,
         tiers: outcomes,
         records: Vec::new(),
     };
-    Ok((outcome, &items[width..]))
+    Ok((outcome, &items[at..]))
 }
 
 pub(super) fn is_noscript(e: &FredError) -> bool {

@@ -3,8 +3,8 @@
 
 use fred::types::Value;
 
-use super::{BucketTier, CompactTier, GlobalTier, SetTier, SlidingTier, WindowTier};
-use crate::store::algorithm::{self, concurrency, fixed_window, sliding_log, sliding_window, token_bucket};
+use super::{BucketTier, CompactTier, GlobalTier, SlidingTier, WindowTier};
+use crate::store::algorithm::{self, fixed_window, sliding_window, token_bucket};
 use crate::store::redis::reply::Reply;
 use crate::store::{CounterKey, Outcome, Settled, TierSettled};
 
@@ -15,10 +15,8 @@ impl CompactTier {
             CompactTier::Window(t) => t.now_us,
             CompactTier::Bucket(t) => t.now_us,
             CompactTier::Sliding(t) => t.now_us,
-            CompactTier::Windows(tiers)
-            | CompactTier::Reserve { windows: tiers, .. }
+            CompactTier::Reserve { windows: tiers, .. }
             | CompactTier::Settle { windows: tiers, .. } => tiers.first().and_then(|(_, t)| t.now_us),
-            CompactTier::Set(t) => t.now_us,
             CompactTier::Global(t) => t.now_us,
         }
     }
@@ -43,10 +41,6 @@ impl CompactTier {
                 [c, p] => Some(t.answer(int(c)?, int(p)?, now_us)),
                 _ => None,
             },
-            (CompactTier::Set(t), Value::Array(values)) => match &values[..] {
-                [count, newest, first] => Some(t.answer(int(count)?, newest.as_i64()?, first.as_i64()?, now_us)),
-                _ => None,
-            },
             // `ahead`: the hits ahead of this one in the call, each counted while it fits.
             (CompactTier::Global(t), Value::Array(counts)) => match (t.sliding, &counts[..]) {
                 (false, [n, others]) => {
@@ -67,8 +61,7 @@ impl CompactTier {
                 }
                 _ => None,
             },
-            (CompactTier::Windows(tiers), Value::Array(counts))
-            | (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts))
+            (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts))
                 if counts.len() == tiers.len() =>
             {
                 let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
@@ -195,30 +188,5 @@ impl SlidingTier {
     fn answer(&self, c: u64, p: u64, now_us: u64) -> Outcome {
         let check = sliding_window::check_counts(self.limit, self.window_us, now_us, self.cost, c, p);
         single(&check, self.cost, None)
-    }
-}
-
-impl SetTier {
-    /// The decision from the live count, the newest place (-1: not read) and the place that must leave before the
-    /// hit fits (-1: none). A concurrency limit's hit that was counted took the call's lease.
-    fn answer(&self, count: u64, newest: i64, first: i64, now_us: u64) -> Outcome {
-        let place = |score: i64| score.max(0) as u64;
-        let leaving = (first >= 0).then(|| place(first));
-        let view = if self.log {
-            sliding_log::check_view
-        } else {
-            concurrency::check_view
-        };
-        let check = view(
-            self.limit,
-            self.window_us,
-            now_us,
-            self.cost,
-            count,
-            place(newest),
-            leaving,
-        );
-        // A concurrency limit's counted hit took the call's lease; a log's takes none.
-        single(&check, self.cost, (!self.log).then(|| self.lease.clone()))
     }
 }
