@@ -276,7 +276,12 @@ fn loop_args(
     let mut head = String::from(mode.as_str());
     if lease || queue || record.is_some() {
         head.push('+');
-        head.extend([(lease, 'l'), (queue, 'q'), (record.is_some(), 'k')].into_iter().filter(|p| p.0).map(|p| p.1));
+        head.extend(
+            [(lease, 'l'), (queue, 'q'), (record.is_some(), 'k')]
+                .into_iter()
+                .filter(|p| p.0)
+                .map(|p| p.1),
+        );
     }
     let int = |n: u64| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
     let mut args: Vec<Value> = Vec::with_capacity(3 + 5 * tiers.len() + 2 * fields.len() + tail.len());

@@ -46,7 +46,7 @@ pub(in crate::store::redis) fn fixed_window_hit(id: &crate::store::Identity) -> 
 #[test]
 fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
     let id = CounterKey::builder("p:", "d").entry("k", "{v}").finish();
-    // A forced hit goes through the driver's form, which has a probe (a compact fixed window needs none).
+    // A forced hit goes through the decision loop's form, which has a probe (a compact fixed window needs none).
     let mut hit = fixed_window_hit(&id);
     hit.mode = Mode::Report;
     let mut compact = Call::new(None, &fixed_window_hit(&id), true);
@@ -66,6 +66,8 @@ fn a_probe_key_shares_the_slot_of_the_call_and_is_never_a_counter() {
         keys: vec![Value::from("plain")],
         args: Vec::new(),
         compact: None,
+        width: 1,
+        now_us: None,
         slot: Some(fred::util::redis_keyslot(b"plain")),
         probe: None,
     };
@@ -155,15 +157,19 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
         ["3", "0", "f", "3", "60000000", "1", "60000000", "2", "60000000", "1"].map(String::from),
         "three in a run, then two lone ones: {batch:?}"
     );
-    // The driver's form is headed by minus its key count, then a probe in a node's batch.
+    // The decision loop's form: its arguments and its time, then in a node's batch its probe and its keys.
     let mut reserve = fixed_window_hit(&ids[0]);
     reserve.mode = Mode::Report;
     let mut call = Call::new(Some(7), &reserve, true);
     assert!(call.probe());
     let forced = text(&super::node(Value::from("sha"), vec![call], None, timing(None)));
     assert_eq!(
-        forced[5..9],
-        ["-1".to_string(), "12".into(), probes_of(&keys[0]), keys[0].clone()]
+        forced[5..],
+        ["report", "1", "fixed_window", "60000000", "10", "1", "7"]
+            .map(String::from)
+            .into_iter()
+            .chain([probes_of(&keys[0]), keys[0].clone()])
+            .collect::<Vec<_>>()
     );
 }
 
@@ -237,7 +243,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         }),
         ..Hit::default()
     };
-    let mode = |call: &Call| call.args[2].as_string();
+    let mode = |call: &Call| call.args[0].as_string();
     let reserve = Call::new(None, &hit, true);
     assert_eq!((reserve.keys.len(), mode(&reserve).as_deref()), (2, Some("reserve")));
     assert_eq!(
@@ -266,7 +272,11 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
     let mut mixed = hit.clone();
     mixed.tiers.push(tier(Algorithm::Concurrency));
     let mixed = Call::new(None, &mixed, true);
-    assert_eq!((mixed.keys.len(), mode(&mixed).as_deref()), (2, Some("hit")));
+    assert_eq!(
+        (mixed.keys.len(), mode(&mixed).as_deref()),
+        (2, Some("hit+l")),
+        "a concurrency limit: its lease follows"
+    );
     let settle = Call::settle(
         None,
         &Settlement {
@@ -278,7 +288,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         true,
     );
     assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
-    assert_eq!(settle.args.len(), 2 + 7 + 5, "no queue fields, no TTL");
+    assert_eq!(settle.args.len(), 2 + 5, "the head, the tier count, the tier: no lease, no TTL");
     assert_eq!(settle.slot, reserve.slot);
     let alone = Call::settle(
         None,
@@ -382,7 +392,7 @@ fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
 }
 
 #[test]
-fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
+fn each_tier_sends_its_own_bounded_cost() {
     use crate::store::Algorithm;
     use crate::store::TierSpec;
     let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
@@ -411,12 +421,32 @@ fn each_tier_sends_its_own_bounded_cost_or_the_hits() {
             .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
     };
     let args: Vec<String> = call.args.iter().map(arg).collect();
-    assert_eq!(args[..9], ["-4", "27", "hit", "1", "1001", "", "0", "", "0"]);
-    let costs: Vec<&str> = args[9..].chunks_exact(5).map(|t| t[4].as_str()).collect();
     assert_eq!(
-        costs,
-        ["4", "", "6", "0"],
-        "each bounded by its tier's capacity + 1; '' where that is the hit's as sent"
+        args,
+        [
+            "hit",
+            "4",
+            "fixed_window",
+            "60000000",
+            "3",
+            "4",
+            "sliding_window",
+            "60000000",
+            "1000",
+            "1001",
+            "token_bucket",
+            "60000000",
+            "1000",
+            "6",
+            "5",
+            "leaky_bucket",
+            "60000000",
+            "1000",
+            "0",
+            "5",
+            "1"
+        ],
+        "each cost bounded by its tier's capacity + 1; a bucket's burst after it; the time last"
     );
 }
 

@@ -15,8 +15,9 @@ impl CompactTier {
             CompactTier::Window(t) => t.now_us,
             CompactTier::Bucket(t) => t.now_us,
             CompactTier::Sliding(t) => t.now_us,
-            CompactTier::Reserve { windows: tiers, .. }
-            | CompactTier::Settle { windows: tiers, .. } => tiers.first().and_then(|(_, t)| t.now_us),
+            CompactTier::Reserve { windows: tiers, .. } | CompactTier::Settle { windows: tiers, .. } => {
+                tiers.first().and_then(|(_, t)| t.now_us)
+            }
             CompactTier::Global(t) => t.now_us,
         }
     }
@@ -61,9 +62,7 @@ impl CompactTier {
                 }
                 _ => None,
             },
-            (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts))
-                if counts.len() == tiers.len() =>
-            {
+            (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts)) if counts.len() == tiers.len() => {
                 let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
                 Some(windows_answer(tiers, &counts, now_us))
             }
