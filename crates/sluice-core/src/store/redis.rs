@@ -249,8 +249,7 @@ impl RedisStore {
     async fn run(&self, now_us: u64, hits: &[Hit]) -> Answers {
         let now = self.now(now_us);
         let routed = self.cluster.is_some();
-        self.run_calls(hits, |hit| Call::new(now, hit, routed), parse)
-            .await
+        self.run_calls(hits, |hit| Call::new(now, hit, routed), parse).await
     }
 
     /// The script calls of `items` (hits or settlements, one descriptor each, built by `call`), sent as hits are:

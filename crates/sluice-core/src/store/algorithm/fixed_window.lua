@@ -29,29 +29,29 @@ function L.fixed_window()
   end
 
   -- Counts `cost` in the window at once, by one INCRBY, and sees the count before it: a hit that fits, the common
-  -- case, costs one command and no read before it.
-  function M.take(j, now, cost, limit, window)
-    local wkey = window_at(K[j], now, window)
-    local n = redis.call('INCRBY', wkey, string.format('%d', cost)) - cost
+  -- case, costs one command and no read before it (and the window's first count a PEXPIRE). The count stops at
+  -- MAX_COUNT. `text` is the cost as the arguments spell it (Redis takes a string for less than a number).
+  function M.take(j, now, cost, limit, window, _, _, text)
+    local wkey = K[j]
+    if guess ~= nil then wkey = window_at(wkey, now, window) end
+    local n = redis.call('INCRBY', wkey, text) - cost
+    if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(window - now % window + WINDOW_KEY_GRACE_US)) end
+    if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
     return n + cost <= limit, n, -1, -1, wkey
   end
 
-  -- Takes back what take counted: a window it started goes (one that held 0 reads the same).
-  function M.undo(_, _, cost, _, _, _, _, n, _, _, wkey)
+  -- Takes back what take counted: the count as it was (a window it started goes; one that held 0 reads the same).
+  function M.undo(_, _, _, _, _, _, _, n, _, _, wkey)
     if n == 0 then
       redis.call('DEL', wkey)
     else
-      redis.call('INCRBY', wkey, string.format('%d', -cost))
+      redis.call('SET', wkey, string.format('%d', n), 'KEEPTTL')
     end
   end
 
-  -- Keeps what take counted: the window's first count sets its expiry; the count stops at MAX_COUNT. Returns the time
-  -- until the window ends.
-  function M.kept(_, now, cost, _, window, _, _, n, _, _, wkey)
-    local reset = window - now % window
-    if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(reset + WINDOW_KEY_GRACE_US)) end
-    if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
-    return '', reset
+  -- Keeps what take counted; returns the time until the window ends.
+  function M.kept(_, now, _, _, window)
+    return '', window - now % window
   end
 
   function M.left(n, _, _, _, limit)

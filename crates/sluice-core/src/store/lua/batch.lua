@@ -189,7 +189,7 @@ forms.r, forms.e = budget(true), budget(false)
 -- was read (node form): a slot served here in a stable state.
 local function generic()
   local ends, nk = read(a)
-  local w, at = width(), now
+  local w, at = places_answered, now
   if guess == nil then
     at = tonumber(ARGV[ends])
     ends = ends + 1

@@ -66,13 +66,25 @@ end
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (ok, the values
 -- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
-local impl, windows, limits, bursts, costs, places = {}, {}, {}, {}, {}, {}
+local impl, windows, limits, bursts, costs, texts, places = {}, {}, {}, {}, {}, {}, {}
 local seen_ok, seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
+-- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes.
+local positive, places_answered = false, 0
 
 -- The arguments of the decision last read (the call's ARGV and the offset): descriptors of a run (batch.lua's '*')
 -- share their arguments, so each after the first reads nothing again.
 local read_argv, read_a, read_end, read_keys
+
+-- How many places the answer of the decision being read takes.
+local function answer_width()
+  if m.name == 'grant' then return 6 end
+  local w = 1
+  for i = 1, tiers do w = w + impl[i].width end
+  if m.settling then return w + 1 + 4 * tiers end
+  if m.records and m.name == 'peek' then w = w + 1 end
+  return w
+end
 
 -- Reads the decision's arguments at ARGV[a] into the tables above; returns where they end and how many keys it has.
 local function read(a)
@@ -81,10 +93,12 @@ local function read(a)
   m = mode_of(ARGV[a])
   tiers = number(ARGV[a + 1])
   local at, nk = a + 2, 0
+  positive = false
   for i = 1, tiers do
     local A = algorithm(ARGV[at])
     if A == nil then error('unknown algorithm ' .. tostring(ARGV[at]), 0) end
     impl[i], windows[i], limits[i], costs[i] = A, number(ARGV[at + 1]), number(ARGV[at + 2]), number(ARGV[at + 3])
+    texts[i] = ARGV[at + 3]
     places[i] = nk
     if A.burst then
       bursts[i] = number(ARGV[at + 4])
@@ -94,6 +108,7 @@ local function read(a)
       at = at + 4
     end
     nk = nk + (A.keys or 1)
+    if costs[i] > 0 then positive = true end
   end
   lease, fields, record_size = '', no_fields, 0
   if m.lease then
@@ -114,18 +129,9 @@ local function read(a)
   tail = at
   if m.reserving then at = at + 1 elseif m.name == 'grant' then at = at + 6 end
   if m.reserving or m.settling or m.name == 'grant' then nk = nk + 1 end
+  places_answered = answer_width()
   read_argv, read_a, read_end, read_keys = ARGV, a, at, nk
   return at, nk
-end
-
--- How many places the decision read last answers in (see above).
-local function width()
-  if m.name == 'grant' then return 6 end
-  local w = 1
-  for i = 1, tiers do w = w + impl[i].width end
-  if m.settling then return w + 1 + 4 * tiers end
-  if m.records and m.name == 'peek' then w = w + 1 end
-  return w
 end
 
 -- Keeps what tier i's check saw; returns whether the hit fits it.
@@ -190,7 +196,7 @@ local function settle(k, rk, o)
   end
   if at == nil then e, at = live_reservation(K[rk], now, tiers, m.name == 'reap') end
   if e == nil then
-    for j = 0, width() - 1 do answers[o + j] = 0 end
+    for j = 0, places_answered - 1 do answers[o + j] = 0 end
     return
   end
   answers[o] = 1
@@ -250,26 +256,29 @@ local function decide(a, k, at, o)
     give(k, tail, k + nk - 1, o)
     return ends, nk
   end
-  local positive = false
-  for i = 1, tiers do
-    if costs[i] > 0 then positive = true end
-  end
   local forced = m.forcing and positive
-  -- Each tier seen in order; one that takes the hit at once counts it now. A step that fails takes back what the ones
-  -- before it took.
-  local admitted = true
+  -- Each tier seen in order; one that takes the hit at once counts it now. Once one has, a step that fails takes back
+  -- what the ones before it took.
+  local admitted, taking, any = true, m.taking, false
   for i = 1, tiers do
-    local A = impl[i]
-    taken[i] = m.taking and costs[i] > 0 and A.take ~= nil
-    local f = A.check
-    if taken[i] then f = A.take end
-    local fine, ok, x, y, z, s = pcall(f, k + places[i], now, costs[i], limits[i], windows[i], bursts[i], forced)
-    if not fine then
-      taken[i] = false
-      undo(k, i - 1)
-      error(ok, 0)
+    local A, cost = impl[i], costs[i]
+    local take = taking and cost > 0 and A.take
+    local f = take or A.check
+    local ok, x, y, z, s
+    if any then
+      local fine
+      fine, ok, x, y, z, s = pcall(f, k + places[i], now, cost, limits[i], windows[i], bursts[i], forced, texts[i])
+      if not fine then
+        taken[i] = false
+        undo(k, i - 1)
+        error(ok, 0)
+      end
+    else
+      ok, x, y, z, s = f(k + places[i], now, cost, limits[i], windows[i], bursts[i], forced, texts[i])
     end
-    admitted = seen(i, ok, x, y, z, s) and admitted
+    if take then any = true end
+    taken[i], seen_ok[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = take, ok, x, y, z, s
+    if not ok then admitted = false end
   end
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
@@ -286,19 +295,26 @@ local function decide(a, k, at, o)
       error(err, 0)
     end
   end
-  -- A tier whose cost is 0 is checked, never written.
-  local ids, longest = no_fields, 0
-  if committed then
-    ids = {}
-    for i = 1, tiers do
-      if costs[i] > 0 then
-        local made, lives = commit(k, i, costs[i], forced)
-        ids[i] = made
-        if lives > longest then longest = lives end
-      end
+  -- The answer, each tier's written as it is committed. A tier whose cost is 0 is checked, never written.
+  local flags, longest = 0, 0
+  if admitted then flags = 1 end
+  if committed then flags = flags + 2 end
+  answers[o] = flags
+  o = o + 1
+  for i = 1, tiers do
+    local A, made = impl[i], ''
+    if committed and costs[i] > 0 then
+      local lives
+      made, lives = commit(k, i, costs[i], forced)
+      if lives > longest then longest = lives end
     end
+    local w = A.width
+    answers[o] = seen_a[i]
+    if w > 1 then answers[o + 1] = seen_b[i] end
+    if w > 2 then answers[o + 2] = seen_c[i] end
+    if w > 3 then answers[o + 3] = made end
+    o = o + w
   end
-  o = answer(o, admitted, committed, ids)
   if record_size > 0 then
     local rkey = K[k + places[tiers] + (impl[tiers].keys or 1)]
     if committed then

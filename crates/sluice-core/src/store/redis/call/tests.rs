@@ -288,7 +288,11 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
         true,
     );
     assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
-    assert_eq!(settle.args.len(), 2 + 5, "the head, the tier count, the tier: no lease, no TTL");
+    assert_eq!(
+        settle.args.len(),
+        2 + 5,
+        "the head, the tier count, the tier: no lease, no TTL"
+    );
     assert_eq!(settle.slot, reserve.slot);
     let alone = Call::settle(
         None,
