@@ -8,7 +8,7 @@
 //! the store. A count only grows within a window and each hit's script sees every hit before it, so the hit counted
 //! last in a window saw its final count, and once every instance of the region has shipped what it saw, the largest
 //! of their counts, which is what the other regions keep, is exact. (A window some hit counted in without the store
-//! saying what it left, in Redis the driver's form, is read back instead:
+//! saying what it left is read back instead:
 //! [`RegionCounts::window_counts`].)
 //!
 //! Every `interval` an instance hands what it noted to one [`Link`] per other region, which keeps it in a backlog (one

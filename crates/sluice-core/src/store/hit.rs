@@ -316,7 +316,7 @@ pub struct TierOutcome {
     pub id: Option<String>,
     /// A global window the hit counted in: this region's own count of it after the hit, as the store saw it, which
     /// is what the other regions are shipped ([`crate::regions`]). `None` for any other tier, and where the store
-    /// does not tell (Redis's driver form): that window's count is then read back before it is shipped.
+    /// does not tell: that window's count is then read back before it is shipped.
     pub own: Option<OwnCount>,
 }
 

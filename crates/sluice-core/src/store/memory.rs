@@ -1,6 +1,6 @@
 //! The in-memory store: the default when no Redis URL is given. It decides as the Lua scripts of `lua/` do, step by
-//! step: each algorithm's check, commit and refund are its file in `store/algorithm/`, which the Redis store's compact
-//! forms use too, and the driver (`memory/decide.rs`) is the twin of `lua/decide.lua`. A differential property test
+//! step: each algorithm's check, commit and refund are its file in `store/algorithm/`, by which the Redis store reads
+//! what its scripts saw too, and the decision loop (`memory/decide.rs`) is the twin of `lua/decide.lua`. A differential property test
 //! holds the two stores to identical answers.
 //!
 //! State lives in sharded hash maps behind short-held mutexes (never across an `.await`). Every key of one

@@ -93,7 +93,7 @@ macro_rules! decision_files {
     };
 }
 
-/// The decision script's definitions: the helpers, every algorithm, the ledger, the driver and the batch entry,
+/// The decision script's definitions: the helpers, every algorithm, the ledger, the decision loop and the batch entry,
 /// which read the call's keys and arguments from the locals `KEYS` and `ARGV` declared ahead of them. Run as a Redis
 /// function (`redis/script.rs`) or, as [`SCRIPT`], by EVALSHA.
 pub const LIBRARY_BODY: &str = decision_files!();

@@ -338,7 +338,7 @@ end
 --
 -- As a lone bucket, a counter that several compact calls of one script call hit (a hot key; sluice shares a counter
 -- only among calls that see it in one window) is read once, the others' hash too, and written once, at the end or
--- before a descriptor of the driver's form (prelude.lua's flush): the hits are decided one after the other on the
+-- before a descriptor of the decision loop's form (prelude.lua's flush): the hits are decided one after the other on the
 -- counts the previous ones left, exactly as serial hits. A write that fails turns the answers of the hits it carried
 -- into its error. Invariants: as the global form's: never counts a denial (nor a cost of 0), never writes the regions'
 -- hashes; the window's own key holds what its algorithm's commit writes. A lone unshared fixed window's hit that may

@@ -7,44 +7,42 @@
 --
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing of compact calls
---           (below); then per descriptor, either a compact call's arguments (`forms` below, each headed by its
---           letter, or a lone fixed window's by its window, a positive number), or minus its key count, its argument
---           count, and its arguments as decide.lua reads them. Descriptors in a row whose arguments are the same
---           (every one of them) may go as one run: '*', their number, and the arguments once (counting once in n);
---           each has its own keys.
+--           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing (below); then per
+--           descriptor its arguments: a fast form's (`forms` below, each headed by its letter, or a lone fixed
+--           window's by its window, a positive number), or the decision loop's (decide.lua, headed by its mode),
+--           then its time when each carries its own. Descriptors in a row whose arguments are the same (every one of
+--           them) may go as one run: '*', their number, and the arguments once (counting once in n); each has its
+--           own keys.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
---           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor, either a compact call's arguments
---           and its keys, or minus its key count, its argument count, its probe key (the descriptor's key prefix and
---           hash tag alone: a key of its slot that sluice never writes; '' for none), its keys, and its arguments as
---           decide.lua reads them.
+--           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor its arguments (its time among
+--           them as above), then a fast form's keys, or the decision loop's probe key (the descriptor's key prefix
+--           and hash tag alone: a key of its slot that sluice never writes; '' for none) and its keys.
 --
--- The timing: '' when every compact call carries its own time (its last argument), else the time, by sluice's clock,
--- the lone fixed windows' keys were built for: compact calls are then decided by the server's clock (TIME, read once
--- per call), and a window the server sees otherwise (the two clocks across an edge) gets its own key.
+-- The timing: '' when every descriptor carries its own time (its last argument), else the time, by sluice's clock,
+-- the windows' keys were built for: the call is then decided by the server's clock (TIME, read once per call), and a
+-- window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns the answers in order: per descriptor, a lone fixed window's or bucket's integer, a sliding window's two
--- counts, a sliding log's or concurrency limit's three integers, the t counts of several fixed windows or of a compact
--- reservation, the 1 + 3t integers of a compact settlement, a global window's two or three, or decide.lua's array,
--- each in as many places; or a string in its first place (and 0 in its others), the error that stopped that
--- descriptor (a wrong-type key, an unknown algorithm); the others are decided all the same.
+-- Returns the answers in order, each descriptor's in as many places as its form answers: a lone fixed window's or
+-- bucket's integer, a sliding window's two counts, a compact reservation's t counts, a compact settlement's 1 + 3t
+-- integers, a global window's two or three, or the decision loop's (decide.lua); or a string in its first place (and
+-- 0 in its others), the error that stopped that descriptor (a wrong-type key); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
 -- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
 -- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's
 -- clock), else 0.
 --
--- Invariants: in the node form a descriptor is decided only once a read of its probe key succeeded. That read succeeds
--- only where the slot is served by this node and is not migrating (a key absent from a migrating slot is refused with
--- ASK, one of a slot served elsewhere with MOVED), and then every command on any key of the slot is served here for the
--- rest of the call: no slot changes hands while a script runs. A descriptor of a migrating slot is therefore refused
--- before anything is written, never part-way (a migrating slot serves only the keys it still holds, so a key created or
--- emptied by the decision could be refused after another was written). Each probe key is read once per call. Compact
--- calls are the exception: each reads its keys (one slot's) before it writes any, and a read is refused exactly where
--- the probe's read would be, before anything is written, so they need no probe.
+-- Invariants: in the node form a descriptor of the decision loop is decided only once a read of its probe key
+-- succeeded. That read succeeds only where the slot is served by this node and is not migrating (a key absent from a
+-- migrating slot is refused with ASK, one of a slot served elsewhere with MOVED), and then every command on any key of
+-- the slot is served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a
+-- migrating slot is therefore refused before anything is written, never part-way (a migrating slot serves only the
+-- keys it still holds, so a key created or emptied by the decision could be refused after another was written). Each
+-- probe key is read once per call. The fast forms need no probe: each reads its keys (one slot's) before it writes
+-- any, and a read is refused exactly where the probe's read would be, before anything is written.
 
 -- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
--- arguments (a) are, the probe keys read (node form), the timing (guess) and the server's time it gives (now), and
--- where the next answer goes (o: a descriptor's answer takes one place, or as many as its compact form returns).
+-- arguments (a) are, the probe keys read (node form), the server's time the timing asks for (now), and where the next
+-- answer goes (o: a descriptor's answer takes as many places as its form answers).
 local node, k, a, served, now, o
 
 -- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
@@ -218,8 +216,8 @@ local function generic()
 end
 
 -- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a
--- compact form's letter, a lone fixed window's window (most often a number read before: see `number`), or minus the
--- key count of decide.lua's form.
+-- fast form's letter, a lone fixed window's window (most often a number read before: see `number`), or the decision
+-- loop's mode.
 local function decide_one()
   local head = ARGV[a]
   local form = forms[head]

@@ -12,39 +12,41 @@
 --   K, decision                 where a call's keys are read; the number of the decision under way
 --   number(s), numbers          an argument read as a number, and the numbers read so far (batch.lua's fast path)
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
+--   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
 --   answers, moved, failed      a call's answers, and the hits a failed write of a shared counter carried
---   blocking_places             what stops a hit on a sorted set of places (a compact hit's answer)
 --   keep(m), flush(), forget(), holding   the algorithms holding counters read or counted for several hits of one
 --                               call
 --   record_write, live_reservation   the reservation records
 --   regions_count, global_of, global_fits   a window counted in every region (`global: true`)
 --
--- Every algorithm file adds a loader to L that returns a table over one key: for decide.lua (the generic loop),
---   check(key, now, cost, limit, window, burst, force) -> state, read-only, with the fields
---     ok      whether a hit of `cost` fits now
---     used0   the count now                 used    the count as it would be after the hit (near-limit metrics)
---     rem0    what is left now              rem1    what would be left after the hit
---     reset0  time until full now (us)      reset1  time until full after the hit (us)
---     retry   time until a hit of `cost` fits (0: now, -1: never)
---   where, for a forced hit (`force`, decide.lua's mode 'report'), used, rem1 and reset1 are what counting the cost
---   leaves whether it fits or not; ok and retry are an ordinary hit's.
---   commit(key, state, now, cost, limit, window, burst, id, fields) -> an id or '' (queue entry id)
+-- Every algorithm file adds a loader to L that returns a table, the algorithm's side of decide.lua's loop. A tier's
+-- keys start at K[j] (`keys` of them, 1 unless the table says more); its numbers are the window (us), the limit and
+-- the burst (read only where the table has `burst`):
+--   check(j, now, cost, limit, window, burst, force) -> ok, a, b, c, x: whether a hit of `cost` fits now (an ordinary
+--     hit's answer, even when forced), what the check saw, which the loop answers (`width` of a, b, c: see
+--     `algorithm::seen` in store/algorithm.rs, which decodes them) and x, what commit needs beside them. Reads only.
+--   commit(j, now, cost, limit, window, burst, force, a, b, c, x, lease, fields) -> what it created (a queue entry's
+--     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
+--     or not) over what check saw.
+--   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool)
+-- optionally a take that counts at once (the loop then never calls check for it in the modes 'hit' and 'reserve'):
+--   take(j, now, cost, limit, window, burst, force, text) -> as check, having counted the hit; undo(...) takes it back
+--     (check's arguments, then a, b, c, x) and kept(...) keeps it, answering as commit
 -- and, for the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket), for settling a
 -- reservation (decide.lua's mode 'settle'):
---   refund(key, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
+--   refund(j, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
 --     `amount`) and a function that writes the refund: give back up to `amount` of what a hit at time `at` counted,
 --     from the state it was counted in. It only reads; the function it returns never creates the key and never
 --     extends its expiry (a bucket's moves with its arrival time, as every write of it does).
--- and for batch.lua, the compact forms of the commonest calls (a descriptor with one limit, or fixed windows alone),
--- which each file documents: `hit` and, for fixed windows, `hits`, `reserve` and `settle`; an algorithm whose compact
--- hits share a counter among the hits of one call also has flush() and forget() (see `keep`).
+-- and for batch.lua, the fast forms of the commonest calls, which each file documents: `hit` (a descriptor with one
+-- limit: a fixed window, a bucket, a sliding window, a global window) and, for fixed windows, `reserve` and `settle`;
+-- an algorithm whose fast hits share a counter among the hits of one call also has flush() and forget() (see `keep`).
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
--- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`; the hit's, ARGV[3], by the
--- largest capacity + 1), limits are at most 2^32 - 1, a
--- fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
+-- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`), limits are at most
+-- 2^32 - 1, a fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
 -- MAX_DEBT_US. Numbers that go into strings are formatted with '%d': Lua's own number-to-string conversion keeps
 -- only 14 digits.
 

@@ -1,4 +1,4 @@
-//! The memory store's driver, the twin of `lua/decide.lua` and `lua/ledger.lua`: one descriptor decided against all
+//! The memory store's decision loop, the twin of `lua/decide.lua` and `lua/ledger.lua`: one descriptor decided against all
 //! its tiers under its shard's lock, atomically (each tier by its algorithm's check and commit, in
 //! `store/algorithm/`), the hit records, the reservations and their settlement, and the RLQS grants.
 

@@ -4,7 +4,7 @@
 //! windows all end on the same boundary) go over the next accesses rather than in one pause.
 //!
 //! A key's state is a counter's ([`Counter`], kept by its algorithm's file in `store/algorithm/`) or one of the
-//! driver's own: hit records, a reservation, an RLQS grant ledger. Every write goes through one "update the state or
+//! decision loop's own: hit records, a reservation, an RLQS grant ledger. Every write goes through one "update the state or
 //! create it" step, [`Shard::upsert`], which is also the [`Keyspace`] the algorithms' commits write to.
 
 use std::cmp::Reverse;

@@ -16,7 +16,7 @@ use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settle
 mod coalesce;
 use coalesce::coalesce;
 
-/// The driver's mode (`lua/decide.lua`'s ARGV[1]): what the script does with one descriptor.
+/// The decision loop's mode (`lua/decide.lua`'s head): what the script does with one descriptor.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum ScriptMode {
     /// Apply the hit.

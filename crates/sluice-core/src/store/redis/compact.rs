@@ -1,13 +1,12 @@
-//! The compact forms of the commonest calls, each in its algorithm's script (`store/algorithm/<name>.lua`): a hit on
-//! a descriptor with one limit and nothing else to write, a fixed window, a token or leaky bucket, a sliding window,
-//! a sliding log or a concurrency limit (each script's `hit`), or with several fixed windows (a second, a minute and
-//! an hour: `fixed_window.lua`'s `hits`), or a global fixed or sliding window (the global forms' `hit`), or a
-//! reservation or a settlement on fixed windows alone (`fixed_window.lua`'s `reserve` and `settle`). Each
-//! travels as its keys and two to four numbers per limit instead of the driver's twelve arguments and five per
-//! limit, and comes back as integers (a window's count before the hit, the bucket's arrival time before it, the
-//! sliding window's two counts, a sorted set's count and places) from which sluice decides: each algorithm's own
-//! check, in `store/algorithm/`, the one the memory store decides by, makes the [`Outcome`] (the differential test
-//! holds the compact forms, the driver and the memory store to the same answers).
+//! The fast forms of the commonest calls, each in its algorithm's script (`store/algorithm/<name>.lua`): a hit on a
+//! descriptor with one limit and nothing else to write, a fixed window, a token or leaky bucket or a sliding window
+//! (each script's `hit`), or a global fixed or sliding window (the global forms' `hit`), or a reservation or a
+//! settlement on fixed windows alone (`fixed_window.lua`'s `reserve` and `settle`). Each travels as its keys and two
+//! to four numbers per limit, one fused step where the decision loop (`lua/decide.lua`) takes three, and comes back
+//! as integers (a window's count before the hit, the bucket's arrival time before it, the sliding window's two
+//! counts) from which sluice makes the [`Outcome`] by each algorithm's own check in `store/algorithm/`, the one the
+//! memory store decides by (the differential test holds the fast forms, the loop and the memory store to the same
+//! answers).
 
 use fred::types::Value;
 

@@ -8,8 +8,8 @@ use fred::types::Value;
 use crate::store::algorithm::{self, seen_width};
 use crate::store::{Granted, Hit, Outcome, Settled, Settlement, StoreError, TierSettled, TierSpec};
 
-/// One descriptor's answer from a script call: decided or settled by sluice from a compact form's integers, or the
-/// script's own answer (the driver's, an error, or nil: not decided there).
+/// One descriptor's answer from a script call: decided or settled by sluice from a fast form's integers, what the
+/// decision loop saw, or another answer (an error, or nil: not decided there).
 #[derive(Debug, Clone)]
 pub(super) enum Reply {
     Decided(Outcome),

@@ -373,7 +373,7 @@ fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
     assert_eq!(keys.len(), 3);
     let expected = ["e", "2", "1000000", "10", "3", "60000000", "10", "3"];
     assert_eq!((args, width), (expected.map(String::from).to_vec(), 1 + 3 * 2));
-    // Reaping, a tier of another algorithm, hit records or queue fields: the driver's form.
+    // Reaping, a tier of another algorithm, hit records or queue fields: the decision loop's form.
     let reap = Settlement {
         reap: true,
         ..settlement.clone()
