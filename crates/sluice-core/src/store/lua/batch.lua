@@ -23,8 +23,8 @@
 -- window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
 -- Returns the answers in order, each descriptor's in as many places as its form answers: a lone fixed window's or
--- bucket's integer, a sliding window's two counts, a compact reservation's t counts, a compact settlement's 1 + 3t
--- integers, a global window's two or three, or the decision loop's (decide.lua); or a string in its first place (and
+-- bucket's integer, a sliding window's two counts, a global window's two or three, or the decision loop's
+-- (decide.lua); or a string in its first place (and
 -- 0 in its others), the error that stopped that descriptor (a wrong-type key); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
 -- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
@@ -69,16 +69,6 @@ local function compact_key_and_time(count)
   if node then key = ARGV[a + compact_width(count)] end
   if guess == nil then at = tonumber(ARGV[a + count]) end
   return key, at
-end
-
--- The `t` keys of the compact call at `a` that takes `count` arguments, in a table kept from call to call (each compact
--- call is done with it before the next).
-local call_keys = {}
-local function compact_keys(count, t)
-  local keys, from, src = call_keys, k, K
-  if node then from, src = a + compact_width(count), ARGV end
-  for j = 1, t do keys[j] = src[from + j - 1] end
-  return keys
 end
 
 -- Moves past the compact call at `a`, of `count` arguments and `t` keys (1 unless given).
@@ -163,24 +153,6 @@ local function global(fixed, shared)
 end
 forms.gw, forms.GW = global(true, false), global(true, true)
 forms.gs, forms.GS = global(false, false), global(false, true)
-
--- A reservation ('r') or a settlement ('e') on fixed windows alone: t, three numbers per window, a reservation's TTL,
--- (time), and in the node form its t windows' keys and its record's.
-local function budget(reserving)
-  return function()
-    local t = number(ARGV[a + 1])
-    local fixed = algorithm('fixed_window')
-    local count, width, run = 2 + 3 * t, 1 + 3 * t, fixed.settle
-    if reserving then count, width, run = count + 1, t, fixed.reserve end
-    local _, at = compact_key_and_time(count)
-    local keys = compact_keys(count, t + 1)
-    local ok, err = pcall(run, keys, keys[t + 1], a + 1, at, guess, o)
-    if not ok then compact_failure(err, width) end
-    compact_done(count, t + 1)
-    o = o + width
-  end
-end
-forms.r, forms.e = budget(true), budget(false)
 
 -- A descriptor in decide.lua's form: its arguments, its time when each carries its own, then in the node form its
 -- probe key (the descriptor's key prefix and hash tag alone, '' for none) and its keys. Decided only where its probe

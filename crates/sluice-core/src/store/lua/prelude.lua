@@ -41,9 +41,9 @@
 --     `amount`) and a function that writes the refund: give back up to `amount` of what a hit at time `at` counted,
 --     from the state it was counted in. It only reads; the function it returns never creates the key and never
 --     extends its expiry (a bucket's moves with its arrival time, as every write of it does).
--- and for batch.lua, the fast forms of the commonest calls, which each file documents: `hit` (a descriptor with one
--- limit: a fixed window, a bucket, a sliding window, a global window) and, for fixed windows, `reserve` and `settle`;
--- an algorithm whose fast hits share a counter among the hits of one call also has flush() and forget() (see `keep`).
+-- and for batch.lua, the fast form of a hit on a descriptor with one limit, which each file documents: `hit` (a fixed
+-- window, a bucket, a sliding window, a global window); an algorithm whose fast hits share a counter among the hits
+-- of one call also has flush() and forget() (see `keep`).
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
 -- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`), limits are at most
 -- 2^32 - 1, a fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at

@@ -170,19 +170,10 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A lone global tier has a compact form of its own (the global forms' `hit` in `algorithm/fixed_window.lua`
-        // and `algorithm/sliding_window.lua`); with others, the decision loop's.
-        if let (None, []) = (record, fields) {
-            let reservation = hit.and_then(|(h, _)| h.reservation());
-            let compact = match (mode, tiers, reservation, &extra) {
-                (ScriptMode::Hit, [tier], _, _) => Compact::of(now_us, tier, cost),
-                (ScriptMode::Reserve, tiers, Some(reservation), _) => {
-                    Compact::reserve(now_us, tiers, cost, reservation)
-                }
-                (ScriptMode::Settle, tiers, _, Some((record, _))) => Compact::settle(now_us, tiers, cost, record),
-                _ => None,
-            };
-            if let Some(compact) = compact {
+        // A hit on one limit with nothing else to write may have a fast form (its algorithm's `hit`; a lone global
+        // tier's is the global forms'); every other call goes through the decision loop.
+        if let (ScriptMode::Hit, None, [], [tier]) = (mode, record, fields, tiers) {
+            if let Some(compact) = Compact::of(now_us, tier, cost) {
                 // Its key and arguments are written when the script call is assembled (see `Compact::parts`).
                 return Call {
                     keys: Vec::new(),

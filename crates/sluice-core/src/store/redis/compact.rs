@@ -11,7 +11,7 @@
 use fred::types::Value;
 
 use crate::store::Algorithm;
-use crate::store::{CounterKey, ReservationSpec, TierSpec};
+use crate::store::{CounterKey, TierSpec};
 
 mod answer;
 
@@ -31,19 +31,6 @@ pub(super) enum CompactTier {
     Sliding(SlidingTier),
     /// A global fixed or sliding window.
     Global(GlobalTier),
-    /// A reservation on fixed windows alone: each window with its counter's key and its estimate as the cost, the
-    /// record's key and its TTL.
-    Reserve {
-        windows: Vec<(CounterKey, WindowTier)>,
-        record: CounterKey,
-        ttl_us: u64,
-    },
-    /// A settlement on fixed windows alone: each window with its counter's key and its actual cost as the cost, and
-    /// the record's key.
-    Settle {
-        windows: Vec<(CounterKey, WindowTier)>,
-        record: CounterKey,
-    },
 }
 
 /// What sluice needs to decide a lone global window from its own counts and the other regions' count the hit found
@@ -166,38 +153,6 @@ impl Compact {
         })
     }
 
-    /// A reservation whose tiers are all fixed windows, with nothing else to write, in its compact form; `None` when
-    /// the form does not apply (as for [`Compact::windows`], but for one window too).
-    pub(super) fn reserve(
-        now_us: Option<u64>,
-        tiers: &[TierSpec],
-        cost: u64,
-        reservation: &ReservationSpec,
-    ) -> Option<Compact> {
-        let windows = fixed_windows(now_us, tiers, cost)?;
-        Some(Compact {
-            key: tiers[0].key.clone(),
-            tier: CompactTier::Reserve {
-                windows,
-                record: reservation.key.clone(),
-                ttl_us: reservation.bounded_ttl_us(),
-            },
-        })
-    }
-
-    /// A settlement of the reservation `record` whose tiers are all fixed windows, each at its actual cost, in its
-    /// compact form; `None` when the form does not apply (as for [`Compact::reserve`]).
-    pub(super) fn settle(now_us: Option<u64>, tiers: &[TierSpec], cost: u64, record: &CounterKey) -> Option<Compact> {
-        let windows = fixed_windows(now_us, tiers, cost)?;
-        Some(Compact {
-            key: tiers[0].key.clone(),
-            tier: CompactTier::Settle {
-                windows,
-                record: record.clone(),
-            },
-        })
-    }
-
     /// Marks a bucket, sliding window or global window that another compact call of the same script call hits too:
     /// the script then reads it once and writes it once for all of them (`algorithm/token_bucket.lua`), and a counter hit
     /// once is written at once, with nothing to remember.
@@ -206,7 +161,7 @@ impl Compact {
             CompactTier::Bucket(t) => t.shared = true,
             CompactTier::Sliding(t) => t.shared = true,
             CompactTier::Global(t) => t.shared = true,
-            CompactTier::Window(_) | CompactTier::Reserve { .. } | CompactTier::Settle { .. } => {}
+            CompactTier::Window(_) => {}
         }
     }
 
@@ -218,15 +173,13 @@ impl Compact {
             CompactTier::Bucket(_) => Some((self.key.as_str(), 0)),
             CompactTier::Sliding(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
             CompactTier::Global(t) => Some((self.key.as_str(), t.now_us.map_or(0, |now| now - now % t.window_us))),
-            CompactTier::Window(_) | CompactTier::Reserve { .. } | CompactTier::Settle { .. } => None,
+            CompactTier::Window(_) => None,
         }
     }
 
     /// How many keys [`Compact::push_keys`] pushes.
     pub(super) fn key_count(&self) -> usize {
         match &self.tier {
-            // The windows' and the record's.
-            CompactTier::Reserve { windows, .. } | CompactTier::Settle { windows, .. } => windows.len() + 1,
             CompactTier::Sliding(_) => 2,
             CompactTier::Global(t) => 1 + usize::from(t.sliding),
             CompactTier::Window(_) | CompactTier::Bucket(_) => 1,
@@ -236,9 +189,6 @@ impl Compact {
     /// How many places its answer takes in the script's answers (`lua/batch.lua`).
     pub(super) fn width(&self) -> usize {
         match &self.tier {
-            CompactTier::Reserve { windows, .. } => windows.len(),
-            // Whether the record was found, then per window its estimate, what came back and its count after.
-            CompactTier::Settle { windows, .. } => 1 + 3 * windows.len(),
             // The own counts, then the others'.
             CompactTier::Global(_) => self.key_count() + 1,
             _ => self.key_count(),
@@ -257,10 +207,6 @@ impl Compact {
         let window = |key: &CounterKey, start: u64| Value::from(String::from(key.window(start)));
         match &self.tier {
             CompactTier::Window(t) => out.push(window(&self.key, start(t.now_us, t.window_us))),
-            CompactTier::Reserve { windows, record, .. } | CompactTier::Settle { windows, record } => {
-                out.extend(windows.iter().map(|(key, t)| window(key, start(t.now_us, t.window_us))));
-                out.push(Value::from(record.as_str()));
-            }
             CompactTier::Sliding(SlidingTier { now_us, window_us, .. })
             | CompactTier::Global(GlobalTier {
                 sliding: true,
@@ -312,40 +258,9 @@ impl Compact {
                 int(t.cost),
                 int(t.times),
             ]),
-            CompactTier::Reserve { windows, ttl_us, .. } => {
-                out.extend([Value::from("r"), int(windows.len() as u64)]);
-                push_windows(windows, out);
-                out.push(int(*ttl_us));
-            }
-            CompactTier::Settle { windows, .. } => {
-                out.extend([Value::from("e"), int(windows.len() as u64)]);
-                push_windows(windows, out);
-            }
         }
         out.extend(self.tier.now_us().map(int));
     }
-}
-
-/// Each window's window, limit and cost, as the script reads several windows.
-fn push_windows(windows: &[(CounterKey, WindowTier)], out: &mut Vec<Value>) {
-    for (_, t) in windows {
-        out.extend([t.window_us, t.limit, t.cost].map(|n| Value::Integer(n as i64)));
-    }
-}
-
-/// Each tier's window at its own bounded cost, for a reservation or a settlement; `None` unless every
-/// tier is a fixed window that fits a compact form (not global).
-fn fixed_windows(now_us: Option<u64>, tiers: &[TierSpec], cost: u64) -> Option<Vec<(CounterKey, WindowTier)>> {
-    let fits = |t: &TierSpec| t.algorithm == Algorithm::FixedWindow && !t.global && compact(now_us, t);
-    if tiers.is_empty() || !tiers.iter().all(fits) {
-        return None;
-    }
-    Some(
-        tiers
-            .iter()
-            .map(|t| (t.key.clone(), WindowTier::of(now_us, t, t.bounded_cost(cost))))
-            .collect(),
-    )
 }
 
 /// Whether a tier's numbers fit a compact form: a window, and a time and window within i64.

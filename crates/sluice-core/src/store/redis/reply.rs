@@ -13,7 +13,6 @@ use crate::store::{Granted, Hit, Outcome, Settled, Settlement, StoreError, TierS
 #[derive(Debug, Clone)]
 pub(super) enum Reply {
     Decided(Outcome),
-    Settled(Settled),
     /// The decision loop's answer (`lua/decide.lua`): its places, and the time it was decided at.
     Seen(Vec<Value>, u64),
     /// Any other answer: an error, or nil (not decided there).
@@ -57,12 +56,9 @@ pub(super) fn parse(reply: Reply, hit: &Hit) -> Result<Outcome, StoreError> {
     }
 }
 
-/// Reads a settlement's answer: settled from a compact form, or `decide.lua`'s in settle mode: `{ 0 }`, or `{ 1 }`,
+/// Reads a settlement's answer, `decide.lua`'s in settle mode: `{ 0 }`, or `{ 1 }`,
 /// then per tier (estimate, actual, charged, refunded), then the answer of a peek of cost 1.
 pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Settled, StoreError> {
-    if let Reply::Settled(settled) = reply {
-        return Ok(settled);
-    }
     let (items, now) = items(reply)?;
     let tiers = settlement.tiers.len();
     let count = |v: &Value| v.as_i64().map(|n| n.max(0) as u64).ok_or_else(bad);

@@ -308,7 +308,7 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
 }
 
 #[test]
-fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
+fn reservations_and_settlements_go_through_the_decision_loop() {
     use crate::store::Algorithm;
     use crate::store::{ReservationSpec, TierSpec};
     let id = CounterKey::builder("p:", "d").entry("k", "v").finish();
@@ -334,64 +334,64 @@ fn reservations_and_settlements_on_fixed_windows_alone_are_compact() {
         mode: Mode::Reserve(reservation.clone()),
         ..Hit::default()
     };
-    let parts = |call: &Call| {
-        let compact = call.compact.as_ref().expect("compact");
-        let (mut keys, mut args) = (Vec::new(), Vec::new());
-        compact.push_keys(7_000_000, &mut keys);
-        compact.push_args(&mut args);
-        let text = |v: &Vec<Value>| v.iter().map(|v| v.as_string().unwrap_or_default()).collect::<Vec<_>>();
-        (text(&keys), text(&args), compact.width())
+    let text = |v: &[Value]| {
+        v.iter()
+            .map(|v| {
+                v.as_i64()
+                    .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
+            })
+            .collect::<Vec<_>>()
     };
-    let (keys, args, width) = parts(&Call::new(Some(7_500_000), &hit, false));
+    let call = Call::new(Some(7_500_000), &hit, false);
+    assert!(call.compact.is_none());
+    let keys = text(&call.keys);
     assert_eq!(keys.len(), 3, "two windows and the record");
     assert_eq!(keys[2], reservation.key.as_str());
     assert!(
         keys[0].ends_with(":7") && keys[1].ends_with(":0"),
         "window numbers in hex: {keys:?}"
     );
-    // Each window's window, limit and cost bounded by its limit + 1, the record's TTL bounded, the time.
+    // Each window's window, limit and cost bounded by its limit + 1, the record's TTL bounded, the time; the answer
+    // is the flags and each window's count.
     let expected = [
-        "r",
+        "reserve",
         "2",
+        "fixed_window",
         "1000000",
         "10",
         "11",
+        "fixed_window",
         "60000000",
         "10",
         "11",
         "281474976710656",
         "7500000",
     ];
-    assert_eq!((args, width), (expected.map(String::from).to_vec(), 2));
+    assert_eq!((text(&call.args), call.width), (expected.map(String::from).to_vec(), 3));
     let settlement = Settlement {
         tiers: hit.tiers.clone(),
         cost: 3,
         reservation: reservation.key.clone(),
         reap: false,
     };
-    let (keys, args, width) = parts(&Call::settle(None, &settlement, false));
-    assert_eq!(keys.len(), 3);
-    let expected = ["e", "2", "1000000", "10", "3", "60000000", "10", "3"];
-    assert_eq!((args, width), (expected.map(String::from).to_vec(), 1 + 3 * 2));
-    // Reaping, a tier of another algorithm, hit records or queue fields: the decision loop's form.
-    let reap = Settlement {
-        reap: true,
-        ..settlement.clone()
-    };
-    assert!(Call::settle(None, &reap, false).compact.is_none());
-    let mut mixed = settlement.clone();
-    mixed.tiers.push(tier(Algorithm::SlidingWindow, 1_000_000));
-    assert!(Call::settle(None, &mixed, false).compact.is_none());
-    let mut fields = hit.clone();
-    fields.fields = vec![("k".into(), "v".into())];
-    assert!(Call::new(None, &fields, false).compact.is_none());
-    let forced = Hit {
-        mode: Mode::of(true, Some(reservation)),
-        ..hit
-    };
-    assert!(
-        Call::new(None, &forced, false).compact.is_none(),
-        "a forced reservation"
+    let call = Call::settle(Some(7_500_000), &settlement, false);
+    let expected = [
+        "settle",
+        "2",
+        "fixed_window",
+        "1000000",
+        "10",
+        "3",
+        "fixed_window",
+        "60000000",
+        "10",
+        "3",
+        "7500000",
+    ];
+    // Whether the record was found, each window's estimate, actual, charge and refund, then a peek's answer.
+    assert_eq!(
+        (text(&call.args), call.width),
+        (expected.map(String::from).to_vec(), 1 + 8 + 3)
     );
 }
 

@@ -4,9 +4,9 @@
 use fred::types::Value;
 
 use super::{BucketTier, CompactTier, GlobalTier, SlidingTier, WindowTier};
+use crate::store::Outcome;
 use crate::store::algorithm::{self, fixed_window, sliding_window, token_bucket};
 use crate::store::redis::reply::Reply;
-use crate::store::{CounterKey, Outcome, Settled, TierSettled};
 
 impl CompactTier {
     /// The decision's time, or `None` for the server's.
@@ -15,21 +15,15 @@ impl CompactTier {
             CompactTier::Window(t) => t.now_us,
             CompactTier::Bucket(t) => t.now_us,
             CompactTier::Sliding(t) => t.now_us,
-            CompactTier::Reserve { windows: tiers, .. } | CompactTier::Settle { windows: tiers, .. } => {
-                tiers.first().and_then(|(_, t)| t.now_us)
-            }
             CompactTier::Global(t) => t.now_us,
         }
     }
 
-    /// The answer from the script's at `now_us` (a fixed window's count plus `ahead`, the counted costs of the hits
-    /// ahead of it in a shared count): a decision, or a settlement; `None` when the answer is not of the call's shape
-    /// (an error, which the caller passes on).
+    /// The decision from the script's answer at `now_us` (a fixed window's count plus `ahead`, the counted costs of
+    /// the hits ahead of it in a shared count); `None` when the answer is not of the call's shape (an error, which the
+    /// caller passes on).
     pub(in crate::store::redis) fn answer(&self, value: &Value, ahead: u64, now_us: u64) -> Option<Reply> {
-        match self {
-            CompactTier::Settle { windows, .. } => settled(windows, value, now_us).map(Reply::Settled),
-            _ => self.decided(value, ahead, now_us).map(Reply::Decided),
-        }
+        self.decided(value, ahead, now_us).map(Reply::Decided)
     }
 
     /// A hit's decision from the script's answer (see [`CompactTier::answer`]).
@@ -62,14 +56,6 @@ impl CompactTier {
                 }
                 _ => None,
             },
-            (CompactTier::Reserve { windows: tiers, .. }, Value::Array(counts)) if counts.len() == tiers.len() => {
-                let counts: Vec<u64> = counts.iter().map(int).collect::<Option<_>>()?;
-                Some(windows_answer(tiers, &counts, now_us))
-            }
-            // A reservation on one window answers its count alone.
-            (CompactTier::Reserve { windows, .. }, Value::Integer(n)) if windows.len() == 1 => {
-                Some(windows_answer(windows, &[(*n).max(0) as u64], now_us))
-            }
             _ => None,
         }
     }
@@ -84,58 +70,6 @@ fn single(check: &crate::store::algorithm::Check, cost: u64, id: Option<String>)
         tiers: vec![check.outcome(written, false, false, id.filter(|_| written))],
         records: Vec::new(),
     }
-}
-
-/// The decision on several fixed windows from their counts before the hit: admitted when every window takes its
-/// cost, and then counted in each (`fixed_window.lua`'s `hits`).
-fn windows_answer(tiers: &[(CounterKey, WindowTier)], counts: &[u64], now_us: u64) -> Outcome {
-    let checks: Vec<_> = tiers
-        .iter()
-        .zip(counts)
-        .map(|((_, t), &n)| fixed_window::check_count(t.limit, t.window_us, now_us, t.cost, n))
-        .collect();
-    let admitted = checks.iter().all(|c| c.ok);
-    let counted = admitted && tiers.iter().any(|(_, t)| t.cost > 0);
-    Outcome {
-        admitted,
-        tiers: tiers
-            .iter()
-            .zip(&checks)
-            .map(|((_, t), c)| c.outcome(counted && t.cost > 0, false, false, None))
-            .collect(),
-        records: Vec::new(),
-    }
-}
-
-/// A settlement from the script's answer: whether the record was found, then per window its estimate, what came back
-/// and its count after; each window reported as a peek of cost 1 at `now_us` reports it.
-fn settled(windows: &[(CounterKey, WindowTier)], value: &Value, now_us: u64) -> Option<Settled> {
-    let Value::Array(values) = value else {
-        return None;
-    };
-    let int = |v: &Value| v.as_i64().map(|n| n.max(0) as u64);
-    if values.len() != 1 + 3 * windows.len() {
-        return None;
-    }
-    if int(&values[0])? == 0 {
-        return Some(Settled::Unknown);
-    }
-    let mut tiers = Vec::with_capacity(windows.len());
-    let mut checks = Vec::with_capacity(windows.len());
-    for ((_, t), v) in windows.iter().zip(values[1..].chunks_exact(3)) {
-        let mut settled = TierSettled::new(int(&v[0])?, t.cost);
-        settled.refunded = int(&v[1])?;
-        tiers.push(settled);
-        checks.push(fixed_window::check_count(t.limit, t.window_us, now_us, 1, int(&v[2])?));
-    }
-    Some(Settled::Done {
-        tiers,
-        outcome: Outcome {
-            admitted: checks.iter().all(|c| c.ok),
-            tiers: checks.iter().map(|c| c.outcome(false, true, false, None)).collect(),
-            records: Vec::new(),
-        },
-    })
 }
 
 impl WindowTier {
