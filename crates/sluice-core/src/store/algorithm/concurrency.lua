@@ -8,22 +8,26 @@
 function L.concurrency()
   local M = {}
 
-  -- Sees the live count, the latest deadline and the deadline that must pass before the hit fits (decide.lua's
-  -- interface, prelude.lua).
+  -- Sees the live count, the latest deadline (read by `unwritten`: a hit written leaves it its own) and the deadline
+  -- that must pass before the hit fits (decide.lua's interface, prelude.lua).
   M.width = 3
 
   function M.check(j, now, cost, limit)
     local key = K[j]
     local live = string.format('(%d', now)
     local count = redis.call('ZCOUNT', key, live, '+inf')
-    local slots, latest, leaving = 0, -1, -1
+    local slots, leaving = 0, -1
     if cost > 0 then slots = 1 end
-    if count > 0 then latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
     if slots <= limit and count + slots > limit then
       leaving = tonumber(redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1,
         1)[2])
     end
-    return count + slots <= limit, count, latest, leaving
+    return count + slots <= limit, count, -1, leaving
+  end
+
+  function M.unwritten(j, count, latest, leaving)
+    if count > 0 then latest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
+    return count, latest, leaving
   end
 
   function M.left(count, _, _, _, limit)

@@ -25,31 +25,36 @@ end
 function L.sliding_log()
   local M = {}
 
-  -- Sees the live count, the newest hit's time and the time that must leave before the hit fits (decide.lua's
-  -- interface, prelude.lua).
+  -- Sees the live count, the newest hit's time (read by `unwritten`: a hit written leaves it its own) and the time
+  -- that must leave before the hit fits (decide.lua's interface, prelude.lua).
   M.width = 3
 
   function M.check(j, now, cost, limit, window)
     local key = K[j]
     local since = string.format('(%d', now - window)
     local count = redis.call('ZCOUNT', key, since, '+inf')
-    local newest, leaving = -1, -1
-    if count > 0 then newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+    local leaving = -1
     if cost <= limit and count + cost > limit then
       leaving = tonumber(redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1,
         1)[2])
     end
-    return count + cost <= limit, count, newest, leaving
+    return count + cost <= limit, count, -1, leaving
+  end
+
+  function M.unwritten(j, count, newest, leaving)
+    if count > 0 then newest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
+    return count, newest, leaving
   end
 
   function M.left(count, _, _, _, limit)
     return max0(limit - count)
   end
 
-  function M.commit(j, now, cost, _, window)
+  -- The places left once the expired ones go are the live ones check counted.
+  function M.commit(j, now, cost, _, window, _, _, count)
     local key = K[j]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-    sl_add(key, now, redis.call('ZCARD', key), cost, window)
+    sl_add(key, now, count, cost, window)
     return '', window
   end
   return M

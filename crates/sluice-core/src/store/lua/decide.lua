@@ -308,6 +308,9 @@ local function decide(a, k, at, o)
       made, lives = commit(k, i, costs[i], forced)
       if lives > longest then longest = lives end
     end
+    if A.unwritten and (not committed or costs[i] == 0) then
+      seen_a[i], seen_b[i], seen_c[i] = A.unwritten(k + places[i], seen_a[i], seen_b[i], seen_c[i])
+    end
     local w = A.width
     answers[o] = seen_a[i]
     if w > 1 then answers[o + 1] = seen_b[i] end

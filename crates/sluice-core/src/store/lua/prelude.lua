@@ -32,6 +32,9 @@
 --     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
 --     or not) over what check saw.
 --   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool)
+-- optionally what check leaves to read until the loop knows the hit is not written to the tier (a sorted set's newest
+-- place, which a hit written replaces with its own):
+--   unwritten(j, a, b, c) -> a, b, c
 -- optionally a take that counts at once (the loop then never calls check for it in the modes 'hit' and 'reserve'):
 --   take(j, now, cost, limit, window, burst, force, text) -> as check, having counted the hit; undo(...) takes it back
 --     (check's arguments, then a, b, c, x) and kept(...) keeps it, answering as commit
