@@ -16,6 +16,16 @@ local function window_count(wkey)
   return 0, false
 end
 
+-- Counts `cost` (`text`, as the arguments spell it: Redis takes a string for less than a number) in the window `wkey`
+-- of `window` us by one INCRBY; the window's first count sets its expiry, and the count stops at MAX_COUNT. Returns
+-- the count before.
+local function count_in(wkey, now, cost, text, window)
+  local n = redis.call('INCRBY', wkey, text) - cost
+  if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(window - now % window + WINDOW_KEY_GRACE_US)) end
+  if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
+  return n
+end
+
 function L.fixed_window()
   local M = {}
 
@@ -34,9 +44,7 @@ function L.fixed_window()
   function M.take(j, now, cost, limit, window, _, _, text)
     local wkey = K[j]
     if guess ~= nil then wkey = window_at(wkey, now, window) end
-    local n = redis.call('INCRBY', wkey, text) - cost
-    if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(window - now % window + WINDOW_KEY_GRACE_US)) end
-    if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
+    local n = count_in(wkey, now, cost, text, window)
     return n + cost <= limit, n, -1, -1, wkey
   end
 
@@ -107,13 +115,7 @@ function L.fixed_window()
     local start = now - now % window
     if guess ~= nil and start ~= guess - guess % window then key = window_of(key, start, window) end
     if cost == 0 then return (window_count(key)) end
-    local n = redis.call('INCRBY', key, text)
-    if n == cost then
-      -- The window's first count: set the window's expiry.
-      redis.call('PEXPIRE', key, ceil_ms(start + window - now + WINDOW_KEY_GRACE_US))
-    end
-    if n > MAX_COUNT then redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL') end
-    return n - cost
+    return count_in(key, now, cost, text, window)
   end
 
   return M

@@ -128,9 +128,12 @@ fn decided<'a>(
         let values = items.get(at..at + width).ok_or_else(bad)?;
         at += width;
         let own = if t.algorithm.queues() { &values[..3] } else { values };
-        let seen: Vec<i64> = own.iter().map(int).collect::<Result<_, _>>()?;
+        let mut seen = [-1i64; 4];
+        for (s, v) in seen.iter_mut().zip(own) {
+            *s = int(v)?;
+        }
         let cost = cost(t);
-        let check = algorithm::seen(t, now, cost, force, &seen);
+        let check = algorithm::seen(t, now, cost, force, &seen[..own.len()]);
         let written = committed && cost > 0;
         // What the commit created: a queue's entry, or the lease a concurrency limit took.
         let id = if t.algorithm.queues() {
