@@ -16,8 +16,8 @@ use sluice_core::store::redis::{FormatCheck, RedisStore};
 use sluice_core::store::{CounterKey, Hit, Identity, ListChange, ListEntry, Lists, RecordSpec, TierSpec};
 
 use crate::harness::{
-    RedisCluster, RedisProcess, T0, decided, failover, migrate, own_slots, rebalance, redis_cli, redis_store_with,
-    replica_of, reshard, script_calls, setslot, signal,
+    COUNTERS_SCRIPT, RedisCluster, RedisProcess, T0, decided, failover, migrate, own_slots, rebalance, record_name,
+    redis_cli, redis_store_with, replica_of, reshard, script_calls, setslot, signal, stored_counts,
 };
 use sluice_core::store::Counters;
 use sluice_core::store::Mode;
@@ -31,11 +31,13 @@ fn identity(prefix: &str, i: usize) -> Identity {
     CounterKey::builder(prefix, "d").entry("k", &format!("v{i}")).finish()
 }
 
-/// The keys of a descriptor's fixed windows: a day, and an hour for a descriptor of two tiers.
+/// The keys of a descriptor's fixed windows: a day, and an hour for a descriptor of two tiers. A lone one is a plain
+/// counter, as the limiter names it.
 fn tier_keys(id: &Identity, tiers: usize) -> Vec<CounterKey> {
     [DAY, HOUR][..tiers]
         .iter()
         .map(|&w| id.tier(Algorithm::FixedWindow, w))
+        .map(|key| if tiers == 1 { key.plain() } else { key })
         .collect()
 }
 
@@ -71,18 +73,17 @@ fn serves(ranges: &[(u16, u16)], slot: u16) -> bool {
 
 /// Each counter whose key starts with `prefix` on the node at `port`, with its count, read by one script there.
 fn counters(port: u16, prefix: &str) -> HashMap<String, u64> {
-    // A fixed window's count is a string per window, `<counter>:<window>` (this test's windows are all current).
-    let script = "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
-                  out[#out + 1] = k; out[#out + 1] = redis.call('GET', k) end return out";
-    let out = redis_cli(port, &["EVAL", script, "0", &format!("{prefix}*")]);
-    let lines: Vec<&str> = out.lines().collect();
-    lines
-        .chunks_exact(2)
-        .map(|kv| {
-            let counter = kv[0].rsplit_once(':').map_or(kv[0], |(counter, _)| counter);
-            (counter.to_string(), kv[1].trim().parse().unwrap_or(u64::MAX))
-        })
-        .collect()
+    stored_counts(&redis_cli(port, &["EVAL", COUNTERS_SCRIPT, "0", &format!("{prefix}*")]))
+}
+
+/// The name [`counters`] lists a descriptor's counter `key` by: a lone window's (a plain counter's key), or its record
+/// in the descriptor's packed state.
+fn stored_name(key: &CounterKey, tiers: usize) -> String {
+    if tiers == 1 {
+        key.as_str().to_string()
+    } else {
+        record_name(key)
+    }
 }
 
 /// How much a descriptor has used of its day, through the store.
@@ -226,12 +227,15 @@ async fn instances_started_on_a_fresh_cluster_decide_at_once() {
     assert!(slots.len() > 250, "spread over the slots: {}", slots.len());
     let days: std::collections::HashSet<String> = ids
         .iter()
-        .map(|id| tier_keys(id, 1)[0].window(NOW).as_str().to_string())
+        .enumerate()
+        .map(|(i, id)| stored_name(&tier_keys(id, 1 + i % 2)[0], 1 + i % 2))
         .collect();
     let mut total = 0;
     for port in cluster.primaries() {
-        for key in crate::harness::keys(port).into_iter().filter(|k| days.contains(k)) {
-            total += redis_cli(port, &["GET", &key]).trim().parse::<u64>().unwrap_or(0);
+        for (name, n) in counters(port, "fresh:") {
+            if days.contains(&name) {
+                total += n;
+            }
         }
     }
     assert_eq!(total, 4 * DESCRIPTORS as u64, "every hit counted once");
@@ -543,8 +547,9 @@ async fn moves_under_load(
     for (i, id) in ids.iter().enumerate() {
         let hits = admitted[i].load(Ordering::Relaxed);
         for key in tier_keys(id, tiers(i)) {
-            let n = found.get(key.as_str()).map(|(n, _)| *n);
-            assert_eq!(n.unwrap_or(0), hits, "descriptor {i}: {}", key.as_str());
+            let name = stored_name(&key, tiers(i));
+            let n = found.get(&name).map(|(n, _)| *n);
+            assert_eq!(n.unwrap_or(0), hits, "descriptor {i}: {name}");
             expected_keys += usize::from(hits > 0);
         }
         let s = slot(id);

@@ -56,7 +56,12 @@ fn hit(tiers: Vec<TierSpec>, cost: u64) -> Hit {
 /// One descriptor, one tier.
 fn one(name: &str, algorithm: Algorithm, limit: u64, window_us: u64, cost: u64) -> Hit {
     let burst = if algorithm == Algorithm::LeakyBucket { 1 } else { limit };
-    hit(vec![tier(name, algorithm, limit, window_us, burst)], cost)
+    let mut t = tier(name, algorithm, limit, window_us, burst);
+    if algorithm == Algorithm::FixedWindow {
+        // As the limiter names a descriptor's one fixed window.
+        t.key = t.key.plain();
+    }
+    hit(vec![t], cost)
 }
 
 /// `h` alone, counted at `now`.

@@ -444,7 +444,7 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                     .entry("case", &case)
                     .entry("fields", &fields.len().to_string())
                     .finish();
-                let tiers: Vec<TierSpec> = shapes
+                let mut tiers: Vec<TierSpec> = shapes
                     .iter()
                     .map(|s| TierSpec {
                         // A bucketed window's counts are named by its sub-window, which tiers of one descriptor share.
@@ -465,6 +465,12 @@ fn agree(on: On, prefix: &str, strategy: impl Strategy<Value = (Vec<TierShape>, 
                         global: false,
                     })
                     .collect();
+                // A descriptor's one fixed window is a plain counter, as the limiter names it.
+                if let [t] = &mut tiers[..]
+                    && t.algorithm == Algorithm::FixedWindow
+                {
+                    t.key = t.key.clone().plain();
+                }
                 let memory = MemoryStore::new();
                 let mut now = T0 + 123_457;
                 let (mut last, mut slack) = (std::time::Instant::now(), REAL_TIME_SLACK_US);

@@ -16,6 +16,6 @@ pub use cluster::{RedisCluster, failover, keys, migrate, node_id, own_slots, reb
 pub use core::{counter_of, decided, limiter_over, memory, redis_store, redis_store_with, rules, tier};
 pub use harness::*;
 pub use link::Link;
-pub use redis::{RedisProcess, RedisServer, ReplyGate, signal};
+pub use redis::{COUNTERS_SCRIPT, RedisProcess, RedisServer, ReplyGate, record_name, signal, stored_counts};
 pub use sentinel::{RedisSentinel, SENTINEL_REDIS_PASSWORD};
 pub use tls::{Pem, TestCa, redis_tls_server, write_file};

@@ -293,3 +293,72 @@ pub fn server_args(port: u16, dir: &Path) -> Vec<String> {
     );
     args
 }
+
+/// A script that lists the counters kept under the keys matching ARGV[1] on one server (EVAL it with no keys), two
+/// lines each, a name and a count: a plain counter's window (`<counter>:<window>`, a lone fixed window's) as
+/// `<counter>` and its count; each record of a packed state (`<prefix>{<slot>}#<tag>`, `lua/decide.lua`) as
+/// [`record_name`] and its count (a window's; a bucket's arrival time). [`stored_counts`] reads its answer.
+pub const COUNTERS_SCRIPT: &str = "local out = {} \
+    for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+      local v = redis.call('GET', k) \
+      if string.find(k, '}#', 1, true) then \
+        local n = math.floor(#v / 40) \
+        local t = { struct.unpack('<' .. string.rep('d', 5 * n), v) } \
+        for r = 1, 5 * n, 5 do \
+          out[#out + 1] = k .. '/' .. string.format('%d', t[r]) \
+          out[#out + 1] = string.format('%d', t[r + 3]) \
+        end \
+      else \
+        out[#out + 1] = string.match(k, '^(.*):%x+$') or k \
+        out[#out + 1] = v \
+      end \
+    end \
+    return out";
+
+/// The counts [`COUNTERS_SCRIPT`] lists, by name, from its answer as `redis-cli` prints it.
+pub fn stored_counts(answer: &str) -> std::collections::HashMap<String, u64> {
+    let lines: Vec<&str> = answer.lines().collect();
+    lines
+        .chunks_exact(2)
+        .map(|kv| (kv[0].trim().to_string(), kv[1].trim().parse().unwrap_or(u64::MAX)))
+        .collect()
+}
+
+/// The name [`COUNTERS_SCRIPT`] lists the counter `key` by when Redis keeps it in its descriptor's packed state.
+pub fn record_name(key: &sluice_core::store::CounterKey) -> String {
+    format!("{}/{}", key.packed().as_str(), key.record())
+}
+
+impl RedisServer {
+    /// The record Redis keeps for the counter `key` in its descriptor's packed state (`lua/decide.lua`): the time its
+    /// state stops mattering and its three numbers (a fixed window's start and count; a sliding window's start, count
+    /// and previous count; a bucket's arrival time), or `None` if there is none.
+    pub fn record(&self, key: &sluice_core::store::CounterKey) -> Option<[u64; 4]> {
+        let script = "local v = redis.call('GET', KEYS[1]) if not v then return {} end \
+            local n = math.floor(#v / 40) local t = { struct.unpack('<' .. string.rep('d', 5 * n), v) } \
+            for r = 1, 5 * n, 5 do if t[r] == tonumber(ARGV[1]) then \
+              local f = function(x) return string.format('%d', x) end \
+              return { f(t[r + 1]), f(t[r + 2]), f(t[r + 3]), f(t[r + 4]) } end end \
+            return {}";
+        let packed = key.packed();
+        let out = self.cli(&["--raw", "EVAL", script, "1", packed.as_str(), &key.record().to_string()]);
+        let numbers: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        numbers.try_into().ok()
+    }
+
+    /// Writes the counter `key`'s record in its descriptor's packed state, alone there, as [`RedisServer::record`]
+    /// reads it: state that tests cannot reach by hits (counts near their bounds).
+    pub fn set_record(&self, key: &sluice_core::store::CounterKey, record: [u64; 4], ttl_ms: u64) {
+        let script = "redis.call('SET', KEYS[1], struct.pack('<ddddd', tonumber(ARGV[1]), tonumber(ARGV[2]), \
+            tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])), 'PX', ARGV[6])";
+        let args: Vec<String> = std::iter::once(key.record())
+            .chain(record)
+            .chain([ttl_ms])
+            .map(|n| n.to_string())
+            .collect();
+        let packed = key.packed();
+        let mut cli = vec!["EVAL", script, "1", packed.as_str()];
+        cli.extend(args.iter().map(String::as_str));
+        self.cli(&cli);
+    }
+}

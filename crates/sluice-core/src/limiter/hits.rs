@@ -100,8 +100,13 @@ pub(super) fn tier_key(id: &Identity, tier: &Tier, lone: bool) -> CounterKey {
     {
         return key;
     }
-    match tier.cost.label() {
+    let key = match tier.cost.label() {
         None => id.tier(tier.limit.algorithm, tier.limit.counter_span_us()),
         Some(label) => id.tier_costing(tier.limit.algorithm, tier.limit.window_us(), &label),
+    };
+    // A descriptor's one fixed window, counted in this region alone, is a plain counter: the fewest commands a hit.
+    if lone && tier.limit.algorithm == crate::rules::Algorithm::FixedWindow && !tier.global {
+        return key.plain();
     }
+    key
 }

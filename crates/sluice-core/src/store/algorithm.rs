@@ -531,20 +531,19 @@ pub(crate) fn refund(t: &TierSpec, state: Option<&Counter>, now: u64, at: u64, a
     }
 }
 
-/// The first microseconds of the windows a counter of `algorithm` (over `window_us`) may hold a key
-/// for at `now` in Redis ([`CounterKey::window`](crate::store::CounterKey::window)), so that a reset deletes every
-/// one: the current window and the next (the store may decide by its own clock, a little ahead of this one); a
-/// sliding window's previous one too. None for the algorithms that keep one key.
+/// The first microseconds of the windows a plain counter (a lone fixed window of `window_us`) may hold a key for at
+/// `now` in Redis ([`CounterKey::window`](crate::store::CounterKey::window)), so that a reset deletes every one: the
+/// current window and the next (the store may decide by its own clock, a little ahead of this one). None for the
+/// other algorithms, which keep no key per window.
 pub(crate) fn window_starts(algorithm: Algorithm, window_us: u64, now: u64) -> impl Iterator<Item = u64> {
-    let (span, before): (u64, u64) = match algorithm {
-        Algorithm::FixedWindow => (window_us, 0),
-        Algorithm::SlidingWindow => (window_us, 1),
-        _ => (0, 0),
+    let span = if algorithm == Algorithm::FixedWindow {
+        window_us
+    } else {
+        0
     };
     let start = if span > 0 { now - now % span } else { 0 };
-    let first = start.saturating_sub(before.saturating_mul(span));
-    let count = if span > 0 { before + 2 } else { 0 };
-    (0..count).map(move |i| first.saturating_add(i * span))
+    let count = if span > 0 { 2 } else { 0 };
+    (0..count).map(move |i| start.saturating_add(i * span))
 }
 
 /// `ceil_ms` of `lua/prelude.lua`, in microseconds: a TTL rounded up to whole milliseconds, at least one.

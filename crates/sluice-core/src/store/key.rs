@@ -49,6 +49,9 @@ pub struct CounterKey {
     tag: u64,
     /// How the keys of its windows are named ([`CounterKey::window`]).
     windows: Windows,
+    /// A plain counter ([`CounterKey::plain`]): Redis keeps a fixed window's count as an integer per window under
+    /// [`CounterKey::window`], rather than in its descriptor's packed state.
+    plain: bool,
 }
 
 /// How a counter's windows are named after its key.
@@ -141,6 +144,7 @@ impl CounterKey {
             key,
             tag,
             windows: Windows::Start,
+            plain: false,
         }
     }
 
@@ -174,7 +178,49 @@ impl CounterKey {
             key,
             tag: self.tag,
             windows: Windows::Start,
+            plain: false,
         }
+    }
+
+    /// This counter as a plain counter: a descriptor's one limit, a fixed window counted in one region, which Redis
+    /// keeps as an integer per window under [`CounterKey::window`] (one INCRBY a hit, `fixed_window.lua`'s
+    /// `L.counter`) rather than in the descriptor's packed state. The name is the same; the memory store keeps either
+    /// alike.
+    pub fn plain(mut self) -> CounterKey {
+        self.plain = true;
+        self
+    }
+
+    /// Whether Redis keeps this counter as a plain counter ([`CounterKey::plain`]; the reference's keys always are).
+    pub fn is_plain(&self) -> bool {
+        self.plain
+    }
+
+    /// The key of the packed state its descriptor's counting limits are kept in, in Redis (`lua/decide.lua`): this
+    /// compact key's prefix and hash tag, `#`, then the descriptor's tag in 16 hex digits, `<prefix>{<slot>}#<tag>`:
+    /// one key for every counter with this identity, that no counter's own key can be (their digests have no `#`).
+    pub fn packed(&self) -> CounterKey {
+        let head = self.key.find('}').map_or(self.key.len(), |at| at + 1);
+        let mut key = String::with_capacity(head + 17);
+        key.push_str(&self.key[..head]);
+        key.push(PACKED);
+        key.push_str(&format!("{:016x}", self.tag));
+        CounterKey::named(key, self.tag)
+    }
+
+    /// Whether this is a compact counter's own key (`<prefix>{<slot>}<digest>`), whose state Redis may keep in its
+    /// descriptor's packed state.
+    pub fn is_counter(&self) -> bool {
+        self.key
+            .find('{')
+            .zip(self.key.find('}'))
+            .is_some_and(|(open, close)| close == open + 4 && self.key.len() == close + 1 + DIGEST_CHARS)
+    }
+
+    /// What the counter's record is known by in its packed state ([`CounterKey::packed`]): 48 bits of the 64-bit
+    /// FNV-1a hash of its key, exact in the script's doubles.
+    pub fn record(&self) -> u64 {
+        fnv1a(self.key.as_bytes()) >> 16
     }
 
     /// The key of what the other regions counted in one window of a global limit ([`CounterKey::window`] then
@@ -185,6 +231,9 @@ impl CounterKey {
         key
     }
 }
+
+/// What follows the hash tag in the key of a packed state ([`CounterKey::packed`]).
+const PACKED: char = '#';
 
 /// What [`CounterKey::regions`] appends to a window's key (`lua/prelude.lua`'s `regions_count` knows it too).
 const REGIONS_SUFFIX: &str = "@regions";
@@ -305,6 +354,7 @@ impl Identity {
             key: key.clone(),
             tag: self.tag,
             windows: Windows::Reference,
+            plain: true,
         })
     }
 
@@ -344,6 +394,7 @@ impl Identity {
             key,
             tag: self.tag,
             windows,
+            plain: false,
         }
     }
 

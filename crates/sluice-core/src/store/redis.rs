@@ -474,8 +474,19 @@ impl Counters for RedisStore {
         key.map_or(0, |k| cluster.domain(fred::util::redis_keyslot(k.as_str().as_bytes())))
     }
 
+    /// Deletes each key, and forgets each compact counter's record in its descriptor's packed state.
     async fn reset(&self, keys: &[CounterKey]) -> Result<u64, StoreError> {
-        self.per_key("DEL", keys, None).await
+        let deleted = self.per_key("DEL", keys, None).await?;
+        let counters: Vec<&CounterKey> = keys.iter().filter(|k| k.is_counter()).collect();
+        let routed = self.cluster.is_some();
+        let forgotten = self
+            .run_calls(
+                &counters,
+                |k| Call::forget(None, k, routed),
+                |reply, _| reply::number(reply),
+            )
+            .await;
+        forgotten.into_iter().try_fold(deleted, |n, f| Ok(n + f?))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

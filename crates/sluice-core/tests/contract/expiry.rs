@@ -53,7 +53,8 @@ async fn redis_state_carries_ttls_and_huge_costs_do_not_overflow() {
         apply(&store, T0, &one("ttl", algorithm, 3, MINUTE, 1)).await;
     }
     let snapshot = redis.snapshot();
-    assert_eq!(snapshot.len(), Algorithm::ALL.len());
+    // The sliding window and the two buckets share their descriptor's packed state.
+    assert_eq!(snapshot.len(), Algorithm::ALL.len() - 2);
     for (key, _, ttl) in &snapshot {
         assert!(key.starts_with("test:{"), "{key}");
         assert!(*ttl > 0 && *ttl <= 120_000, "{key}: TTL {ttl}, at most two windows");

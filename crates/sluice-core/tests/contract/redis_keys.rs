@@ -1,5 +1,6 @@
 //! Where Redis keeps its counts: a lone window is counted in the window of the server's clock, not the one sluice
-//! guessed, and a descriptor whose keys fail is counted whole or not at all.
+//! guessed, a descriptor's counting limits share its packed state, and a descriptor whose keys fail is counted whole
+//! or not at all.
 
 use sluice_core::rules::Algorithm;
 
@@ -55,9 +56,9 @@ async fn redis_a_window_guessed_across_an_edge_is_counted_in_the_servers() {
     assert_eq!(redis.cli(&["--raw", "EXISTS", guessed.as_str()]).trim(), "0");
 }
 
-/// Several fixed windows on one descriptor count by INCRBY first: a window's key of the wrong type fails the
-/// descriptor with what the windows before it counted taken back (created keys deleted), so it is counted whole or
-/// not at all, and the next descriptor of the call is decided all the same.
+/// A descriptor's counting limits share one key, its packed state: several windows are counted whole or not at all. A
+/// packed state of the wrong type fails its descriptor with nothing written, and a keyed limit of the wrong type beside
+/// the windows fails it before the windows are written; the next descriptor of the call is decided all the same.
 #[tokio::test]
 async fn redis_windows_are_counted_whole_or_not_at_all() {
     let redis = RedisServer::start();
@@ -71,36 +72,48 @@ async fn redis_windows_are_counted_whole_or_not_at_all() {
             ],
             1,
         );
-        // Nothing else to write: the windows' compact form.
         h.fields.clear();
         h.lease.clear();
         h
     };
     let (bad, good) = (windows("w-bad"), windows("w-good"));
     assert!(apply(&store, T0, &bad).await.admitted);
-    let minute = bad.tiers[0].key.window(T0 - T0 % MINUTE);
-    let hour = bad.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
-    let day = bad.tiers[2].key.window(T0 - T0 % (24 * 60 * MINUTE));
-    redis.cli(&["DEL", hour.as_str()]);
-    redis.cli(&["LPUSH", hour.as_str(), "not a count"]);
-    redis.cli(&["DEL", day.as_str()]);
+    let state = bad.tiers[0].key.packed();
+    assert_eq!(redis.snapshot().len(), 1, "one key for the three windows");
+    let count = |h: &Hit, i: usize| redis.record(&h.tiers[i].key).map(|r| r[2]);
+    assert_eq!(
+        (count(&bad, 0), count(&bad, 1), count(&bad, 2)),
+        (Some(1), Some(1), Some(1))
+    );
+    let ttl: i64 = redis.cli(&["--raw", "PTTL", state.as_str()]).trim().parse().unwrap();
+    assert!(ttl > 86_000_000, "it lives as long as its longest window: {ttl}");
+    redis.cli(&["RENAME", state.as_str(), "kept"]);
+    redis.cli(&["LPUSH", state.as_str(), "not a state"]);
     let answers = store.hit(T0, &[bad.clone(), good.clone()]).await;
     assert!(answers[0].is_err(), "{:?}", answers[0]);
     assert!(answers[1].as_ref().is_ok_and(|o| o.admitted), "{:?}", answers[1]);
-    assert_eq!(redis.cli(&["--raw", "GET", minute.as_str()]).trim(), "1", "taken back");
-    let ttl: i64 = redis.cli(&["--raw", "PTTL", minute.as_str()]).trim().parse().unwrap();
-    assert!(ttl > 0, "its expiry kept: {ttl}");
-    // A window the first hit created and a later window's failure took back is deleted, not left at 0.
-    redis.cli(&["DEL", minute.as_str()]);
-    assert!(store.hit(T0, std::slice::from_ref(&bad)).await[0].is_err());
-    assert_eq!(redis.cli(&["--raw", "EXISTS", minute.as_str()]).trim(), "0");
-    assert_eq!(redis.cli(&["--raw", "EXISTS", day.as_str()]).trim(), "0");
+    assert_eq!(
+        redis.cli(&["--raw", "LLEN", state.as_str()]).trim(),
+        "1",
+        "nothing written"
+    );
+    redis.cli(&["DEL", state.as_str()]);
+    redis.cli(&["RENAME", "kept", state.as_str()]);
+    // A sliding log beside the windows, its key of the wrong type: the hit fails before the windows are written.
+    let mut mixed = windows("w-bad");
+    mixed.tiers.push(tier("w-bad", Algorithm::SlidingLog, 5, MINUTE, 5));
+    let log = mixed.tiers[3].key.clone();
+    redis.cli(&["SET", log.as_str(), "not a log"]);
+    assert!(store.hit(T0, std::slice::from_ref(&mixed)).await[0].is_err());
+    assert_eq!(count(&bad, 0), Some(1), "nothing counted");
+    redis.cli(&["DEL", log.as_str()]);
+    assert!(apply(&store, T0, &mixed).await.admitted);
+    assert_eq!((count(&bad, 0), count(&bad, 2)), (Some(2), Some(2)));
 }
 
-/// A reservation and a settlement on fixed windows alone (their compact form) are whole or nothing: a record key of
-/// another type is replaced by the reservation's record (a text); a window key of the wrong type fails the settlement
-/// with the windows before it set back and the record kept, so that the settlement, once the key is mended, applies
-/// whole.
+/// A reservation and a settlement on several windows are whole or nothing: a record key of another type is replaced
+/// by the reservation's record (a text); a packed state of the wrong type fails the settlement with the record kept,
+/// so that the settlement, once the state is mended, applies whole.
 #[tokio::test]
 async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
     let redis = RedisServer::start();
@@ -122,87 +135,92 @@ async fn redis_reservations_on_windows_are_whole_or_not_at_all() {
         }),
         ..h.clone()
     };
-    let minute = h.tiers[0].key.window(T0 - T0 % MINUTE);
-    let hour = h.tiers[1].key.window(T0 - T0 % (60 * MINUTE));
+    let counts = || {
+        let count = |i: usize| redis.record(&h.tiers[i].key).map_or(0, |r| r[2]);
+        (count(0), count(1))
+    };
     let get = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
     redis.cli(&["LPUSH", id.reservation("bad").as_str(), "not a record"]);
     assert!(apply(&store, T0, &reserve("bad")).await.admitted);
     assert_eq!(get(&id.reservation("bad")), format!("{T0} {} 10,10", T0 + MINUTE));
-    redis.cli(&["DEL", minute.as_str(), hour.as_str()]);
+    assert_eq!(counts(), (10, 10));
     assert!(apply(&store, T0, &reserve("r")).await.admitted);
-    assert_eq!((get(&minute), get(&hour)), ("10".into(), "10".into()));
+    assert_eq!(counts(), (20, 20));
     let settlement = Settlement {
         tiers: h.tiers.clone(),
         cost: 4,
         reservation: id.reservation("r"),
         reap: false,
     };
-    redis.cli(&["DEL", hour.as_str()]);
-    redis.cli(&["LPUSH", hour.as_str(), "not a count"]);
+    let state = h.tiers[0].key.packed();
+    redis.cli(&["RENAME", state.as_str(), "kept"]);
+    redis.cli(&["LPUSH", state.as_str(), "not a state"]);
     assert!(store.settle(T0, std::slice::from_ref(&settlement)).await[0].is_err());
-    assert_eq!(get(&minute), "10", "the minute's refund set back");
     let record = id.reservation("r");
     assert_eq!(
         redis.cli(&["--raw", "EXISTS", record.as_str()]).trim(),
         "1",
         "the record kept"
     );
-    redis.cli(&["DEL", hour.as_str()]);
-    redis.cli(&["SET", hour.as_str(), "10", "PX", "3600000"]);
+    redis.cli(&["DEL", state.as_str()]);
+    redis.cli(&["RENAME", "kept", state.as_str()]);
     match store.settle(T0, &[settlement]).await.remove(0) {
         Ok(Settled::Done { tiers, outcome }) => {
             assert_eq!((tiers[0].refunded, tiers[1].refunded), (6, 6));
-            assert_eq!((outcome.tiers[0].used, outcome.tiers[1].used), (4, 4));
+            assert_eq!((outcome.tiers[0].used, outcome.tiers[1].used), (14, 14));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!((get(&minute), get(&hour)), ("4".into(), "4".into()));
+    assert_eq!(counts(), (14, 14));
     assert_eq!(redis.cli(&["--raw", "EXISTS", record.as_str()]).trim(), "0");
 }
 
-/// A lone sliding window counts its hit before it reads the previous window: a hit the estimate has no room for is
-/// taken back in the same call (the key it created deleted, or the count set back), and a previous window's key of the
-/// wrong type fails the hit with nothing counted; another descriptor of the call is decided all the same.
+/// A lone sliding window keeps its two counts in one record of its packed state: the window before weighs as it
+/// leaves, a hit with no room writes nothing, the record lives as long as its current count weighs, and a packed state
+/// of the wrong type fails the hit with nothing counted while another descriptor of the call is decided all the same.
 #[tokio::test]
-async fn redis_a_lone_sliding_window_takes_back_what_does_not_fit() {
+async fn redis_a_lone_sliding_window_keeps_one_record() {
     let redis = RedisServer::start();
     let store = redis_store(&redis.url()).await;
     let start = T0 - T0 % MINUTE;
-    let mut h = one("sw-undo", Algorithm::SlidingWindow, 3, MINUTE, 1);
+    let mut h = one("sw-record", Algorithm::SlidingWindow, 3, MINUTE, 1);
     h.fields.clear();
     h.lease.clear();
-    let (cur, prev) = (h.tiers[0].key.window(start), h.tiers[0].key.window(start - MINUTE));
-    let count = |key: &CounterKey| redis.cli(&["--raw", "GET", key.as_str()]).trim().to_string();
+    let key = h.tiers[0].key.clone();
     // Six in the window before, five sixths of it still weighing: no room for a hit of a limit of 3.
-    redis.cli(&["SET", prev.as_str(), "6", "PX", "60000"]);
+    redis.set_record(&key, [start + 2 * MINUTE, start - MINUTE, 6, 0], 60_000);
     let o = apply(&store, T0, &h).await;
     assert_eq!((o.admitted, o.tiers[0].used), (false, 6), "five weighing, and the hit");
     assert_eq!(
-        redis.cli(&["--raw", "EXISTS", cur.as_str()]).trim(),
-        "0",
-        "the key it created is gone"
+        redis.record(&key),
+        Some([start + 2 * MINUTE, start - MINUTE, 6, 0]),
+        "nothing written"
     );
-    // With the previous window gone, two hits fit; then it weighs again, and the third is taken back.
-    redis.cli(&["DEL", prev.as_str()]);
+    // With the window before gone, two hits fit; then it weighs again, and the third writes nothing.
+    redis.cli(&["DEL", key.packed().as_str()]);
     for used in 1..=2 {
         assert_eq!(apply(&store, T0, &h).await.tiers[0].used, used);
     }
-    let ttl: i64 = redis.cli(&["--raw", "PTTL", cur.as_str()]).trim().parse().unwrap();
+    assert_eq!(redis.record(&key), Some([start + 2 * MINUTE, start, 2, 0]));
+    let ttl: i64 = redis
+        .cli(&["--raw", "PTTL", key.packed().as_str()])
+        .trim()
+        .parse()
+        .unwrap();
     assert!(
         ttl > 110_000 && ttl <= 111_000,
         "read as the previous window all through the next: {ttl}"
     );
-    redis.cli(&["SET", prev.as_str(), "2", "PX", "60000"]);
+    redis.set_record(&key, [start + 2 * MINUTE, start, 2, 2], 60_000);
     assert!(!apply(&store, T0, &h).await.admitted);
-    assert_eq!(count(&cur), "2", "the count set back");
-    // A previous window of the wrong type: an error, the count as it was, and the other descriptor decided.
-    redis.cli(&["DEL", prev.as_str()]);
-    redis.cli(&["LPUSH", prev.as_str(), "not a count"]);
-    let other = one("sw-undo-other", Algorithm::SlidingWindow, 3, MINUTE, 1);
+    assert_eq!(redis.record(&key).map(|r| r[2]), Some(2), "nothing counted");
+    // A packed state of the wrong type: an error, and the other descriptor decided.
+    redis.cli(&["DEL", key.packed().as_str()]);
+    redis.cli(&["LPUSH", key.packed().as_str(), "not a state"]);
+    let other = one("sw-record-other", Algorithm::SlidingWindow, 3, MINUTE, 1);
     let answers = store.hit(T0, &[h.clone(), other]).await;
     assert!(answers[0].is_err(), "{:?}", answers[0]);
     assert_eq!(answers[1].as_ref().map(|o| o.tiers[0].used).ok(), Some(1));
-    assert_eq!(count(&cur), "2", "nothing counted");
 }
 
 /// Decided by the server's clock, descriptors in a row that share their arguments travel as one run (lone fixed
@@ -248,8 +266,22 @@ async fn redis_descriptors_in_a_run_are_each_answered_in_their_place() {
             h
         };
         let bad = make("bad", 1);
+        // A lone fixed window's count is its window's key; the others', a record of the packed state.
         let hour = |h: &Hit| h.tiers[0].key.window(now - now % (60 * MINUTE));
-        redis.cli(&["LPUSH", hour(&bad).as_str(), "not a count"]);
+        let spoiled = if form == "fixed" {
+            hour(&bad)
+        } else {
+            bad.tiers[0].key.packed()
+        };
+        redis.cli(&["LPUSH", spoiled.as_str(), "not a count"]);
+        let count = |h: &Hit| match form {
+            "fixed" => redis
+                .cli(&["--raw", "GET", hour(h).as_str()])
+                .trim()
+                .parse()
+                .unwrap_or(0),
+            _ => redis.record(&h.tiers[0].key).map_or(0, |r| r[2]),
+        };
         let hits = [
             make("a", 1),
             make("b", 1),
@@ -277,15 +309,7 @@ async fn redis_descriptors_in_a_run_are_each_answered_in_their_place() {
                 "{form}, round {round}"
             );
         }
-        assert_eq!(
-            redis.cli(&["--raw", "GET", hour(&hits[0]).as_str()]).trim(),
-            "4",
-            "{form}"
-        );
-        assert_eq!(
-            redis.cli(&["--raw", "GET", hour(&hits[4]).as_str()]).trim(),
-            "4",
-            "{form}"
-        );
+        assert_eq!(count(&hits[0]), 4, "{form}");
+        assert_eq!(count(&hits[4]), 4, "{form}");
     }
 }

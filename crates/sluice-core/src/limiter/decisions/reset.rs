@@ -65,10 +65,10 @@ impl<S: Counters + Announcements + Releases> Decisions<S> {
         })
     }
 
-    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A counter kept in
-    /// Redis as a key per window ([`CounterKey::window`]: the fixed and sliding windows) comes with the keys
-    /// of every window it may hold now (`algorithm::window_starts`), as does the counter's own key, where the memory
-    /// store and every other Redis counter keep their state.
+    /// The keys of the matched limits that `select` picks, and of the hit records when `records`. A plain counter
+    /// (kept in Redis as a key per window, [`CounterKey::window`]) comes with the keys of every window it may hold now
+    /// (`algorithm::window_starts`), as does the counter's own key, by which the memory store keeps its state and the
+    /// Redis store finds it (its own key, or its record in its descriptor's packed state).
     fn keys(&self, request: &Request, select: impl Fn(&Tier) -> bool, records: bool) -> Vec<CounterKey> {
         let rules = self.core.rules.load();
         let targets = resolve(rules.domain(&request.domain), request);

@@ -1,13 +1,17 @@
 -- fixed_window.lua: at most `limit` hits per epoch-aligned window of `window` us.
 --
--- State: one integer string per window, `<key>:<window>` (prelude.lua's `window_key`: the window's number in hex;
--- sluice sends the key of the window it expects), counted with INCRBY, which expires a second after its window ends.
--- The commonest call, the compact hit below, is one INCRBY on it (and one PEXPIRE on the window's first count); a
--- window that has passed is simply another key. Invariants: a cost of 0 writes nothing; the TTL is set when a window's
--- first count creates its key and never extended. Denials are counted only when decide.lua says so (a lone fixed
--- window, as in the reference, but never a cost above the limit, which can never fit; a forced hit, whatever its cost).
--- The count stops at MAX_COUNT. A settlement's refund lowers the count of the current window only, never below 0, and
--- keeps the key's expiry.
+-- State, in one of two forms:
+-- packed   (L.fixed_window) two numbers in its descriptor's packed state (decide.lua): the first microsecond of the
+--          window counted and its count. A count of another window reads as 0.
+-- counter  (L.counter) a descriptor whose one limit is a fixed window counted here alone keeps a plain integer per
+--          window, `<key>:<window>` (prelude.lua's `window_key`: the window's number in hex; sluice sends the key of
+--          the window it expects), or the reference's key for the drop-in, counted with INCRBY and expiring a second
+--          after its window ends. The commonest call, the counter's hit below, is one INCRBY (and one PEXPIRE on the
+--          window's first count); a window that has passed is simply another key.
+-- Invariants: a cost of 0 writes nothing; a counter's TTL is set when a window's first count creates its key and never
+-- extended. Denials are counted only when decide.lua says so (a lone counter, as in the reference, but never a cost
+-- above the limit, which can never fit; a forced hit, whatever its cost). The count stops at MAX_COUNT. A
+-- settlement's refund lowers the count of the current window only, never below 0.
 
 -- The count of the window `wkey` (0 if it has none), and whether its key exists.
 local function window_count(wkey)
@@ -26,7 +30,12 @@ local function count_in(wkey, now, cost, text, window)
   return n
 end
 
-function L.fixed_window()
+-- What is left of the limit after the count `n` (both forms).
+local function left(n, _, _, _, limit)
+  return max0(limit - n)
+end
+
+function L.counter()
   local M = {}
 
   M.width, M.counts_denials = 1, true
@@ -62,9 +71,7 @@ function L.fixed_window()
     return '', window - now % window
   end
 
-  function M.left(n, _, _, _, limit)
-    return max0(limit - n)
-  end
+  M.left = left
 
   -- Counts `cost` in the window seen (past the limit if decide.lua says so), up to MAX_COUNT; the window's first
   -- count sets its expiry, later ones keep it. Returns the time until the window ends.
@@ -121,128 +128,49 @@ function L.fixed_window()
   return M
 end
 
--- The global form's compact hit, on a descriptor with one global window (`global: true`, a fixed window here, a sliding
--- one in sliding_window.lua) and nothing else to write, in the fewest Redis commands and arguments: the other regions'
--- counts read from their hash (`<window key>@regions`, the sum of its values), the window's own count read and, when
--- the hit fits, written (a lone fixed window's both at once, by one INCRBY); integers back. The decision itself (what
--- is left, when to retry, the sum reported as used) is made by sluice from those integers, the limit and the time,
--- exactly as the global form's check would make it (and the memory store, by the same `global_check` in
--- `store/algorithm.rs`); the differential test holds the paths to the same answers.
---
--- Keys (as the plain compact forms build them, by sluice's clock, and rebuilt here for the server's window): a fixed
--- window's key; a sliding window's current and previous windows' keys. Arguments (batch.lua reads them): 'gw' (a
--- fixed window) or 'gs' (a sliding one), in capitals when shared (below), the window, the limit, the cost (bounded by
--- the limit + 1), `times`, how many identical hits the call carries (sluice sends a hot key's identical hits of one
--- script call as one call: they are decided one after the other, each counted while it fits, so that as many as fit
--- are counted at once, and sluice tells each hit's answer from the first's), then the time.
---
--- Writes into answers[pos] on: a fixed window's count before the (first) hit and the others' count of its window (2
--- places); a sliding window's current and previous counts before the (first) hit and the others' weighted estimate (3
--- places).
---
--- As a lone bucket, a counter that several compact calls of one script call hit (a hot key; sluice shares a counter
--- only among calls that see it in one window) is read once, the others' hash too, and written once, at the end or
--- before a descriptor of the decision loop's form (prelude.lua's flush): the hits are decided one after the other on the
--- counts the previous ones left, exactly as serial hits. A write that fails turns the answers of the hits it carried
--- into its error. Invariants: as the global form's: never counts a denial (nor a cost of 0), never writes the regions'
--- hashes; the window's own key holds what its algorithm's commit writes. A lone unshared fixed window's hit that may
--- fit is counted by INCRBY before it is decided, and a denial then sets the count back (deletes the key it created) in
--- the same call: a denial leaves the count as it found it, but costs one more write than a read.
 
--- Per shared fixed window of this call (by its key as sluice sent it): its count as the hits so far leave it, what it
--- was read as, and the others' count; and the places of the hits that counted in it. `shared_globals` writes and
--- forgets them (prelude.lua's keep).
-local global_fixed, global_fixed_movers = {}, {}
-local shared_globals = {}
+function L.fixed_window()
+  local M = { width = 1, slots = 2, counts_denials = true }
 
--- Writes the count `g` holds, as the commit above writes it (its first count sets the expiry, from the time
--- of the hit that made it).
-local function global_fixed_commit(g)
-  local count = string.format('%d', math.min(g.n, MAX_COUNT))
-  if g.exists then
-    redis.call('SET', g.wkey, count, 'KEEPTTL')
-  else
-    redis.call('SET', g.wkey, count, 'PX', ceil_ms(g.start + g.window - g.first + WINDOW_KEY_GRACE_US))
+  -- The count of the window `now` is in, from the state at P[p].
+  local function count(p, now, window)
+    if P[p] == now - now % window then return P[p + 1] end
+    return 0
   end
-end
 
--- Writes what the hits of this call counted in the shared fixed window `key`, and forgets it.
-local function global_fixed_write(key)
-  local g, movers = global_fixed[key], global_fixed_movers[key]
-  global_fixed[key], global_fixed_movers[key] = nil, nil
-  if movers == nil then return end
-  local ok, err = pcall(global_fixed_commit, g)
-  if not ok then failed(movers, err) end
-end
+  function M.check(p, now, cost, limit, window)
+    local n = count(p, now, window)
+    return n + cost <= limit, n, -1, -1
+  end
 
-function shared_globals.flush()
-  for key in pairs(global_fixed_movers) do global_fixed_write(key) end
-  global_fixed = {}
-end
+  M.left = left
 
-function shared_globals.forget()
-  global_fixed, global_fixed_movers = {}, {}
-end
+  -- Counts `cost` in the window `now` is in, up to MAX_COUNT; returns the time until the window ends.
+  function M.commit(p, now, cost, _, window)
+    local start = now - now % window
+    P[p], P[p + 1] = start, math.min(count(p, now, window) + cost, MAX_COUNT)
+    return '', start + window - now
+  end
 
-local function compact_global_fixed(key, window, limit, cost, times, now, pos, shared)
-  local start = now - now % window
-  if not shared then
-    -- Decided and written in the fewest commands, with nothing to remember (no table: the commonest call over many
-    -- keys). The others' count first: a hit that cannot fit what they leave only reads the window's count. One that
-    -- may fit is counted at once, by one INCRBY as a lone regional window is, and set back in the same call if it did
-    -- not fit after all (or only some of `times` did): the script runs atomically, so no reader ever sees the count
-    -- it took back.
-    local wkey = window_of(key, start, window)
-    local others = regions_count(wkey)
-    local room = max0(limit - others)
-    if cost <= 0 or cost > room then
-      answers[pos], answers[pos + 1] = window_count(wkey), others
-      return
-    end
-    local added = cost * times
-    local n = redis.call('INCRBY', wkey, string.format('%d', added)) - added
-    -- The window's first count: the expiry is set below.
-    local fresh = n == 0
-    local fits = global_fits(n, room, cost, times)
-    if fits < times then
-      local count = n + fits * cost
-      if count == 0 then
-        redis.call('DEL', wkey)
-        fresh = false
-      else
-        redis.call('SET', wkey, string.format('%d', count), 'KEEPTTL')
-      end
-    end
-    if fresh then redis.call('PEXPIRE', wkey, ceil_ms(start + window - now + WINDOW_KEY_GRACE_US)) end
-    answers[pos], answers[pos + 1] = n, others
-    return
+  -- How long the state matters: until its window ends, if it counted anything.
+  function M.lives(p, now, window)
+    if P[p + 1] > 0 then return P[p] + window - now end
+    return 0
   end
-  local g = global_fixed[key]
-  if g ~= nil and g.start ~= start then
-    global_fixed_write(key)
-    g = nil
+
+  -- Gives back up to `amount` (down to 0) if the hit at `at` was counted in the current window.
+  function M.refund(p, now, at, amount, _, window)
+    local start = now - now % window
+    if at - at % window ~= start or P[p] ~= start then return nil end
+    local given = math.min(P[p + 1], amount)
+    return given, function() P[p + 1] = P[p + 1] - given end
   end
-  if g == nil then
-    local wkey = window_of(key, start, window)
-    local n, exists = window_count(wkey)
-    g = { wkey = wkey, start = start, window = window, n = n, exists = exists, others = regions_count(wkey) }
-    global_fixed[key] = g
-    keep(shared_globals)
-  end
-  local n = g.n
-  local fits = global_fits(n, max0(limit - g.others), cost, times)
-  if fits > 0 then
-    g.n = n + fits * cost
-    g.first = g.first or now
-    moved(global_fixed_movers, key, pos)
-  end
-  answers[pos], answers[pos + 1] = n, g.others
+
+  return M
 end
 
 -- The global form (`global: true`, prelude.lua's global_of): the limit less what the other regions counted in the
--- window.
-L['global:fixed_window'] = global_of('fixed_window', function(j, now, window)
+-- window, read from the hash named after the window's key (its one key, a name sluice sends).
+L['global:fixed_window'] = global_of('fixed_window', 1, function(j, now, window)
   return regions_count(window_at(K[j], now, window))
-end, function(M)
-  M.hit = compact_global_fixed
 end)

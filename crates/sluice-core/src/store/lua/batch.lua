@@ -8,24 +8,22 @@
 -- Two forms:
 -- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
 --           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing (below); then per
---           descriptor its arguments: a fast form's (`forms` below, each headed by its letter, or a lone fixed
---           window's by its window, a positive number), or the decision loop's (decide.lua, headed by its mode),
---           then its time when each carries its own. Descriptors in a row whose arguments are the same (every one of
+--           descriptor its arguments: a plain counter's (fixed_window.lua's fast form, headed by its window, a
+--           positive number; or a run of them, 'f'), or the decision loop's (decide.lua, headed by its mode), then
+--           its time when each carries its own. Descriptors in a row whose arguments are the same (every one of
 --           them) may go as one run: '*', their number, and the arguments once (counting once in n); each has its
 --           own keys.
 -- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
 --           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor its arguments (its time among
---           them as above), then a fast form's keys, or the decision loop's probe key (the descriptor's key prefix
+--           them as above), then a plain counter's key, or the decision loop's probe key (the descriptor's key prefix
 --           and hash tag alone: a key of its slot that sluice never writes; '' for none) and its keys.
 --
 -- The timing: '' when every descriptor carries its own time (its last argument), else the time, by sluice's clock,
 -- the windows' keys were built for: the call is then decided by the server's clock (TIME, read once per call), and a
 -- window the server sees otherwise (the two clocks across an edge) gets its own key.
 --
--- Returns the answers in order, each descriptor's in as many places as its form answers: a lone fixed window's or
--- bucket's integer, a sliding window's two counts, a global window's two or three, or the decision loop's
--- (decide.lua); or a string in its first place (and
--- 0 in its others), the error that stopped that descriptor (a wrong-type key); the others are decided all the same.
+-- Returns the answers in order, each descriptor's in as many places as its form answers: a plain counter's integer,
+-- or the decision loop's (decide.lua); or a string in its first place (and 0 in its others), the error that stopped that descriptor (a wrong-type key); the others are decided all the same.
 -- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
 -- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
 -- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's
@@ -37,17 +35,17 @@
 -- the slot is served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a
 -- migrating slot is therefore refused before anything is written, never part-way (a migrating slot serves only the
 -- keys it still holds, so a key created or emptied by the decision could be refused after another was written). Each
--- probe key is read once per call. The fast forms need no probe: each reads its keys (one slot's) before it writes
--- any, and a read is refused exactly where the probe's read would be, before anything is written.
+-- probe key is read once per call. A plain counter needs no probe: its one command is refused exactly where the probe's
+-- read would be, before anything is written.
 
 -- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
 -- arguments (a) are, the probe keys read (node form), the server's time the timing asks for (now), and where the next
 -- answer goes (o: a descriptor's answer takes as many places as its form answers).
 local node, k, a, served, now, o
 
--- What a compact call that failed answers: its error, or, refused as not served here, false (not decided, nothing
+-- What a descriptor that failed answers: its error, or, refused as not served here, false (not decided, nothing
 -- written; sent again to its slot).
-local function compact_error(err)
+local function error_of(err)
   if type(err) == 'table' then err = err.err end
   err = tostring(err)
   if node and (string.find(err, 'non local key', 1, true) or string.find(err, 'cluster is down', 1, true)) then
@@ -56,103 +54,24 @@ local function compact_error(err)
   return err
 end
 
--- A compact call's arguments: `count` of them (its head included), then its time when each carries its own, then in
--- the node form its keys.
-local function compact_width(count)
-  if guess == nil then return count + 1 end
-  return count
-end
-
--- The key and the time of the compact call at `a` that takes `count` arguments.
-local function compact_key_and_time(count)
-  local key, at = K[k], now
-  if node then key = ARGV[a + compact_width(count)] end
-  if guess == nil then at = tonumber(ARGV[a + count]) end
-  return key, at
-end
-
--- Moves past the compact call at `a`, of `count` arguments and `t` keys (1 unless given).
-local function compact_done(count, t)
-  t = t or 1
-  if node then a = a + compact_width(count) + t else a, k = a + compact_width(count), k + t end
-end
-
--- A compact call that failed with `err` answers it in its first place and 0 in its `width - 1` others.
-local function compact_failure(err, width)
-  answers[o] = compact_error(err)
+-- A descriptor that failed with `err` answers it in its first place and 0 in its `width - 1` others.
+local function failure(err, width)
+  answers[o] = error_of(err)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
--- The compact forms headed by a letter: each decides the descriptor whose head is at ARGV[a] (keys from K[k], answer
--- at answers[o]) and moves past it. A letter in capitals: another compact call of this batch hits the same counter
--- (read once and written once for all of them).
-local forms = {}
-
--- A run of lone fixed windows that share their window and cost, decided by the server's clock (declared form): 'f',
--- their number, the window and the cost; a key each.
-function forms.f()
+-- A run of plain counters (lone fixed windows) that share their window and cost, decided by the server's clock
+-- (declared form): 'f', their number, the window and the cost; a key each.
+local function run()
   local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
-  local cost, hit = number(text), algorithm('fixed_window').hit
+  local cost, hit = number(text), algorithm('counter').hit
   for _ = 1, m do
     local ok, answer = pcall(hit, K[k], w, cost, text, now, guess)
-    if ok then answers[o] = answer else compact_failure(answer, 1) end
+    if ok then answers[o] = answer else failure(answer, 1) end
     k, o = k + 1, o + 1
   end
   a = a + 4
 end
-
--- A lone bucket ('b', 'B'): three numbers, (time), and in the node form its key.
-local function bucket(shared)
-  return function()
-    local key, at = compact_key_and_time(4)
-    local ok, answer = pcall(algorithm('token_bucket').hit, key, number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), at, o, shared)
-    if ok then answers[o] = answer else compact_failure(answer, 1) end
-    compact_done(4)
-    o = o + 1
-  end
-end
-forms.b, forms.B = bucket(false), bucket(true)
-
--- A lone sliding window ('s', 'S'): three numbers, (time), and in the node form its two keys.
-local function sliding(shared)
-  return function()
-    local cur, at = compact_key_and_time(4)
-    local prev = K[k + 1]
-    if node then prev = ARGV[a + compact_width(4) + 1] end
-    local ok, c, p = pcall(algorithm('sliding_window').hit, cur, prev, number(ARGV[a + 1]), number(ARGV[a + 2]),
-      number(ARGV[a + 3]), ARGV[a + 3], at, guess, o, shared)
-    if ok then answers[o], answers[o + 1] = c, p else compact_failure(c, 2) end
-    compact_done(4, 2)
-    o = o + 2
-  end
-end
-forms.s, forms.S = sliding(false), sliding(true)
-
--- A lone global window, fixed ('gw', 'GW') or sliding ('gs', 'GS'): four numbers, (time), and in the node form its
--- one or two keys.
-local function global(fixed, shared)
-  local name, t = 'global:sliding_window', 2
-  if fixed then name, t = 'global:fixed_window', 1 end
-  return function()
-    local key, at = compact_key_and_time(5)
-    local window, limit, cost, times = number(ARGV[a + 1]), number(ARGV[a + 2]), number(ARGV[a + 3]),
-      number(ARGV[a + 4])
-    local ok, err
-    if fixed then
-      ok, err = pcall(algorithm(name).hit, key, window, limit, cost, times, at, o, shared)
-    else
-      local prev = K[k + 1]
-      if node then prev = ARGV[a + compact_width(5) + 1] end
-      ok, err = pcall(algorithm(name).hit, key, prev, window, limit, cost, times, at, o, shared)
-    end
-    if not ok then compact_failure(err, t + 1) end
-    compact_done(5, t)
-    o = o + t + 1
-  end
-end
-forms.gw, forms.GW = global(true, false), global(true, true)
-forms.gs, forms.GS = global(false, false), global(false, true)
 
 -- A descriptor in decide.lua's form: its arguments, its time when each carries its own, then in the node form its
 -- probe key (the descriptor's key prefix and hash tag alone, '' for none) and its keys. Decided only where its probe
@@ -178,30 +97,26 @@ local function generic()
     answers[o] = false
     for j = 1, w - 1 do answers[o + j] = 0 end
   else
-    -- decide.lua's form may read a counter compact calls of this batch share: write those first.
-    if next(holding) ~= nil then flush() end
     local ok, err = pcall(decide, a, keys, at, o)
-    if not ok then compact_failure(err, w) end
+    if not ok then failure(err, w) end
   end
   if node then a = ends + 1 + nk else a, k = ends, k + nk end
   o = o + w
 end
 
--- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a
--- fast form's letter, a lone fixed window's window (most often a number read before: see `number`), or the decision
--- loop's mode.
+-- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a run's
+-- 'f', a plain counter's window (most often a number read before: see `number`), or the decision loop's mode.
 local function decide_one()
   local head = ARGV[a]
-  local form = forms[head]
-  if form ~= nil then return form() end
+  if head == 'f' then return run() end
   local window = numbers[head] or number(head)
   if window == nil then return generic() end
-  -- The commonest call, a lone fixed window: its cost, (time), and in the node form its key.
+  -- The commonest call, a plain counter (a lone fixed window): its cost, (time), and in the node form its key.
   local text, key, at, width = ARGV[a + 1], K[k], now, 2
   if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
   if node then key = ARGV[a + width] end
-  local ok, answer = pcall(algorithm('fixed_window').hit, key, window, number(text), text, at, guess)
-  if ok then answers[o] = answer else compact_failure(answer, 1) end
+  local ok, answer = pcall(algorithm('counter').hit, key, window, number(text), text, at, guess)
+  if ok then answers[o] = answer else failure(answer, 1) end
   if node then a = a + width + 1 else a, k = a + width, k + 1 end
   o = o + 1
 end
@@ -211,7 +126,6 @@ end
 -- every call, where run by EVALSHA they are made again at each.
 local function batch()
   K, server_now = KEYS, nil
-  if next(holding) ~= nil then forget() end
   node = ARGV[1] == 'node'
   local n
   n, k, a, o = tonumber(ARGV[1]), 1, 3, 1
@@ -236,7 +150,6 @@ local function batch()
       decide_one()
     end
   end
-  flush()
   -- The answers end at the first nil: what an earlier, larger call left past them is not part of this one's.
   answers[o], answers[o + 1] = server_now or 0, nil
   return answers

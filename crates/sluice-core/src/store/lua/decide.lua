@@ -11,19 +11,25 @@
 --             hit is counted; 'settle' settles a reservation with the actual costs; 'reap' is a 'settle' that finds
 --             only an expired record (kept RESERVATION_GRACE_MS past its expiry) and settles it at its estimates,
 --             changing no tier (these two are sent only when every tier counts, and with no lease, fields or records);
---             'grant' reads each tier as a peek of cost 0 does and grants from what they have left (ledger.lua).
+--             'grant' reads each tier as a peek of cost 0 does and grants from what they have left (ledger.lua);
+--             'forget' (no tiers) forgets one counting limit's record in the packed state (a reset of that limit);
+--             'count' (no tiers) reads one window's count in a record (a global window's, for the other regions).
 -- t           the number of tiers
 -- per tier    its algorithm's name, window (us), limit and cost (bounded by the tier's capacity + 1, see
---             `TierSpec::bounded_cost`; 0 checks without consuming), then for an algorithm with a burst (a table
---             with `burst`: the buckets' burst, the bucketed window's number of sub-windows) the burst
+--             `TierSpec::bounded_cost`; 0 checks without consuming), then for a packed algorithm (prelude.lua) its
+--             record's tag in the packed state (`load` below), and for an algorithm with a burst (a table with
+--             `burst`: the buckets' burst, the bucketed window's number of sub-windows) the burst
 -- then        with 'l', the lease id; with 'q', f and f fields (name, value, ...); with 'k', the number of hit records
 --             to keep and the value to record; in the modes 'reserve' and 'reserve_report', the record's TTL (us); in
 --             the mode 'grant', the holder, what it holds, what it wants, its entry's TTL (us), whether it is a newcomer
---             (1/0), and a rate's limit per window when the holders share a rate (-1: a budget)
--- Its keys, from K[k] on (in a cluster node's batch, after its arguments and its probe: batch.lua): per tier as many
--- as its algorithm keeps (`keys`: a sliding window's current and previous windows', built for the window sluice's
--- clock expects; a fixed window's, the same; the counter's otherwise); then the hit records' list with 'k', and the
--- reservation record (modes 'reserve', 'reserve_report', 'settle', 'reap') or the grant ledger (mode 'grant').
+--             (1/0), and a rate's limit per window when the holders share a rate (-1: a budget); in the mode 'forget',
+--             the record's tag; in the mode 'count', the record's tag, the window's start and its length (us)
+-- Its keys, from K[k] on (in a cluster node's batch, after its arguments and its probe: batch.lua): the packed state's
+-- when some tier's algorithm is packed (prelude.lua); then per tier as many as its algorithm keeps (`keys`: a plain
+-- counter's window, built for the window sluice's clock expects; a global window's names, alike; none for another
+-- packed tier; the counter's own otherwise); then the hit records' list with 'k', and the reservation record (modes
+-- 'reserve', 'reserve_report', 'settle', 'reap'), the grant ledger (mode 'grant') or the packed state (modes 'forget',
+-- 'count').
 --
 -- Writes its answer into answers[o] on (batch.lua): the flags, 1 when the hit is admitted plus 2 when it was
 -- committed, then per tier what its check saw (`width` values: see prelude.lua), then with 'k' in the mode 'peek' the
@@ -31,16 +37,18 @@
 -- algorithm's Rust twin (`algorithm::seen`); a forced hit's admitted is an ordinary hit's.
 -- In the mode 'settle' ('reap'): 0 and zeros when there is no such reservation, else 1, then per tier the estimate,
 -- the actual cost, the charge and the refund, then the answer of a peek of cost 1 after settling, as above.
--- In the mode 'grant': ledger.lua's grant's six values.
+-- In the mode 'grant': ledger.lua's grant's six values. In the mode 'forget': 1 if the record was there, else 0. In
+-- the mode 'count': the window's count.
 --
--- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
+-- Invariants: either every tier is committed or none, except that a lone plain counter counts its denials as the
 -- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
 -- nothing), and that a forced hit commits every tier. A hit is committed only if some tier's cost is positive, and
 -- each tier commits its own cost; a tier whose cost is 0 is checked and never written (no count, no lease, no queue
--- entry). A peek never writes. Hit records expire with the longest-lived tier the hit was counted in. A reservation
--- record is written only by a hit that is admitted and committed (or forced), before any tier's write but a taken
+-- entry). A peek never writes. The packed state is read once, before the first check, and written once, after the
+-- last commit, only if a tier's state in it changed. Hit records expire with the longest-lived tier the hit was
+-- counted in. A reservation record is written only by a hit that is admitted and committed (or forced), before any tier's write but a taken
 -- count's (below), and a settlement reads the record and every tier before it writes, so a key of the wrong type stops
--- either before it changes anything. A tier whose algorithm takes a hit at once (`take`: a fixed window's INCRBY, in
+-- either before it changes anything. A tier whose algorithm takes a hit at once (`take`: a plain counter's INCRBY, in
 -- the modes 'hit' and 'reserve') is counted before the next tier is seen, and taken back (`undo`) when the hit is not
 -- committed or a later step fails: the script runs atomically, so no reader sees a count taken back.
 
@@ -66,11 +74,14 @@ end
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (ok, the values
 -- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
-local impl, windows, limits, bursts, costs, texts, places = {}, {}, {}, {}, {}, {}, {}
+local impl, windows, limits, bursts, costs, texts, places, tags, slots = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local seen_ok, seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
--- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes.
-local positive, places_answered = false, 0
+-- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
+-- how many tiers are packed, how many records the packed state holds, and whether the decision changed them.
+local positive, places_answered, packed, records, dirty = false, 0, 0, 0, false
+-- Where the hit records' key is among the descriptor's keys (after every tier's).
+local record_place = 0
 
 -- The arguments of the decision last read (the call's ARGV and the offset): descriptors of a run (batch.lua's '*')
 -- share their arguments, so each after the first reads nothing again.
@@ -79,6 +90,7 @@ local read_argv, read_a, read_end, read_keys
 -- How many places the answer of the decision being read takes.
 local function answer_width()
   if m.name == 'grant' then return 6 end
+  if m.name == 'forget' or m.name == 'count' then return 1 end
   local w = 1
   for i = 1, tiers do w = w + impl[i].width end
   if m.settling then return w + 1 + 4 * tiers end
@@ -92,7 +104,7 @@ local function read(a)
   read_argv = nil
   m = mode_of(ARGV[a])
   tiers = number(ARGV[a + 1])
-  local at, nk = a + 2, 0
+  local at, nk, ns = a + 2, 0, 0
   positive = false
   for i = 1, tiers do
     local A = algorithm(ARGV[at])
@@ -100,16 +112,28 @@ local function read(a)
     impl[i], windows[i], limits[i], costs[i] = A, number(ARGV[at + 1]), number(ARGV[at + 2]), number(ARGV[at + 3])
     texts[i] = ARGV[at + 3]
     places[i] = nk
-    if A.burst then
-      bursts[i] = number(ARGV[at + 4])
-      at = at + 5
-    else
-      bursts[i] = 0
-      at = at + 4
+    at = at + 4
+    if A.slots then
+      -- Its record's tag: one of many, not worth keeping among the numbers read.
+      tags[i] = tonumber(ARGV[at])
+      at = at + 1
+      ns = ns + 1
     end
-    nk = nk + (A.keys or 1)
+    bursts[i] = 0
+    if A.burst then
+      bursts[i] = number(ARGV[at])
+      at = at + 1
+    end
+    nk = nk + (A.keys or (A.slots and 0) or 1)
     if costs[i] > 0 then positive = true end
   end
+  -- The packed state's key comes first.
+  packed = ns
+  if ns > 0 then
+    for i = 1, tiers do places[i] = places[i] + 1 end
+    nk = nk + 1
+  end
+  record_place = nk
   lease, fields, record_size = '', no_fields, 0
   if m.lease then
     lease = ARGV[at]
@@ -127,8 +151,14 @@ local function read(a)
     nk = nk + 1
   end
   tail = at
-  if m.reserving then at = at + 1 elseif m.name == 'grant' then at = at + 6 end
-  if m.reserving or m.settling or m.name == 'grant' then nk = nk + 1 end
+  if m.reserving or m.name == 'forget' then
+    at = at + 1
+  elseif m.name == 'count' then
+    at = at + 3
+  elseif m.name == 'grant' then
+    at = at + 6
+  end
+  if m.reserving or m.settling or m.name == 'grant' or m.name == 'forget' or m.name == 'count' then nk = nk + 1 end
   places_answered = answer_width()
   read_argv, read_a, read_end, read_keys = ARGV, a, at, nk
   return at, nk
@@ -140,9 +170,141 @@ local function seen(i, ok, a, b, c, x)
   return ok
 end
 
--- Tier i's check of `cost` (its keys from K[k + its place]).
+-- Where tier i's state is: its place in the packed state, or its first key's (the descriptor's keys from K[k]); and
+-- the check's last argument, a packed tier's first key (names a global window reads by), a keyed one's cost as the
+-- arguments spell it.
+local function at_of(k, i)
+  if impl[i].slots then return slots[i], k + places[i] end
+  return k + places[i], texts[i]
+end
+
+-- The packed state (prelude.lua's P): records of five numbers, one per counting limit of the descriptor, little-endian
+-- doubles (which hold every time and count exactly): the record's tag (48 bits of a hash of the limit's counter key,
+-- `CounterKey::record`), the time its state stops mattering (0: never written), then up to three numbers of the
+-- algorithm's state (its `slots`). A record is found by its tag; one whose time has come starts afresh, and is dropped
+-- at the next write. Records of limits this decision does not name (another rule matched the same descriptor, or the
+-- rules changed) are kept as they are until their time comes.
+local RECORD = 5
+
+-- The formats of a packed state by its number of records.
+local formats = {}
+local function format_of(n)
+  local f = formats[n]
+  if f == nil then
+    f = '<' .. string.rep('d', n * RECORD)
+    formats[n] = f
+  end
+  return f
+end
+
+-- Reads the packed state from K[k] into P and finds each packed tier's record there (a new one at the end for a tier
+-- that has none).
+local function load(k)
+  dirty = false
+  if packed == 0 then return end
+  local v = redis.call('GET', K[k])
+  records = 0
+  if v then records = math.floor(#v / (8 * RECORD)) end
+  if records > 0 then
+    local got = { struct.unpack(format_of(records), v) }
+    for i = 1, records * RECORD do P[i] = got[i] end
+  end
+  for i = 1, tiers do
+    if impl[i].slots then
+      local b
+      for r = 1, records * RECORD, RECORD do
+        if P[r] == tags[i] then
+          b = r
+          break
+        end
+      end
+      if b == nil then
+        records = records + 1
+        b = records * RECORD - RECORD + 1
+        P[b] = tags[i]
+        P[b + 1] = 0
+      end
+      if P[b + 1] <= now then P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0 end
+      slots[i] = b + 2
+    end
+  end
+end
+
+-- Writes the packed state back to K[k] if the decision changed it: each packed tier's record with the time its state
+-- stops mattering, and every record whose time has not come, the key living as long as the longest (and a second more:
+-- a call decided at a given time may come a little after the server's clock). P is left as it was read and written.
+local function save(k)
+  if not dirty then return end
+  for i = 1, tiers do
+    if impl[i].slots then
+      local lives = impl[i].lives(slots[i], now, windows[i])
+      P[slots[i] - 1] = 0
+      if lives > 0 then P[slots[i] - 1] = now + lives end
+    end
+  end
+  local out, last = {}, 0
+  for r = 1, records * RECORD, RECORD do
+    if P[r + 1] > now then
+      for j = 0, RECORD - 1 do out[#out + 1] = P[r + j] end
+      if P[r + 1] > last then last = P[r + 1] end
+    end
+  end
+  if #out == 0 then
+    redis.call('DEL', K[k])
+  else
+    redis.call('SET', K[k], struct.pack(format_of(#out / RECORD), unpack(out)), 'PX',
+      ceil_ms(last - now + WINDOW_KEY_GRACE_US))
+  end
+end
+
+-- The records of the packed state at `key`, read as they are, and how many.
+local function records_at(key)
+  local v = redis.call('GET', key)
+  local n = 0
+  if v then n = math.floor(#v / (8 * RECORD)) end
+  if n == 0 then return {}, 0 end
+  return { struct.unpack(format_of(n), v) }, n
+end
+
+-- What the window of `window` us starting at `start` holds in the record `tag` of the packed state at `key` (a global
+-- window's own count in this region, shipped to the others: a fixed window's count, or a sliding window's current or
+-- previous count), or 0.
+local function count_of(key, tag, start, window)
+  local got, n = records_at(key)
+  for r = 1, n * RECORD, RECORD do
+    if got[r] == tag then
+      if got[r + 2] == start then return got[r + 3] end
+      if got[r + 2] == start + window then return got[r + 4] end
+      return 0
+    end
+  end
+  return 0
+end
+
+-- Forgets the record `tag` in the packed state at `key` (a reset of one counting limit), keeping the others and the
+-- key's expiry; returns 1 if there was one, else 0.
+local function forget(key, tag)
+  local got, n = records_at(key)
+  if n == 0 then return 0 end
+  local out = {}
+  for r = 1, n * RECORD, RECORD do
+    if got[r] ~= tag then
+      for j = 0, RECORD - 1 do out[#out + 1] = got[r + j] end
+    end
+  end
+  if #out == n * RECORD then return 0 end
+  if #out == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, struct.pack(format_of(#out / RECORD), unpack(out)), 'KEEPTTL')
+  end
+  return 1
+end
+
+-- Tier i's check of `cost`.
 local function check(k, i, cost, force)
-  return seen(i, impl[i].check(k + places[i], now, cost, limits[i], windows[i], bursts[i], force))
+  local at, j = at_of(k, i)
+  return seen(i, impl[i].check(at, now, cost, limits[i], windows[i], bursts[i], force, j))
 end
 
 -- Commits `cost` to tier i over what its check saw (or keeps what it took); returns what it created (a lease, a queue
@@ -151,8 +313,9 @@ local function commit(k, i, cost, force)
   local A = impl[i]
   local f = A.commit
   if taken[i] then f = A.kept end
-  return f(k + places[i], now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i], seen_x[i],
-    lease, fields)
+  if A.slots then dirty = true end
+  return f((at_of(k, i)), now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i],
+    seen_x[i], lease, fields)
 end
 
 -- Takes back what tiers 1 to `upto` took.
@@ -200,6 +363,7 @@ local function settle(k, rk, o)
     return
   end
   answers[o] = 1
+  load(k)
   local writes, charged = {}, {}
   -- Every tier is read before anything is written: a key of the wrong type stops the settlement here. A tier charged
   -- nothing is read all the same (a check of 0), and so is one whose refund need not read.
@@ -212,7 +376,7 @@ local function settle(k, rk, o)
     -- Reported refunded: what came back to a window still in force, not what was asked.
     local given = 0
     if r > 0 then
-      given, writes[i] = impl[i].refund(k + places[i], now, at, r, limits[i], windows[i], bursts[i])
+      given, writes[i] = impl[i].refund((at_of(k, i)), now, at, r, limits[i], windows[i], bursts[i])
     end
     answers[o + 4 * i - 3], answers[o + 4 * i - 2], answers[o + 4 * i - 1], answers[o + 4 * i] = e[i], actual, c,
       given or 0
@@ -220,8 +384,12 @@ local function settle(k, rk, o)
   redis.call('DEL', K[rk])
   for i = 1, tiers do
     if charged[i] > 0 then commit(k, i, charged[i], true) end
-    if writes[i] then writes[i]() end
+    if writes[i] then
+      writes[i]()
+      if impl[i].slots then dirty = true end
+    end
   end
+  save(k)
   local admitted = true
   for i = 1, tiers do admitted = check(k, i, 1, false) and admitted end
   answer(o + 4 * tiers + 1, admitted, false, no_fields)
@@ -230,8 +398,10 @@ end
 -- Grants from what the tiers have left (ledger.lua's grant), from the arguments at ARGV[g] on.
 local function give(k, g, lk, o)
   local left
+  load(k)
   for i = 1, tiers do
-    local _, x, y, z = impl[i].check(k + places[i], now, 0, limits[i], windows[i], bursts[i], false)
+    local at, j = at_of(k, i)
+    local _, x, y, z = impl[i].check(at, now, 0, limits[i], windows[i], bursts[i], false, j)
     local rem = impl[i].left(x, y, z, now, limits[i], windows[i], bursts[i])
     if left == nil or rem < left then left = rem end
   end
@@ -256,7 +426,15 @@ local function decide(a, k, at, o)
     give(k, tail, k + nk - 1, o)
     return ends, nk
   end
+  if m.name == 'forget' then
+    answers[o] = forget(K[k + nk - 1], tonumber(ARGV[tail]))
+    return ends, nk
+  elseif m.name == 'count' then
+    answers[o] = count_of(K[k + nk - 1], tonumber(ARGV[tail]), tonumber(ARGV[tail + 1]), tonumber(ARGV[tail + 2]))
+    return ends, nk
+  end
   local forced = m.forcing and positive
+  load(k)
   -- Each tier seen in order; one that takes the hit at once counts it now. Once one has, a step that fails takes back
   -- what the ones before it took.
   local admitted, taking, any = true, m.taking, false
@@ -264,17 +442,18 @@ local function decide(a, k, at, o)
     local A, cost = impl[i], costs[i]
     local take = taking and cost > 0 and A.take
     local f = take or A.check
+    local at, j = at_of(k, i)
     local ok, x, y, z, s
     if any then
       local fine
-      fine, ok, x, y, z, s = pcall(f, k + places[i], now, cost, limits[i], windows[i], bursts[i], forced, texts[i])
+      fine, ok, x, y, z, s = pcall(f, at, now, cost, limits[i], windows[i], bursts[i], forced, j)
       if not fine then
         taken[i] = false
         undo(k, i - 1)
         error(ok, 0)
       end
     else
-      ok, x, y, z, s = f(k + places[i], now, cost, limits[i], windows[i], bursts[i], forced, texts[i])
+      ok, x, y, z, s = f(at, now, cost, limits[i], windows[i], bursts[i], forced, j)
     end
     if take then any = true end
     taken[i], seen_ok[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = take, ok, x, y, z, s
@@ -318,8 +497,9 @@ local function decide(a, k, at, o)
     if w > 3 then answers[o + 3] = made end
     o = o + w
   end
+  save(k)
   if record_size > 0 then
-    local rkey = K[k + places[tiers] + (impl[tiers].keys or 1)]
+    local rkey = K[k + record_place]
     if committed then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)

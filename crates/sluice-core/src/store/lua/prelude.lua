@@ -9,44 +9,48 @@
 --
 -- Exports, and nothing else is shared among the files:
 --   L, algorithm(name)          the algorithms' loaders, and the algorithm of a name (its table, below)
---   K, decision                 where a call's keys are read; the number of the decision under way
+--   K, P, decision              where a call's keys are read; the packed state of the descriptor being decided; the
+--                               number of the decision under way
 --   number(s), numbers          an argument read as a number, and the numbers read so far (batch.lua's fast path)
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
---   answers, moved, failed      a call's answers, and the hits a failed write of a shared counter carried
---   keep(m), flush(), forget(), holding   the algorithms holding counters read or counted for several hits of one
---                               call
+--   answers                     a call's answers
 --   record_write, live_reservation   the reservation records
---   regions_count, global_of, global_fits   a window counted in every region (`global: true`)
+--   regions_count, global_of    a window counted in every region (`global: true`)
 --
--- Every algorithm file adds a loader to L that returns a table, the algorithm's side of decide.lua's loop. A tier's
--- keys start at K[j] (`keys` of them, 1 unless the table says more); its numbers are the window (us), the limit and
+-- Every algorithm file adds a loader to L that returns a table, the algorithm's side of decide.lua's loop, in one of
+-- two kinds. A packed algorithm (the counting ones: fixed_window, sliding_window, token_bucket, leaky_bucket) keeps
+-- `slots` numbers in its descriptor's packed state, P[p] to P[p + slots - 1], and is pure arithmetic over them: decide.lua
+-- reads the state from one key before the first check and writes it back once after the last commit. A keyed
+-- algorithm keeps keys of its own, from K[j] on (`keys` of them, 1 unless the table says more). A tier's first
+-- argument below, `at`, is p for a packed algorithm, j for a keyed one; its numbers are the window (us), the limit and
 -- the burst (read only where the table has `burst`):
---   check(j, now, cost, limit, window, burst, force) -> ok, a, b, c, x: whether a hit of `cost` fits now (an ordinary
---     hit's answer, even when forced), what the check saw, which the loop answers (`width` of a, b, c: see
---     `algorithm::seen` in store/algorithm.rs, which decodes them) and x, what commit needs beside them. Reads only.
---   commit(j, now, cost, limit, window, burst, force, a, b, c, x, lease, fields) -> what it created (a queue entry's
+--   check(at, now, cost, limit, window, burst, force, j) -> ok, a, b, c, x: whether a hit of `cost` fits now (an
+--     ordinary hit's answer, even when forced), what the check saw, which the loop answers (`width` of a, b, c: see
+--     `algorithm::seen` in store/algorithm.rs, which decodes them) and x, what a keyed commit needs beside them. Reads
+--     only. `j`: where a packed algorithm's keys start, if it has any (a global window's, names only).
+--   commit(at, now, cost, limit, window, burst, force, a, b, c, x, lease, fields) -> what it created (a queue entry's
 --     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
 --     or not) over what check saw.
 --   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool)
--- optionally what check leaves to read until the loop knows the hit is not written to the tier (a sorted set's newest
--- place, which a hit written replaces with its own):
+-- a packed algorithm also has
+--   lives(p, now, window) -> how long its state still matters (0: not at all); the packed key lives as long as the
+--     longest
+--   refund(p, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
+--     `amount`) and a function that writes the refund into P: give back up to `amount` of what a hit at time `at`
+--     counted, from the state it was counted in (decide.lua's mode 'settle').
+-- a keyed algorithm optionally what check leaves to read until the loop knows the hit is not written to the tier (a
+-- sorted set's newest place, which a hit written replaces with its own):
 --   unwritten(j, a, b, c) -> a, b, c
--- optionally a take that counts at once (the loop then never calls check for it in the modes 'hit' and 'reserve'):
+-- and the plain counter (fixed_window.lua's L.counter, a descriptor's lone fixed window) a take that counts at once
+-- (the loop then never calls check for it in the modes 'hit' and 'reserve'):
 --   take(j, now, cost, limit, window, burst, force, text) -> as check, having counted the hit; undo(...) takes it back
 --     (check's arguments, then a, b, c, x) and kept(...) keeps it, answering as commit
--- and, for the counting algorithms (fixed_window, sliding_window, token_bucket, leaky_bucket), for settling a
--- reservation (decide.lua's mode 'settle'):
---   refund(j, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
---     `amount`) and a function that writes the refund: give back up to `amount` of what a hit at time `at` counted,
---     from the state it was counted in. It only reads; the function it returns never creates the key and never
---     extends its expiry (a bucket's moves with its arrival time, as every write of it does).
--- and for batch.lua, the fast form of a hit on a descriptor with one limit, which each file documents: `hit` (a fixed
--- window, a bucket, a sliding window, a global window); an algorithm whose fast hits share a counter among the hits
--- of one call also has flush() and forget() (see `keep`).
+-- its refund (as a packed one's, on its key), and for batch.lua its fast form, `hit`, which fixed_window.lua
+-- documents.
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
 -- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`), limits are at most
 -- 2^32 - 1, a fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
@@ -62,6 +66,10 @@ local L, loaded = {}, {}
 -- cluster slot); batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the
 -- arguments.
 local K = KEYS
+
+-- Per decision: the packed state of the descriptor being decided (decide.lua), the numbers of its packed algorithms'
+-- tiers in order.
+local P = {}
 
 -- The number of the descriptor's decision under way (decide.lua counts them, from call to call where the definitions
 -- outlive a call): tiers that share a counter (bucketed_window.lua) write it once per decision.
@@ -154,44 +162,6 @@ end
 -- (batch.lua); the table is kept from call to call where the definitions outlive a call.
 local answers = {}
 
--- Notes in `movers` that the hit whose answer is at `pos` moved the shared counter `key`: its answer stands only if
--- the counter's write at the end succeeds.
-local function moved(movers, key, pos)
-  local list = movers[key]
-  if list == nil then
-    movers[key] = { pos }
-  else
-    list[#list + 1] = pos
-  end
-end
-
--- Turns the answers of the hits a failed write carried (`movers`, the places `moved` noted) into its error, in their
--- first place: they were not counted.
-local function failed(movers, err)
-  if type(err) == 'table' then err = err.err end
-  for _, pos in ipairs(movers) do answers[pos] = tostring(err) end
-end
-
--- Per call: the algorithms (their tables) holding a counter that several compact hits of this call share (a hot
--- tenant), read once and written once for all of them. Each has flush(), which writes what the hits counted (a write
--- that fails turns their answers into its error) and forgets what it read, and forget(), which drops it unwritten.
--- batch.lua flushes at the end of a call and before a descriptor of decide.lua's form, which may read such a counter,
--- and forgets, at a call's start, what a call stopped part-way left.
-local holding = {}
-local function keep(m) holding[m] = true end
-local function flush()
-  for m in pairs(holding) do
-    holding[m] = nil
-    m.flush()
-  end
-end
-local function forget()
-  for m in pairs(holding) do
-    holding[m] = nil
-    m.forget()
-  end
-end
-
 -- Per call: when the call is decided by the server's clock, the time by sluice's clock the keys of windows were built
 -- for (batch.lua's timing), else nil.
 local guess
@@ -259,15 +229,14 @@ local function live_reservation(rkey, now, tiers, expired)
   return estimates, at
 end
 
--- A window counted in every region (`global: true`; see `regions.rs`): each region counts its own hits in the window
--- keys its algorithm keeps (fixed_window.lua, sliding_window.lua), and learns what the others counted from what they
--- ship: a hash per window, `<window key>@regions`, one field per other region holding that region's own count of the
--- window (written by merge.lua, the larger count kept). A global tier is its algorithm decided against the limit less
--- what the other regions counted, so that it admits a hit only when the sum of every region's count, as known here,
--- leaves room for it. The tier reports `used` as that sum (this region's count + others); `remaining` is what the sum
--- leaves. A global tier counts no denial (decide.lua never counts one for it), and its retry time is its own window's:
--- the regions' counts that expire with it are not known here beyond what was shipped. It reads the regions' hashes,
--- never writes them; this region's keys are written as the algorithm's own.
+-- A window counted in every region (`global: true`; see `regions.rs`): each region counts its own hits in its packed
+-- state, and learns what the others counted from what they ship: a hash per window, `<window key>@regions`, one field
+-- per other region holding that region's own count of the window (written by merge.lua, the larger count kept). A
+-- global tier is its algorithm decided against the limit less what the other regions counted, so that it admits a hit
+-- only when the sum of every region's count, as known here, leaves room for it. The tier reports `used` as that sum
+-- (this region's count + others); `remaining` is what the sum leaves. A global tier counts no denial (decide.lua never
+-- counts one for it), and its retry time is its own window's: the regions' counts that expire with it are not known
+-- here beyond what was shipped. It reads the regions' hashes, never writes them.
 
 -- What the other regions counted in the window whose key is `wkey`: the sum of the hash's values.
 local function regions_count(wkey)
@@ -276,32 +245,25 @@ local function regions_count(wkey)
   return n
 end
 
--- The loader of the global form of the algorithm `name`, whose other regions' count at `now` is
--- `others(key, start, now, window)`, with the compact form `compact(M)` adds to its table.
-local function global_of(name, others, compact)
+-- The loader of the global form of the packed algorithm `name`, whose other regions' count at `now` is
+-- `others(j, now, window)`, read from the hashes named after its `keys` keys (names sluice sends, never written).
+local function global_of(name, keys, others)
   return function()
     local a = algorithm(name)
-    local M = { commit = a.commit, refund = a.refund, width = a.width + 1, keys = a.keys }
+    local M = { commit = a.commit, refund = a.refund, lives = a.lives, width = a.width + 1, slots = a.slots,
+      keys = keys }
     -- Sees what the algorithm sees against the limit less the others' count, which comes after it.
-    function M.check(j, now, cost, limit, window, burst, force)
+    function M.check(p, now, cost, limit, window, burst, force, j)
       local o = others(j, now, window)
-      local ok, x, y, _, z = a.check(j, now, cost, max0(limit - o), window, burst, force)
-      if a.width == 1 then return ok, x, o, -1, z end
-      return ok, x, y, o, z
+      local ok, x, y = a.check(p, now, cost, max0(limit - o), window, burst, force)
+      if a.width == 1 then return ok, x, o, -1 end
+      return ok, x, y, o
     end
     function M.left(x, y, z, now, limit, window, burst)
       local o = z
       if a.width == 1 then o = y end
       return a.left(x, y, -1, now, max0(limit - o), window, burst)
     end
-    compact(M)
     return M
   end
-end
-
--- How many of `times` hits of `cost` count on `used` (a count, or a sliding window's estimate) where `room` fits: each
--- while it fits; once one does not, none after it does.
-local function global_fits(used, room, cost, times)
-  if cost <= 0 or room <= used then return 0 end
-  return math.min(times, math.floor((room - used) / cost))
 end

@@ -11,7 +11,7 @@ use super::compact::Compact;
 use super::reply::Reply;
 use super::script::DecisionScript;
 use crate::store::algorithm::seen_width;
-use crate::store::{CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec};
+use crate::store::{Algorithm, CounterKey, Grant, Hit, MAX_LEDGER_AMOUNT, RecordSpec, Settlement, TierSpec, WindowRef};
 
 mod coalesce;
 use coalesce::coalesce;
@@ -35,6 +35,10 @@ enum ScriptMode {
     Reap,
     /// Grant from an RLQS bucket's quota.
     Grant,
+    /// Forget one counting limit's record in its descriptor's packed state (a reset of that limit).
+    Forget,
+    /// Read one window's count in a counting limit's record (a global window's own count, for the other regions).
+    Count,
 }
 
 impl ScriptMode {
@@ -49,6 +53,8 @@ impl ScriptMode {
             ScriptMode::Settle => "settle",
             ScriptMode::Reap => "reap",
             ScriptMode::Grant => "grant",
+            ScriptMode::Forget => "forget",
+            ScriptMode::Count => "count",
         }
     }
 }
@@ -147,6 +153,35 @@ impl Call {
         )
     }
 
+    /// A reset of the counter `key` in its descriptor's packed state: decide.lua's mode 'forget', no tiers, the packed
+    /// state as the last key and the counter's record tag after the tiers.
+    pub(super) fn forget(now_us: Option<u64>, key: &CounterKey, routed: bool) -> Call {
+        let tail = vec![Value::Integer(key.record() as i64)];
+        Call::build(
+            ScriptMode::Forget,
+            now_us,
+            (&[], 0),
+            None,
+            Some((&key.packed(), tail)),
+            routed,
+        )
+    }
+
+    /// A read of the count of `window` in its counter's record: decide.lua's mode 'count', no tiers, the packed state
+    /// as the last key and the record's tag, the window's start and its length after the tiers.
+    pub(super) fn count(now_us: Option<u64>, window: &WindowRef, routed: bool) -> Call {
+        let int = |n: u64| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+        let tail = vec![int(window.key.record()), int(window.start_us), int(window.window_us)];
+        Call::build(
+            ScriptMode::Count,
+            now_us,
+            (&[], 0),
+            None,
+            Some((&window.key.packed(), tail)),
+            routed,
+        )
+    }
+
     /// The call in `mode` on `tiers`, with `cost` the cost of every tier without its own; `hit`: for a hit or a peek,
     /// the hit (its lease, its queue fields, its reservation) and the hit records to keep or read; `extra`: the key
     /// after the tiers' (a reservation's record, a grant's ledger), and the arguments after theirs (the record's TTL
@@ -170,15 +205,17 @@ impl Call {
             .or(extra.as_ref().map(|r| r.0))
             .filter(|_| routed)
             .map(|k| fred::util::redis_keyslot(k.as_str().as_bytes()));
-        // A hit on one limit with nothing else to write may have a fast form (its algorithm's `hit`; a lone global
-        // tier's is the global forms'); every other call goes through the decision loop.
-        if let (ScriptMode::Hit, None, [], [tier]) = (mode, record, fields, tiers) {
+        // A plain counter's hit with nothing else to write has a fast form (`fixed_window.lua`'s `hit`); every other
+        // call goes through the decision loop.
+        if let (ScriptMode::Hit, None, [], [tier]) = (mode, record, fields, tiers)
+            && plain(tier)
+        {
             if let Some(compact) = Compact::of(now_us, tier, cost) {
                 // Its key and arguments are written when the script call is assembled (see `Compact::parts`).
                 return Call {
                     keys: Vec::new(),
                     args: Vec::new(),
-                    width: compact.width(),
+                    width: 1,
                     now_us,
                     compact: Some(compact),
                     slot,
@@ -187,16 +224,19 @@ impl Call {
             }
         }
         let mut keys: Vec<Value> = Vec::with_capacity(tiers.len() + 2);
-        // A fixed or sliding window's counts are a key per window (`algorithm/fixed_window.lua`,
-        // `algorithm/sliding_window.lua`): the ones sluice's clock expects.
+        // The packed state first, if a tier is kept in it; then a plain counter's window and a global window's names
+        // (the keys of the windows sluice's clock expects), and every other tier's own key.
+        if let Some(t) = tiers.iter().find(|t| packed(t)) {
+            keys.push(Value::from(String::from(t.key.packed())));
+        }
         for t in tiers {
-            if t.algorithm.keys_per_window() {
+            if plain(t) || (t.global && t.algorithm.counts()) {
                 let start = window_start(now_us, t.window_us);
                 keys.push(Value::from(t.key.window(start).as_str()));
                 if t.algorithm.windows_weighed() > 1 {
                     keys.push(Value::from(t.key.window(start.saturating_sub(t.window_us)).as_str()));
                 }
-            } else {
+            } else if !t.algorithm.counts() {
                 keys.push(Value::from(t.key.as_str()));
             }
         }
@@ -210,6 +250,7 @@ impl Call {
         let peek = mode == ScriptMode::Peek;
         let width = match mode {
             ScriptMode::Grant => 6,
+            ScriptMode::Forget | ScriptMode::Count => 1,
             ScriptMode::Settle | ScriptMode::Reap => 2 + tiers.iter().map(|t| 4 + seen_width(t)).sum::<usize>(),
             _ => 1 + tiers.iter().map(seen_width).sum::<usize>() + usize::from(peek && record.is_some()),
         };
@@ -281,6 +322,9 @@ fn loop_args(
     for t in tiers {
         args.push(Value::from(script_algorithm(t)));
         args.extend([int(t.window_us), int(t.limit), int(t.bounded_cost(hit_cost))]);
+        if packed(t) {
+            args.push(int(t.key.record()));
+        }
         if t.algorithm.is_bucket() || t.algorithm.has_sub_windows() {
             args.push(int(t.burst));
         }
@@ -370,8 +414,8 @@ pub(super) async fn eval(
         .into_iter()
         .map(|p| match (p.own, &values[p.sent]) {
             (Some(compact), value) => compact
-                .answer(value, p.ahead, compact.now_us().unwrap_or(server_now))
-                .unwrap_or_else(|| Reply::Script(value.clone())),
+                .answer(value, p.ahead, compact.now_us.unwrap_or(server_now))
+                .map_or_else(|| Reply::Script(value.clone()), Reply::Decided),
             (None, _) => match std::mem::replace(&mut values[p.sent], Value::Null) {
                 Value::Array(items) => Reply::Seen(items, nows[p.sent].unwrap_or(server_now)),
                 value => Reply::Script(value),
@@ -417,7 +461,7 @@ fn timing(guess: Option<u64>) -> Value {
 fn declared(sha: Value, mut calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<Value> {
     let keys: usize = calls
         .iter()
-        .map(|c| c.compact.as_ref().map_or(c.keys.len(), Compact::key_count))
+        .map(|c| c.compact.as_ref().map_or(c.keys.len(), |_| 1))
         .sum();
     let args: usize = calls.iter().map(|c| c.args.len().max(3)).sum();
     let mut command = Vec::with_capacity(4 + keys + args);
@@ -500,10 +544,24 @@ fn node(sha: Value, calls: Vec<Call>, guess: Option<u64>, header: Value) -> Vec<
 /// The name the script knows a tier's algorithm by: a global window's is `global:` and its algorithm's
 /// (`lua/prelude.lua`'s `global_of`).
 fn script_algorithm(t: &TierSpec) -> &'static str {
+    if plain(t) {
+        return "counter";
+    }
     match t.global.then(|| t.algorithm.global_name()).flatten() {
         Some(name) => name,
         None => t.algorithm.name(),
     }
+}
+
+/// Whether a tier is a plain counter ([`CounterKey::plain`]): a fixed window counted in this region alone, kept as an
+/// integer per window (`fixed_window.lua`'s `L.counter`).
+fn plain(t: &TierSpec) -> bool {
+    t.key.is_plain() && t.algorithm == Algorithm::FixedWindow && !t.global
+}
+
+/// Whether a tier is kept in its descriptor's packed state (`lua/decide.lua`): every other counting limit.
+fn packed(t: &TierSpec) -> bool {
+    t.algorithm.counts() && !plain(t)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! The counts of global limits' windows in Redis: this region's own counts read (`lua/counts.lua`), and the other
-//! regions' counts merged in (`lua/merge.lua`), each by EVALSHA on the slot of its keys, at most a batch at a time
-//! (by EVAL once when the server does not hold the script yet, which loads it there).
+//! The counts of global limits' windows in Redis: this region's own counts read from their records in the packed
+//! state (the decision script's mode 'count'), and the other regions' counts merged in (`lua/merge.lua`), by EVALSHA
+//! on the slot of its keys, at most a batch at a time (by EVAL once when the server does not hold the script yet,
+//! which loads it there).
 
 use std::sync::LazyLock;
 use std::sync::atomic::Ordering;
@@ -8,23 +9,18 @@ use std::sync::atomic::Ordering;
 use fred::types::Value;
 use fred::types::scripts::Script;
 
+use super::call::Call;
 use super::reply::is_noscript;
-use super::{RedisStore, integer};
+use super::{RedisStore, reply};
 use crate::store::{CounterKey, RegionCount, RegionCounts, StoreError, WindowRef};
 
 /// The script that takes a region's shipped counts (`lua/merge.lua`).
 const MERGE: &str = include_str!("../lua/merge.lua");
 
-/// The script that reads this region's counts of global windows (`lua/counts.lua`).
-const COUNTS: &str = include_str!("../lua/counts.lua");
+/// The SHA1 of [`MERGE`], which EVALSHA names it by.
+static SHA: LazyLock<String> = LazyLock::new(|| Script::from_lua(MERGE).sha1().to_string());
 
-/// The SHA1 of [`MERGE`] and of [`COUNTS`], which EVALSHA names them by.
-static SHAS: LazyLock<(String, String)> = LazyLock::new(|| {
-    let sha = |script: &str| Script::from_lua(script).sha1().to_string();
-    (sha(MERGE), sha(COUNTS))
-});
-
-/// The most windows one call of [`MERGE`] or [`COUNTS`] carries.
+/// The most windows one call of [`MERGE`] carries.
 const MERGE_BATCH: usize = 512;
 
 impl RedisStore {
@@ -81,23 +77,16 @@ impl RedisStore {
 
 impl RegionCounts for RedisStore {
     async fn window_counts(&self, _now_us: u64, windows: &[WindowRef]) -> Result<Vec<u64>, StoreError> {
-        // One EVALSHA of counts.lua per slot and MERGE_BATCH windows (one per batch on a single server).
-        let keys: Vec<CounterKey> = windows.iter().map(|w| w.key.window(w.start_us)).collect();
-        let mut counts = vec![0; keys.len()];
-        let groups = self.by_slot(&keys);
-        let calls = groups.iter().map(|group| {
-            let chunk: Vec<Value> = group.iter().map(|&i| Value::from(keys[i].as_str())).collect();
-            self.eval((COUNTS, &SHAS.1), &keys[group[0]], chunk, Vec::new())
-        });
-        for (group, reply) in groups.iter().zip(futures::future::try_join_all(calls).await?) {
-            let Value::Array(values) = reply else {
-                return Err(StoreError::Other(format!("counts.lua answered {reply:?}")));
-            };
-            for (&i, value) in group.iter().zip(values) {
-                counts[i] = integer(&value);
-            }
-        }
-        Ok(counts)
+        // Each window's count read from its counter's record in the packed state, by the decision script.
+        let routed = self.cluster.is_some();
+        let counts = self
+            .run_calls(
+                windows,
+                |w| Call::count(None, w, routed),
+                |reply, _| reply::number(reply),
+            )
+            .await;
+        counts.into_iter().collect()
     }
 
     async fn merge_counts(&self, now_us: u64, region: &str, counts: &[RegionCount]) -> Result<(), StoreError> {
@@ -113,7 +102,7 @@ impl RegionCounts for RedisStore {
                 args.push(Value::Integer(ttl_ms as i64));
             }
             let first = keys[group[0]].clone();
-            async move { self.eval((MERGE, &SHAS.0), &first, chunk, args).await }
+            async move { self.eval((MERGE, &SHA), &first, chunk, args).await }
         });
         futures::future::try_join_all(calls).await.map(|_| ())
     }

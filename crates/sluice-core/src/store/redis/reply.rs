@@ -88,6 +88,16 @@ pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Set
 }
 
 /// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
+/// The one number of a call of one place (decide.lua's modes 'forget', 'count'): how many records a reset forgot, a
+/// window's count.
+pub(super) fn number(reply: Reply) -> Result<u64, StoreError> {
+    // One place: the answer comes alone, not as an array.
+    match reply {
+        Reply::Script(Value::Integer(n)) => Ok(n.max(0) as u64),
+        other => Err(items(other).err().unwrap_or_else(bad)),
+    }
+}
+
 pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
     let (items, _) = items(reply)?;
     let count = |i: usize| {

@@ -30,7 +30,7 @@ pub(in crate::store::redis) fn fixed_window_hit(id: &crate::store::Identity) -> 
     use crate::store::Algorithm;
     Hit {
         tiers: vec![crate::store::TierSpec {
-            key: id.tier(Algorithm::FixedWindow, 60_000_000),
+            key: id.tier(Algorithm::FixedWindow, 60_000_000).plain(),
             algorithm: Algorithm::FixedWindow,
             limit: 10,
             window_us: 60_000_000,
@@ -165,7 +165,7 @@ fn a_node_batch_carries_each_descriptor_keys_after_its_probe() {
     let forced = text(&super::node(Value::from("sha"), vec![call], None, timing(None)));
     assert_eq!(
         forced[5..],
-        ["report", "1", "fixed_window", "60000000", "10", "1", "7"]
+        ["report", "1", "counter", "60000000", "10", "1", "7"]
             .map(String::from)
             .into_iter()
             .chain([probes_of(&keys[0]), keys[0].clone()])
@@ -188,12 +188,12 @@ fn calls_in_a_row_with_the_same_arguments_go_as_one_run() {
         Call::new(None, &h, false)
     };
     let calls = vec![
-        hit("a", Algorithm::SlidingWindow, 1),
-        hit("b", Algorithm::SlidingWindow, 1),
-        hit("c", Algorithm::SlidingWindow, 1),
-        hit("d", Algorithm::SlidingWindow, 2),
-        hit("e", Algorithm::TokenBucket, 1),
-        hit("f", Algorithm::TokenBucket, 1),
+        hit("a", Algorithm::SlidingLog, 1),
+        hit("b", Algorithm::SlidingLog, 1),
+        hit("c", Algorithm::SlidingLog, 1),
+        hit("d", Algorithm::SlidingLog, 2),
+        hit("e", Algorithm::BucketedWindow, 1),
+        hit("f", Algorithm::BucketedWindow, 1),
     ];
     let batch: Vec<String> = super::declared(Value::from("sha"), calls, Some(0), timing(Some(0)))
         .iter()
@@ -202,17 +202,48 @@ fn calls_in_a_row_with_the_same_arguments_go_as_one_run() {
                 .map_or_else(|| v.as_string().unwrap_or_default(), |n| n.to_string())
         })
         .collect();
-    // Two keys per sliding window, one per bucket.
-    assert_eq!(batch[1], "10");
+    // One key each.
+    assert_eq!(batch[1], "6");
     assert_eq!(
-        batch[12..],
+        batch[8..],
         [
-            "3", "0", "*", "3", "s", "60000000", "10", "1", "s", "60000000", "10", "2", "*", "2", "b", "6000000", "10",
-            "1"
+            "3",
+            "0",
+            "*",
+            "3",
+            "hit",
+            "1",
+            "sliding_log",
+            "60000000",
+            "10",
+            "1",
+            "hit",
+            "1",
+            "sliding_log",
+            "60000000",
+            "10",
+            "2",
+            "*",
+            "2",
+            "hit",
+            "1",
+            "bucketed_window",
+            "60000000",
+            "10",
+            "1",
+            "10"
         ]
         .map(String::from),
         "{batch:?}"
     );
+}
+
+/// An expected argument: `@<i>` stands for the record tag of tier i (`CounterKey::record`).
+fn tagged(tiers: &[crate::store::TierSpec], a: &str) -> String {
+    match a.strip_prefix('@').and_then(|i| i.parse::<usize>().ok()) {
+        Some(i) => tiers[i].key.record().to_string(),
+        None => a.to_string(),
+    }
 }
 
 fn probes_of(key: &str) -> String {
@@ -290,8 +321,8 @@ fn a_reservation_travels_only_with_a_hit_on_counting_tiers() {
     assert_eq!((settle.keys.len(), mode(&settle).as_deref()), (2, Some("settle")));
     assert_eq!(
         settle.args.len(),
-        2 + 5,
-        "the head, the tier count, the tier: no lease, no TTL"
+        2 + 6,
+        "the head, the tier count, the tier (with its record's tag): no lease, no TTL"
     );
     assert_eq!(settle.slot, reserve.slot);
     let alone = Call::settle(
@@ -345,12 +376,8 @@ fn reservations_and_settlements_go_through_the_decision_loop() {
     let call = Call::new(Some(7_500_000), &hit, false);
     assert!(call.compact.is_none());
     let keys = text(&call.keys);
-    assert_eq!(keys.len(), 3, "two windows and the record");
-    assert_eq!(keys[2], reservation.key.as_str());
-    assert!(
-        keys[0].ends_with(":7") && keys[1].ends_with(":0"),
-        "window numbers in hex: {keys:?}"
-    );
+    assert_eq!(keys.len(), 2, "the packed state and the record");
+    assert_eq!(keys, [hit.tiers[0].key.packed().as_str(), reservation.key.as_str()]);
     // Each window's window, limit and cost bounded by its limit + 1, the record's TTL bounded, the time; the answer
     // is the flags and each window's count.
     let expected = [
@@ -360,14 +387,19 @@ fn reservations_and_settlements_go_through_the_decision_loop() {
         "1000000",
         "10",
         "11",
+        "@0",
         "fixed_window",
         "60000000",
         "10",
         "11",
+        "@1",
         "281474976710656",
         "7500000",
     ];
-    assert_eq!((text(&call.args), call.width), (expected.map(String::from).to_vec(), 3));
+    assert_eq!(
+        (text(&call.args), call.width),
+        (expected.map(|a| tagged(&hit.tiers, a)).to_vec(), 3)
+    );
     let settlement = Settlement {
         tiers: hit.tiers.clone(),
         cost: 3,
@@ -382,16 +414,18 @@ fn reservations_and_settlements_go_through_the_decision_loop() {
         "1000000",
         "10",
         "3",
+        "@0",
         "fixed_window",
         "60000000",
         "10",
         "3",
+        "@1",
         "7500000",
     ];
     // Whether the record was found, each window's estimate, actual, charge and refund, then a peek's answer.
     assert_eq!(
         (text(&call.args), call.width),
-        (expected.map(String::from).to_vec(), 1 + 8 + 3)
+        (expected.map(|a| tagged(&hit.tiers, a)).to_vec(), 1 + 8 + 3)
     );
 }
 
@@ -434,22 +468,27 @@ fn each_tier_sends_its_own_bounded_cost() {
             "60000000",
             "3",
             "4",
+            "@0",
             "sliding_window",
             "60000000",
             "1000",
             "1001",
+            "@1",
             "token_bucket",
             "60000000",
             "1000",
             "6",
+            "@2",
             "5",
             "leaky_bucket",
             "60000000",
             "1000",
             "0",
+            "@3",
             "5",
             "1"
-        ],
+        ]
+        .map(|a| tagged(&hit.tiers, a)),
         "each cost bounded by its tier's capacity + 1; a bucket's burst after it; the time last"
     );
 }
