@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # What the decision script costs Redis, without sluice in front of it: the script built as a function library from
 # this tree's `crates/sluice-core/src/store` (as `redis/script.rs` loads it), called by redis-benchmark with 32
-# descriptors a call (one run of 32, each with its own keys) over 100 000 descriptors (HOT=1: one hot descriptor),
-# pipelined, decided at a given time. Redis's CPU (utime + stime from /proc) per descriptor, for the same hits through
-# the decision loop (`lua/decide.lua`) and, where one exists, through the fast form of a lone limit:
-#   fixed_window      a lone fixed window: its fast form (its window, the cost), and the loop
-#   token_bucket      a lone token bucket: its fast form ('b'), and the loop
-#   sliding_window    a lone sliding window: its fast form ('s'), and the loop
-#   sliding_log       a lone sliding log (no fast form): the loop
-#   bucketed_window   an hour's window in 60 sub-windows (no fast form): the loop
-#   three_windows     a second, a minute and an hour on one descriptor: the loop
+# descriptors a call over 100 000 descriptors (HOT=1: one hot descriptor), pipelined, decided at a given time, each
+# descriptor with its own keys and arguments as sluice sends them. Redis's CPU (utime + stime from /proc) per
+# descriptor, for the same hits:
+#   fixed_window      a lone fixed window: the plain counter's fast form
+#   token_bucket      a lone token bucket
+#   sliding_window    a lone sliding window
+#   sliding_log       a lone sliding log
+#   bucketed_window   an hour's window in 60 sub-windows
+#   three_windows     a second, a minute and an hour on one descriptor
+#   floor             the floor of benches/redis_cost.sh: INCRBY, and PEXPIRE on the first hit, per descriptor
+# BEFORE=<commit> adds a column for the scripts of that commit (d9a9c91 or later: each in the form it sent then, its
+# fast forms where it had them), loaded beside this tree's on the same Redis, the two taking turns row by row.
 # ROUNDS (3) repeats the table; CALLS (60 000) calls a row after a warm-up pass of 20 000. Needs redis-server and
-# redis-benchmark.
+# redis-benchmark (and git for BEFORE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CALLS=${CALLS:-60000}
 ROUNDS=${ROUNDS:-3}
 HOT=${HOT:-}
+BEFORE=${BEFORE:-}
 # shellcheck source=benches/common.sh
 source benches/common.sh
 for tool in redis-server redis-benchmark; do
@@ -24,32 +28,56 @@ for tool in redis-server redis-benchmark; do
 done
 start_redis
 
-store=crates/sluice-core/src/store
-library=$work/library.lua
-{
-  echo '#!lua name=cost'
+# library NAME TREE: the function library NAME of the decision script in TREE (a directory holding
+# crates/sluice-core/src/store).
+library() {
+  local store=$2/crates/sluice-core/src/store
+  echo "#!lua name=$1"
   echo 'local KEYS, ARGV'
   cat "$store/lua/prelude.lua"
   for f in $(ls "$store"/algorithm/*.lua | sort); do echo do; cat "$f"; echo end; done
   cat "$store/lua/ledger.lua" "$store/lua/decide.lua" "$store/lua/batch.lua"
-  echo "redis.register_function{ function_name = 'cost', callback = function(keys, argv) KEYS, ARGV = keys, argv return batch() end }"
-} >"$library"
-redis-cli -p "$redis_port" -x function load replace <"$library" >/dev/null
+  echo "redis.register_function{ function_name = '$1', callback = function(keys, argv) KEYS, ARGV = keys, argv return batch() end }"
+}
+library after . >"$work/after.lua"
+redis-cli -p "$redis_port" -x function load replace <"$work/after.lua" >/dev/null
+floor="local n = 0 for i = 1, #KEYS do if redis.call('INCRBY', KEYS[i], 1) == 1 then redis.call('PEXPIRE', KEYS[i], 3600000) end n = n + 1 end return n"
+if [ -n "$BEFORE" ]; then
+  mkdir -p "$work/before"
+  git archive "$BEFORE" crates/sluice-core/src/store | tar -x -C "$work/before"
+  library before "$work/before" >"$work/before.lua"
+  redis-cli -p "$redis_port" -x function load replace <"$work/before.lua" >/dev/null
+fi
 
 now=$(( $(date +%s) * 1000000 ))
 hour=3600000000
-# Redis's CPU per descriptor for `nk` keys a descriptor and the arguments after the call's header.
+# cost FUNCTION NK ARGS...: Redis's CPU per descriptor for 32 descriptors of NK keys each, all with ARGS (a run, '*')
+# or, where ARGS holds '@', each with its own (the '@' replaced by a number of the descriptor: a record's tag).
 cost() {
-  local nk=$1
-  shift
-  local keys=() i j
+  local function=$1 nk=$2
+  shift 2
+  local keys=() args=() i j a
   for i in $(seq 32); do
     for j in $(seq "$nk"); do
       if [ -n "$HOT" ]; then keys+=("hot:$j:1"); else keys+=("d:$i:__rand_int__:$j:1"); fi
     done
   done
+  if [[ " $* " == *" @"* ]]; then
+    args=(32 '')
+    for i in $(seq 32); do
+      for a in "$@"; do [ "${a:0:1}" = @ ] && args+=("$i${a:1}") || args+=("$a"); done
+      args+=("$now")
+    done
+  else
+    args=(1 '' '*' 32 "$@" "$now")
+  fi
   redis-cli -p "$redis_port" flushall >/dev/null
-  local run=(redis-benchmark -p "$redis_port" -r 3125 -c 20 -P 8 -q fcall cost $((32 * nk)) "${keys[@]}" 1 '' '*' 32 "$@" "$now")
+  local run=(redis-benchmark -p "$redis_port" -r 3125 -c 20 -P 8 -q)
+  if [ "$function" = floor ]; then
+    run+=(eval "$floor" $((32 * nk)) "${keys[@]}")
+  else
+    run+=(fcall "$function" $((32 * nk)) "${keys[@]}" "${args[@]}")
+  fi
   "${run[@]:0:1}" -n 20000 "${run[@]:1}" >/dev/null 2>&1
   local before after
   before=$(cpu_us "$redis_pid")
@@ -58,13 +86,28 @@ cost() {
   python3 -c "print(f'{($after - $before) / ($CALLS * 32):.2f}')"
 }
 
-echo "Redis µs per descriptor (${HOT:+one hot descriptor}${HOT:-100 000 descriptors}), fast form / decision loop"
+# row NAME "NK ARGS" ["NK ARGS" of the code before]: this tree's cost, then the code before's.
+row() {
+  local name=$1 mine=$2 theirs=${3:-$2} a b
+  if [ -z "$BEFORE" ]; then
+    # shellcheck disable=SC2086
+    printf '  %-16s %s\n' "$name" "$(cost after $mine)"
+    return
+  fi
+  # shellcheck disable=SC2086
+  if (( round % 2 )); then a=$(cost after $mine); b=$(cost before $theirs); else b=$(cost before $theirs); a=$(cost after $mine); fi
+  printf '  %-16s %s / %s\n' "$name" "$a" "$b"
+}
+
+echo "Redis µs per descriptor (${HOT:+one hot descriptor}${HOT:-100 000 descriptors})${BEFORE:+, this tree / $BEFORE}"
 for round in $(seq "$ROUNDS"); do
   echo "round $round"
-  echo "  fixed_window     $(cost 1 $hour 1) / $(cost 1 hit 1 fixed_window $hour 1000 1)"
-  echo "  token_bucket     $(cost 1 b 3600000 1000 1) / $(cost 1 hit 1 token_bucket $hour 1000 1 1000)"
-  echo "  sliding_window   $(cost 2 s $hour 1000 1) / $(cost 2 hit 1 sliding_window $hour 1000 1)"
-  echo "  sliding_log      - / $(cost 1 hit 1 sliding_log $hour 1000 1)"
-  echo "  bucketed_window  - / $(cost 1 hit 1 bucketed_window $hour 1000 1 60)"
-  echo "  three_windows    - / $(cost 3 hit 3 fixed_window 1000000 10 1 fixed_window 60000000 100 1 fixed_window $hour 1000 1)"
+  printf '  %-16s %s\n' floor "$(cost floor 1)"
+  row fixed_window "1 $hour 1"
+  row token_bucket "1 hit 1 token_bucket $hour 1000 1 @ 1000" "1 b 3600000 1000 1"
+  row sliding_window "1 hit 1 sliding_window $hour 1000 1 @" "2 s $hour 1000 1"
+  row sliding_log "1 hit 1 sliding_log $hour 1000 1"
+  row bucketed_window "1 hit 1 bucketed_window $hour 1000 1 60"
+  row three_windows "1 hit 3 fixed_window 1000000 10 1 @1 fixed_window 60000000 100 1 @2 fixed_window $hour 1000 1 @3" \
+    "3 hit 3 fixed_window 1000000 10 1 fixed_window 60000000 100 1 fixed_window $hour 1000 1"
 done

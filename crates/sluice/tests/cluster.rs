@@ -17,9 +17,10 @@ use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRe
 use tonic::transport::Channel;
 
 use crate::harness::{
-    RedisCluster, TestServer, counter_of, info_field, is_series, keys, limiter, live_server_with, poll_until,
-    redis_cli, redis_store, redis_store_with, replica_of, script_calls,
+    COUNTERS_SCRIPT, RedisCluster, TestServer, counter_of, info_field, is_series, keys, limiter, live_server_with,
+    poll_until, redis_cli, redis_store, redis_store_with, replica_of, script_calls, stored_counts,
 };
+use sluice::store::{CounterKey, KeyLayout};
 
 const CONFIG: &str = "
 domain: spread
@@ -61,13 +62,6 @@ fn remaining(response: &RateLimitResponse) -> Vec<u32> {
     response.statuses.iter().map(|s| s.limit_remaining).collect()
 }
 
-fn slot(port: u16, key: &str) -> u16 {
-    redis_cli(port, &["CLUSTER", "KEYSLOT", key])
-        .trim()
-        .parse()
-        .expect("a slot number")
-}
-
 /// Every counter key of the cluster, by the primary that holds it: every key but the outcome counts the server adds
 /// once a second, however long a busy host makes the test.
 fn keys_by_primary(cluster: &RedisCluster) -> BTreeMap<u16, Vec<String>> {
@@ -78,33 +72,35 @@ fn keys_by_primary(cluster: &RedisCluster) -> BTreeMap<u16, Vec<String>> {
         .collect()
 }
 
-/// Checks that every descriptor's keys share one slot and one primary; returns the number of descriptors seen.
-/// Checks that each `user` value's two counters (a minute's and an hour's fixed window) hold one window's key each,
-/// both on one slot of one primary, and that nothing else is there.
+/// Checks that each `user` value's two counters (a minute's and an hour's fixed window) are two records of its
+/// descriptor's packed state, one key on one primary, and that nothing else is there.
 fn assert_descriptors_on_one_slot(by_primary: &BTreeMap<u16, Vec<String>>, values: &[String]) {
-    let mut seen = 0;
     for v in values {
-        let mut places = Vec::new();
-        for window_us in [60_000_000, 3_600_000_000] {
-            let counter = format!(
-                "{}:",
-                counter_of("sluice:", "spread", &[("user", v)], Algorithm::FixedWindow, window_us)
-            );
-            let held: Vec<(u16, &String)> = by_primary
-                .iter()
-                .flat_map(|(&port, keys)| keys.iter().map(move |k| (port, k)))
-                .filter(|(_, k)| k.starts_with(&counter))
-                .collect();
-            assert_eq!(held.len(), 1, "one window of {counter} for {:?}", &v[..v.len().min(16)]);
-            places.extend(held.iter().map(|&(port, key)| (port, slot(port, key))));
-        }
+        let id = CounterKey::builder("sluice:", "spread")
+            .layout(KeyLayout::Compact)
+            .entry("user", v)
+            .finish();
+        let state = id.tier(Algorithm::FixedWindow, 60_000_000).packed();
+        assert_eq!(state, id.tier(Algorithm::FixedWindow, 3_600_000_000).packed());
+        let held: Vec<u16> = by_primary
+            .iter()
+            .filter(|(_, keys)| keys.iter().any(|k| k == state.as_str()))
+            .map(|(&port, _)| port)
+            .collect();
+        assert_eq!(held.len(), 1, "one packed state for {:?}", &v[..v.len().min(16)]);
+        let records = stored_counts(&redis_cli(held[0], &["EVAL", COUNTERS_SCRIPT, "0", state.as_str()]));
         assert_eq!(
-            places[0], places[1],
-            "every key of one descriptor on one slot of one primary"
+            records.len(),
+            2,
+            "both windows of {:?}: {records:?}",
+            &v[..v.len().min(16)]
         );
-        seen += 2;
     }
-    assert_eq!(by_primary.values().map(Vec::len).sum::<usize>(), seen, "no other key");
+    assert_eq!(
+        by_primary.values().map(Vec::len).sum::<usize>(),
+        values.len(),
+        "no other key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,8 +131,8 @@ async fn limits_hold_on_every_primary() {
     }
     assert_eq!(
         by_primary.values().map(Vec::len).sum::<usize>(),
-        24 * 2,
-        "two limits per descriptor"
+        24,
+        "one packed state per descriptor, for its two limits"
     );
     assert_descriptors_on_one_slot(&by_primary, &values);
     server.shutdown().await;
@@ -173,8 +169,8 @@ async fn hostile_values_route_and_never_collide() {
     let by_primary = keys_by_primary(&cluster);
     assert_eq!(
         by_primary.values().map(Vec::len).sum::<usize>(),
-        values.len() * 2,
-        "one pair of counters per distinct value"
+        values.len(),
+        "one packed state per distinct value"
     );
     assert_descriptors_on_one_slot(&by_primary, &values);
     assert!(

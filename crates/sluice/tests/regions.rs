@@ -127,11 +127,11 @@ impl World {
     /// Region `r`'s own count of the key's window, and what it holds of each other region's.
     fn view(&self, r: usize, value: &str) -> (u64, Vec<(String, u64)>) {
         let (key, start) = (counter_key(value), T0 - T0 % HOUR_US);
+        // A global window's own count is a record of its descriptor's packed state.
         let own = self.redis[r]
-            .cli(&["--raw", "GET", key.window(start).as_str()])
-            .trim()
-            .parse()
-            .unwrap_or(0);
+            .record(&key)
+            .filter(|record| record[1] == start)
+            .map_or(0, |record| record[2]);
         let fields = self.redis[r].cli(&["--raw", "HGETALL", key.regions(start).as_str()]);
         let fields: Vec<&str> = fields.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
         let others = fields

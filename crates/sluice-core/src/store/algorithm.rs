@@ -1,7 +1,7 @@
 //! Each algorithm's arithmetic, written once in Rust: a file per algorithm (`algorithm/<name>.rs`, named as its
 //! script `lua/<name>.lua`) holds the state it keeps, the check that decides a hit against that state, the commit
 //! that writes it and, for the counting algorithms, the refund of a settlement. Both stores call it: the memory store
-//! over the states it keeps, the Redis store's compact forms over the integers their scripts return (a window's
+//! over the states it keeps, the Redis store over the integers its script answers (a window's
 //! count, a bucket's arrival time, a sorted set's count and places). The scripts are the twins, step by step, and the
 //! differential test holds the two to identical answers.
 //!
@@ -100,8 +100,9 @@ impl Algorithm {
         self.keys_per_window()
     }
 
-    /// Whether Redis keeps its count under a key per window, named by the window's number
-    /// ([`CounterKey::window`](crate::store::CounterKey::window)): the fixed and the sliding window.
+    /// Whether its windows are named, each by its number after the counter's key
+    /// ([`CounterKey::window`](crate::store::CounterKey::window)): the fixed and the sliding window (a plain counter's
+    /// windows, and the other regions' counts of a global window).
     pub fn keys_per_window(self) -> bool {
         matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
     }
@@ -179,13 +180,6 @@ impl Algorithm {
             Algorithm::SlidingWindow => Some("global:sliding_window"),
             _ => None,
         }
-    }
-
-    /// Whether the decision script reads a tier of it at the key of the window sluice's clock expects
-    /// ([`CounterKey::window`](crate::store::CounterKey::window)), a fixed window's (`fixed_window.lua` moves to the
-    /// server's window when the clocks differ), rather than at the counter's own key.
-    pub fn read_at_window_key(self) -> bool {
-        self == Algorithm::FixedWindow
     }
 
     /// The span a counter of a limit over `window_us` (with `burst`) is named by: the window, but a bucketed

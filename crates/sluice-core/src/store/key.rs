@@ -637,6 +637,10 @@ mod tests {
             hour.window(1_764_032_400_000_000).as_str(),
             "sluice:{At7}Fgmw5t8Vq2:77a19"
         );
+        // Beside another limit, the same hour is a record of the descriptor's packed state.
+        assert_eq!(hour.packed().as_str(), "sluice:{At7}#801cefeea644a113");
+        assert_eq!(hour.record(), 80_855_760_288_801);
+        assert!(hour.is_counter() && !hour.packed().is_counter() && !alice.records().is_counter());
         // A label is part of the digest.
         let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
         let input = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "input");

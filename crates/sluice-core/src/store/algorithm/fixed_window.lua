@@ -100,9 +100,7 @@ function L.counter()
     end
   end
 
-  -- The compact forms (batch.lua).
-  --
-  -- hit: the most common call, a hit on a descriptor with one fixed-window limit and nothing else to write, in the
+  -- The fast form (batch.lua), hit: the most common call, a hit on a plain counter with nothing else to write, in the
   -- fewest Redis commands and arguments: one INCRBY of the window's count (a GET for a cost that is not counted), one
   -- PEXPIRE on the window's first count, two or three arguments, and an integer back. The decision itself
   -- (whether the hit fits, what is left, when to retry) is made by sluice from that integer, the limit and the time,
@@ -170,7 +168,7 @@ function L.fixed_window()
 end
 
 -- The global form (`global: true`, prelude.lua's global_of): the limit less what the other regions counted in the
--- window, read from the hash named after the window's key (its one key, a name sluice sends).
+-- window, read from the hash named after the window (its one key, a name sluice sends).
 L['global:fixed_window'] = global_of('fixed_window', 1, function(j, now, window)
   return regions_count(window_at(K[j], now, window))
 end)

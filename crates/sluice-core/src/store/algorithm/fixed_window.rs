@@ -1,7 +1,8 @@
 //! The fixed window, the twin of `fixed_window.lua`, beside it: at most `limit` hits per epoch-aligned window, counted in a
-//! [`Fixed`] state that expires when its window ends (in Redis, one integer per window under `<counter>:<window>`).
-//! Same integer arithmetic as the script, step by step. A settlement's refund lowers the current window's count,
-//! never below 0, and keeps the expiry. The compact form (`fixed_window.lua`'s `hit`) returns the window's count
+//! [`Fixed`] state that expires when its window ends (in Redis, a record of its descriptor's packed state, or for a
+//! descriptor's lone fixed window one integer per window under `<counter>:<window>`). Same integer arithmetic as the
+//! script, step by step. A settlement's refund lowers the current window's count, never below 0, and keeps the expiry.
+//! The script's check, and the plain counter's fast form (`fixed_window.lua`'s `hit`), answer the window's count
 //! before the hit, and the same [`check_count`] decides from it.
 
 use super::{Check, Counter, Expiry, Keyspace, MAX_COUNT, Refund, Write, ceil_ms_us, retry};

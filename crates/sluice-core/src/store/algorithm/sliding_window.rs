@@ -1,9 +1,9 @@
 //! The sliding window, the twin of `sliding_window.lua`, beside it: the two-window weighted counter, in a [`Sliding`]
-//! state that expires two windows after its start (in Redis, one integer per window, as the fixed window keeps). The estimate is the script's floating-point
-//! expression, evaluated in the same order, so both round alike. A settlement's refund lowers the count of the window
-//! the reservation was counted in (the current or the previous one), never below 0, and keeps the expiry. The compact
-//! form (`sliding_window.lua`'s `hit`) returns the two windows' counts, and the same [`check_counts`] decides from
-//! them.
+//! state that expires two windows after its start (in Redis, a record of its descriptor's packed state). The estimate
+//! is the script's floating-point expression, evaluated in the same order, so both round alike. A settlement's refund
+//! lowers the count of the window the reservation was counted in (the current or the previous one), never below 0,
+//! and keeps the expiry. The script's check answers the two windows' counts, and the same [`check_counts`] decides
+//! from them.
 
 use super::{Check, Counter, Expiry, Keyspace, MAX_SLIDING_COUNT, Refund, Write, ceil_ms_us};
 use crate::store::TierSpec;

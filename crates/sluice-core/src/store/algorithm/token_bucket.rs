@@ -1,7 +1,7 @@
 //! The token and leaky buckets, the twin of `token_bucket.lua`, beside it: GCRA over a [`Tat`] state (the theoretical
 //! arrival time) that expires when the bucket is full again. Same integer arithmetic as the script. A settlement's
-//! refund moves the arrival time back, never before now, and the expiry with it. The compact form
-//! (`token_bucket.lua`'s `hit`) returns the arrival time the hit found, and the same [`check_tat`] decides from it.
+//! refund moves the arrival time back, never before now, and the expiry with it. The script's check answers the
+//! arrival time the hit found, and the same [`check_tat`] decides from it.
 
 use super::{Check, Counter, Expiry, Keyspace, MAX_DEBT_US, Refund, Write, ceil_ms_us, retry};
 use crate::store::TierSpec;

@@ -40,7 +40,7 @@
 -- In the mode 'grant': ledger.lua's grant's six values. In the mode 'forget': 1 if the record was there, else 0. In
 -- the mode 'count': the window's count.
 --
--- Invariants: either every tier is committed or none, except that a lone plain counter counts its denials as the
+-- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
 -- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
 -- nothing), and that a forced hit commits every tier. A hit is committed only if some tier's cost is positive, and
 -- each tier commits its own cost; a tier whose cost is 0 is checked and never written (no count, no lease, no queue

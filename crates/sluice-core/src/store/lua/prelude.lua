@@ -158,7 +158,7 @@ local function number(s)
   return v
 end
 
--- The call's answers, in order: one value per descriptor, or as many as its compact form returns, ended by a nil
+-- The call's answers, in order: as many values per descriptor as its form answers, ended by a nil
 -- (batch.lua); the table is kept from call to call where the definitions outlive a call.
 local answers = {}
 
