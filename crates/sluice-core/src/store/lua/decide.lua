@@ -205,10 +205,9 @@ local function load(k)
   local v = redis.call('GET', K[k])
   records = 0
   if v then records = math.floor(#v / (8 * RECORD)) end
-  if records > 0 then
-    local got = { struct.unpack(format_of(records), v) }
-    for i = 1, records * RECORD do P[i] = got[i] end
-  end
+  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (Past the records,
+  -- struct.unpack's last value, the position it stopped at, is overwritten by a record added below.)
+  if records > 0 then P = { struct.unpack(format_of(records), v) } end
   for i = 1, tiers do
     if impl[i].slots then
       local b
@@ -242,19 +241,30 @@ local function save(k)
       if lives > 0 then P[slots[i] - 1] = now + lives end
     end
   end
-  local out, last = {}, 0
+  local live, last = 0, 0
   for r = 1, records * RECORD, RECORD do
     if P[r + 1] > now then
-      for j = 0, RECORD - 1 do out[#out + 1] = P[r + j] end
+      live = live + 1
       if P[r + 1] > last then last = P[r + 1] end
     end
   end
-  if #out == 0 then
+  if live == 0 then
     redis.call('DEL', K[k])
-  else
-    redis.call('SET', K[k], struct.pack(format_of(#out / RECORD), unpack(out)), 'PX',
-      ceil_ms(last - now + WINDOW_KEY_GRACE_US))
+    return
   end
+  local packed_state
+  if live == records then
+    packed_state = struct.pack(format_of(live), unpack(P, 1, records * RECORD))
+  else
+    local out = {}
+    for r = 1, records * RECORD, RECORD do
+      if P[r + 1] > now then
+        for j = 0, RECORD - 1 do out[#out + 1] = P[r + j] end
+      end
+    end
+    packed_state = struct.pack(format_of(live), unpack(out))
+  end
+  redis.call('SET', K[k], packed_state, 'PX', ceil_ms(last - now + WINDOW_KEY_GRACE_US))
 end
 
 -- The records of the packed state at `key`, read as they are, and how many.
