@@ -2,7 +2,7 @@
 # What the decision script costs Redis, without sluice in front of it: the script built as a function library from
 # this tree's `crates/sluice-core/src/store` (as `redis/script.rs` loads it), called by redis-benchmark with 32
 # descriptors a call over 100 000 descriptors (HOT=1: one hot descriptor), pipelined, decided at a given time, each
-# descriptor with its own keys and arguments as sluice sends them. Redis's CPU (utime + stime from /proc) per
+# descriptor with its own keys, their arguments as sluice sends one rule's descriptors (once, a run). Redis's CPU (utime + stime from /proc) per
 # descriptor, for the same hits:
 #   fixed_window      a lone fixed window: the plain counter's fast form
 #   token_bucket      a lone token bucket
@@ -51,26 +51,18 @@ fi
 
 now=$(( $(date +%s) * 1000000 ))
 hour=3600000000
-# cost FUNCTION NK ARGS...: Redis's CPU per descriptor for 32 descriptors of NK keys each, all with ARGS (a run, '*')
-# or, where ARGS holds '@', each with its own (the '@' replaced by a number of the descriptor: a record's tag).
+# cost FUNCTION NK ARGS...: Redis's CPU per descriptor for 32 descriptors of NK keys each, all with ARGS (a run, '*',
+# as sluice sends the descriptors of one rule).
 cost() {
   local function=$1 nk=$2
   shift 2
-  local keys=() args=() i j a
+  local keys=() i j
   for i in $(seq 32); do
     for j in $(seq "$nk"); do
       if [ -n "$HOT" ]; then keys+=("hot:$j:1"); else keys+=("d:$i:__rand_int__:$j:1"); fi
     done
   done
-  if [[ " $* " == *" @"* ]]; then
-    args=(32 '')
-    for i in $(seq 32); do
-      for a in "$@"; do [ "${a:0:1}" = @ ] && args+=("$i${a:1}") || args+=("$a"); done
-      args+=("$now")
-    done
-  else
-    args=(1 '' '*' 32 "$@" "$now")
-  fi
+  local args=(1 '' '*' 32 "$@" "$now")
   redis-cli -p "$redis_port" flushall >/dev/null
   local run=(redis-benchmark -p "$redis_port" -r 3125 -c 20 -P 8 -q)
   if [ "$function" = floor ]; then
@@ -104,10 +96,10 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round"
   printf '  %-16s %s\n' floor "$(cost floor 1)"
   row fixed_window "1 $hour 1"
-  row token_bucket "1 hit 1 token_bucket $hour 1000 1 @ 1000" "1 b 3600000 1000 1"
-  row sliding_window "1 hit 1 sliding_window $hour 1000 1 @" "2 s $hour 1000 1"
+  row token_bucket "1 hit 1 token_bucket $hour 1000 1 7 1000" "1 b 3600000 1000 1"
+  row sliding_window "1 hit 1 sliding_window $hour 1000 1 7" "2 s $hour 1000 1"
   row sliding_log "1 hit 1 sliding_log $hour 1000 1"
   row bucketed_window "1 hit 1 bucketed_window $hour 1000 1 60"
-  row three_windows "1 hit 3 fixed_window 1000000 10 1 @1 fixed_window 60000000 100 1 @2 fixed_window $hour 1000 1 @3" \
+  row three_windows "1 hit 3 fixed_window 1000000 10 1 1 fixed_window 60000000 100 1 2 fixed_window $hour 1000 1 3" \
     "3 hit 3 fixed_window 1000000 10 1 fixed_window 60000000 100 1 fixed_window $hour 1000 1"
 done

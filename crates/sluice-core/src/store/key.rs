@@ -52,6 +52,8 @@ pub struct CounterKey {
     /// A plain counter ([`CounterKey::plain`]): Redis keeps a fixed window's count as an integer per window under
     /// [`CounterKey::window`], rather than in its descriptor's packed state.
     plain: bool,
+    /// What a limit's counter is known by in its descriptor's packed state ([`CounterKey::record`]); 0 for other keys.
+    record: u64,
 }
 
 /// How a counter's windows are named after its key.
@@ -145,6 +147,7 @@ impl CounterKey {
             tag,
             windows: Windows::Start,
             plain: false,
+            record: 0,
         }
     }
 
@@ -179,6 +182,7 @@ impl CounterKey {
             tag: self.tag,
             windows: Windows::Start,
             plain: false,
+            record: 0,
         }
     }
 
@@ -217,10 +221,12 @@ impl CounterKey {
             .is_some_and(|(open, close)| close == open + 4 && self.key.len() == close + 1 + DIGEST_CHARS)
     }
 
-    /// What the counter's record is known by in its packed state ([`CounterKey::packed`]): 48 bits of the 64-bit
-    /// FNV-1a hash of its key, exact in the script's doubles.
+    /// What the counter's record is known by in its descriptor's packed state ([`CounterKey::packed`]): the 64-bit
+    /// FNV-1a hash of the limit's name (`|<algorithm>/<window seconds>`, and `/<label>` for a limit that counts a cost
+    /// of its own) shifted right by 16 bits, exact in the script's doubles. The same for a limit of every descriptor
+    /// of one rule, so that their calls share their arguments; 0 for keys that are not a limit's counter.
     pub fn record(&self) -> u64 {
-        fnv1a(self.key.as_bytes()) >> 16
+        self.record
     }
 
     /// The key of what the other regions counted in one window of a global limit ([`CounterKey::window`] then
@@ -355,6 +361,7 @@ impl Identity {
             tag: self.tag,
             windows: Windows::Reference,
             plain: true,
+            record: 0,
         })
     }
 
@@ -390,11 +397,14 @@ impl Identity {
         } else {
             Windows::Start
         };
+        let mut record = Fnv(FNV_OFFSET);
+        counter_name(&mut record, algorithm, window_us, label);
         CounterKey {
             key,
             tag: self.tag,
             windows,
             plain: false,
+            record: record.0 >> 16,
         }
     }
 
@@ -476,6 +486,26 @@ impl Sink for String {
     }
 }
 
+/// The 64-bit FNV-1a hash of what is put into it.
+struct Fnv(u64);
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+impl Fnv {
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+impl Sink for Fnv {
+    fn put(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+}
+
 impl Sink for Sha256 {
     fn put(&mut self, s: &str) {
         self.update(s.as_bytes());
@@ -530,12 +560,9 @@ fn push_decimal(out: &mut impl Sink, mut n: u64) {
 
 /// 64-bit FNV-1a: stable across processes and versions, which a hash tag must be.
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    let mut h = Fnv(FNV_OFFSET);
+    h.bytes(bytes);
+    h.0
 }
 
 /// Checks a key prefix: it may not contain hash-tag braces.
@@ -639,7 +666,7 @@ mod tests {
         );
         // Beside another limit, the same hour is a record of the descriptor's packed state.
         assert_eq!(hour.packed().as_str(), "sluice:{At7}#801cefeea644a113");
-        assert_eq!(hour.record(), 80_855_760_288_801);
+        assert_eq!(hour.record(), 29_008_981_599_465);
         assert!(hour.is_counter() && !hour.packed().is_counter() && !alice.records().is_counter());
         // A label is part of the digest.
         let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();

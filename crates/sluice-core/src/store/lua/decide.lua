@@ -179,7 +179,7 @@ local function at_of(k, i)
 end
 
 -- The packed state (prelude.lua's P): records of five numbers, one per counting limit of the descriptor, little-endian
--- doubles (which hold every time and count exactly): the record's tag (48 bits of a hash of the limit's counter key,
+-- doubles (which hold every time and count exactly): the record's tag (48 bits of a hash of the limit's name,
 -- `CounterKey::record`), the time its state stops mattering (0: never written), then up to three numbers of the
 -- algorithm's state (its `slots`). A record is found by its tag; one whose time has come starts afresh, and is dropped
 -- at the next write. Records of limits this decision does not name (another rule matched the same descriptor, or the
@@ -199,6 +199,7 @@ end
 
 -- Reads the packed state from K[k] into P and finds each packed tier's record there (a new one at the end for a tier
 -- that has none).
+local lasting = 0
 local function load(k)
   dirty = false
   if packed == 0 then return end
@@ -208,6 +209,11 @@ local function load(k)
   -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (Past the records,
   -- struct.unpack's last value, the position it stopped at, is overwritten by a record added below.)
   if records > 0 then P = { struct.unpack(format_of(records), v) } end
+  -- The latest time a record read stops mattering: the key lives until then (and a second more).
+  lasting = 0
+  for r = 2, records * RECORD, RECORD do
+    if P[r] > lasting then lasting = P[r] end
+  end
   for i = 1, tiers do
     if impl[i].slots then
       local b
@@ -231,7 +237,8 @@ end
 
 -- Writes the packed state back to K[k] if the decision changed it: each packed tier's record with the time its state
 -- stops mattering, and every record whose time has not come, the key living as long as the longest (and a second more:
--- a call decided at a given time may come a little after the server's clock). P is left as it was read and written.
+-- a call decided at a given time may come a little after the server's clock; set again only when that time moved).
+-- P is left as it was read and written.
 local function save(k)
   if not dirty then return end
   for i = 1, tiers do
@@ -264,7 +271,12 @@ local function save(k)
     end
     packed_state = struct.pack(format_of(live), unpack(out))
   end
-  redis.call('SET', K[k], packed_state, 'PX', ceil_ms(last - now + WINDOW_KEY_GRACE_US))
+  -- A window's record stops mattering at a window's edge, so within a window the key's expiry stays where it is.
+  if last == lasting then
+    redis.call('SET', K[k], packed_state, 'KEEPTTL')
+  else
+    redis.call('SET', K[k], packed_state, 'PX', ceil_ms(last - now + WINDOW_KEY_GRACE_US))
+  end
 end
 
 -- The records of the packed state at `key`, read as they are, and how many.
