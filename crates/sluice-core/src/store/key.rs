@@ -208,7 +208,9 @@ impl CounterKey {
         let mut key = String::with_capacity(head + 17);
         key.push_str(&self.key[..head]);
         key.push(PACKED);
-        key.push_str(&format!("{:016x}", self.tag));
+        for i in (0..16).rev() {
+            key.push(char::from(b"0123456789abcdef"[((self.tag >> (4 * i)) & 0xf) as usize]));
+        }
         CounterKey::named(key, self.tag)
     }
 
