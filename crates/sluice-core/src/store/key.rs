@@ -201,16 +201,15 @@ impl CounterKey {
     }
 
     /// The key of the packed state its descriptor's counting limits are kept in, in Redis (`lua/decide.lua`): this
-    /// compact key's prefix and hash tag, `#`, then the descriptor's tag in 16 hex digits, `<prefix>{<slot>}#<tag>`:
-    /// one key for every counter with this identity, that no counter's own key can be (their digests have no `#`).
+    /// compact key's prefix and hash tag, `#`, then the first 60 bits of the descriptor's tag in 10 characters of
+    /// URL-safe base64, `<prefix>{<slot>}#<tag>` (23 bytes with the default prefix): one key for every counter with
+    /// this identity, that no counter's own key can be (their digests have no `#`).
     pub fn packed(&self) -> CounterKey {
         let head = self.key.find('}').map_or(self.key.len(), |at| at + 1);
         let mut key = String::with_capacity(head + 17);
         key.push_str(&self.key[..head]);
         key.push(PACKED);
-        for i in (0..16).rev() {
-            key.push(char::from(b"0123456789abcdef"[((self.tag >> (4 * i)) & 0xf) as usize]));
-        }
+        push_base64(&mut key, &self.tag.to_be_bytes(), DIGEST_CHARS);
         CounterKey::named(key, self.tag)
     }
 
@@ -667,7 +666,7 @@ mod tests {
             "sluice:{At7}Fgmw5t8Vq2:77a19"
         );
         // Beside another limit, the same hour is a record of the descriptor's packed state.
-        assert_eq!(hour.packed().as_str(), "sluice:{At7}#801cefeea644a113");
+        assert_eq!(hour.packed().as_str(), "sluice:{At7}#gBzv7qZEoR");
         assert_eq!(hour.record(), 29_008_981_599_465);
         assert!(hour.is_counter() && !hour.packed().is_counter() && !alice.records().is_counter());
         // A label is part of the digest.
