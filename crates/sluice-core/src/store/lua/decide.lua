@@ -197,18 +197,24 @@ local function format_of(n)
   return f
 end
 
+-- The records of the packed state at `key`, read as they are, and how many.
+local function records_at(key)
+  local v = redis.call('GET', key)
+  local n = 0
+  if v then n = math.floor(#v / (8 * RECORD)) end
+  if n == 0 then return {}, 0 end
+  return { struct.unpack(format_of(n), v) }, n
+end
+
 -- Reads the packed state from K[k] into P and finds each packed tier's record there (a new one at the end for a tier
 -- that has none).
 local lasting = 0
 local function load(k)
   dirty = false
   if packed == 0 then return end
-  local v = redis.call('GET', K[k])
-  records = 0
-  if v then records = math.floor(#v / (8 * RECORD)) end
   -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (Past the records,
   -- struct.unpack's last value, the position it stopped at, is overwritten by a record added below.)
-  if records > 0 then P = { struct.unpack(format_of(records), v) } end
+  P, records = records_at(K[k])
   -- The latest time a record read stops mattering: the key lives until then (and a second more).
   lasting = 0
   for r = 2, records * RECORD, RECORD do
@@ -277,15 +283,6 @@ local function save(k)
   else
     redis.call('SET', K[k], packed_state, 'PX', ceil_ms(last - now + WINDOW_KEY_GRACE_US))
   end
-end
-
--- The records of the packed state at `key`, read as they are, and how many.
-local function records_at(key)
-  local v = redis.call('GET', key)
-  local n = 0
-  if v then n = math.floor(#v / (8 * RECORD)) end
-  if n == 0 then return {}, 0 end
-  return { struct.unpack(format_of(n), v) }, n
 end
 
 -- What the window of `window` us starting at `start` holds in the record `tag` of the packed state at `key` (a global

@@ -87,7 +87,6 @@ pub(super) fn parse_settled(reply: Reply, settlement: &Settlement) -> Result<Set
     }
 }
 
-/// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
 /// The one number of a call of one place (decide.lua's modes 'forget', 'count'): how many records a reset forgot, a
 /// window's count.
 pub(super) fn number(reply: Reply) -> Result<u64, StoreError> {
@@ -98,6 +97,7 @@ pub(super) fn number(reply: Reply) -> Result<u64, StoreError> {
     }
 }
 
+/// Reads `decide.lua`'s answer in grant mode: `ledger.lua`'s five counts.
 pub(super) fn parse_granted(reply: Reply) -> Result<Granted, StoreError> {
     let (items, _) = items(reply)?;
     let count = |i: usize| {
