@@ -223,6 +223,40 @@ async fn redis_a_lone_sliding_window_keeps_one_record() {
     assert_eq!(answers[1].as_ref().map(|o| o.tiers[0].used).ok(), Some(1));
 }
 
+/// A lone token bucket keeps its arrival time in one record, kept until the bucket is full again rounded up to the
+/// next multiple of the time a full bucket takes to refill: hits that leave the arrival time within that span write
+/// the state with the key's expiry kept, and the hit that takes it past moves the expiry one span on.
+#[tokio::test]
+async fn redis_a_buckets_hits_keep_its_keys_expiry_within_a_refill() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis.url()).await;
+    // 60 a minute with a burst of 60: a token a second, a full refill in a minute.
+    let h = one("tb-record", Algorithm::TokenBucket, 60, MINUTE, 1);
+    let (key, second) = (h.tiers[0].key.clone(), MINUTE / 60);
+    let pttl = || -> i64 {
+        let ttl = redis.cli(&["--raw", "PTTL", h.tiers[0].key.packed().as_str()]);
+        ttl.trim().parse().unwrap()
+    };
+    let span_end = T0 - T0 % MINUTE + MINUTE;
+    assert!(apply(&store, T0, &h).await.admitted);
+    assert_eq!(redis.record(&key), Some([span_end, T0 + second, 0, 0]));
+    let first = pttl();
+    assert!(first > 0 && first <= ((span_end - T0 + second) / 1000) as i64, "{first}");
+    let within = (span_end - T0) / second - 1;
+    for _ in 1..within {
+        assert!(apply(&store, T0, &h).await.admitted);
+    }
+    assert_eq!(redis.record(&key), Some([span_end, T0 + within * second, 0, 0]));
+    assert!(pttl() <= first, "the key's expiry is kept: {first}, then {}", pttl());
+    assert!(apply(&store, T0, &h).await.admitted);
+    assert_eq!(
+        redis.record(&key),
+        Some([span_end + MINUTE, span_end, 0, 0]),
+        "the arrival time reached the span's end"
+    );
+    assert!(pttl() > first, "the key's expiry moved: {first}, then {}", pttl());
+}
+
 /// Decided by the server's clock, descriptors in a row that share their arguments travel as one run (lone fixed
 /// windows as 'f' in the decision script's declared form, others as '*'): each is answered in its place, a key of the
 /// wrong type among them fails that one alone, and those after it are counted on their own keys.

@@ -43,9 +43,14 @@ function L.token_bucket()
     return '', new - now
   end
 
-  -- How long the state matters: until the bucket is full again.
-  function M.lives(p, now)
-    return max0(P[p] - now)
+  -- How long the record is kept: until the bucket is full again, rounded up to the next multiple of the time a full
+  -- bucket takes to refill (at least a second), so that hits moving the arrival time within one such span keep the
+  -- packed key's expiry (a write with an expiry costs Redis about twice one without). A full bucket's record is thus
+  -- kept at most that span more than it matters; a record read after its arrival time is a full bucket all the same.
+  function M.lives(p, now, window, limit, burst)
+    if P[p] <= now then return 0 end
+    local q = math.max(burst * interval_of(limit, window), 1000000)
+    return P[p] - P[p] % q + q - now
   end
 
   -- Moves the arrival time back by `amount` tokens, never before `now`. Only as many tokens as the arrival time is

@@ -109,7 +109,7 @@ end
 local function decide_one()
   local head = ARGV[a]
   if head == 'f' then return run() end
-  local window = numbers[head] or number(head)
+  local window = number(head)
   if window == nil then return generic() end
   -- The commonest call, a plain counter (a lone fixed window): its cost, (time), and in the node form its key.
   local text, key, at, width = ARGV[a + 1], K[k], now, 2

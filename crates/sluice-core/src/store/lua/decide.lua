@@ -74,7 +74,7 @@ end
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (ok, the values
 -- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
-local impl, windows, limits, bursts, costs, texts, places, tags, slots = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local impl, windows, limits, bursts, costs, texts, places, tags, slots, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 local seen_ok, seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
@@ -118,6 +118,7 @@ local function read(a)
       tags[i] = tonumber(ARGV[at])
       at = at + 1
       ns = ns + 1
+      packs[ns] = i
     end
     bursts[i] = 0
     if A.burst then
@@ -216,28 +217,22 @@ local function load(k)
   -- struct.unpack's last value, the position it stopped at, is overwritten by a record added below.)
   P, records = records_at(K[k])
   -- The latest time a record read stops mattering: the key lives until then (and a second more).
+  local n = records * RECORD
   lasting = 0
-  for r = 2, records * RECORD, RECORD do
+  for r = 2, n, RECORD do
     if P[r] > lasting then lasting = P[r] end
   end
-  for i = 1, tiers do
-    if impl[i].slots then
-      local b
-      for r = 1, records * RECORD, RECORD do
-        if P[r] == tags[i] then
-          b = r
-          break
-        end
-      end
-      if b == nil then
-        records = records + 1
-        b = records * RECORD - RECORD + 1
-        P[b] = tags[i]
-        P[b + 1] = 0
-      end
-      if P[b + 1] <= now then P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0 end
-      slots[i] = b + 2
+  for q = 1, packed do
+    local i = packs[q]
+    local tag, b = tags[i], 1
+    while b <= n and P[b] ~= tag do b = b + RECORD end
+    if b > n then
+      records, n = records + 1, n + RECORD
+      P[b] = tag
+      P[b + 1] = 0
     end
+    if P[b + 1] <= now then P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0 end
+    slots[i] = b + 2
   end
 end
 
@@ -247,18 +242,19 @@ end
 -- P is left as it was read and written.
 local function save(k)
   if not dirty then return end
-  for i = 1, tiers do
-    if impl[i].slots then
-      local lives = impl[i].lives(slots[i], now, windows[i])
-      P[slots[i] - 1] = 0
-      if lives > 0 then P[slots[i] - 1] = now + lives end
-    end
+  for q = 1, packed do
+    local i = packs[q]
+    local s = slots[i]
+    local lives = impl[i].lives(s, now, windows[i], limits[i], bursts[i])
+    P[s - 1] = 0
+    if lives > 0 then P[s - 1] = now + lives end
   end
   local live, last = 0, 0
-  for r = 1, records * RECORD, RECORD do
-    if P[r + 1] > now then
+  for r = 2, records * RECORD, RECORD do
+    local x = P[r]
+    if x > now then
       live = live + 1
-      if P[r + 1] > last then last = P[r + 1] end
+      if x > last then last = x end
     end
   end
   if live == 0 then

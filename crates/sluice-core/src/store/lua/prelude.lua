@@ -37,8 +37,9 @@
 --     or not) over what check saw.
 --   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool)
 -- a packed algorithm also has
---   lives(p, now, window) -> how long its state still matters (0: not at all); the packed key lives as long as the
---     longest
+--   lives(p, now, window, limit, burst) -> how long its record is kept (0: not at all), at least as long as its state
+--     still matters; the packed key lives as long as the longest, and is written with its expiry kept while that time
+--     does not move
 --   refund(p, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
 --     `amount`) and a function that writes the refund into P: give back up to `amount` of what a hit at time `at`
 --     counted, from the state it was counted in (decide.lua's mode 'settle').
@@ -148,14 +149,12 @@ local numbers, numbered = {}, 0
 local function number(s)
   local v = numbers[s]
   if v == nil then
-    v = tonumber(s)
-    if v ~= nil then
-      if numbered >= 4096 then numbers, numbered = {}, 0 end
-      numbers[s] = v
-      numbered = numbered + 1
-    end
+    v = tonumber(s) or false
+    if numbered >= 4096 then numbers, numbered = {}, 0 end
+    numbers[s] = v
+    numbered = numbered + 1
   end
-  return v
+  return v or nil
 end
 
 -- The call's answers, in order: as many values per descriptor as its form answers, ended by a nil
