@@ -241,7 +241,10 @@ async fn redis_a_buckets_hits_keep_its_keys_expiry_within_a_refill() {
     assert!(apply(&store, T0, &h).await.admitted);
     assert_eq!(redis.record(&key), Some([span_end, T0 + second, 0, 0]));
     let first = pttl();
-    assert!(first > 0 && first <= ((span_end - T0 + second) / 1000) as i64, "{first}");
+    assert!(
+        first > 0 && first <= ((span_end - T0 + second) / 1000) as i64,
+        "{first}"
+    );
     let within = (span_end - T0) / second - 1;
     for _ in 1..within {
         assert!(apply(&store, T0, &h).await.admitted);
