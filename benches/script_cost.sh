@@ -11,8 +11,8 @@
 #   bucketed_window   an hour's window in 60 sub-windows
 #   three_windows     a second, a minute and an hour on one descriptor
 #   floor             the floor of benches/redis_cost.sh: INCRBY, and PEXPIRE on the first hit, per descriptor
-# BEFORE=<commit> adds a column for the scripts of that commit (d9a9c91 or later: each in the form it sent then, its
-# fast forms where it had them), loaded beside this tree's on the same Redis, the two taking turns row by row.
+# BEFORE=<commit> adds a column for the scripts of that commit (8d38529 or later: the packed state, whose arguments
+# these rows spell), loaded beside this tree's on the same Redis, the two taking turns row by row.
 # ROUNDS (3) repeats the table; CALLS (60 000) calls a row after a warm-up pass of 20 000. Needs redis-server and
 # redis-benchmark (and git for BEFORE).
 set -euo pipefail
@@ -78,16 +78,16 @@ cost() {
   python3 -c "print(f'{($after - $before) / ($CALLS * 32):.2f}')"
 }
 
-# row NAME "NK ARGS" ["NK ARGS" of the code before]: this tree's cost, then the code before's.
+# row NAME "NK ARGS": this tree's cost, then the code before's.
 row() {
-  local name=$1 mine=$2 theirs=${3:-$2} a b
+  local name=$1 mine=$2 a b
   if [ -z "$BEFORE" ]; then
     # shellcheck disable=SC2086
     printf '  %-16s %s\n' "$name" "$(cost after $mine)"
     return
   fi
   # shellcheck disable=SC2086
-  if (( round % 2 )); then a=$(cost after $mine); b=$(cost before $theirs); else b=$(cost before $theirs); a=$(cost after $mine); fi
+  if (( round % 2 )); then a=$(cost after $mine); b=$(cost before $mine); else b=$(cost before $mine); a=$(cost after $mine); fi
   printf '  %-16s %s / %s\n' "$name" "$a" "$b"
 }
 
@@ -96,10 +96,9 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round"
   printf '  %-16s %s\n' floor "$(cost floor 1)"
   row fixed_window "1 $hour 1"
-  row token_bucket "1 hit 1 token_bucket $hour 1000 1 7 1000" "1 b 3600000 1000 1"
-  row sliding_window "1 hit 1 sliding_window $hour 1000 1 7" "2 s $hour 1000 1"
+  row token_bucket "1 hit 1 token_bucket $hour 1000 1 7 1000"
+  row sliding_window "1 hit 1 sliding_window $hour 1000 1 7"
   row sliding_log "1 hit 1 sliding_log $hour 1000 1"
   row bucketed_window "1 hit 1 bucketed_window $hour 1000 1 60"
-  row three_windows "1 hit 3 fixed_window 1000000 10 1 1 fixed_window 60000000 100 1 2 fixed_window $hour 1000 1 3" \
-    "3 hit 3 fixed_window 1000000 10 1 fixed_window 60000000 100 1 fixed_window $hour 1000 1"
+  row three_windows "1 hit 3 fixed_window 1000000 10 1 1 fixed_window 60000000 100 1 2 fixed_window $hour 1000 1 3"
 done
