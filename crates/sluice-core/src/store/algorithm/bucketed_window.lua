@@ -24,7 +24,7 @@ function L.bucketed_window()
   local M = {}
 
   local function width_of(window, buckets)
-    local width = math.floor(window / buckets)
+    local width = floor(window / buckets)
     if width < 1 then width = 1 end
     return width
   end
@@ -54,7 +54,7 @@ function L.bucketed_window()
     local width = width_of(window, burst)
     local current = now - now % width
     -- The sub-windows the window spans: the current one and up to burst - 1 before it, none before the epoch.
-    local spanned = math.min(burst, math.floor(current / width) + 1)
+    local spanned = min(burst, floor(current / width) + 1)
     local first = current - (spanned - 1) * width
     local f = redis.call('HMGET', key, 't', 'o', 'l', 's')
     local t, o, l = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
@@ -77,7 +77,7 @@ function L.bucketed_window()
       c = c or counts(key, first, current, width)
       local left = n
       for i = 1, #c do
-        left = left - math.min(c[i], left)
+        left = left - min(c[i], left)
         if left + cost <= limit then leaving = first + (i - 1) * width; break end
       end
     end
@@ -94,7 +94,7 @@ function L.bucketed_window()
   function M.commit(j, now, cost, _, window, burst, _, _, _, _, s)
     local key = K[j]
     local width, current = s.width, s.current
-    local longest = math.max(s.longest, burst)
+    local longest = max(s.longest, burst)
     local ttl = ceil_ms(current + window - now)
     if written_in ~= decision then
       if next(bucket_written) ~= nil then bucket_written = {} end

@@ -77,7 +77,7 @@ function L.counter()
   -- count sets its expiry, later ones keep it. Returns the time until the window ends.
   function M.commit(_, now, cost, _, window, _, _, n, _, _, wkey)
     local reset = window - now % window
-    local count = string.format('%d', math.min(n + cost, MAX_COUNT))
+    local count = string.format('%d', min(n + cost, MAX_COUNT))
     if n > 0 then
       redis.call('SET', wkey, count, 'KEEPTTL')
     else
@@ -94,7 +94,7 @@ function L.counter()
     local wkey = window_at(K[j], now, window)
     local n, exists = window_count(wkey)
     if not exists then return nil end
-    local given = math.min(n, amount)
+    local given = min(n, amount)
     return given, function()
       redis.call('SET', wkey, string.format('%d', n - given), 'KEEPTTL')
     end
@@ -146,7 +146,7 @@ function L.fixed_window()
   -- Counts `cost` in the window `now` is in, up to MAX_COUNT; returns the time until the window ends.
   function M.commit(p, now, cost, _, window)
     local start = now - now % window
-    P[p], P[p + 1] = start, math.min(count(p, now, window) + cost, MAX_COUNT)
+    P[p], P[p + 1] = start, min(count(p, now, window) + cost, MAX_COUNT)
     return '', start + window - now
   end
 
@@ -160,7 +160,7 @@ function L.fixed_window()
   function M.refund(p, now, at, amount, _, window)
     local start = now - now % window
     if at - at % window ~= start or P[p] ~= start then return nil end
-    local given = math.min(P[p + 1], amount)
+    local given = min(P[p + 1], amount)
     return given, function() P[p + 1] = P[p + 1] - given end
   end
 

@@ -13,7 +13,7 @@ function L.queue()
 
   -- The smallest id that is still waiting at `now`: entries with ms * 1000 + window <= now are stale.
   local function queue_cutoff(now, window)
-    return math.floor(math.max(0, now - window) / 1000) + 1
+    return floor(max(0, now - window) / 1000) + 1
   end
 
   -- The millisecond of the entry id `id`.
@@ -41,7 +41,7 @@ function L.queue()
   function M.commit(j, now, _, _, window, _, _, _, _, _, _, _, fields)
     local key = K[j]
     redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))
-    local ms = math.floor(now / 1000)
+    local ms = floor(now / 1000)
     local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
     if type(added) == 'table' and added.err then
       -- The clock went back behind the stream's last id (entries may since have been deleted): append right after
@@ -55,7 +55,7 @@ function L.queue()
       added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
     end
     redis.call('PEXPIRE', key, ceil_ms(window))
-    return added, math.floor(now / 1000) * 1000 + window - now
+    return added, floor(now / 1000) * 1000 + window - now
   end
   return M
 end

@@ -12,7 +12,7 @@ local function sl_add(key, now, live, cost, window)
   local i = 1
   while i <= cost do
     local args = {}
-    for j = i, math.min(cost, i + 499) do
+    for j = i, min(cost, i + 499) do
       args[#args + 1] = now
       args[#args + 1] = string.format('%d:%d', now, live + j)
     end

@@ -11,7 +11,7 @@
 -- (the current or the previous one), never below 0.
 
 local function sw_estimate(p, c, elapsed, window)
-  return math.floor(p * (window - elapsed) / window) + c
+  return floor(p * (window - elapsed) / window) + c
 end
 
 function L.sliding_window()
@@ -43,7 +43,7 @@ function L.sliding_window()
   -- Counts `cost` in the current window; returns the time until the count leaves the estimate.
   function M.commit(p, now, cost, _, window)
     local c, q = counts(p, now, window)
-    store(p, now, window, math.min(c + cost, MAX_SLIDING_COUNT), q)
+    store(p, now, window, min(c + cost, MAX_SLIDING_COUNT), q)
     return '', 2 * window - now % window
   end
 
@@ -62,11 +62,11 @@ function L.sliding_window()
     local from = at - at % window
     local c, q = counts(p, now, window)
     if from == start and c > 0 then
-      local given = math.min(c, amount)
+      local given = min(c, amount)
       return given, function() store(p, now, window, c - given, q) end
     end
     if from == start - window and q > 0 then
-      local given = math.min(q, amount)
+      local given = min(q, amount)
       return given, function() store(p, now, window, c, q - given) end
     end
     return nil

@@ -12,21 +12,21 @@ function L.token_bucket()
   local M = { width = 1, slots = 1, burst = true }
 
   local function interval_of(limit, window)
-    local rate = math.max(limit, 1)
-    return math.floor((window + rate - 1) / rate)
+    local rate = max(limit, 1)
+    return floor((window + rate - 1) / rate)
   end
 
   -- Sees the arrival time, `now` when it is earlier or there is none (decide.lua's interface, prelude.lua). A cost
   -- above the bucket never fits: it is not priced (its product could leave the exact range).
   function M.check(p, now, cost, limit, window, burst)
     local interval = interval_of(limit, window)
-    local tat = math.max(P[p], now)
+    local tat = max(P[p], now)
     return cost <= burst and tat + cost * interval - now <= burst * interval, tat, -1, -1
   end
 
   function M.left(tat, _, _, now, limit, window, burst)
     local interval = interval_of(limit, window)
-    return max0(math.floor((now + burst * interval - tat) / interval))
+    return max0(floor((now + burst * interval - tat) / interval))
   end
 
   -- Moves the arrival time by `cost` tokens. A forced hit is charged at most burst + 1 tokens, and its debt stops at
@@ -34,10 +34,10 @@ function L.token_bucket()
   -- forgiven). Returns the time until the bucket is full again.
   function M.commit(p, now, cost, limit, window, burst, force)
     local interval = interval_of(limit, window)
-    local tat = math.max(P[p], now)
+    local tat = max(P[p], now)
     local new = tat + cost * interval
     if force then
-      new = math.max(math.min(tat + math.min(cost, burst + 1) * interval, now + burst * interval + MAX_DEBT_US), tat)
+      new = max(min(tat + min(cost, burst + 1) * interval, now + burst * interval + MAX_DEBT_US), tat)
     end
     P[p] = new
     return '', new - now
@@ -49,7 +49,7 @@ function L.token_bucket()
   -- kept at most that span more than it matters; a record read after its arrival time is a full bucket all the same.
   function M.lives(p, now, window, limit, burst)
     if P[p] <= now then return 0 end
-    local q = math.max(burst * interval_of(limit, window), 1000000)
+    local q = max(burst * interval_of(limit, window), 1000000)
     return P[p] - P[p] % q + q - now
   end
 
@@ -60,8 +60,8 @@ function L.token_bucket()
     local tat = P[p]
     if tat <= now then return nil end
     -- Back to `now` at most: then only the whole tokens the arrival time was past `now` came back.
-    local new, given = now, math.floor((tat - now) / interval)
-    if amount < math.floor((tat - now + interval - 1) / interval) then new, given = tat - amount * interval, amount end
+    local new, given = now, floor((tat - now) / interval)
+    if amount < floor((tat - now + interval - 1) / interval) then new, given = tat - amount * interval, amount end
     return given, function() P[p] = new end
   end
 

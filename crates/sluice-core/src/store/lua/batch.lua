@@ -43,6 +43,10 @@
 -- answer goes (o: a descriptor's answer takes as many places as its form answers).
 local node, k, a, served, now, o
 
+-- The time a descriptor carried last, as text and as read: the descriptors of a call decided at one given time carry
+-- the same text, read once.
+local time_text, time_at
+
 -- What a descriptor that failed answers: its error, or, refused as not served here, false (not decided, nothing
 -- written; sent again to its slot).
 local function error_of(err)
@@ -80,7 +84,9 @@ local function generic()
   local ends, nk = read(a)
   local w, at = places_answered, now
   if guess == nil then
-    at = tonumber(ARGV[ends])
+    local text = ARGV[ends]
+    if text ~= time_text then time_text, time_at = text, tonumber(text) end
+    at = time_at
     ends = ends + 1
   end
   local here, keys = true, k
@@ -125,6 +131,7 @@ end
 -- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
 -- every call, where run by EVALSHA they are made again at each.
 local function batch()
+  if floor == nil then floor, max, min = math.floor, math.max, math.min end
   K, server_now = KEYS, nil
   node = ARGV[1] == 'node'
   local n

@@ -202,7 +202,7 @@ end
 local function records_at(key)
   local v = redis.call('GET', key)
   local n = 0
-  if v then n = math.floor(#v / (8 * RECORD)) end
+  if v then n = floor(#v / (8 * RECORD)) end
   if n == 0 then return {}, 0 end
   return { struct.unpack(format_of(n), v) }, n
 end
@@ -213,9 +213,18 @@ local lasting = 0
 local function load(k)
   dirty = false
   if packed == 0 then return end
-  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (Past the records,
-  -- struct.unpack's last value, the position it stopped at, is overwritten by a record added below.)
-  P, records = records_at(K[k])
+  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. A lone record (the
+  -- commonest) is read into the table as it is, whatever a decision before left past it: only `records` records
+  -- are ever read. (Past several records, struct.unpack's last value, the position it stopped at, is overwritten by
+  -- a record added below.)
+  local v = redis.call('GET', K[k])
+  records = 0
+  if v then records = floor(#v / (8 * RECORD)) end
+  if records == 1 then
+    P[1], P[2], P[3], P[4], P[5] = struct.unpack('<ddddd', v)
+  elseif records > 1 then
+    P = { struct.unpack(format_of(records), v) }
+  end
   -- The latest time a record read stops mattering: the key lives until then (and a second more).
   local n = records * RECORD
   lasting = 0
@@ -518,7 +527,7 @@ local function decide(a, k, at, o)
     if committed then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)
-      redis.call('PEXPIRE', rkey, ceil_ms(math.max(longest, 1)))
+      redis.call('PEXPIRE', rkey, ceil_ms(max(longest, 1)))
     elseif m.name == 'peek' then
       answers[o] = redis.call('LRANGE', rkey, 0, record_size - 1)
     end

@@ -17,8 +17,8 @@ local function fair_shares(capacity, names, wants)
   end)
   local shares, left, n = {}, capacity, #wants
   for served, i in ipairs(order) do
-    local equal = math.floor(left / (n - served + 1))
-    local share = math.min(wants[i], equal)
+    local equal = floor(left / (n - served + 1))
+    local share = min(wants[i], equal)
     shares[i] = share
     left = left - share
   end
@@ -36,12 +36,12 @@ local function targets(pool, names, wants)
   local given, weight = 0, 0
   for i = 1, #wants do
     given = given + shares[i]
-    weight = weight + math.min(wants[i], WEIGHT_CAP)
+    weight = weight + min(wants[i], WEIGHT_CAP)
   end
   local surplus = pool - given
   if surplus > 0 and weight > 0 then
     for i = 1, #wants do
-      shares[i] = shares[i] + math.floor(surplus * math.min(wants[i], WEIGHT_CAP) / weight)
+      shares[i] = shares[i] + floor(surplus * min(wants[i], WEIGHT_CAP) / weight)
     end
   end
   return shares
@@ -75,13 +75,13 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
     return { 0, 0, left, #names, others, 0 }
   end
   -- A holder holds at most what its entry says it was granted.
-  held = math.min(held, previous)
+  held = min(held, previous)
   local reserve = 0
-  if not rate then reserve = math.floor(left / RESERVE_PARTS) end
+  if not rate then reserve = floor(left / RESERVE_PARTS) end
   local n = #names + 1
   if newcomer then
     -- Its demand is not known yet: it wants as much as any other.
-    for i = 1, #wants do want = math.max(want, wants[i]) end
+    for i = 1, #wants do want = max(want, wants[i]) end
   end
   names[n], wants[n], helds[n] = holder, want, held
   local shares = targets(left - reserve, names, wants)
@@ -98,20 +98,20 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
     -- What is open is shared by all that lack, in proportion to what each lacks (at least a token while any is
     -- open): the first to ask does not take what the others wait for.
     local lack = share - held
-    local part = math.floor(open * math.min(lack, WEIGHT_CAP) / math.min(lacking + lack, WEIGHT_CAP))
-    amount = held + math.min(lack, math.max(part, math.min(open, 1)))
+    local part = floor(open * min(lack, WEIGHT_CAP) / min(lacking + lack, WEIGHT_CAP))
+    amount = held + min(lack, max(part, min(open, 1)))
   else
     -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took
     -- of the reserve, and what the holders hold past what is left (usage admitted outside any grant), never going
     -- below the share.
     local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
-    amount = math.max(share, held - math.min(back, held))
+    amount = max(share, held - min(back, held))
   end
   -- A lone newcomer's first grants of a budget stay within half of what is left and the reserve.
-  if newcomer and not rate and n == 1 then amount = math.min(amount, math.max(held, math.floor(left / 2) + reserve)) end
+  if newcomer and not rate and n == 1 then amount = min(amount, max(held, floor(left / 2) + reserve)) end
   -- Tokens of a budget handed out are not taken back before the holder reports them unspent.
   local entry = amount
-  if not rate then entry = math.max(amount, held) end
+  if not rate then entry = max(amount, held) end
   redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
   redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
   return { amount, share, left, n, others + entry, entry }

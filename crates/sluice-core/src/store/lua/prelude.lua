@@ -15,6 +15,7 @@
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
+--   floor, max, min             math.floor, math.max and math.min (set by batch.lua's batch())
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
 --   answers                     a call's answers
@@ -63,6 +64,10 @@
 
 local L, loaded = {}, {}
 
+-- Lua's arithmetic helpers, read once (batch.lua, at a call: a function library is loaded without `math`): a
+-- global's field costs a lookup at every use.
+local floor, max, min
+
 -- Per call: the table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one
 -- cluster slot); batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the
 -- arguments.
@@ -87,7 +92,7 @@ local function algorithm(name)
 end
 
 local function ceil_ms(us)
-  local ms = math.floor((us + 999) / 1000)
+  local ms = floor((us + 999) / 1000)
   if ms < 1 then ms = 1 end
   return ms
 end
