@@ -15,18 +15,46 @@
 # these rows spell), loaded beside this tree's on the same Redis, the two taking turns row by row.
 # ROUNDS (3) repeats the table; CALLS (60 000) calls a row after a warm-up pass of 20 000. Needs redis-server and
 # redis-benchmark (and git for BEFORE).
+# INSTRUCTIONS=1 counts the machine instructions Redis runs per descriptor instead of its CPU time: Redis runs under
+# valgrind's callgrind (apt-get install valgrind), CALLS defaults to 500 after a warm-up of 500, and the counts
+# repeat to within a few in a thousand from run to run, where times on a shared host vary by a tenth or more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+INSTRUCTIONS=${INSTRUCTIONS:-}
+CALLS=${CALLS:-${INSTRUCTIONS:+500}}
 CALLS=${CALLS:-60000}
+WARMUP=${INSTRUCTIONS:+500}
+WARMUP=${WARMUP:-20000}
 ROUNDS=${ROUNDS:-3}
 HOT=${HOT:-}
 BEFORE=${BEFORE:-}
 # shellcheck source=benches/common.sh
 source benches/common.sh
-for tool in redis-server redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install redis-server redis-tools)"; exit 1; }
+for tool in redis-server redis-benchmark ${INSTRUCTIONS:+valgrind callgrind_control}; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing (apt-get install redis-server redis-tools valgrind)"; exit 1; }
 done
-start_redis
+if [ -n "$INSTRUCTIONS" ]; then
+  redis_port=$(free_port)
+  valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  wait_port "$redis_port"
+else
+  start_redis
+fi
+
+unit=µs digits=2f
+if [ -n "$INSTRUCTIONS" ]; then unit=instructions digits=0f; fi
+
+# spent: what Redis has spent so far: its CPU time (us), or with INSTRUCTIONS the instructions since the last call
+# (callgrind's counts dumped and zeroed).
+spent() {
+  if [ -z "$INSTRUCTIONS" ]; then cpu_us "$redis_pid"; return; fi
+  callgrind_control -d "$redis_pid" >/dev/null
+  callgrind_control -z "$redis_pid" >/dev/null
+  awk '/^(summary|totals):/ { print $2; exit }' "$(ls -t "$work"/callgrind.* | head -1)"
+}
 
 # library NAME TREE: the function library NAME of the decision script in TREE (a directory holding
 # crates/sluice-core/src/store).
@@ -70,12 +98,13 @@ cost() {
   else
     run+=(fcall "$function" $((32 * nk)) "${keys[@]}" "${args[@]}")
   fi
-  "${run[@]:0:1}" -n 20000 "${run[@]:1}" >/dev/null 2>&1
-  local before after
-  before=$(cpu_us "$redis_pid")
+  "${run[@]:0:1}" -n "$WARMUP" "${run[@]:1}" >/dev/null 2>&1
+  local before
+  before=$(spent)
+  # Counted instructions start from 0 at each read.
+  if [ -n "$INSTRUCTIONS" ]; then before=0; fi
   "${run[@]:0:1}" -n "$CALLS" "${run[@]:1}" >/dev/null 2>&1
-  after=$(cpu_us "$redis_pid")
-  python3 -c "print(f'{($after - $before) / ($CALLS * 32):.2f}')"
+  python3 -c "print(f'{($(spent) - $before) / ($CALLS * 32):.$digits}')"
 }
 
 # row NAME "NK ARGS": this tree's cost, then the code before's.
@@ -91,7 +120,7 @@ row() {
   printf '  %-16s %s / %s\n' "$name" "$a" "$b"
 }
 
-echo "Redis µs per descriptor (${HOT:+one hot descriptor}${HOT:-100 000 descriptors})${BEFORE:+, this tree / $BEFORE}"
+echo "Redis $unit per descriptor (${HOT:+one hot descriptor}${HOT:-100 000 descriptors})${BEFORE:+, this tree / $BEFORE}"
 for round in $(seq "$ROUNDS"); do
   echo "round $round"
   printf '  %-16s %s\n' floor "$(cost floor 1)"

@@ -271,7 +271,10 @@ local function save(k)
     return
   end
   local packed_state
-  if live == records then
+  if live == 1 and records == 1 then
+    -- The commonest state, one record, packed as it is.
+    packed_state = struct.pack('<ddddd', P[1], P[2], P[3], P[4], P[5])
+  elseif live == records then
     packed_state = struct.pack(format_of(live), unpack(P, 1, records * RECORD))
   else
     local out = {}
@@ -485,7 +488,7 @@ local function decide(a, k, at, o)
   end
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
-  local committed = forced or (positive and (m.name == 'hit' or m.name == 'reserve') and
+  local committed = forced or (positive and taking and
     (admitted or (not m.reserving and tiers == 1 and impl[1].counts_denials and costs[1] <= limits[1])))
   if not committed then
     undo(k, tiers)
