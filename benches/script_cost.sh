@@ -51,8 +51,8 @@ if [ -n "$INSTRUCTIONS" ]; then unit=instructions digits=0f; fi
 # (callgrind's counts dumped and zeroed).
 spent() {
   if [ -z "$INSTRUCTIONS" ]; then cpu_us "$redis_pid"; return; fi
-  callgrind_control -d "$redis_pid" >/dev/null
-  callgrind_control -z "$redis_pid" >/dev/null
+  callgrind_control -d "$redis_pid" >/dev/null 2>&1
+  callgrind_control -z "$redis_pid" >/dev/null 2>&1
   awk '/^(summary|totals):/ { print $2; exit }' "$(ls -t "$work"/callgrind.* | head -1)"
 }
 
