@@ -103,7 +103,7 @@ local function generic()
     answers[o] = false
     for j = 1, w - 1 do answers[o + j] = 0 end
   else
-    local ok, err = pcall(decide, a, keys, at, o)
+    local ok, err = pcall(decide, keys, at, o)
     if not ok then failure(err, w) end
   end
   if node then a = ends + 1 + nk else a, k = ends, k + nk end
@@ -111,12 +111,14 @@ local function generic()
 end
 
 -- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a run's
--- 'f', a plain counter's window (most often a number read before: see `number`), or the decision loop's mode.
+-- 'f', a plain counter's window (most often a number read before, found in `numbers`: see `number`), or the decision
+-- loop's mode (found there as false).
 local function decide_one()
   local head = ARGV[a]
   if head == 'f' then return run() end
-  local window = number(head)
-  if window == nil then return generic() end
+  local window = numbers[head]
+  if window == nil then window = number(head) end
+  if not window then return generic() end
   -- The commonest call, a plain counter (a lone fixed window): its cost, (time), and in the node form its key.
   local text, key, at, width = ARGV[a + 1], K[k], now, 2
   if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end

@@ -1,8 +1,8 @@
 -- decide.lua: the decision loop. One descriptor decided against all its limits at once, atomically, in any mode: read
 -- each limit's state (its algorithm's check), ask whether the hit fits, then write all or none.
 --
--- decide(head, a, k) decides the descriptor whose head is ARGV[a] (batch.lua's entry reads it), and returns where its
--- arguments end. Its arguments, from ARGV[a] on:
+-- read(a) reads the arguments of the descriptor whose head is ARGV[a] and returns where they end and how many keys it
+-- has; decide(k, at, o) then decides it (batch.lua's entry does both). Its arguments, from ARGV[a] on:
 -- head        the mode, then '+' and a letter for each part the arguments carry beyond the tiers: 'l' a lease id, 'q'
 --             queue entry fields, 'k' hit records (`modes` below). The modes: 'hit' applies the hit; 'peek' only
 --             reports (and returns the hit records); 'report' applies a forced hit: every tier counts its cost whether
@@ -65,17 +65,18 @@ local function mode_of(head)
     m.forcing = name == 'report' or name == 'reserve_report'
     m.settling = name == 'settle' or name == 'reap'
     m.taking = name == 'hit' or name == 'reserve'
+    m.apart = m.settling or name == 'grant' or name == 'forget' or name == 'count'
     modes[head] = m
   end
   return m
 end
 
 -- The decision under way, kept from call to call and overwritten as it is read (a decision is done with it before the
--- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (ok, the values
+-- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
 -- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
 local impl, windows, limits, bursts, costs, texts, places, tags, slots, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-local seen_ok, seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}, {}
+local seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
 -- how many tiers are packed, how many records the packed state holds, and whether the decision changed them.
@@ -167,7 +168,7 @@ end
 
 -- Keeps what tier i's check saw; returns whether the hit fits it.
 local function seen(i, ok, a, b, c, x)
-  seen_ok[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = ok, a, b, c, x
+  seen_a[i], seen_b[i], seen_c[i], seen_x[i] = a, b, c, x
   return ok
 end
 
@@ -440,25 +441,22 @@ local function give(k, g, lk, o)
   for j = 1, #out do answers[o + j - 1] = out[j] end
 end
 
--- Decides the descriptor whose arguments are at ARGV[a] and keys at K[k] on, at `at`, into answers[o] on (see above).
-local function decide(a, k, at, o)
+-- Decides the descriptor read last (`read`), its keys at K[k] on, at `at`, into answers[o] on (see above).
+local function decide(k, at, o)
   decision = decision + 1
   now = at
-  local ends, nk = read(a)
-  if m.settling then
-    settle(k, k + nk - 1, o)
-    return ends, nk
-  end
-  if m.name == 'grant' then
-    give(k, tail, k + nk - 1, o)
-    return ends, nk
-  end
-  if m.name == 'forget' then
-    answers[o] = forget(K[k + nk - 1], tonumber(ARGV[tail]))
-    return ends, nk
-  elseif m.name == 'count' then
-    answers[o] = count_of(K[k + nk - 1], tonumber(ARGV[tail]), tonumber(ARGV[tail + 1]), tonumber(ARGV[tail + 2]))
-    return ends, nk
+  local nk = read_keys
+  if m.apart then
+    if m.settling then
+      settle(k, k + nk - 1, o)
+    elseif m.name == 'grant' then
+      give(k, tail, k + nk - 1, o)
+    elseif m.name == 'forget' then
+      answers[o] = forget(K[k + nk - 1], tonumber(ARGV[tail]))
+    else
+      answers[o] = count_of(K[k + nk - 1], tonumber(ARGV[tail]), tonumber(ARGV[tail + 1]), tonumber(ARGV[tail + 2]))
+    end
+    return
   end
   local forced = m.forcing and positive
   load(k)
@@ -483,7 +481,7 @@ local function decide(a, k, at, o)
       ok, x, y, z, s = f(at, now, cost, limits[i], windows[i], bursts[i], forced, j)
     end
     if take then any = true end
-    taken[i], seen_ok[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = take, ok, x, y, z, s
+    taken[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = take, x, y, z, s
     if not ok then admitted = false end
   end
 
@@ -535,5 +533,5 @@ local function decide(a, k, at, o)
       answers[o] = redis.call('LRANGE', rkey, 0, record_size - 1)
     end
   end
-  return ends, nk
+  return
 end

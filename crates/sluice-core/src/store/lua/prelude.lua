@@ -149,7 +149,8 @@ end
 
 -- Each argument that heads a descriptor or counts a cost is read as a number once: most are the same few strings (a
 -- handful of windows, a cost of 1), and tonumber costs more than a table lookup. Where the definitions outlive a call
--- (a Redis function) the numbers read are kept from call to call, up to 4 096 strings, then started afresh.
+-- (a Redis function) the numbers read are kept from call to call, up to 4 096 strings, then started afresh. A string
+-- that is no number (a mode's name heading a descriptor) is kept as false, and read as nil.
 local numbers, numbered = {}, 0
 local function number(s)
   local v = numbers[s]
