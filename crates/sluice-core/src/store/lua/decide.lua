@@ -199,13 +199,19 @@ local function format_of(n)
   return f
 end
 
--- The records of the packed state at `key`, read as they are, and how many.
-local function records_at(key)
+-- The records of the packed state at `key`, read as they are, and how many: into `t` when there is one record (the
+-- commonest; whatever `t` held past it stays, and only the records counted are ever read) or none, else into a new
+-- table (where struct.unpack's last value, the position it stopped at, follows the records).
+local function records_at(key, t)
   local v = redis.call('GET', key)
   local n = 0
   if v then n = floor(#v / (8 * RECORD)) end
-  if n == 0 then return {}, 0 end
-  return { struct.unpack(format_of(n), v) }, n
+  if n == 1 then
+    t[1], t[2], t[3], t[4], t[5] = struct.unpack('<ddddd', v)
+  elseif n > 1 then
+    t = { struct.unpack(format_of(n), v) }
+  end
+  return t, n
 end
 
 -- Reads the packed state from K[k] into P and finds each packed tier's record there (a new one at the end for a tier
@@ -214,18 +220,9 @@ local lasting = 0
 local function load(k)
   dirty = false
   if packed == 0 then return end
-  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. A lone record (the
-  -- commonest) is read into the table as it is, whatever a decision before left past it: only `records` records
-  -- are ever read. (Past several records, struct.unpack's last value, the position it stopped at, is overwritten by
-  -- a record added below.)
-  local v = redis.call('GET', K[k])
-  records = 0
-  if v then records = floor(#v / (8 * RECORD)) end
-  if records == 1 then
-    P[1], P[2], P[3], P[4], P[5] = struct.unpack('<ddddd', v)
-  elseif records > 1 then
-    P = { struct.unpack(format_of(records), v) }
-  end
+  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (A record added below
+  -- goes right after those read.)
+  P, records = records_at(K[k], P)
   -- The latest time a record read stops mattering: the key lives until then (and a second more).
   local n = records * RECORD
   lasting = 0
@@ -298,7 +295,7 @@ end
 -- window's own count in this region, shipped to the others: a fixed window's count, or a sliding window's current or
 -- previous count), or 0.
 local function count_of(key, tag, start, window)
-  local got, n = records_at(key)
+  local got, n = records_at(key, {})
   for r = 1, n * RECORD, RECORD do
     if got[r] == tag then
       if got[r + 2] == start then return got[r + 3] end
@@ -312,7 +309,7 @@ end
 -- Forgets the record `tag` in the packed state at `key` (a reset of one counting limit), keeping the others and the
 -- key's expiry; returns 1 if there was one, else 0.
 local function forget(key, tag)
-  local got, n = records_at(key)
+  local got, n = records_at(key, {})
   if n == 0 then return 0 end
   local out = {}
   for r = 1, n * RECORD, RECORD do
