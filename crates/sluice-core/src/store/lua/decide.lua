@@ -283,7 +283,8 @@ local function save(k)
     end
     packed_state = struct.pack(format_of(live), unpack(out))
   end
-  -- A window's record stops mattering at a window's edge, so within a window the key's expiry stays where it is.
+  -- A window's record is kept to a window's edge, a bucket's to a multiple of its refill time (`lives`), so most
+  -- writes leave the key's expiry where it is.
   if last == lasting then
     redis.call('SET', K[k], packed_state, 'KEEPTTL')
   else
