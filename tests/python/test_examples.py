@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     return out.stdout
 
 
-def check_client(output: str) -> None:
+def check_client(output: str, *_span: float) -> None:
     """Three requests pass, each leaving one less of 3; the fourth is OVER_LIMIT; GetRemaining says none is left and
     when the next one would pass, within the 30 s window."""
     lines = output.splitlines()
@@ -53,16 +54,26 @@ def check_client(output: str) -> None:
     assert remaining and 0 <= float(remaining.group(1)) <= 30, output
 
 
-def check_budget(output: str) -> None:
-    """A reservation is held, then settled for less: what is refunded is the estimate less the actual cost."""
+def check_budget(output: str, started: float, ended: float) -> None:
+    """A reservation is held, then settled for less: what is refunded is the estimate less the actual cost, given back
+    to the windows still in force. deploy/config/llm.yaml's `model=large` limits count output tokens per minute and,
+    at 15 credits each, per day (input tokens are settled as estimated), so when a minute turns during the run the
+    minute's 1/16 of the difference has no window to go back to, and when the day turns, nothing has."""
     assert re.search(r"^reserved [0-9a-f]{32} for 300s$", output, re.M), output
     settled = re.search(r"settled: estimate (\d+), actual (\d+).*refunded (\d+), charged (\d+)", output)
     assert settled, output
     estimate, actual, refunded, charged = map(int, settled.groups())
-    assert actual < estimate and refunded == estimate - actual and charged == 0, output
+    difference = estimate - actual
+    assert actual < estimate and difference % 16 == 0 and charged == 0, output
+    if started // 86400 != ended // 86400:
+        assert refunded in (difference, difference // 16 * 15, 0), output
+    elif started // 60 != ended // 60:
+        assert refunded in (difference, difference // 16 * 15), output
+    else:
+        assert refunded == difference, output
 
 
-def check_wait(output: str) -> None:
+def check_wait(output: str, *_span: float) -> None:
     """A second's ten requests pass (more when the calls straddle a second), the next is refused, and a wait of at
     most 2 s gets a permit within the second (at once when the second turned between the refusal and the wait)."""
     passed = re.search(r"^(\d+) requests passed, the next is OVER_LIMIT$", output, re.M)
@@ -75,12 +86,13 @@ def check_wait(output: str) -> None:
     "program, check", [("client.py", check_client), ("budget.py", check_budget), ("wait.py", check_wait)]
 )
 def test_python_examples(sluice, sluice_stubs, program, check):
+    started = time.time()
     output = run(
         [sys.executable, program, sluice.grpc_target],
         EXAMPLES / "python",
         env={"PYTHONPATH": str(sluice_stubs.dir)},
     )
-    check(output)
+    check(output, started, time.time())
 
 
 @pytest.mark.parametrize(
@@ -92,4 +104,6 @@ def test_node_examples(sluice, program, check):
     assert (EXAMPLES / "node" / "node_modules" / "@grpc" / "grpc-js").is_dir(), (
         "the Node example's packages are missing (the README's test command installs them)"
     )
-    check(run([node, program, sluice.grpc_target], EXAMPLES / "node"))
+    started = time.time()
+    output = run([node, program, sluice.grpc_target], EXAMPLES / "node")
+    check(output, started, time.time())
