@@ -40,13 +40,8 @@ fn resident() -> u64 {
     pages * 4096
 }
 
-fn main() {
-    let entries = if std::env::args().any(|a| a == "--bench") {
-        ENTRIES
-    } else {
-        SMOKE_ENTRIES
-    };
-    let dir = tempfile::tempdir().expect("a scratch directory");
+/// A deny list of `entries` ranges, one per line.
+fn list_text(entries: usize) -> String {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut text = String::with_capacity(entries * 20);
     // Nine in ten IPv4 ranges of /24 to /32 (hosts and small networks, as blocklists hold), one in ten IPv6 ranges of
@@ -73,6 +68,17 @@ fn main() {
             ));
         }
     }
+    text
+}
+
+fn main() {
+    let entries = if std::env::args().any(|a| a == "--bench") {
+        ENTRIES
+    } else {
+        SMOKE_ENTRIES
+    };
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let text = list_text(entries);
     std::fs::write(dir.path().join("blocked.txt"), &text).expect("the list file");
     std::fs::write(
         dir.path().join("edge.yaml"),

@@ -31,7 +31,7 @@ use crate::rules::{Domains, RuleSet};
 use crate::sources::reload::{Reloader, WatchError};
 use crate::sources::xds::{XdsClient, XdsError, XdsSettings};
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{FORMAT, FormatCheck, RedisSettings, RedisStore};
+use crate::store::redis::{FormatCheck, RedisSettings, RedisStore};
 use crate::store::{Store, StoreError};
 
 pub mod grpc;
@@ -213,13 +213,13 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send) 
     }
 }
 
-/// Refuses a Redis that holds another storage format than this version's ([`FORMAT`]). When the marker cannot be read
+/// Refuses a Redis that holds another storage format than this version's. When the marker cannot be read
 /// yet (the server, or the primary of its slot, is not reachable), nothing waits: the check goes on in the background
 /// until it gets an answer, and says in the log what it found.
 async fn check_format(store: &RedisStore, prefix: &str) -> Result<(), ServerError> {
     match store.check_format(prefix).await {
         Ok(FormatCheck::Known) => Ok(()),
-        Ok(FormatCheck::Unknown(found)) => Err(ServerError::Serve(format_refused(prefix, &found))),
+        Ok(FormatCheck::Unknown(found)) => Err(ServerError::Serve(FormatCheck::refusal(prefix, &found))),
         Err(e) => {
             tracing::warn!(error = %e, "storage format: the marker could not be read yet; checking in the background");
             let (store, prefix) = (store.clone(), prefix.to_string());
@@ -229,7 +229,7 @@ async fn check_format(store: &RedisStore, prefix: &str) -> Result<(), ServerErro
                     match store.check_format(&prefix).await {
                         Ok(FormatCheck::Known) => return,
                         Ok(FormatCheck::Unknown(found)) => {
-                            return tracing::error!("{}", format_refused(&prefix, &found));
+                            return tracing::error!("{}", FormatCheck::refusal(&prefix, &found));
                         }
                         Err(_) => {}
                     }
@@ -238,14 +238,6 @@ async fn check_format(store: &RedisStore, prefix: &str) -> Result<(), ServerErro
             Ok(())
         }
     }
-}
-
-/// Why a Redis holding the storage format `found` is refused.
-fn format_refused(prefix: &str, found: &str) -> String {
-    format!(
-        "redis holds sluice's storage format '{found}' under the key '{prefix}format', and this version reads format \
-         '{FORMAT}' only: use a version that reads it, or another --key-prefix"
-    )
 }
 
 async fn start<S: Store>(

@@ -19,6 +19,16 @@ pub enum FormatCheck {
     Unknown(String),
 }
 
+impl FormatCheck {
+    /// Why a server holding the storage format `found` under `prefix` is refused.
+    pub fn refusal(prefix: &str, found: &str) -> String {
+        format!(
+            "redis holds sluice's storage format '{found}' under the key '{prefix}format', and this version reads \
+             format '{FORMAT}' only: use a version that reads it, or another --key-prefix"
+        )
+    }
+}
+
 impl RedisStore {
     /// Reads the format marker `<prefix>format` and writes [`FORMAT`] there when there is none (the first instance to
     /// start on a server sets it for all; it never expires and is never changed). An error means the marker could not

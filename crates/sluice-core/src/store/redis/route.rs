@@ -29,6 +29,9 @@ use super::script::DecisionScript;
 /// One descriptor's answer, or the error that stopped it with the node that gave it (where a NOSCRIPT reloads).
 pub(super) type Answer = Result<Reply, (FredError, Option<Node>)>;
 
+/// The calls one primary takes in its node's shared call: its node, the calls' indexes, the calls.
+type Group = (Node, Vec<usize>, Vec<Call>);
+
 /// The first pause before a call that met TRYAGAIN is tried again; each pause doubles the last.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(1);
 
@@ -44,22 +47,7 @@ pub(super) async fn by_node(
     make: impl Fn(usize) -> Call,
 ) -> Vec<Answer> {
     let make = &make;
-    let mut groups: Vec<(Node, Vec<usize>, Vec<Call>)> = Vec::new();
-    let mut alone: Vec<usize> = Vec::new();
-    for i in 0..count {
-        let mut call = make(i);
-        let node = call.slot.and_then(|slot| cluster.owner(slot));
-        match node {
-            Some(node) if call.probe() => match groups.iter_mut().find(|(n, ..)| n.addr == node.addr) {
-                Some((_, items, calls)) => {
-                    items.push(i);
-                    calls.push(call);
-                }
-                None => groups.push((node, vec![i], vec![call])),
-            },
-            _ => alone.push(i),
-        }
-    }
+    let (mut groups, alone) = group(cluster, count, make);
     let batched = futures::future::join_all(
         groups
             .iter_mut()
@@ -116,6 +104,28 @@ pub(super) async fn by_node(
         .into_iter()
         .map(|a| a.unwrap_or_else(|| Err((FredError::new(ErrorKind::Parse, "unexpected script answer"), None))))
         .collect()
+}
+
+/// The calls `make(i)` for `i` in `0..count` grouped by the primary whose node's shared call takes them (each group
+/// with the calls' indexes), and the indexes of those that go alone to their slots.
+fn group(cluster: &Cluster, count: usize, make: impl Fn(usize) -> Call) -> (Vec<Group>, Vec<usize>) {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut alone: Vec<usize> = Vec::new();
+    for i in 0..count {
+        let mut call = make(i);
+        let node = call.slot.and_then(|slot| cluster.owner(slot));
+        match node {
+            Some(node) if call.probe() => match groups.iter_mut().find(|(n, ..)| n.addr == node.addr) {
+                Some((_, items, calls)) => {
+                    items.push(i);
+                    calls.push(call);
+                }
+                None => groups.push((node, vec![i], vec![call])),
+            },
+            _ => alone.push(i),
+        }
+    }
+    (groups, alone)
 }
 
 /// One descriptor's call (built by `make`) alone to the primary of its slot, with declared keys, and the node that
