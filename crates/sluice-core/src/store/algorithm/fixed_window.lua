@@ -47,30 +47,6 @@ function L.counter()
     return n + cost <= limit, n, -1, -1, wkey
   end
 
-  -- Counts `cost` in the window at once, by one INCRBY, and sees the count before it: a hit that fits, the common
-  -- case, costs one command and no read before it (and the window's first count a PEXPIRE). The count stops at
-  -- MAX_COUNT. `text` is the cost as the arguments spell it (Redis takes a string for less than a number).
-  function M.take(j, now, cost, limit, window, _, _, text)
-    local wkey = K[j]
-    if guess ~= nil then wkey = window_at(wkey, now, window) end
-    local n = count_in(wkey, now, cost, text, window)
-    return n + cost <= limit, n, -1, -1, wkey
-  end
-
-  -- Takes back what take counted: the count as it was (a window it started goes; one that held 0 reads the same).
-  function M.undo(_, _, _, _, _, _, _, n, _, _, wkey)
-    if n == 0 then
-      redis.call('DEL', wkey)
-    else
-      redis.call('SET', wkey, string.format('%d', n), 'KEEPTTL')
-    end
-  end
-
-  -- Keeps what take counted; returns the time until the window ends.
-  function M.kept(_, now, _, _, window)
-    return '', window - now % window
-  end
-
   M.left = left
 
   -- Counts `cost` in the window seen (past the limit if decide.lua says so), up to MAX_COUNT; the window's first

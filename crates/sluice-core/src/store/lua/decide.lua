@@ -46,11 +46,9 @@
 -- each tier commits its own cost; a tier whose cost is 0 is checked and never written (no count, no lease, no queue
 -- entry). A peek never writes. The packed state is read once, before the first check, and written once, after the
 -- last commit, only if a tier's state in it changed. Hit records expire with the longest-lived tier the hit was
--- counted in. A reservation record is written only by a hit that is admitted and committed (or forced), before any tier's write but a taken
--- count's (below), and a settlement reads the record and every tier before it writes, so a key of the wrong type stops
--- either before it changes anything. A tier whose algorithm takes a hit at once (`take`: a plain counter's INCRBY, in
--- the modes 'hit' and 'reserve') is counted before the next tier is seen, and taken back (`undo`) when the hit is not
--- committed or a later step fails: the script runs atomically, so no reader sees a count taken back.
+-- counted in. A reservation record is written only by a hit that is admitted and committed (or forced), before any
+-- tier's write, and a settlement reads the record and every tier before it writes, so a key of the wrong type stops
+-- either before it changes anything.
 
 -- The modes by head (their letters parsed once).
 local modes = {}
@@ -64,7 +62,7 @@ local function mode_of(head)
     m.reserving = name == 'reserve' or name == 'reserve_report'
     m.forcing = name == 'report' or name == 'reserve_report'
     m.settling = name == 'settle' or name == 'reap'
-    m.taking = name == 'hit' or name == 'reserve'
+    m.counting = name == 'hit' or name == 'reserve'
     m.apart = m.settling or name == 'grant' or name == 'forget' or name == 'count'
     modes[head] = m
   end
@@ -73,10 +71,10 @@ end
 
 -- The decision under way, kept from call to call and overwritten as it is read (a decision is done with it before the
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
--- sluice reads and what its commit needs beside them), and whether it was taken; the mode, the time, the lease, the
+-- sluice reads and what its commit needs beside them); the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
 local impl, windows, limits, bursts, costs, texts, places, tags, slots, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-local seen_a, seen_b, seen_c, seen_x, taken = {}, {}, {}, {}, {}
+local seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
 -- how many tiers are packed, how many records the packed state holds, and whether the decision changed them.
@@ -333,25 +331,13 @@ local function check(k, i, cost, force)
   return seen(i, impl[i].check(at, now, cost, limits[i], windows[i], bursts[i], force, j))
 end
 
--- Commits `cost` to tier i over what its check saw (or keeps what it took); returns what it created (a lease, a queue
--- entry's id, or '') and the time until what it wrote expires.
+-- Commits `cost` to tier i over what its check saw; returns what it created (a lease, a queue entry's id, or '') and
+-- the time until what it wrote expires.
 local function commit(k, i, cost, force)
   local A = impl[i]
-  local f = A.commit
-  if taken[i] then f = A.kept end
   if A.slots then dirty = true end
-  return f((at_of(k, i)), now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i],
+  return A.commit((at_of(k, i)), now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i],
     seen_x[i], lease, fields)
-end
-
--- Takes back what tiers 1 to `upto` took.
-local function undo(k, upto)
-  for i = upto, 1, -1 do
-    if taken[i] then
-      impl[i].undo(k + places[i], now, costs[i], limits[i], windows[i], bursts[i], false, seen_a[i], seen_b[i], seen_c[i],
-        seen_x[i])
-    end
-  end
 end
 
 -- Writes the flags (admitted 1, committed 2) and what each tier's check saw into answers[o] on; returns the next
@@ -397,7 +383,7 @@ local function settle(k, rk, o)
     local actual = costs[i]
     if m.name == 'reap' then actual = e[i] end
     local c, r = max0(actual - e[i]), max0(e[i] - actual)
-    charged[i], taken[i] = c, false
+    charged[i] = c
     check(k, i, c, true)
     -- Reported refunded: what came back to a window still in force, not what was asked.
     local given = 0
@@ -458,44 +444,22 @@ local function decide(k, at, o)
   end
   local forced = m.forcing and positive
   load(k)
-  -- Each tier seen in order; one that takes the hit at once counts it now. Once one has, a step that fails takes back
-  -- what the ones before it took.
-  local admitted, taking, any = true, m.taking, false
+  -- Each tier seen in order, nothing written yet.
+  local admitted = true
   for i = 1, tiers do
-    local A, cost = impl[i], costs[i]
-    local take = taking and cost > 0 and A.take
-    local f = take or A.check
     local at, j = at_of(k, i)
-    local ok, x, y, z, s
-    if any then
-      local fine
-      fine, ok, x, y, z, s = pcall(f, at, now, cost, limits[i], windows[i], bursts[i], forced, j)
-      if not fine then
-        taken[i] = false
-        undo(k, i - 1)
-        error(ok, 0)
-      end
-    else
-      ok, x, y, z, s = f(at, now, cost, limits[i], windows[i], bursts[i], forced, j)
-    end
-    if take then any = true end
-    taken[i], seen_a[i], seen_b[i], seen_c[i], seen_x[i] = take, x, y, z, s
+    local ok, x, y, z, s = impl[i].check(at, now, costs[i], limits[i], windows[i], bursts[i], forced, j)
+    seen_a[i], seen_b[i], seen_c[i], seen_x[i] = x, y, z, s
     if not ok then admitted = false end
   end
 
   -- A reservation never counts a denial: a refused reservation holds nothing.
-  local committed = forced or (positive and taking and
+  local committed = forced or (positive and m.counting and
     (admitted or (not m.reserving and tiers == 1 and impl[1].counts_denials and costs[1] <= limits[1])))
-  if not committed then
-    undo(k, tiers)
-  elseif m.reserving then
+  if committed and m.reserving then
     local e = {}
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
-    local ok, err = pcall(record_write, K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
-    if not ok then
-      undo(k, tiers)
-      error(err, 0)
-    end
+    record_write(K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
   end
   -- The answer, each tier's written as it is committed. A tier whose cost is 0 is checked, never written.
   local flags, longest = 0, 0

@@ -47,12 +47,8 @@
 -- a keyed algorithm optionally what check leaves to read until the loop knows the hit is not written to the tier (a
 -- sorted set's newest place, which a hit written replaces with its own):
 --   unwritten(j, a, b, c) -> a, b, c
--- and the plain counter (fixed_window.lua's L.counter, a descriptor's lone fixed window) a take that counts at once
--- (the loop then never calls check for it in the modes 'hit' and 'reserve'):
---   take(j, now, cost, limit, window, burst, force, text) -> as check, having counted the hit; undo(...) takes it back
---     (check's arguments, then a, b, c, x) and kept(...) keeps it, answering as commit
--- its refund (as a packed one's, on its key), and for batch.lua its fast form, `hit`, which fixed_window.lua
--- documents.
+-- and the plain counter (fixed_window.lua's L.counter, a descriptor's lone fixed window) its refund (as a packed
+-- one's, on its key), and for batch.lua its fast form, `hit`, which fixed_window.lua documents.
 -- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
 -- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`), limits are at most
 -- 2^32 - 1, a fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
