@@ -84,10 +84,6 @@ function L.bucketed_window()
     return n + cost <= limit, n, newest, leaving, s
   end
 
-  function M.left(n, _, _, _, limit)
-    return max0(limit - n)
-  end
-
   -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
   -- until the longest window no longer counts its newest sub-window. That moment moves only with a newer sub-window,
   -- a longer window or a counter started afresh: a hit in the newest sub-window leaves the expiry as it is.

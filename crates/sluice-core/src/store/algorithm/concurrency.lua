@@ -13,26 +13,13 @@ function L.concurrency()
   M.width = 3
 
   function M.check(j, now, cost, limit)
-    local key = K[j]
-    local live = string.format('(%d', now)
-    local count = redis.call('ZCOUNT', key, live, '+inf')
-    local slots, leaving = 0, -1
+    local slots = 0
     if cost > 0 then slots = 1 end
-    if slots <= limit and count + slots > limit then
-      leaving = tonumber(redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + slots - limit - 1,
-        1)[2])
-    end
+    local count, leaving = live_in(K[j], string.format('(%d', now), slots, limit)
     return count + slots <= limit, count, -1, leaving
   end
 
-  function M.unwritten(j, count, latest, leaving)
-    if count > 0 then latest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
-    return count, latest, leaving
-  end
-
-  function M.left(count, _, _, _, limit)
-    return max0(limit - count)
-  end
+  M.unwritten = newest_in
 
   function M.commit(j, now, _, _, window, _, _, _, _, _, _, id)
     local key = K[j]

@@ -30,11 +30,6 @@ local function count_in(wkey, now, cost, text, window)
   return n
 end
 
--- What is left of the limit after the count `n` (both forms).
-local function left(n, _, _, _, limit)
-  return max0(limit - n)
-end
-
 function L.counter()
   local M = {}
 
@@ -46,8 +41,6 @@ function L.counter()
     local n = window_count(wkey)
     return n + cost <= limit, n, -1, -1, wkey
   end
-
-  M.left = left
 
   -- Counts `cost` in the window seen (past the limit if decide.lua says so), up to MAX_COUNT; the window's first
   -- count sets its expiry, later ones keep it. Returns the time until the window ends.
@@ -116,8 +109,6 @@ function L.fixed_window()
     local n = count(p, now, window)
     return n + cost <= limit, n, -1, -1
   end
-
-  M.left = left
 
   -- Counts `cost` in the window `now` is in, up to MAX_COUNT; returns the time until the window ends.
   function M.commit(p, now, cost, _, window)

@@ -34,10 +34,6 @@ function L.queue()
     return len + slots <= limit, len, newest, leaving
   end
 
-  function M.left(len, _, _, _, limit)
-    return max0(limit - len)
-  end
-
   function M.commit(j, now, _, _, window, _, _, _, _, _, _, _, fields)
     local key = K[j]
     redis.call('XTRIM', key, 'MINID', string.format('%d', queue_cutoff(now, window)))

@@ -30,25 +30,11 @@ function L.sliding_log()
   M.width = 3
 
   function M.check(j, now, cost, limit, window)
-    local key = K[j]
-    local since = string.format('(%d', now - window)
-    local count = redis.call('ZCOUNT', key, since, '+inf')
-    local leaving = -1
-    if cost <= limit and count + cost > limit then
-      leaving = tonumber(redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1,
-        1)[2])
-    end
+    local count, leaving = live_in(K[j], string.format('(%d', now - window), cost, limit)
     return count + cost <= limit, count, -1, leaving
   end
 
-  function M.unwritten(j, count, newest, leaving)
-    if count > 0 then newest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
-    return count, newest, leaving
-  end
-
-  function M.left(count, _, _, _, limit)
-    return max0(limit - count)
-  end
+  M.unwritten = newest_in
 
   -- The places left once the expired ones go are the live ones check counted.
   function M.commit(j, now, cost, _, window, _, _, count)

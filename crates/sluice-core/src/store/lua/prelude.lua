@@ -15,6 +15,8 @@
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
+--   count_left                  the `left` of an algorithm that has none (below)
+--   live_in, newest_in          a sorted set of times read (sliding_log.lua, concurrency.lua)
 --   floor, max, min             math.floor, math.max and math.min (set by batch.lua's batch())
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
@@ -36,7 +38,8 @@
 --   commit(at, now, cost, limit, window, burst, force, a, b, c, x, lease, fields) -> what it created (a queue entry's
 --     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
 --     or not) over what check saw.
---   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool)
+--   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool); without one, the limit less the
+--     count the check saw (`count_left`)
 -- a packed algorithm also has
 --   lives(p, now, window, limit, burst) -> how long its record is kept (0: not at all), at least as long as its state
 --     still matters; the packed key lives as long as the longest, and is written with its expiry kept while that time
@@ -141,6 +144,29 @@ end
 local function max0(x)
   if x < 0 then return 0 end
   return x
+end
+
+-- What is left of `limit` after the count `n`, what a check saw first: the `left` of an algorithm that has none.
+local function count_left(n, _, _, _, limit)
+  return max0(limit - n)
+end
+
+-- In the sorted set of times at `key`: how many are above `since` (a score bound: '(<time>'), and when `need` more
+-- would not fit `limit` but could, the time whose leaving lets them (else -1).
+local function live_in(key, since, need, limit)
+  local count, leaving = redis.call('ZCOUNT', key, since, '+inf'), -1
+  if need <= limit and count + need > limit then
+    leaving = tonumber(redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', count + need - limit - 1,
+      1)[2])
+  end
+  return count, leaving
+end
+
+-- The `unwritten` of an algorithm that keeps a sorted set of times (decide.lua's interface): a check saw `count` live
+-- ones, and when it is not written, the highest of them (the newest hit, the latest deadline; -1 when none) is read.
+local function newest_in(j, count, newest, leaving)
+  if count > 0 then newest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
+  return count, newest, leaving
 end
 
 -- Each argument that heads a descriptor or counts a cost is read as a number once: most are the same few strings (a
@@ -263,7 +289,7 @@ local function global_of(name, keys, others)
     function M.left(x, y, z, now, limit, window, burst)
       local o = z
       if a.width == 1 then o = y end
-      return a.left(x, y, -1, now, max0(limit - o), window, burst)
+      return (a.left or count_left)(x, y, -1, now, max0(limit - o), window, burst)
     end
     return M
   end
