@@ -71,10 +71,10 @@ end
 
 -- The decision under way, kept from call to call and overwritten as it is read (a decision is done with it before the
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
--- sluice reads and what its commit needs beside them) and what its commit created; the mode, the time, the lease,
--- the fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
+-- sluice reads and what its commit needs beside them); the mode, the time, the lease, the
+-- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
 local impl, windows, limits, bursts, costs, texts, places, tags, slots, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-local seen_a, seen_b, seen_c, seen_x, made = {}, {}, {}, {}, {}
+local seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
 -- how many tiers are packed, how many records the packed state holds, and whether the decision changed them.
@@ -461,21 +461,29 @@ local function decide(k, at, o)
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     record_write(K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
   end
-  -- Each tier written as it is committed: a tier whose cost is 0 is checked, never written.
-  local longest = 0
+  -- The answer, each tier's written as it is committed. A tier whose cost is 0 is checked, never written.
+  local flags, longest = 0, 0
+  if admitted then flags = 1 end
+  if committed then flags = flags + 2 end
+  answers[o] = flags
+  o = o + 1
   for i = 1, tiers do
-    local A = impl[i]
-    made[i] = ''
+    local A, made = impl[i], ''
     if committed and costs[i] > 0 then
       local lives
-      made[i], lives = commit(k, i, costs[i], forced)
+      made, lives = commit(k, i, costs[i], forced)
       if lives > longest then longest = lives end
     end
     if A.unwritten and (not committed or costs[i] == 0) then
       seen_a[i], seen_b[i], seen_c[i] = A.unwritten(k + places[i], seen_a[i], seen_b[i], seen_c[i])
     end
+    local w = A.width
+    answers[o] = seen_a[i]
+    if w > 1 then answers[o + 1] = seen_b[i] end
+    if w > 2 then answers[o + 2] = seen_c[i] end
+    if w > 3 then answers[o + 3] = made end
+    o = o + w
   end
-  o = answer(o, admitted, committed, made)
   save(k)
   if record_size > 0 then
     local rkey = K[k + record_place]
