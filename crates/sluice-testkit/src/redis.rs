@@ -296,7 +296,7 @@ pub fn server_args(port: u16, dir: &Path) -> Vec<String> {
 
 /// A script that lists the counters kept under the keys matching `ARGV[1]` on one server (EVAL it with no keys), two
 /// lines each, a name and a count: a plain counter's window (`<counter>:<window>`, a lone fixed window's) as
-/// `<counter>` and its count; each record of a packed state (`<prefix>{<slot>}#<tag>`, `lua/decide.lua`) as
+/// `<counter>` and its count; each record of a packed state (`<prefix>{<slot>}#<digest>`, `lua/decide.lua`) as
 /// [`record_name`] and its count (a window's; a bucket's arrival time). [`stored_counts`] reads its answer.
 pub const COUNTERS_SCRIPT: &str = "local out = {} \
     for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \

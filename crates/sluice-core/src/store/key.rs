@@ -54,6 +54,9 @@ pub struct CounterKey {
     plain: bool,
     /// What a limit's counter is known by in its descriptor's packed state ([`CounterKey::record`]); 0 for other keys.
     record: u64,
+    /// The first 64 bits of the SHA-256 of its descriptor's identity, which name the packed state
+    /// ([`CounterKey::packed`]); 0 for keys that are not a limit's counter.
+    state: u64,
 }
 
 /// How a counter's windows are named after its key.
@@ -148,6 +151,7 @@ impl CounterKey {
             windows: Windows::Start,
             plain: false,
             record: 0,
+            state: 0,
         }
     }
 
@@ -183,6 +187,7 @@ impl CounterKey {
             windows: Windows::Start,
             plain: false,
             record: 0,
+            state: 0,
         }
     }
 
@@ -201,15 +206,17 @@ impl CounterKey {
     }
 
     /// The key of the packed state its descriptor's counting limits are kept in, in Redis (`lua/decide.lua`): this
-    /// compact key's prefix and hash tag, `#`, then the first 60 bits of the descriptor's tag in 10 characters of
-    /// URL-safe base64, `<prefix>{<slot>}#<tag>` (23 bytes with the default prefix): one key for every counter with
-    /// this identity, that no counter's own key can be (their digests have no `#`).
+    /// compact key's prefix and hash tag, `#`, then the first 60 bits of the SHA-256 of the descriptor's identity in
+    /// 10 characters of URL-safe base64, `<prefix>{<slot>}#<digest>` (23 bytes with the default prefix): one key for
+    /// every counter with this identity, that no counter's own key can be (their digests have no `#`), and that no
+    /// request can aim at another descriptor's (the identity's FNV-1a tag, which a request could steer, only places
+    /// it).
     pub fn packed(&self) -> CounterKey {
         let head = self.key.find('}').map_or(self.key.len(), |at| at + 1);
         let mut key = String::with_capacity(head + 17);
         key.push_str(&self.key[..head]);
         key.push(PACKED);
-        push_base64(&mut key, &self.tag.to_be_bytes(), DIGEST_CHARS);
+        push_base64(&mut key, &self.state.to_be_bytes(), DIGEST_CHARS);
         CounterKey::named(key, self.tag)
     }
 
@@ -363,6 +370,7 @@ impl Identity {
             windows: Windows::Reference,
             plain: true,
             record: 0,
+            state: 0,
         })
     }
 
@@ -388,6 +396,8 @@ impl Identity {
         let head = &self.compact;
         let mut digest = Sha256::new();
         digest.update(&self.base.as_bytes()[self.tail_at..]);
+        // The identity's own digest names its packed state.
+        let state = digest.clone().finalize();
         counter_name(&mut digest, algorithm, window_us, label);
         let digest = digest.finalize();
         let mut key = String::with_capacity(head.len() + 10 + 10);
@@ -400,12 +410,15 @@ impl Identity {
         };
         let mut record = Fnv(FNV_OFFSET);
         counter_name(&mut record, algorithm, window_us, label);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&state[..8]);
         CounterKey {
             key,
             tag: self.tag,
             windows,
             plain: false,
             record: record.0 >> 16,
+            state: u64::from_be_bytes(first),
         }
     }
 
@@ -666,9 +679,23 @@ mod tests {
             "sluice:{At7}Fgmw5t8Vq2:77a19"
         );
         // Beside another limit, the same hour is a record of the descriptor's packed state.
-        assert_eq!(hour.packed().as_str(), "sluice:{At7}#gBzv7qZEoR");
+        assert_eq!(hour.packed().as_str(), "sluice:{At7}#ACBe1QJeH9");
         assert_eq!(hour.record(), 29_008_981_599_465);
         assert!(hour.is_counter() && !hour.packed().is_counter() && !alice.records().is_counter());
+        // Two identities whose FNV-1a tags agree (a request may steer its own) keep their packed states apart: the
+        // state is named by the identity's SHA-256.
+        let mallory = CounterKey::builder("sluice:", "edge")
+            .layout(KeyLayout::Compact)
+            .entry("user", "mallory")
+            .finish();
+        let forged = Identity {
+            tag: alice.tag,
+            compact: alice.compact.clone(),
+            ..mallory
+        };
+        let theirs = forged.tier(Algorithm::FixedWindow, 3_600_000_000);
+        assert_eq!(theirs.tag(), hour.tag());
+        assert_ne!(theirs.packed(), hour.packed());
         // A label is part of the digest.
         let id = CounterKey::builder("p:", "d").layout(KeyLayout::Compact).finish();
         let input = id.tier_costing(Algorithm::TokenBucket, 60_000_000, "input");
