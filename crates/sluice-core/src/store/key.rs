@@ -55,7 +55,7 @@ pub struct CounterKey {
     /// What a limit's counter is known by in its descriptor's packed state ([`CounterKey::record`]); 0 for other keys.
     record: u64,
     /// The first 64 bits of the SHA-256 of its descriptor's identity, which name the packed state
-    /// ([`CounterKey::packed`]); 0 for keys that are not a limit's counter.
+    /// ([`CounterKey::packed`]); 0 for keys that are not a counting limit's counter.
     state: u64,
 }
 
@@ -396,8 +396,13 @@ impl Identity {
         let head = &self.compact;
         let mut digest = Sha256::new();
         digest.update(&self.base.as_bytes()[self.tail_at..]);
-        // The identity's own digest names its packed state.
-        let state = digest.clone().finalize();
+        // The identity's own digest names the packed state of its counting limits.
+        let state = if algorithm.counts() {
+            let state = digest.clone().finalize();
+            u64::from_be_bytes(std::array::from_fn(|i| state[i]))
+        } else {
+            0
+        };
         counter_name(&mut digest, algorithm, window_us, label);
         let digest = digest.finalize();
         let mut key = String::with_capacity(head.len() + 10 + 10);
@@ -410,15 +415,13 @@ impl Identity {
         };
         let mut record = Fnv(FNV_OFFSET);
         counter_name(&mut record, algorithm, window_us, label);
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&state[..8]);
         CounterKey {
             key,
             tag: self.tag,
             windows,
             plain: false,
             record: record.0 >> 16,
-            state: u64::from_be_bytes(first),
+            state,
         }
     }
 
