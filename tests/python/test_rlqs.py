@@ -596,9 +596,9 @@ def test_an_idle_holder_gives_way_to_a_newcomer(
     sluice_bin: Path, upstream: Upstream, tmp_path: Path, count, deny_first
 ):
     """An Envoy admits a few requests, then goes idle for 12 s holding the quota of 100 a day; a newcomer then asks 80
-    a second: within one report interval of its first request it is given at least half of what is left (measured as
-    what it admits by then, plus a second for its traffic to spend it: the idle holder's report that frees the tokens
-    may come at the end of the interval)."""
+    a second: within one report interval of its first request it is given at least half of what is left, in whole
+    tokens as shares are rounded down (measured as what it admits by then, plus a second for its traffic to spend it:
+    the idle holder's report that frees the tokens may come at the end of the interval)."""
     limit = 100
     config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
     with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
@@ -613,7 +613,7 @@ def test_an_idle_holder_gives_way_to_a_newcomer(
         total = a.count() + b.count()
         print(f"{left} left when the newcomer came, {within} admitted within one report interval (and a second)")
         assert total <= bound(limit, deny_first), total
-        assert within >= left / 2, f"the newcomer admitted {within} of the {left} left"
+        assert within >= left // 2, f"the newcomer admitted {within} of the {left} left"
 
 
 @pytest.mark.parametrize("count, deny_first", [SETUPS[0], SETUPS[3]])
