@@ -12,8 +12,8 @@ use crate::store::Algorithm;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyLayout {
     /// `<prefix>{<slot>}<digest>`: three characters that hash to the slot of the descriptor's hash tag (so a counter
-    /// lands beside its descriptor's other keys), then 10 characters of digest of the counter's full name; a fixed
-    /// or sliding window's count then `:<window number in hex>`. 28 bytes for an hour's window with the default
+    /// lands beside its descriptor's other keys), then 10 characters of digest of the counter's identity and name; a
+    /// fixed or sliding window's count then `:<window number in hex>`. 28 bytes for an hour's window with the default
     /// prefix, whatever the request carries.
     #[default]
     Compact,
@@ -38,11 +38,12 @@ pub enum KeyLayout {
 /// A limit's counter ([`KeyLayout::Compact`]) is `<prefix>{<slot>}<digest>`: `<slot>` is the
 /// first of the three-character strings of URL-safe base64 (in alphabet order) whose Redis hash slot is that of
 /// `<tag>` ([`slot_tag`]), so a counter lands on the slot of its descriptor's other keys; `<digest>` is the first 60
-/// bits of the SHA-256 of the counter's name (`<identity>|<algorithm>/<window seconds>`, and `/<label>` for a limit
-/// that counts a cost of its own, the label written as a piece), in 10 characters of URL-safe base64. A fixed or
-/// sliding window's count is that key, `:`, and the window's number (its first microsecond divided by the window's
-/// length) in lowercase hex, `lua/prelude.lua`'s `window_key`. Two counters share a key only if 60 bits of their
-/// SHA-256 and their slots collide.
+/// bits of the second 64 bits of the SHA-256 of `<identity>` XOR the 64-bit FNV-1a hash of the limit's name
+/// (`|<algorithm>/<window seconds>`, and `/<label>` for a limit that counts a cost of its own, the label written as a
+/// piece), in 10 characters of URL-safe base64. A fixed or sliding window's count is that key, `:`, and the window's
+/// number (its first microsecond divided by the window's length) in lowercase hex, `lua/prelude.lua`'s `window_key`.
+/// Counters of two identities share a key only if their slots and 60 bits of their identities' SHA-256 (shifted by
+/// the known difference of their names' hashes) collide, which no request can aim at.
 #[derive(Debug, Clone)]
 pub struct CounterKey {
     key: String,
@@ -55,7 +56,7 @@ pub struct CounterKey {
     /// What a limit's counter is known by in its descriptor's packed state ([`CounterKey::record`]); 0 for other keys.
     record: u64,
     /// The first 64 bits of the SHA-256 of its descriptor's identity, which name the packed state
-    /// ([`CounterKey::packed`]); 0 for keys that are not a counting limit's counter.
+    /// ([`CounterKey::packed`]); 0 for keys that are not a limit's counter.
     state: u64,
 }
 
@@ -331,7 +332,10 @@ impl KeyBuilder {
         let slot = fred::util::redis_keyslot(&hex);
         compact.push_str(std::str::from_utf8(&slot_tag(slot)).unwrap_or_default());
         compact.push('}');
+        let sha = Sha256::digest(&self.out.as_bytes()[digits.end + 1..]);
+        let word = |at: usize| u64::from_be_bytes(std::array::from_fn(|i| sha[at + i]));
         Identity {
+            digest: [word(0), word(8)],
             base: self.out,
             tail_at: digits.end + 1,
             tag,
@@ -348,6 +352,9 @@ pub struct Identity {
     base: String,
     /// Where `<identity>` starts in `base`, after the hash tag.
     tail_at: usize,
+    /// The first 128 bits of the SHA-256 of `<identity>`, as two big-endian words: the first names the packed state
+    /// ([`CounterKey::packed`]), the second, with each limit's name mixed in, its counters ([`Identity::tier`]).
+    digest: [u64; 2],
     tag: u64,
     /// `<prefix>{<slot>}`, what every compact counter's key starts with.
     compact: String,
@@ -394,34 +401,23 @@ impl Identity {
             return CounterKey::named(key, self.tag);
         }
         let head = &self.compact;
-        let mut digest = Sha256::new();
-        digest.update(&self.base.as_bytes()[self.tail_at..]);
-        // The identity's own digest names the packed state of its counting limits.
-        let state = if algorithm.counts() {
-            let state = digest.clone().finalize();
-            u64::from_be_bytes(std::array::from_fn(|i| state[i]))
-        } else {
-            0
-        };
-        counter_name(&mut digest, algorithm, window_us, label);
-        let digest = digest.finalize();
+        let mut name = Fnv(FNV_OFFSET);
+        counter_name(&mut name, algorithm, window_us, label);
         let mut key = String::with_capacity(head.len() + 10 + 10);
         key.push_str(head);
-        push_base64(&mut key, &digest[..8], DIGEST_CHARS);
+        push_base64(&mut key, &(self.digest[1] ^ name.0).to_be_bytes(), DIGEST_CHARS);
         let windows = if algorithm.keys_per_window() && window_us > 0 {
             Windows::Number(window_us)
         } else {
             Windows::Start
         };
-        let mut record = Fnv(FNV_OFFSET);
-        counter_name(&mut record, algorithm, window_us, label);
         CounterKey {
             key,
             tag: self.tag,
             windows,
             plain: false,
-            record: record.0 >> 16,
-            state,
+            record: name.0 >> 16,
+            state: self.digest[0],
         }
     }
 
@@ -520,12 +516,6 @@ impl Fnv {
 impl Sink for Fnv {
     fn put(&mut self, s: &str) {
         self.bytes(s.as_bytes());
-    }
-}
-
-impl Sink for Sha256 {
-    fn put(&mut self, s: &str) {
-        self.update(s.as_bytes());
     }
 }
 
@@ -650,15 +640,15 @@ mod tests {
         let full = key(&[("user", "{x}")]);
         let k = compact(KeyLayout::Compact, &[("user", "{x}")]);
         // Byte for byte: the slot of the descriptor's hash tag in three characters, then the digest of the counter's
-        // full name.
-        assert_eq!(k.as_str(), "p:{Eoq}KiwG5YuOLc");
+        // identity and name.
+        assert_eq!(k.as_str(), "p:{Eoq}B0w1QXFNEW");
         assert_eq!(slot(k.as_str()), slot(&full));
         // A window's count is the window's number in hex.
         assert_eq!(
             k.window(60_000_000 * 0x1c0a3b7 + 5).as_str(),
-            "p:{Eoq}KiwG5YuOLc:1c0a3b7"
+            "p:{Eoq}B0w1QXFNEW:1c0a3b7"
         );
-        assert_eq!(k.window(0).as_str(), "p:{Eoq}KiwG5YuOLc:0");
+        assert_eq!(k.window(0).as_str(), "p:{Eoq}B0w1QXFNEW:0");
         let long = "v".repeat(4_000);
         let k = compact(KeyLayout::Compact, &[("user", &long), ("path", "/a/b")]);
         assert_eq!(k.as_str().len(), "p:".len() + 5 + 10, "{}", k.as_str());
@@ -679,7 +669,7 @@ mod tests {
         let hour = alice.tier(Algorithm::FixedWindow, 3_600_000_000);
         assert_eq!(
             hour.window(1_764_032_400_000_000).as_str(),
-            "sluice:{At7}Fgmw5t8Vq2:77a19"
+            "sluice:{At7}Ro1oisb9Vt:77a19"
         );
         // Beside another limit, the same hour is a record of the descriptor's packed state.
         assert_eq!(hour.packed().as_str(), "sluice:{At7}#ACBe1QJeH9");
