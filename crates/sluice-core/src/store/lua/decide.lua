@@ -414,7 +414,7 @@ local function give(k, g, lk, o)
   for i = 1, tiers do
     local at, j = at_of(k, i)
     local _, x, y, z = impl[i].check(at, now, 0, limits[i], windows[i], bursts[i], false, j)
-    local rem = (impl[i].left or count_left)(x, y, z, now, limits[i], windows[i], bursts[i])
+    local rem = impl[i].left(x, y, z, now, limits[i], windows[i], bursts[i])
     if left == nil or rem < left then left = rem end
   end
   -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).

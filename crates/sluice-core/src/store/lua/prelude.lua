@@ -15,7 +15,6 @@
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
---   count_left                  the `left` of an algorithm that has none (below)
 --   live_in, newest_in          a sorted set of times read (sliding_log.lua, concurrency.lua)
 --   floor, max, min             math.floor, math.max and math.min (set by batch.lua's batch())
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
@@ -39,7 +38,7 @@
 --     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
 --     or not) over what check saw.
 --   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool); without one, the limit less the
---     count the check saw (`count_left`)
+--     count the check saw (`algorithm` gives it)
 -- a packed algorithm also has
 --   lives(p, now, window, limit, burst) -> how long its record is kept (0: not at all), at least as long as its state
 --     still matters; the packed key lives as long as the longest, and is written with its expiry kept while that time
@@ -80,11 +79,18 @@ local P = {}
 -- outlive a call): tiers that share a counter (bucketed_window.lua) write it once per decision.
 local decision = 0
 
--- The algorithm named `name`, or nil if there is none.
+-- What is left of `limit` after the count `n`, what a check saw first: the `left` of an algorithm that has none.
+local function count_left(n, _, _, _, limit)
+  if n >= limit then return 0 end
+  return limit - n
+end
+
+-- The algorithm named `name` (with `count_left` for a `left` it has none of), or nil if there is none.
 local function algorithm(name)
   local a = loaded[name]
   if a == nil and L[name] ~= nil then
     a = L[name]()
+    a.left = a.left or count_left
     loaded[name] = a
   end
   return a
@@ -144,11 +150,6 @@ end
 local function max0(x)
   if x < 0 then return 0 end
   return x
-end
-
--- What is left of `limit` after the count `n`, what a check saw first: the `left` of an algorithm that has none.
-local function count_left(n, _, _, _, limit)
-  return max0(limit - n)
 end
 
 -- In the sorted set of times at `key`: how many are above `since` (a score bound: '(<time>'), and when `need` more
@@ -289,7 +290,7 @@ local function global_of(name, keys, others)
     function M.left(x, y, z, now, limit, window, burst)
       local o = z
       if a.width == 1 then o = y end
-      return (a.left or count_left)(x, y, -1, now, max0(limit - o), window, burst)
+      return a.left(x, y, -1, now, max0(limit - o), window, burst)
     end
     return M
   end
