@@ -99,7 +99,7 @@ function L.bucketed_window()
     local seen = bucket_written[key]
     if seen ~= nil then
       if (seen[3] or longest > s.longest) and ttl > seen[1] then
-        redis.call('PEXPIRE', key, ttl)
+        redis.call('PEXPIRE', key, px(current + window - now))
         seen[1] = ttl
       end
       if longest > seen[2] then
@@ -136,7 +136,7 @@ function L.bucketed_window()
       end
       if longest > s.longest then redis.call('HSET', key, 's', string.format('%d', longest)) end
     end
-    if moves then redis.call('PEXPIRE', key, ttl) end
+    if moves then redis.call('PEXPIRE', key, px(current + window - now)) end
     bucket_written[key] = { ttl, longest, moves }
     return '', current + window - now
   end

@@ -25,7 +25,7 @@ function L.concurrency()
     local key = K[j]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     redis.call('ZADD', key, now + window, id)
-    redis.call('PEXPIRE', key, ceil_ms(window))
+    redis.call('PEXPIRE', key, px(window))
     return id, window
   end
   return M

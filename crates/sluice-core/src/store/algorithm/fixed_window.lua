@@ -25,7 +25,7 @@ end
 -- the count before.
 local function count_in(wkey, now, cost, text, window)
   local n = redis.call('INCRBY', wkey, text) - cost
-  if n == 0 then redis.call('PEXPIRE', wkey, ceil_ms(window - now % window + WINDOW_KEY_GRACE_US)) end
+  if n == 0 then redis.call('PEXPIRE', wkey, px(window - now % window + WINDOW_KEY_GRACE_US)) end
   if n + cost > MAX_COUNT then redis.call('SET', wkey, string.format('%d', MAX_COUNT), 'KEEPTTL') end
   return n
 end
@@ -50,7 +50,7 @@ function L.counter()
     if n > 0 then
       redis.call('SET', wkey, count, 'KEEPTTL')
     else
-      redis.call('SET', wkey, count, 'PX', ceil_ms(reset + WINDOW_KEY_GRACE_US))
+      redis.call('SET', wkey, count, 'PX', px(reset + WINDOW_KEY_GRACE_US))
     end
     return '', reset
   end

@@ -50,7 +50,7 @@ function L.queue()
       local last_ms, last_seq = string.match(last, '^(%d+)-(%d+)$')
       added = redis.call('XADD', key, last_ms .. '-' .. string.format('%d', tonumber(last_seq) + 1), unpack(fields))
     end
-    redis.call('PEXPIRE', key, ceil_ms(window))
+    redis.call('PEXPIRE', key, px(window))
     return added, floor(now / 1000) * 1000 + window - now
   end
   return M

@@ -19,7 +19,7 @@ local function sl_add(key, now, live, cost, window)
     redis.call('ZADD', key, unpack(args))
     i = i + 500
   end
-  redis.call('PEXPIRE', key, ceil_ms(window))
+  redis.call('PEXPIRE', key, px(window))
 end
 
 function L.sliding_log()

@@ -73,7 +73,9 @@ end
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
 -- sluice reads and what its commit needs beside them); the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
-local impl, windows, limits, bursts, costs, texts, places, tags, slots, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local impl, windows, limits, bursts, costs, texts, places, tags, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- Per tier, where its state is and its check's last argument (`load`).
+local ats, args = {}, {}
 local seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
@@ -170,14 +172,6 @@ local function seen(i, ok, a, b, c, x)
   return ok
 end
 
--- Where tier i's state is: its place in the packed state, or its first key's (the descriptor's keys from K[k]); and
--- the check's last argument, a packed tier's first key (names a global window reads by), a keyed one's cost as the
--- arguments spell it.
-local function at_of(k, i)
-  if impl[i].slots then return slots[i], k + places[i] end
-  return k + places[i], texts[i]
-end
-
 -- The packed state (prelude.lua's P): records of five numbers, one per counting limit of the descriptor, little-endian
 -- doubles (which hold every time and count exactly): the record's tag (48 bits of a hash of the limit's name,
 -- `CounterKey::record`), the time its state stops mattering (0: never written), then up to three numbers of the
@@ -212,11 +206,14 @@ local function records_at(key, t)
   return t, n
 end
 
--- Reads the packed state from K[k] into P and finds each packed tier's record there (a new one at the end for a tier
--- that has none).
+-- Finds each tier's state for the descriptor whose keys start at K[k] (`ats`, `args`): a keyed tier's first key, and
+-- its check's last argument, its cost as the arguments spell it; a packed tier's place in the packed state, read here
+-- from K[k] into P (its record, or a new one at the end for a tier that has none), and its first key (names a global
+-- window reads by).
 local lasting = 0
 local function load(k)
   dirty = false
+  for i = 1, tiers do ats[i], args[i] = k + places[i], texts[i] end
   if packed == 0 then return end
   -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (A record added below
   -- goes right after those read.)
@@ -237,7 +234,7 @@ local function load(k)
       P[b + 1] = 0
     end
     if P[b + 1] <= now then P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0 end
-    slots[i] = b + 2
+    ats[i], args[i] = b + 2, ats[i]
   end
 end
 
@@ -249,7 +246,7 @@ local function save(k)
   if not dirty then return end
   for q = 1, packed do
     local i = packs[q]
-    local s = slots[i]
+    local s = ats[i]
     local lives = impl[i].lives(s, now, windows[i], limits[i], bursts[i])
     P[s - 1] = 0
     if lives > 0 then P[s - 1] = now + lives end
@@ -286,7 +283,7 @@ local function save(k)
   if last == lasting then
     redis.call('SET', K[k], packed_state, 'KEEPTTL')
   else
-    redis.call('SET', K[k], packed_state, 'PX', ceil_ms(last - now + WINDOW_KEY_GRACE_US))
+    redis.call('SET', K[k], packed_state, 'PX', px(last - now + WINDOW_KEY_GRACE_US))
   end
 end
 
@@ -326,17 +323,16 @@ local function forget(key, tag)
 end
 
 -- Tier i's check of `cost`.
-local function check(k, i, cost, force)
-  local at, j = at_of(k, i)
-  return seen(i, impl[i].check(at, now, cost, limits[i], windows[i], bursts[i], force, j))
+local function check(i, cost, force)
+  return seen(i, impl[i].check(ats[i], now, cost, limits[i], windows[i], bursts[i], force, args[i]))
 end
 
 -- Commits `cost` to tier i over what its check saw; returns what it created (a lease, a queue entry's id, or '') and
 -- the time until what it wrote expires.
-local function commit(k, i, cost, force)
+local function commit(i, cost, force)
   local A = impl[i]
   if A.slots then dirty = true end
-  return A.commit((at_of(k, i)), now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i],
+  return A.commit(ats[i], now, cost, limits[i], windows[i], bursts[i], force, seen_a[i], seen_b[i], seen_c[i],
     seen_x[i], lease, fields)
 end
 
@@ -384,18 +380,18 @@ local function settle(k, rk, o)
     if m.name == 'reap' then actual = e[i] end
     local c, r = max0(actual - e[i]), max0(e[i] - actual)
     charged[i] = c
-    check(k, i, c, true)
+    check(i, c, true)
     -- Reported refunded: what came back to a window still in force, not what was asked.
     local given = 0
     if r > 0 then
-      given, writes[i] = impl[i].refund((at_of(k, i)), now, at, r, limits[i], windows[i], bursts[i])
+      given, writes[i] = impl[i].refund(ats[i], now, at, r, limits[i], windows[i], bursts[i])
     end
     answers[o + 4 * i - 3], answers[o + 4 * i - 2], answers[o + 4 * i - 1], answers[o + 4 * i] = e[i], actual, c,
       given or 0
   end
   redis.call('DEL', K[rk])
   for i = 1, tiers do
-    if charged[i] > 0 then commit(k, i, charged[i], true) end
+    if charged[i] > 0 then commit(i, charged[i], true) end
     if writes[i] then
       writes[i]()
       if impl[i].slots then dirty = true end
@@ -403,7 +399,7 @@ local function settle(k, rk, o)
   end
   save(k)
   local admitted = true
-  for i = 1, tiers do admitted = check(k, i, 1, false) and admitted end
+  for i = 1, tiers do admitted = check(i, 1, false) and admitted end
   answer(o + 4 * tiers + 1, admitted, false, no_fields)
 end
 
@@ -412,8 +408,7 @@ local function give(k, g, lk, o)
   local left
   load(k)
   for i = 1, tiers do
-    local at, j = at_of(k, i)
-    local _, x, y, z = impl[i].check(at, now, 0, limits[i], windows[i], bursts[i], false, j)
+    local _, x, y, z = impl[i].check(ats[i], now, 0, limits[i], windows[i], bursts[i], false, args[i])
     local rem = impl[i].left(x, y, z, now, limits[i], windows[i], bursts[i])
     if left == nil or rem < left then left = rem end
   end
@@ -447,8 +442,7 @@ local function decide(k, at, o)
   -- Each tier seen in order, nothing written yet.
   local admitted = true
   for i = 1, tiers do
-    local at, j = at_of(k, i)
-    local ok, x, y, z, s = impl[i].check(at, now, costs[i], limits[i], windows[i], bursts[i], forced, j)
+    local ok, x, y, z, s = impl[i].check(ats[i], now, costs[i], limits[i], windows[i], bursts[i], forced, args[i])
     seen_a[i], seen_b[i], seen_c[i], seen_x[i] = x, y, z, s
     if not ok then admitted = false end
   end
@@ -471,11 +465,11 @@ local function decide(k, at, o)
     local A, made = impl[i], ''
     if committed and costs[i] > 0 then
       local lives
-      made, lives = commit(k, i, costs[i], forced)
+      made, lives = commit(i, costs[i], forced)
       if lives > longest then longest = lives end
     end
     if A.unwritten and (not committed or costs[i] == 0) then
-      seen_a[i], seen_b[i], seen_c[i] = A.unwritten(k + places[i], seen_a[i], seen_b[i], seen_c[i])
+      seen_a[i], seen_b[i], seen_c[i] = A.unwritten(ats[i], seen_a[i], seen_b[i], seen_c[i])
     end
     local w = A.width
     answers[o] = seen_a[i]
@@ -490,7 +484,7 @@ local function decide(k, at, o)
     if committed then
       redis.call('LPUSH', rkey, record_value)
       redis.call('LTRIM', rkey, 0, record_size - 1)
-      redis.call('PEXPIRE', rkey, ceil_ms(max(longest, 1)))
+      redis.call('PEXPIRE', rkey, px(max(longest, 1)))
     elseif m.name == 'peek' then
       answers[o] = redis.call('LRANGE', rkey, 0, record_size - 1)
     end

@@ -113,6 +113,6 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   local entry = amount
   if not rate then entry = max(amount, held) end
   redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
-  redis.call('PEXPIRE', lkey, ceil_ms(latest - now))
+  redis.call('PEXPIRE', lkey, px(latest - now))
   return { amount, share, left, n, others + entry, entry }
 end

@@ -15,6 +15,7 @@
 --   clock(arg), server_now      a call's time, and the server's time if the call read it
 --   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
 --   ceil_ms, max0               arithmetic every algorithm uses
+--   px(us)                      an expiry as a command's argument
 --   live_in, newest_in          a sorted set of times read (sliding_log.lua, concurrency.lua)
 --   floor, max, min             math.floor, math.max and math.min (set by batch.lua's batch())
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
@@ -100,6 +101,22 @@ local function ceil_ms(us)
   local ms = floor((us + 999) / 1000)
   if ms < 1 then ms = 1 end
   return ms
+end
+
+-- An expiry of `us` microseconds as a command's argument: its milliseconds (ceil_ms) as text. Redis formats a number
+-- handed to redis.call with '%.17g', which costs it about half of what the command itself does, and string.format as
+-- much; a call's descriptors mostly share their expiries (one time, the same windows), so each is formatted once. Kept
+-- from call to call where the definitions outlive a call, up to 4 096, then started afresh.
+local px_texts, px_count = {}, 0
+local function px(us)
+  local t = px_texts[us]
+  if t == nil then
+    t = string.format('%d', ceil_ms(us))
+    if px_count >= 4096 then px_texts, px_count = {}, 0 end
+    px_texts[us] = t
+    px_count = px_count + 1
+  end
+  return t
 end
 
 -- The most a fixed window's count holds. A lone fixed window counts its denials, and hits of up to 2^32 each could
@@ -223,7 +240,8 @@ end
 -- Writes the reservation record `rkey`: the estimates `e` (decimal integers joined by ','), charged at `now`, live
 -- for `ttl` milliseconds by the decision's clock and RESERVATION_GRACE_MS more in Redis.
 local function record_write(rkey, e, now, ttl)
-  redis.call('SET', rkey, string.format('%d %d ', now, now + ttl * 1000) .. e, 'PX', ttl + RESERVATION_GRACE_MS)
+  local record = string.format('%d %d ', now, now + ttl * 1000) .. e
+  redis.call('SET', rkey, record, 'PX', px((ttl + RESERVATION_GRACE_MS) * 1000))
 end
 
 -- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
