@@ -73,14 +73,17 @@ end
 -- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
 -- sluice reads and what its commit needs beside them); the mode, the time, the lease, the
 -- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
-local impl, windows, limits, bursts, costs, texts, places, tags, packs = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local impl, windows, limits, bursts, costs, texts, places, tags = {}, {}, {}, {}, {}, {}, {}, {}
+-- The tiers of packed algorithms and of keyed ones, each in order.
+local packs, keyed = {}, {}
 -- Per tier, where its state is and its check's last argument (`load`).
 local ats, args = {}, {}
 local seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
 -- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
--- how many tiers are packed, how many records the packed state holds, and whether the decision changed them.
-local positive, places_answered, packed, records, dirty = false, 0, 0, 0, false
+-- how many tiers are packed and how many keyed, how many records the packed state holds, and whether the decision
+-- changed them.
+local positive, places_answered, packed, nkeyed, records, dirty = false, 0, 0, 0, 0, false
 -- Where the hit records' key is among the descriptor's keys (after every tier's).
 local record_place = 0
 
@@ -106,7 +109,7 @@ local function read(a)
   m = mode_of(ARGV[a])
   tiers = number(ARGV[a + 1])
   local at, nk, ns = a + 2, 0, 0
-  positive = false
+  positive, nkeyed = false, 0
   for i = 1, tiers do
     local A = algorithm(ARGV[at])
     if A == nil then error('unknown algorithm ' .. tostring(ARGV[at]), 0) end
@@ -120,6 +123,9 @@ local function read(a)
       at = at + 1
       ns = ns + 1
       packs[ns] = i
+    else
+      nkeyed = nkeyed + 1
+      keyed[nkeyed] = i
     end
     bursts[i] = 0
     if A.burst then
@@ -213,7 +219,10 @@ end
 local lasting = 0
 local function load(k)
   dirty = false
-  for i = 1, tiers do ats[i], args[i] = k + places[i], texts[i] end
+  for q = 1, nkeyed do
+    local i = keyed[q]
+    ats[i], args[i] = k + places[i], texts[i]
+  end
   if packed == 0 then return end
   -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (A record added below
   -- goes right after those read.)
@@ -230,11 +239,11 @@ local function load(k)
     while b <= n and P[b] ~= tag do b = b + RECORD end
     if b > n then
       records, n = records + 1, n + RECORD
-      P[b] = tag
-      P[b + 1] = 0
+      P[b], P[b + 1], P[b + 2], P[b + 3], P[b + 4] = tag, 0, 0, 0, 0
+    elseif P[b + 1] <= now then
+      P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0
     end
-    if P[b + 1] <= now then P[b + 1], P[b + 2], P[b + 3], P[b + 4] = 0, 0, 0, 0 end
-    ats[i], args[i] = b + 2, ats[i]
+    ats[i], args[i] = b + 2, k + places[i]
   end
 end
 
@@ -251,32 +260,36 @@ local function save(k)
     P[s - 1] = 0
     if lives > 0 then P[s - 1] = now + lives end
   end
-  local live, last = 0, 0
-  for r = 2, records * RECORD, RECORD do
-    local x = P[r]
-    if x > now then
-      live = live + 1
-      if x > last then last = x end
-    end
-  end
-  if live == 0 then
-    redis.call('DEL', K[k])
-    return
-  end
-  local packed_state
-  if live == 1 and records == 1 then
+  local packed_state, last
+  if records == 1 then
     -- The commonest state, one record, packed as it is.
-    packed_state = struct.pack('<ddddd', P[1], P[2], P[3], P[4], P[5])
-  elseif live == records then
-    packed_state = struct.pack(format_of(live), unpack(P, 1, records * RECORD))
+    last = P[2]
+    if last > now then packed_state = struct.pack('<ddddd', P[1], P[2], P[3], P[4], P[5]) end
   else
-    local out = {}
-    for r = 1, records * RECORD, RECORD do
-      if P[r + 1] > now then
-        for j = 0, RECORD - 1 do out[#out + 1] = P[r + j] end
+    local live = 0
+    last = 0
+    for r = 2, records * RECORD, RECORD do
+      local x = P[r]
+      if x > now then
+        live = live + 1
+        if x > last then last = x end
       end
     end
-    packed_state = struct.pack(format_of(live), unpack(out))
+    if live == records then
+      packed_state = struct.pack(format_of(live), unpack(P, 1, records * RECORD))
+    elseif live > 0 then
+      local out = {}
+      for r = 1, records * RECORD, RECORD do
+        if P[r + 1] > now then
+          for j = 0, RECORD - 1 do out[#out + 1] = P[r + j] end
+        end
+      end
+      packed_state = struct.pack(format_of(live), unpack(out))
+    end
+  end
+  if packed_state == nil then
+    redis.call('DEL', K[k])
+    return
   end
   -- A window's record is kept to a window's edge, a bucket's to a multiple of its refill time (`lives`), so most
   -- writes leave the key's expiry where it is.
@@ -465,7 +478,9 @@ local function decide(k, at, o)
     local A, made = impl[i], ''
     if committed and costs[i] > 0 then
       local lives
-      made, lives = commit(i, costs[i], forced)
+      if A.slots then dirty = true end
+      made, lives = A.commit(ats[i], now, costs[i], limits[i], windows[i], bursts[i], forced, seen_a[i], seen_b[i],
+        seen_c[i], seen_x[i], lease, fields)
       if lives > longest then longest = lives end
     end
     if A.unwritten and (not committed or costs[i] == 0) then
