@@ -1,23 +1,19 @@
--- bucketed_window.lua: a window of `window` us split into `burst` epoch-aligned sub-windows of `window / burst` us
--- each; a window's count is the sum of the sub-windows it spans, the current one included, so it is exact to one
--- sub-window (a sub-window stops counting `window` after it starts).
---
--- State: one hash at the counter's key. Per sub-window kept, its first microsecond (a decimal integer) -> its count;
--- and 't', the sum of those counts; 'o', a start no kept sub-window is older than; 'l', the start of the newest kept
--- one; 's', the longest window, in sub-windows, of the limits that count in it. sluice names the counter by the
--- sub-window's length, so several tiers of one descriptor with the same sub-window (1 000 a second, 5 000 per 10 s,
--- 7 000 per 15 s) read the same counts and share them: within one decision (decide.lua numbers them, `decision`) a
--- counter is incremented once, by the first of its tiers, and the key lives until the longest window no longer counts
--- its newest sub-window.
--- A hit that fits reads four fields: when every kept sub-window is in the limit's window, the count is 't' and the
--- newest non-empty sub-window is 'l'. A limit whose window spans fewer sub-windows than are kept also reads those
--- outside it, and a hit that does not fit reads every sub-window of its window, to tell when one would.
--- Invariants: a cost of 0 writes nothing; the first count of a newer sub-window deletes the sub-windows no limit's
--- window spans any more (so the hash keeps at most the longest window's), and a count finding nothing of it spanned
--- starts the hash afresh. Forced hits and settlements never reach it (it is not one of the counting algorithms).
+-- bucketed_window.lua: a window of `window` us split into `burst` epoch-aligned sub-windows of `window / burst` us; its
+-- count is the sum of the sub-windows it spans, the current one included: exact to one sub-window (a sub-window stops
+-- counting `window` after it starts).
+-- State: one hash at the counter's key: per sub-window kept, its first microsecond (decimal) -> its count; 't', their
+-- sum; 'o', a start no kept sub-window is older than; 'l', the newest kept one's start; 's', the longest window, in
+-- sub-windows, of the limits counting in it. sluice names the counter by the sub-window's length, so tiers of one
+-- descriptor with the same sub-window (1 000 a second, 5 000 per 10 s) share its counts: in one decision the first
+-- of them increments it, and the key lives until the longest window no longer counts its newest sub-window.
+-- A hit that fits reads four fields when every kept sub-window is in its window ('t' the count, 'l' the newest
+-- non-empty); otherwise it reads its window's sub-windows, and so does a hit that does not fit, to tell when it would.
+-- Invariants: a cost of 0 writes nothing; a newer sub-window's first count deletes those no limit's window spans (the
+-- hash keeps at most the longest window's), and a count finding nothing spanned starts the hash afresh. Forced hits
+-- and settlements never reach it (not a counting algorithm).
 
--- Per counter written in the decision under way (prelude.lua's `decision`, which `written_in` names): the TTL (ms)
--- and the longest window (in sub-windows) it was given there, and whether its expiry moves in this decision.
+-- Per counter written in the decision under way (prelude.lua's `decision`): the TTL (ms) and longest window (in
+-- sub-windows) it was given, and whether its expiry moves in this decision.
 local bucket_written, written_in = {}, nil
 
 function L.bucketed_window()
@@ -45,8 +41,7 @@ function L.bucketed_window()
     return n
   end
 
-  -- Sees the window's count, the start of its newest sub-window that holds any and the start of the one whose leaving
-  -- lets the hit fit (decide.lua's interface, prelude.lua).
+  -- Sees the count, its newest non-empty sub-window's start and that of the one whose leaving lets the hit fit.
   M.width, M.burst = 3, true
 
   function M.check(j, now, cost, limit, window, burst)
@@ -59,7 +54,7 @@ function L.bucketed_window()
     local f = redis.call('HMGET', key, 't', 'o', 'l', 's')
     local t, o, l = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
     local s = { current = current, width = width, t = t, o = o, l = l, longest = tonumber(f[4]) or 0 }
-    -- The count, the start of the newest non-empty sub-window spanned (-1: none), and the spanned counts if read.
+    -- The count, the newest non-empty sub-window spanned (-1: none), and the spanned counts if read.
     local n, newest, c = 0, -1, nil
     if t ~= nil and l >= first then
       if o >= first and l <= current then
@@ -84,9 +79,8 @@ function L.bucketed_window()
     return n + cost <= limit, n, newest, leaving, s
   end
 
-  -- Counts `cost` in the current sub-window (the first of a decision's tiers on the counter) and keeps the counter
-  -- until the longest window no longer counts its newest sub-window. That moment moves only with a newer sub-window,
-  -- a longer window or a counter started afresh: a hit in the newest sub-window leaves the expiry as it is.
+  -- Counts `cost` in the current sub-window (once per decision per counter). The expiry moves only with a newer
+  -- sub-window, a longer window or a counter started afresh.
   function M.commit(j, now, cost, _, window, burst, _, _, _, _, s)
     local key = K[j]
     local width, current = s.width, s.current
@@ -122,7 +116,6 @@ function L.bucketed_window()
       if current > s.l then
         redis.call('HSET', key, 'l', at)
         if s.o < keep then
-          -- A newer sub-window: those no window spans any more go, and their counts with them.
           local old = counts(key, s.o, keep - width, width)
           local fields = {}
           for i = 1, #old do fields[i] = string.format('%d', s.o + (i - 1) * width) end

@@ -1,15 +1,12 @@
--- concurrency.lua: at most `limit` requests in flight. An admitted hit holds one lease until the caller releases it
--- (ZREM by the Release RPC) or until its deadline, `window` us after admission, so a crashed caller never leaks
--- capacity. Any positive cost takes one lease.
---
--- State: a sorted set of leases, member = lease id, score = deadline. It expires with the latest deadline.
+-- concurrency.lua: at most `limit` requests in flight. An admitted hit (any positive cost) holds one lease until the
+-- caller releases it (ZREM, the Release RPC) or its deadline, `window` us after admission: a crashed caller never
+-- leaks capacity. State: a sorted set of leases, member = lease id, score = deadline, expiring with the latest.
 -- Invariants: a denied hit writes nothing; expired leases are removed only by an admitted hit.
 
 function L.concurrency()
   local M = {}
 
-  -- Sees the live count, the latest deadline (read by `unwritten`: a hit written leaves it its own) and the deadline
-  -- that must pass before the hit fits (decide.lua's interface, prelude.lua).
+  -- Sees the live count, the latest deadline (read by `unwritten`) and the deadline that must pass before the hit fits.
   M.width = 3
 
   function M.check(j, now, cost, limit)

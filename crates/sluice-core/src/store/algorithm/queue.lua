@@ -1,10 +1,9 @@
--- queue.lua: the queue-coupled leaky bucket. An admitted hit appends one entry to a Redis Stream (the descriptor's
--- entries as fields) while fewer than `limit` entries wait; workers read it with a consumer group at their own pace
--- and XDEL what they finished, which frees the place. An entry waits at most `window` us: older entries count as
--- abandoned and are trimmed by the next append. Any positive cost appends one entry.
---
--- State: the stream. Entry ids are `<ms>-<seq>` from the decision's clock, so the age of an entry is its id.
--- The key expires `window` after the last append, when every entry in it would be stale anyway.
+-- queue.lua: the queue-coupled leaky bucket. An admitted hit (any positive cost) appends one entry, the descriptor's
+-- entries as fields, to a Redis Stream while fewer than `limit` wait; workers read it with a consumer group and XDEL
+-- what they finish, freeing the place. An entry waits at most `window` us: older ones count as abandoned and are
+-- trimmed by the next append.
+-- State: the stream. Entry ids are `<ms>-<seq>` by the decision's clock, so an entry's id is its age. The key expires
+-- `window` after the last append, when every entry would be stale anyway.
 -- Invariants: a denied hit writes nothing. How soon a full queue drains depends on the workers: `retry` is when its
 -- oldest entry goes stale, an upper bound while workers run.
 
@@ -16,13 +15,11 @@ function L.queue()
     return floor(max(0, now - window) / 1000) + 1
   end
 
-  -- The millisecond of the entry id `id`.
   local function ms_of(id)
     return tonumber(string.match(id, '^(%d+)-'))
   end
 
-  -- Sees the waiting entries' count, the newest one's millisecond and the millisecond of the one that must go stale
-  -- before the hit fits (decide.lua's interface, prelude.lua).
+  -- Sees the waiting count, the newest entry's millisecond and that of the one that must go stale before the hit fits.
   M.width = 4
 
   function M.check(j, now, cost, limit, window)
@@ -40,8 +37,7 @@ function L.queue()
     local ms = floor(now / 1000)
     local added = redis.pcall('XADD', key, string.format('%d-*', ms), unpack(fields))
     if type(added) == 'table' and added.err then
-      -- The clock went back behind the stream's last id (entries may since have been deleted): append right after
-      -- the last id the stream generated.
+      -- The clock went back behind the stream's last id (entries may since be deleted): append right after that id.
       local info = redis.call('XINFO', 'STREAM', key)
       local last = '0-0'
       for i = 1, #info, 2 do

@@ -1,12 +1,9 @@
--- sliding_log.lua: exactly at most `limit` hits in any interval of `window` us. A hit at time t occupies one place
--- until t + window.
---
--- State: a sorted set, one member per hit, score = its time, member "<time>:<n>" (unique: within one time the live
--- count only grows). It expires when its newest hit leaves the interval.
+-- sliding_log.lua: exactly at most `limit` hits in any interval of `window` us; a hit at time t holds a place until
+-- t + window. State: a sorted set, one member per hit, score = its time, member "<time>:<n>" (unique: within one time
+-- the live count only grows), expiring when its newest hit leaves the interval.
 -- Invariants: a denied hit writes nothing; expired members are removed only by an admitted hit.
 
--- Logs `cost` hits at `now` in `key`, whose `live` places are the ones still in the interval (the others dropped), and
--- keeps the set until the interval has passed.
+-- Logs `cost` hits at `now` after the `live` places still in the interval, and keeps the set until the interval passes.
 local function sl_add(key, now, live, cost, window)
   -- In batches: Lua's unpack takes a few thousand values at most, and a cost may be up to the limit (10 000).
   local i = 1
@@ -25,8 +22,7 @@ end
 function L.sliding_log()
   local M = {}
 
-  -- Sees the live count, the newest hit's time (read by `unwritten`: a hit written leaves it its own) and the time
-  -- that must leave before the hit fits (decide.lua's interface, prelude.lua).
+  -- Sees the live count, the newest hit's time (read by `unwritten`) and the time that must leave before the hit fits.
   M.width = 3
 
   function M.check(j, now, cost, limit, window)

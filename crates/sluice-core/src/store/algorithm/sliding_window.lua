@@ -1,14 +1,12 @@
 -- sliding_window.lua: the two-window weighted counter. The count at time t is
 --   floor(p * (window - elapsed) / window) + c
--- where c counts the hits of the current epoch-aligned window, p those of the previous one, and elapsed is t minus
--- the current window's start. It assumes the previous window's hits were spread evenly; the error bound is in the
--- README.
---
--- State: three numbers in its descriptor's packed state (decide.lua): the first microsecond of the window counted
--- last, its count and the count of the window before it. Read a window later, the count is the previous one's.
--- Invariants: a denied hit writes nothing, unless it is forced (then c may pass the limit, up to MAX_SLIDING_COUNT);
--- a cost of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in
--- (the current or the previous one), never below 0.
+-- where c counts the current epoch-aligned window's hits, p the previous one's, and elapsed is t minus the current
+-- window's start. It assumes the previous window's hits were spread evenly; the error bound is in the README.
+-- State: three numbers in the descriptor's packed state (decide.lua): the first microsecond of the window counted
+-- last, its count and the one before's. Read a window later, the count is the previous one's.
+-- Invariants: a denied hit writes nothing unless forced (then c may pass the limit, up to MAX_SLIDING_COUNT); a cost
+-- of 0 writes nothing. A settlement's refund lowers the count of the window the reservation was counted in (the
+-- current or the previous), never below 0.
 
 local function sw_estimate(p, c, elapsed, window)
   return floor(p * (window - elapsed) / window) + c
@@ -25,7 +23,7 @@ function L.sliding_window()
     return 0, 0
   end
 
-  -- Sees the counts of the current window and of the previous one (decide.lua's interface, prelude.lua).
+  -- Sees the counts of the current and the previous window (prelude.lua's interface).
   function M.check(p, now, cost, limit, window)
     local c, q = counts(p, now, window)
     return sw_estimate(q, c, now % window, window) + cost <= limit, c, q, -1
@@ -35,12 +33,11 @@ function L.sliding_window()
     return max0(limit - sw_estimate(q, c, now % window, window))
   end
 
-  -- Stores the counts (c, q) as those of the window `now` is in.
   local function store(p, now, window, c, q)
     P[p], P[p + 1], P[p + 2] = now - now % window, c, q
   end
 
-  -- Counts `cost` in the current window; returns the time until the count leaves the estimate.
+  -- Returns the time until the count leaves the estimate.
   function M.commit(p, now, cost, _, window)
     local c, q = counts(p, now, window)
     store(p, now, window, min(c + cost, MAX_SLIDING_COUNT), q)
@@ -55,8 +52,6 @@ function L.sliding_window()
     return 0
   end
 
-  -- Gives back up to `amount` (down to 0) of the count the hit at `at` went into: the current window's or the
-  -- previous one's.
   function M.refund(p, now, at, amount, _, window)
     local start = now - now % window
     local from = at - at % window
@@ -75,9 +70,8 @@ function L.sliding_window()
   return M
 end
 
--- The global form (`global: true`, prelude.lua's global_of): the limit less the weighted estimate over what the other
--- regions counted in the current and previous windows, read from the hashes named after the two windows' keys (its two
--- keys, names sluice sends for the windows its clock expects).
+-- The global form (prelude.lua's global_of): the others' count is the weighted estimate over the hashes named after
+-- its two keys, the current and previous windows' (names sluice sends for the windows its clock expects).
 L['global:sliding_window'] = global_of('sliding_window', 2, function(j, now, window)
   local cur = window_at(K[j], now, window)
   local prev = K[j + 1]

@@ -1,54 +1,40 @@
 -- batch.lua: the script's entry. One call decides a batch of descriptors in order, each against its own keys and
--- arguments, each atomically (the whole call is). sluice puts every descriptor of one request in one call, and
--- against a standalone Redis also the descriptors of concurrent requests: Redis's fixed cost per call (reading and
--- parsing the command, entering the script, the reply's write) and sluice's per command are then paid once per batch.
--- In a Redis Cluster the descriptors of concurrent requests that live on one primary, whatever their slots, share a
--- call in the node form below (the script is then loaded with the flag allow-cross-slot-keys: see `CLUSTER_SCRIPT`).
+-- arguments, each atomically (the whole call is), paying Redis's and sluice's fixed costs per call once per batch: a
+-- request's descriptors, and on a standalone Redis those of concurrent requests too. In a Redis Cluster, those on one
+-- primary share a call in the node form, whatever their slots (flag allow-cross-slot-keys: `CLUSTER_SCRIPT`).
 --
--- Two forms:
--- declared  KEYS: every descriptor's keys, one descriptor after the other (one server, or one cluster slot).
---           ARGV[1]: n, the number of descriptors (a run below counting once); ARGV[2]: the timing (below); then per
---           descriptor its arguments: a plain counter's (fixed_window.lua's fast form, headed by its window, a
---           positive number; or a run of them, 'f'), or the decision loop's (decide.lua, headed by its mode), then
---           its time when each carries its own. Descriptors in a row whose arguments are the same (every one of
---           them) may go as one run: '*', their number, and the arguments once (counting once in n); each has its
---           own keys.
--- node      no KEYS: the keys span slots, which Redis refuses of declared keys, so they travel among the arguments.
---           ARGV[1]: 'node'; ARGV[2]: n; ARGV[3]: the timing; then per descriptor its arguments (its time among
---           them as above), then a plain counter's key, or the decision loop's probe key (the descriptor's key prefix
---           and hash tag alone: a key of its slot that sluice never writes; '' for none) and its keys.
+-- declared form: KEYS: every descriptor's keys in turn (one server, or one cluster slot). ARGV: n, the number of
+--   descriptors (a run counting once); the timing; then per descriptor its arguments, then its time if each carries
+--   its own. A plain counter's (fixed_window.lua's fast form) are headed by its window, a positive number, a run of
+--   them by 'f'; the decision loop's (decide.lua) by its mode. Descriptors in a row with all the same arguments may go
+--   as one run: '*', their number, the arguments once; each has its own keys.
+-- node form: no KEYS (keys spanning slots are refused if declared). ARGV: 'node'; n; the timing; then per descriptor
+--   its arguments (time as above), then a plain counter's key, or the decision loop's probe key (the descriptor's key
+--   prefix and hash tag alone: a key of its slot that sluice never writes; '' for none) and its keys.
+-- The timing: '' when every descriptor carries its own time (its last argument), else the time by sluice's clock the
+-- window keys were built for: the call then goes by the server's clock (TIME, read once per call), and a window the
+-- server sees otherwise (the clocks across an edge) gets its own key.
 --
--- The timing: '' when every descriptor carries its own time (its last argument), else the time, by sluice's clock,
--- the windows' keys were built for: the call is then decided by the server's clock (TIME, read once per call), and a
--- window the server sees otherwise (the two clocks across an edge) gets its own key.
+-- Returns each descriptor's answer in order, in as many places as its form answers: a plain counter's integer, or
+-- decide.lua's; or the error that stopped it (a wrong-type key) first and 0 in its other places, the others decided
+-- all the same; in the node form, false (nil to the caller) first if its slot is not served here in a stable state:
+-- nothing written, the caller sends it again to its slot. Then the server's time (us) if the call read it, else 0.
 --
--- Returns the answers in order, each descriptor's in as many places as its form answers: a plain counter's integer,
--- or the decision loop's (decide.lua); or a string in its first place (and 0 in its others), the error that stopped that descriptor (a wrong-type key); the others are decided all the same.
--- In the node form also false (nil to the caller) in its first place: the descriptor was not decided because its slot
--- is not served here in a stable state, and nothing of it was written; the caller sends it again to its slot. Then
--- one more value: the server's time in microseconds if the call read it (some descriptor was decided by the server's
--- clock), else 0.
---
--- Invariants: in the node form a descriptor of the decision loop is decided only once a read of its probe key
--- succeeded. That read succeeds only where the slot is served by this node and is not migrating (a key absent from a
--- migrating slot is refused with ASK, one of a slot served elsewhere with MOVED), and then every command on any key of
--- the slot is served here for the rest of the call: no slot changes hands while a script runs. A descriptor of a
--- migrating slot is therefore refused before anything is written, never part-way (a migrating slot serves only the
--- keys it still holds, so a key created or emptied by the decision could be refused after another was written). Each
--- probe key is read once per call. A plain counter needs no probe: its one command is refused exactly where the probe's
--- read would be, before anything is written.
+-- Invariants: in the node form a decision-loop descriptor is decided only once a read of its probe key succeeded:
+-- only where this node serves the slot and it is not migrating (else ASK or MOVED), and then the slot is served here
+-- for the rest of the call (no slot changes hands while a script runs). So a migrating slot's descriptor is refused
+-- before anything is written, never part-way (such a slot serves only the keys it still holds: a key the decision
+-- creates or empties could be refused after another was written). Each probe key is read once per call. A plain
+-- counter needs no probe: its one command is refused exactly where the probe's read would be, before any write.
 
--- The call under way, set by batch() at its start: whether it is in the node form, where its next keys (k) and
--- arguments (a) are, the probe keys read (node form), the server's time the timing asks for (now), and where the next
--- answer goes (o: a descriptor's answer takes as many places as its form answers).
+-- Per call (set by batch()): whether in the node form, the next keys (k) and arguments (a), the probe keys read
+-- (node form), the server's time if the timing asks for it (now), and where the next answer goes (o).
 local node, k, a, served, now, o
 
--- The time a descriptor carried last, as text and as read: the descriptors of a call decided at one given time carry
--- the same text, read once.
+-- The time a descriptor carried last, as text and as read: a call's descriptors mostly share it, read once.
 local time_text, time_at
 
--- What a descriptor that failed answers: its error, or, refused as not served here, false (not decided, nothing
--- written; sent again to its slot).
+-- A failed descriptor's answer: its error, or false if refused as not served here (node form).
 local function error_of(err)
   if type(err) == 'table' then err = err.err end
   err = tostring(err)
@@ -58,14 +44,12 @@ local function error_of(err)
   return err
 end
 
--- A descriptor that failed with `err` answers it in its first place and 0 in its `width - 1` others.
 local function failure(err, width)
   answers[o] = error_of(err)
   for j = 1, width - 1 do answers[o + j] = 0 end
 end
 
--- A run of plain counters (lone fixed windows) that share their window and cost, decided by the server's clock
--- (declared form): 'f', their number, the window and the cost; a key each.
+-- A run of plain counters by the server's clock (declared form): 'f', their number, window and cost; a key each.
 local function run()
   local m, w, text = number(ARGV[a + 1]), number(ARGV[a + 2]), ARGV[a + 3]
   local cost, hit = number(text), algorithm('counter').hit
@@ -77,9 +61,7 @@ local function run()
   a = a + 4
 end
 
--- A descriptor in decide.lua's form: its arguments, its time when each carries its own, then in the node form its
--- probe key (the descriptor's key prefix and hash tag alone, '' for none) and its keys. Decided only where its probe
--- was read (node form): a slot served here in a stable state.
+-- A descriptor in decide.lua's form; in the node form decided only where its probe was read.
 local function generic()
   local ends, nk = read(a)
   local w, at = places_answered, now
@@ -110,16 +92,15 @@ local function generic()
   o = o + w
 end
 
--- Decides the descriptor whose head is at ARGV[a] (keys from K[k], answer at answers[o]), and moves past it: a run's
--- 'f', a plain counter's window (most often a number read before, found in `numbers`: see `number`), or the decision
--- loop's mode (found there as false).
+-- Decides the descriptor headed at ARGV[a] (keys from K[k], answer at answers[o]) and moves past it. The head: a
+-- run's 'f', a plain counter's window (mostly found in `numbers`), or the decision loop's mode (there as false).
 local function decide_one()
   local head = ARGV[a]
   if head == 'f' then return run() end
   local window = numbers[head]
   if window == nil then window = number(head) end
   if not window then return generic() end
-  -- The commonest call, a plain counter (a lone fixed window): its cost, (time), and in the node form its key.
+  -- The commonest call, a plain counter: its cost, (time), and in the node form its key.
   local text, key, at, width = ARGV[a + 1], K[k], now, 2
   if guess == nil then at, width = tonumber(ARGV[a + 2]), 3 end
   if node then key = ARGV[a + width] end
@@ -129,9 +110,7 @@ local function decide_one()
   o = o + 1
 end
 
--- The entry: decides the call's descriptors (KEYS and ARGV, as above) and returns their answers. Everything a call
--- leaves behind is set afresh here: run as a Redis function, the script's definitions are made once and outlive
--- every call, where run by EVALSHA they are made again at each.
+-- The entry. It sets afresh everything a call leaves behind (prelude.lua).
 local function batch()
   if floor == nil then floor, max, min = math.floor, math.max, math.min end
   K, server_now = KEYS, nil
@@ -148,8 +127,7 @@ local function batch()
 
   for _ = 1, n do
     if ARGV[a] == '*' then
-      -- A run of descriptors that share every argument (declared form): '*', their number, then one's
-      -- arguments; each decided in its place, with its own keys, as if its arguments were repeated.
+      -- A run (declared form): each descriptor decided in its place, with its own keys, as if the arguments repeated.
       local m, from = number(ARGV[a + 1]), a + 2
       for _ = 1, m do
         a = from

@@ -1,54 +1,48 @@
 -- decide.lua: the decision loop. One descriptor decided against all its limits at once, atomically, in any mode: read
 -- each limit's state (its algorithm's check), ask whether the hit fits, then write all or none.
 --
--- read(a) reads the arguments of the descriptor whose head is ARGV[a] and returns where they end and how many keys it
--- has; decide(k, at, o) then decides it (batch.lua's entry does both). Its arguments, from ARGV[a] on:
--- head        the mode, then '+' and a letter for each part the arguments carry beyond the tiers: 'l' a lease id, 'q'
---             queue entry fields, 'k' hit records (`modes` below). The modes: 'hit' applies the hit; 'peek' only
---             reports (and returns the hit records); 'report' applies a forced hit: every tier counts its cost whether
---             it fits or not (a usage that already happened; sent only when every tier counts, see `Hit::forced`);
---             'reserve' and 'reserve_report' are 'hit' and 'report' that also write the reservation record when the
---             hit is counted; 'settle' settles a reservation with the actual costs; 'reap' is a 'settle' that finds
---             only an expired record (kept RESERVATION_GRACE_MS past its expiry) and settles it at its estimates,
---             changing no tier (these two are sent only when every tier counts, and with no lease, fields or records);
---             'grant' reads each tier as a peek of cost 0 does and grants from what they have left (ledger.lua);
---             'forget' (no tiers) forgets one counting limit's record in the packed state (a reset of that limit);
---             'count' (no tiers) reads one window's count in a record (a global window's, for the other regions).
--- t           the number of tiers
--- per tier    its algorithm's name, window (us), limit and cost (bounded by the tier's capacity + 1, see
---             `TierSpec::bounded_cost`; 0 checks without consuming), then for a packed algorithm (prelude.lua) its
---             record's tag in the packed state (`load` below), and for an algorithm with a burst (a table with
---             `burst`: the buckets' burst, the bucketed window's number of sub-windows) the burst
--- then        with 'l', the lease id; with 'q', f and f fields (name, value, ...); with 'k', the number of hit records
---             to keep and the value to record; in the modes 'reserve' and 'reserve_report', the record's TTL (us); in
---             the mode 'grant', the holder, what it holds, what it wants, its entry's TTL (us), whether it is a newcomer
---             (1/0), and a rate's limit per window when the holders share a rate (-1: a budget); in the mode 'forget',
---             the record's tag; in the mode 'count', the record's tag, the window's start and its length (us)
--- Its keys, from K[k] on (in a cluster node's batch, after its arguments and its probe: batch.lua): the packed state's
--- when some tier's algorithm is packed (prelude.lua); then per tier as many as its algorithm keeps (`keys`: a plain
--- counter's window, built for the window sluice's clock expects; a global window's names, alike; none for another
--- packed tier; the counter's own otherwise); then the hit records' list with 'k', and the reservation record (modes
--- 'reserve', 'reserve_report', 'settle', 'reap'), the grant ledger (mode 'grant') or the packed state (modes 'forget',
--- 'count').
+-- read(a) reads the arguments of the descriptor headed at ARGV[a] and returns where they end and how many keys it
+-- has; decide(k, at, o) then decides it (batch.lua calls both). Its arguments, from ARGV[a] on:
+-- head      the mode, then '+' and a letter per part carried beyond the tiers: 'l' a lease id, 'q' queue entry fields,
+--           'k' hit records. Modes: 'hit'; 'peek', which only reports (and returns the hit records); 'report', a
+--           forced hit: every tier counts its cost, fitting or not (usage that already happened; sent only when every
+--           tier counts, `Hit::forced`); 'reserve' and 'reserve_report', 'hit' and 'report' that also write the
+--           reservation record when the hit is counted; 'settle', which settles a reservation with the actual costs;
+--           'reap', a 'settle' finding only an expired record (kept RESERVATION_GRACE_MS past its expiry), settled at
+--           its estimates, changing no tier ('settle' and 'reap' are sent only when every tier counts, with no lease,
+--           fields or records); 'grant', which reads each tier as a peek of cost 0 does and grants from what they have
+--           left (ledger.lua); 'forget' (no tiers), which forgets one counting limit's record in the packed state (its
+--           reset); 'count' (no tiers), which reads one window's count in a record (a global window's, for the other
+--           regions).
+-- t         the number of tiers
+-- per tier  its algorithm's name, window (us), limit and cost (at most capacity + 1, `TierSpec::bounded_cost`; 0 checks
+--           without consuming); if packed, its record's tag in the packed state; if its table has `burst`, the burst
+--           (the buckets' burst, the bucketed window's number of sub-windows)
+-- then      'l': the lease id; 'q': f, then f fields (name, value, ...); 'k': how many hit records to keep, and the
+--           value to record; 'reserve', 'reserve_report': the record's TTL (us); 'grant': the holder, what it holds,
+--           what it wants, its entry's TTL (us), whether it is a newcomer (1/0), and a rate's limit per window when the
+--           holders share a rate (-1: a budget); 'forget': the record's tag; 'count': the record's tag, the window's
+--           start and its length (us)
+-- Its keys, from K[k] on (in the node form after its arguments and probe, batch.lua): the packed state's if a tier is
+-- packed; per tier its algorithm's `keys` (a plain counter's window, built for the window sluice's clock expects; a
+-- global window's names, alike; none for another packed tier; else the counter's own); with 'k' the hit records'
+-- list; then the reservation record ('reserve', 'reserve_report', 'settle', 'reap'), the grant ledger ('grant') or the
+-- packed state ('forget', 'count').
 --
--- Writes its answer into answers[o] on (batch.lua): the flags, 1 when the hit is admitted plus 2 when it was
--- committed, then per tier what its check saw (`width` values: see prelude.lua), then with 'k' in the mode 'peek' the
--- recorded values, newest first, as one array. sluice makes each tier's numbers from what its check saw, by the
--- algorithm's Rust twin (`algorithm::seen`); a forced hit's admitted is an ordinary hit's.
--- In the mode 'settle' ('reap'): 0 and zeros when there is no such reservation, else 1, then per tier the estimate,
--- the actual cost, the charge and the refund, then the answer of a peek of cost 1 after settling, as above.
--- In the mode 'grant': ledger.lua's grant's six values. In the mode 'forget': 1 if the record was there, else 0. In
--- the mode 'count': the window's count.
+-- Its answer, into answers[o] on: the flags (1 if admitted, + 2 if committed), per tier what its check saw (`width`
+-- values, read by the algorithm's Rust twin, `algorithm::seen`), then with 'k' in 'peek' the recorded values, newest
+-- first, as one array. 'settle' ('reap'): 0 and zeros when there is no such reservation, else 1, per tier the
+-- estimate, actual cost, charge and refund, then a peek of cost 1's answer after settling. 'grant': ledger.lua's
+-- grant's six values. 'forget': 1 if the record was there, else 0. 'count': the window's count.
 --
--- Invariants: either every tier is committed or none, except that a lone fixed window counts its denials as the
--- reference does (but never a cost above its limit, which can never fit, nor a refused reservation, which holds
--- nothing), and that a forced hit commits every tier. A hit is committed only if some tier's cost is positive, and
--- each tier commits its own cost; a tier whose cost is 0 is checked and never written (no count, no lease, no queue
--- entry). A peek never writes. The packed state is read once, before the first check, and written once, after the
--- last commit, only if a tier's state in it changed. Hit records expire with the longest-lived tier the hit was
--- counted in. A reservation record is written only by a hit that is admitted and committed (or forced), before any
--- tier's write, and a settlement reads the record and every tier before it writes, so a key of the wrong type stops
--- either before it changes anything.
+-- Invariants: every tier is committed or none, except that a lone fixed window counts its denials as the reference
+-- does (never a cost above its limit, which can never fit, nor a refused reservation, which holds nothing), and that a
+-- forced hit commits every tier. A hit is committed only if some tier's cost is positive; each tier commits its own
+-- cost, and a tier of cost 0 is checked, never written (no count, lease or queue entry). A peek never writes. The
+-- packed state is read once, before the first check, and written once, after the last commit, only if it changed.
+-- Hit records expire with the longest-lived tier the hit was counted in. A reservation record is written only by a
+-- hit admitted and committed (or forced), before any tier's write; a settlement reads the record and every tier
+-- before it writes; so a key of the wrong type stops either before it changes anything.
 
 -- The modes by head (their letters parsed once).
 local modes = {}
@@ -69,29 +63,23 @@ local function mode_of(head)
   return m
 end
 
--- The decision under way, kept from call to call and overwritten as it is read (a decision is done with it before the
--- next begins): per tier its algorithm, numbers, cost and first key's place, and what its check saw (the values
--- sluice reads and what its commit needs beside them); the mode, the time, the lease, the
--- fields, the records, and where the arguments after them are (a reservation's TTL, a grant's).
+-- The decision under way, kept across calls, overwritten as read: per tier its algorithm, numbers, cost, first key's
+-- place and what its check saw; the mode, time, lease, fields, records, and where the arguments after them are.
 local impl, windows, limits, bursts, costs, texts, places, tags = {}, {}, {}, {}, {}, {}, {}, {}
--- The tiers of packed algorithms and of keyed ones, each in order.
+-- The tiers of packed and of keyed algorithms, in order; per tier, where its state is and its check's last argument.
 local packs, keyed = {}, {}
--- Per tier, where its state is and its check's last argument (`load`).
 local ats, args = {}, {}
 local seen_a, seen_b, seen_c, seen_x = {}, {}, {}, {}
 local m, now, tiers, lease, fields, record_size, record_value, tail, no_fields = nil, 0, 0, '', {}, 0, '', 0, {}
--- Whether some tier's cost is positive (the hit is written at all only then), and how many places the answer takes;
--- how many tiers are packed and how many keyed, how many records the packed state holds, and whether the decision
--- changed them.
+-- Whether some tier's cost is positive (else nothing is written), the answer's width, packed and keyed tiers,
+-- records held in the packed state, and whether the decision changed them.
 local positive, places_answered, packed, nkeyed, records, dirty = false, 0, 0, 0, 0, false
 -- Where the hit records' key is among the descriptor's keys (after every tier's).
 local record_place = 0
 
--- The arguments of the decision last read (the call's ARGV and the offset): descriptors of a run (batch.lua's '*')
--- share their arguments, so each after the first reads nothing again.
+-- The arguments last read (ARGV and offset): a run's descriptors (batch.lua's '*') share them, so later ones skip read.
 local read_argv, read_a, read_end, read_keys
 
--- How many places the answer of the decision being read takes.
 local function answer_width()
   if m.name == 'grant' then return 6 end
   if m.name == 'forget' or m.name == 'count' then return 1 end
@@ -102,7 +90,6 @@ local function answer_width()
   return w
 end
 
--- Reads the decision's arguments at ARGV[a] into the tables above; returns where they end and how many keys it has.
 local function read(a)
   if read_argv == ARGV and read_a == a then return read_end, read_keys end
   read_argv = nil
@@ -172,21 +159,17 @@ local function read(a)
   return at, nk
 end
 
--- Keeps what tier i's check saw; returns whether the hit fits it.
 local function seen(i, ok, a, b, c, x)
   seen_a[i], seen_b[i], seen_c[i], seen_x[i] = a, b, c, x
   return ok
 end
 
--- The packed state (prelude.lua's P): records of five numbers, one per counting limit of the descriptor, little-endian
--- doubles (which hold every time and count exactly): the record's tag (48 bits of a hash of the limit's name,
--- `CounterKey::record`), the time its state stops mattering (0: never written), then up to three numbers of the
--- algorithm's state (its `slots`). A record is found by its tag; one whose time has come starts afresh, and is dropped
--- at the next write. Records of limits this decision does not name (another rule matched the same descriptor, or the
--- rules changed) are kept as they are until their time comes.
+-- The packed state (prelude.lua's P): a record of five little-endian doubles (exact for every time and count) per
+-- counting limit: its tag (48 bits of a hash of the limit's name, `CounterKey::record`), the time its state stops
+-- mattering (0: never written), then up to three numbers of its algorithm's state. A record whose time has come starts
+-- afresh and is dropped at the next write; those of limits not named here (another rule, changed rules) are kept.
 local RECORD = 5
 
--- The formats of a packed state by its number of records.
 local formats = {}
 local function format_of(n)
   local f = formats[n]
@@ -197,9 +180,8 @@ local function format_of(n)
   return f
 end
 
--- The records of the packed state at `key`, read as they are, and how many: into `t` when there is one record (the
--- commonest; whatever `t` held past it stays, and only the records counted are ever read) or none, else into a new
--- table (where struct.unpack's last value, the position it stopped at, follows the records).
+-- The records of the packed state at `key`, as read, and how many: into `t` for one record (the commonest; what `t`
+-- held past it stays, unread) or none, else into a new table (struct.unpack's end position follows the records).
 local function records_at(key, t)
   local v = redis.call('GET', key)
   local n = 0
@@ -212,10 +194,9 @@ local function records_at(key, t)
   return t, n
 end
 
--- Finds each tier's state for the descriptor whose keys start at K[k] (`ats`, `args`): a keyed tier's first key, and
--- its check's last argument, its cost as the arguments spell it; a packed tier's place in the packed state, read here
--- from K[k] into P (its record, or a new one at the end for a tier that has none), and its first key (names a global
--- window reads by).
+-- Finds each tier's state for the descriptor whose keys start at K[k] (`ats`, `args`): a keyed tier's first key and,
+-- as the check's last argument, its cost as spelled; a packed tier's place in P, read here from K[k] (its record, or
+-- a new one at the end), and its first key (the names a global window reads by).
 local lasting = 0
 local function load(k)
   dirty = false
@@ -224,8 +205,7 @@ local function load(k)
     ats[i], args[i] = k + places[i], texts[i]
   end
   if packed == 0 then return end
-  -- P is shared by every algorithm's closures (prelude.lua): they see the table read here. (A record added below
-  -- goes right after those read.)
+  -- P is shared by every algorithm's closures (prelude.lua). A record added below goes right after those read.
   P, records = records_at(K[k], P)
   -- The latest time a record read stops mattering: the key lives until then (and a second more).
   local n = records * RECORD
@@ -247,10 +227,9 @@ local function load(k)
   end
 end
 
--- Writes the packed state back to K[k] if the decision changed it: each packed tier's record with the time its state
--- stops mattering, and every record whose time has not come, the key living as long as the longest (and a second more:
--- a call decided at a given time may come a little after the server's clock; set again only when that time moved).
--- P is left as it was read and written.
+-- Writes the packed state back to K[k] if the decision changed it: each packed tier's record with the time it stops
+-- mattering, and every record whose time has not come; the key lives as long as the longest (and a second more: a
+-- call decided at a given time may come a little after the server's clock), its expiry set only when that moved.
 local function save(k)
   if not dirty then return end
   for q = 1, packed do
@@ -301,8 +280,7 @@ local function save(k)
 end
 
 -- What the window of `window` us starting at `start` holds in the record `tag` of the packed state at `key` (a global
--- window's own count in this region, shipped to the others: a fixed window's count, or a sliding window's current or
--- previous count), or 0.
+-- window's own count here, shipped to the others: a fixed window's, or a sliding window's current or previous), or 0.
 local function count_of(key, tag, start, window)
   local got, n = records_at(key, {})
   for r = 1, n * RECORD, RECORD do
@@ -315,8 +293,7 @@ local function count_of(key, tag, start, window)
   return 0
 end
 
--- Forgets the record `tag` in the packed state at `key` (a reset of one counting limit), keeping the others and the
--- key's expiry; returns 1 if there was one, else 0.
+-- Forgets the record `tag` in the packed state at `key`, keeping the others and the key's expiry.
 local function forget(key, tag)
   local got, n = records_at(key, {})
   if n == 0 then return 0 end
@@ -335,13 +312,10 @@ local function forget(key, tag)
   return 1
 end
 
--- Tier i's check of `cost`.
 local function check(i, cost, force)
   return seen(i, impl[i].check(ats[i], now, cost, limits[i], windows[i], bursts[i], force, args[i]))
 end
 
--- Commits `cost` to tier i over what its check saw; returns what it created (a lease, a queue entry's id, or '') and
--- the time until what it wrote expires.
 local function commit(i, cost, force)
   local A = impl[i]
   if A.slots then dirty = true end
@@ -349,8 +323,6 @@ local function commit(i, cost, force)
     seen_x[i], lease, fields)
 end
 
--- Writes the flags (admitted 1, committed 2) and what each tier's check saw into answers[o] on; returns the next
--- place.
 local function answer(o, admitted, committed, ids)
   local flags = 0
   if admitted then flags = 1 end
@@ -368,11 +340,8 @@ local function answer(o, admitted, committed, ids)
   return o
 end
 
--- Settles the reservation K[rk] with each tier's actual cost (its cost here): reads every tier, then deletes the
--- record and, tier by tier, counts `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its
--- algorithm's refund; answers each tier's estimate, actual, charge and refund, and each tier as a peek of cost 1 does.
--- No record (expired, settled, never written, or not one estimate per tier): 0, nothing written. Reaping: only an
--- expired record is found, and it is settled at its estimates, which changes no tier.
+-- Settles the reservation K[rk] at each tier's actual cost (its cost here): reads every tier, deletes the record, then
+-- per tier counts `actual - estimate` as a forced hit would, or gives `estimate - actual` back by its refund.
 local function settle(k, rk, o)
   local e, at
   for i = 1, tiers do
@@ -425,7 +394,6 @@ local function give(k, g, lk, o)
     local rem = impl[i].left(x, y, z, now, limits[i], windows[i], bursts[i])
     if left == nil or rem < left then left = rem end
   end
-  -- A rate's limit per window, when the holders share a rate (-1: a budget, from what the tiers have left).
   local rate = tonumber(ARGV[g + 5])
   if rate >= 0 then left = rate end
   local out = grant(K[lk], now, left or 0, ARGV[g], tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]),
@@ -433,7 +401,7 @@ local function give(k, g, lk, o)
   for j = 1, #out do answers[o + j - 1] = out[j] end
 end
 
--- Decides the descriptor read last (`read`), its keys at K[k] on, at `at`, into answers[o] on (see above).
+-- Decides the descriptor read last (`read`), its keys at K[k] on, at `at`, into answers[o] on.
 local function decide(k, at, o)
   decision = decision + 1
   now = at
@@ -468,7 +436,7 @@ local function decide(k, at, o)
     for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
     record_write(K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
   end
-  -- The answer, each tier's written as it is committed. A tier whose cost is 0 is checked, never written.
+  -- The answer, each tier's written as it is committed.
   local flags, longest = 0, 0
   if admitted then flags = 1 end
   if committed then flags = flags + 2 end

@@ -1,13 +1,10 @@
--- ledger.lua: the grant ledger of an RLQS bucket's quota (decide.lua's mode 'grant'; `Store::grant`).
---
--- The ledger is a hash, one field per holder (an Envoy's stream): 'held,want,until', what the holder was granted and
--- has not reported used, how many tokens it wants, and when the entry lapses (microseconds, by the decision's
--- clock). Every instance on one Redis reads and writes the same ledger, in the same atomic call that reads what the
--- quota has left, so the amounts held never add up to more than what is left.
+-- ledger.lua: the grant ledger of an RLQS bucket's quota (decide.lua's mode 'grant'; `Store::grant`): a hash, one
+-- field per holder (an Envoy's stream), 'held,want,until': what the holder was granted and has not reported used, how
+-- many tokens it wants, and when the entry lapses (us, by the decision's clock). Every instance on one Redis reads and
+-- writes it in the same atomic call that reads what the quota has left, so holdings never add up to more than that.
 
--- Max-min fair shares of `capacity` among holders wanting wants[i] (names[i] breaks ties), in that order: served from
--- the least wanting up, each gets what it wants or an equal part, rounded down, of what the ones before left,
--- whichever is less. The twin of `store::fair_shares`.
+-- Max-min fair shares of `capacity` among holders wanting wants[i] (names[i] breaks ties): from the least wanting up,
+-- each gets what it wants or an equal part, rounded down, of what is left, whichever is less (`store::fair_shares`).
 local function fair_shares(capacity, names, wants)
   local order = {}
   for i = 1, #wants do order[i] = i end
@@ -25,12 +22,11 @@ local function fair_shares(capacity, names, wants)
   return shares
 end
 
--- The part of what is left that only a newcomer may take (`store::RESERVE_PARTS`), and the most a want weighs in the
--- surplus.
+-- The part of what is left only a newcomer may take (`store::RESERVE_PARTS`); the most a want weighs in the surplus.
 local RESERVE_PARTS, WEIGHT_CAP = 25, 4294967296
 
--- What each holder is to hold of `pool`: its fair share, and of what the shares leave over a part in proportion to its
--- want, rounded down. The twin of `store::targets`.
+-- What each holder is to hold of `pool`: its fair share, plus a part of what the shares leave in proportion to its
+-- want, rounded down (`store::targets`).
 local function targets(pool, names, wants)
   local shares = fair_shares(pool, names, wants)
   local given, weight = 0, 0
@@ -47,10 +43,10 @@ local function targets(pool, names, wants)
   return shares
 end
 
--- The holder `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left.
--- `newcomer` (1): it has not said its demand yet; `rate` (1): `left` is a rate's limit per window, shared as rates.
--- Returns { what it may hold now, its share, left, live holders, what they all hold, its entry }: the rule of
--- `store::allot`. The entry lasts `ttl` microseconds; the key as long as its latest entry.
+-- `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left. `newcomer`: it
+-- has not said its demand yet; `rate`: `left` is a rate's limit per window, shared as rates. Returns { what it may hold
+-- now, its share, left, live holders, what they all hold, its entry } (`store::allot`). The entry lasts `ttl` us, the
+-- key as long as its latest entry.
 local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
   local flat = redis.call('HGETALL', lkey)
   local names, wants, helds, stale = {}, {}, {}, {}
@@ -101,9 +97,8 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
     local part = floor(open * min(lack, WEIGHT_CAP) / min(lacking + lack, WEIGHT_CAP))
     amount = held + min(lack, max(part, min(open, 1)))
   else
-    -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took
-    -- of the reserve, and what the holders hold past what is left (usage admitted outside any grant), never going
-    -- below the share.
+    -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took of
+    -- the reserve, and what is held past what is left (usage admitted outside any grant); never below the share.
     local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
     amount = max(share, held - min(back, held))
   end

@@ -1,83 +1,61 @@
--- prelude.lua: what the decision script's files share. sluice loads one script, the concatenation of prelude.lua,
--- the algorithm files (store/algorithm/*.lua, each in a block of its own, so that no file sees another's locals),
--- ledger.lua, decide.lua and batch.lua (in that order, `store/redis.rs`), so that any mix of algorithms on one
--- descriptor, and a batch of descriptors, is decided in one atomic call. Its entry is batch.lua's batch(), which reads
--- the call's keys and arguments from the locals KEYS and ARGV declared ahead of these files: run as a Redis function,
--- the definitions are made once, when the library is loaded, and every call sets KEYS and ARGV and calls batch(); run
--- by EVALSHA, they are made at every call. Either way batch() sets afresh, at its start, everything a call leaves
--- behind (the state below marked per call; what is kept from call to call says so).
+-- prelude.lua: what the decision script's files share. The script (`store/redis.rs`) is prelude.lua, the algorithm
+-- files (store/algorithm/*.lua, each in a block of its own: no file sees another's locals), ledger.lua, decide.lua and
+-- batch.lua: any mix of algorithms, over a batch of descriptors, is decided in one atomic call. Its entry, batch(),
+-- reads the locals KEYS and ARGV. The definitions are made once as a Redis function (at load), at every call by
+-- EVALSHA; either way batch() sets afresh everything a call leaves behind.
 --
 -- Exports, and nothing else is shared among the files:
---   L, algorithm(name)          the algorithms' loaders, and the algorithm of a name (its table, below)
---   K, P, decision              where a call's keys are read; the packed state of the descriptor being decided; the
---                               number of the decision under way
---   number(s), numbers          an argument read as a number, and the numbers read so far (batch.lua's fast path)
---   clock(arg), server_now      a call's time, and the server's time if the call read it
---   guess, window_at(key, now, window)   the time a call's window keys were built for, and the key of now's window
---   ceil_ms, max0               arithmetic every algorithm uses
---   px(us)                      an expiry as a command's argument
+--   L, algorithm(name)          the algorithms' loaders; the algorithm of a name (its table, below)
+--   K, P, decision              where a call's keys are read; the packed state being decided; the decision's number
+--   number(s), numbers          an argument read as a number; the numbers read so far (batch.lua's fast path)
+--   clock(arg), server_now      a call's time; the server's time if the call read it
+--   guess, window_at(key, now, window)   the time a call's window keys were built for; the key of now's window
+--   ceil_ms, max0, px(us)       arithmetic every algorithm uses; an expiry as a command's argument
 --   live_in, newest_in          a sorted set of times read (sliding_log.lua, concurrency.lua)
---   floor, max, min             math.floor, math.max and math.min (set by batch.lua's batch())
+--   floor, max, min             math.floor, math.max and math.min (set by batch())
 --   MAX_COUNT, MAX_SLIDING_COUNT, MAX_DEBT_US, WINDOW_KEY_GRACE_US, RESERVATION_GRACE_MS
 --   window_key, window_of       the key of a window (store/key.rs)
---   answers                     a call's answers
---   record_write, live_reservation   the reservation records
+--   answers, record_write, live_reservation   a call's answers; the reservation records
 --   regions_count, global_of    a window counted in every region (`global: true`)
 --
--- Every algorithm file adds a loader to L that returns a table, the algorithm's side of decide.lua's loop, in one of
--- two kinds. A packed algorithm (the counting ones: fixed_window, sliding_window, token_bucket, leaky_bucket) keeps
--- `slots` numbers in its descriptor's packed state, P[p] to P[p + slots - 1], and is pure arithmetic over them: decide.lua
--- reads the state from one key before the first check and writes it back once after the last commit. A keyed
--- algorithm keeps keys of its own, from K[j] on (`keys` of them, 1 unless the table says more). A tier's first
--- argument below, `at`, is p for a packed algorithm, j for a keyed one; its numbers are the window (us), the limit and
--- the burst (read only where the table has `burst`):
---   check(at, now, cost, limit, window, burst, force, j) -> ok, a, b, c, x: whether a hit of `cost` fits now (an
---     ordinary hit's answer, even when forced), what the check saw, which the loop answers (`width` of a, b, c: see
---     `algorithm::seen` in store/algorithm.rs, which decodes them) and x, what a keyed commit needs beside them. Reads
---     only. `j`: where a packed algorithm's keys start, if it has any (a global window's, names only).
+-- Each algorithm file adds to L a loader returning the algorithm's table, its side of decide.lua's loop. A packed
+-- algorithm (the counting ones: fixed_window, sliding_window, token_bucket, leaky_bucket) keeps `slots` numbers in its
+-- descriptor's packed state, P[p] to P[p + slots - 1], and is pure arithmetic over them. A keyed algorithm keeps keys
+-- of its own, from K[j] on (`keys` of them, default 1). `at` is p or j; windows are in us; `burst` is read only where
+-- the table has `burst`.
+--   check(at, now, cost, limit, window, burst, force, j) -> ok, a, b, c, x. Reads only. ok: whether a hit of `cost`
+--     fits now (an ordinary hit's answer, even when forced); a, b, c: what it saw, answered by the loop (`width` of
+--     them); x: what a keyed commit also needs; j: a packed algorithm's first key (a global window's names), if any.
 --   commit(at, now, cost, limit, window, burst, force, a, b, c, x, lease, fields) -> what it created (a queue entry's
---     id, '' for the others) and the time until what it wrote expires: counts `cost` (a forced hit's whether it fits
---     or not) over what check saw.
---   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool); without one, the limit less the
---     count the check saw (`algorithm` gives it)
--- a packed algorithm also has
---   lives(p, now, window, limit, burst) -> how long its record is kept (0: not at all), at least as long as its state
---     still matters; the packed key lives as long as the longest, and is written with its expiry kept while that time
---     does not move
---   refund(p, now, at, amount, limit, window, burst) -> nil when nothing changes, else what comes back (at most
---     `amount`) and a function that writes the refund into P: give back up to `amount` of what a hit at time `at`
---     counted, from the state it was counted in (decide.lua's mode 'settle').
--- a keyed algorithm optionally what check leaves to read until the loop knows the hit is not written to the tier (a
--- sorted set's newest place, which a hit written replaces with its own):
---   unwritten(j, a, b, c) -> a, b, c
--- and the plain counter (fixed_window.lua's L.counter, a descriptor's lone fixed window) its refund (as a packed
--- one's, on its key), and for batch.lua its fast form, `hit`, which fixed_window.lua documents.
--- Times are integer microseconds, far below 2^53, so Lua's doubles hold them exactly. So are counts: each tier's
--- cost arrives bounded by its capacity + 1 (at most 2^32, see `TierSpec::bounded_cost`), limits are at most
--- 2^32 - 1, a fixed window's count stops at MAX_COUNT, a sliding window's at MAX_SLIDING_COUNT and a bucket's debt at
--- MAX_DEBT_US. Numbers that go into strings are formatted with '%d': Lua's own number-to-string conversion keeps
--- only 14 digits.
+--     id, else '') and the time until what it wrote expires; counts `cost` over what check saw (forced: fits or not).
+--   left(a, b, c, now, limit, window, burst) -> what is left now (a grant's pool); default: limit less the count seen.
+--   lives(p, now, window, limit, burst), packed only -> how long its record is kept (0: not at all), at least while
+--     its state matters; the packed key lives as long as the longest, its expiry kept while that time does not move.
+--   refund(p, now, at, amount, limit, window, burst), packed only -> nil if nothing changes, else what comes back (at
+--     most `amount`) of what a hit at `at` counted, from the state it was counted in, and a function writing it to P.
+--   unwritten(j, a, b, c) -> a, b, c, keyed, optional: what check leaves to read until the loop knows the tier is not
+--     written (a sorted set's newest, which a written hit replaces with its own).
+-- The plain counter (fixed_window.lua's L.counter, a descriptor's lone fixed window) also has a refund (on its key)
+-- and batch.lua's fast form, `hit`.
+-- Times are integer microseconds, far below 2^53, so doubles hold them exactly; so do counts: a cost is at most its
+-- tier's capacity + 1 (2^32, `TierSpec::bounded_cost`), a limit 2^32 - 1, and counts stop at MAX_COUNT,
+-- MAX_SLIDING_COUNT and MAX_DEBT_US (a debt). Numbers go into strings by '%d': Lua's tostring keeps only 14 digits.
 
--- The loaders keep a call by EVALSHA from building the functions of algorithms it does not use: the script's body
--- runs on every such call, and defining every algorithm's closures cost about a tenth of a lone fixed window's time.
-
+-- The loaders spare a call by EVALSHA, which runs the whole body, building algorithms it does not use: defining every
+-- algorithm's closures cost about a tenth of a lone fixed window's time.
 local L, loaded = {}, {}
 
--- Lua's arithmetic helpers, read once (batch.lua, at a call: a function library is loaded without `math`): a
--- global's field costs a lookup at every use.
+-- Set by batch() at a call (a function library is loaded without `math`): a global's field costs a lookup per use.
 local floor, max, min
 
--- Per call: the table the descriptors' keys are read from: KEYS, where the keys are declared (one server, or one
--- cluster slot); batch.lua points it at ARGV for a cluster node's batch, whose keys span slots and travel among the
--- arguments.
+-- Per call: where the descriptors' keys are read: KEYS, or ARGV in batch.lua's node form (keys spanning slots).
 local K = KEYS
 
--- Per decision: the packed state of the descriptor being decided (decide.lua), the numbers of its packed algorithms'
--- tiers in order.
+-- Per decision: the packed state of the descriptor being decided (decide.lua), its packed tiers' numbers in order.
 local P = {}
 
--- The number of the descriptor's decision under way (decide.lua counts them, from call to call where the definitions
--- outlive a call): tiers that share a counter (bucketed_window.lua) write it once per decision.
+-- The number of the decision under way (decide.lua counts them; kept across calls): tiers that share a counter
+-- (bucketed_window.lua) write it once per decision.
 local decision = 0
 
 -- What is left of `limit` after the count `n`, what a check saw first: the `left` of an algorithm that has none.
@@ -86,7 +64,6 @@ local function count_left(n, _, _, _, limit)
   return limit - n
 end
 
--- The algorithm named `name` (with `count_left` for a `left` it has none of), or nil if there is none.
 local function algorithm(name)
   local a = loaded[name]
   if a == nil and L[name] ~= nil then
@@ -103,10 +80,8 @@ local function ceil_ms(us)
   return ms
 end
 
--- An expiry of `us` microseconds as a command's argument: its milliseconds (ceil_ms) as text. Redis formats a number
--- handed to redis.call with '%.17g', which costs it about half of what the command itself does, and string.format as
--- much; a call's descriptors mostly share their expiries (one time, the same windows), so each is formatted once. Kept
--- from call to call where the definitions outlive a call, up to 4 096, then started afresh.
+-- An expiry of `us` microseconds as a command's argument, ceil_ms(us) as text, formatted once and kept across calls:
+-- formatting (Redis's '%.17g' in redis.call, or string.format) costs about half the command, and expiries repeat.
 local px_texts, px_count = {}, 0
 local function px(us)
   local t = px_texts[us]
@@ -119,38 +94,34 @@ local function px(us)
   return t
 end
 
--- The most a fixed window's count holds. A lone fixed window counts its denials, and hits of up to 2^32 each could
--- otherwise push a count past 2^53, where doubles stop being exact; any count above a limit answers the same.
+-- The most a fixed window's count holds: a lone fixed window counts denials, and hits of up to 2^32 each could push
+-- it past 2^53; any count above a limit answers the same.
 local MAX_COUNT = 4503599627370496 -- 2^52
 
--- The most a sliding window's current count holds: only forced hits take it past its limit, and with the previous
--- window's count (at most as much) and a cost added, the estimate stays below 2^53.
+-- The most a sliding window's current count holds (only forced hits pass its limit): with the previous window's
+-- count (at most as much) and a cost added, the estimate stays below 2^53.
 local MAX_SLIDING_COUNT = 2251799813685248 -- 2^51
 
--- The most a bucket's arrival time is ever past an empty bucket's (now + tolerance): about 9 years of debt, which
--- only forced hits run up. Times stay below 2^53 with the largest bucket the configuration accepts (100 years)
--- priced on top.
+-- The most a bucket's arrival time is past an empty bucket's (now + tolerance): about 9 years of debt, run up only by
+-- forced hits. Times stay below 2^53 with the largest bucket accepted (100 years) priced on top.
 local MAX_DEBT_US = 281474976710656 -- 2^48
 
--- How long a window's key outlives its window: no later window reads it (each has its own key), and a TTL of a few
--- milliseconds (a first hit just before the window ends) could lapse before the next hit of the same window when the
--- decision's time is given to the script rather than read from the server's clock.
+-- How long a window's key outlives its window (no later window reads it): a TTL of a few ms (a first hit just before
+-- the window ends) could lapse before that window's next hit when the script is given the decision's time.
 local WINDOW_KEY_GRACE_US = 1000000
 
--- How long a reservation record outlives its expiry, so that the instance that made it can reap it
--- (`RESERVATION_GRACE_US` in store.rs).
+-- How long a reservation record outlives its expiry, so that its maker can reap it (`RESERVATION_GRACE_US`, store.rs).
 local RESERVATION_GRACE_MS = 60000
 
--- The key of the window starting at `start` of the counter whose own key is `base` (store/key.rs,
--- `CounterKey::window`): `base`, ':', then the window's number (start / window) in lowercase hex.
+-- The key of the window starting at `start` of the counter keyed `base` (store/key.rs, `CounterKey::window`): `base`,
+-- ':', then the window's number (start / window) in lowercase hex.
 local function window_key(base, start, window)
   return base .. ':' .. string.format('%x', start / window)
 end
 
--- The key of the window of `window` us starting at `start`, from `key`, the key of the window sluice expects (its
--- clock's; the server's may be across an edge, and that window then gets its own key).
--- A window key of envoyproxy/ratelimit's layout (`KeyLayout::Reference` in store/key.rs) is the counter's key, which
--- ends with '_', then the window's start in seconds.
+-- The key of the `window`-us window starting at `start`, from `key`, the key of the window sluice's clock expects (the
+-- server's may be across an edge). A key of envoyproxy/ratelimit's layout (`KeyLayout::Reference`, store/key.rs) is
+-- the counter's key, which ends with '_', then the window's start in seconds.
 local function window_of(key, start, window)
   local base = string.match(key, '^(.*):%x+$')
   if base == nil then
@@ -180,17 +151,14 @@ local function live_in(key, since, need, limit)
   return count, leaving
 end
 
--- The `unwritten` of an algorithm that keeps a sorted set of times (decide.lua's interface): a check saw `count` live
--- ones, and when it is not written, the highest of them (the newest hit, the latest deadline; -1 when none) is read.
+-- A sorted set's `unwritten`: the highest of the `count` live times (newest hit, latest deadline; -1 if none).
 local function newest_in(j, count, newest, leaving)
   if count > 0 then newest = tonumber(redis.call('ZRANGE', K[j], -1, -1, 'WITHSCORES')[2]) end
   return count, newest, leaving
 end
 
--- Each argument that heads a descriptor or counts a cost is read as a number once: most are the same few strings (a
--- handful of windows, a cost of 1), and tonumber costs more than a table lookup. Where the definitions outlive a call
--- (a Redis function) the numbers read are kept from call to call, up to 4 096 strings, then started afresh. A string
--- that is no number (a mode's name heading a descriptor) is kept as false, and read as nil.
+-- Each argument heading a descriptor or counting a cost is read as a number once, kept across calls: most are the same
+-- few strings, and tonumber costs more than a table lookup. A non-number (a mode) is kept as false, read as nil.
 local numbers, numbered = {}, 0
 local function number(s)
   local v = numbers[s]
@@ -203,25 +171,21 @@ local function number(s)
   return v or nil
 end
 
--- The call's answers, in order: as many values per descriptor as its form answers, ended by a nil
--- (batch.lua); the table is kept from call to call where the definitions outlive a call.
+-- The call's answers, in order, ended by a nil (batch.lua); the table is kept across calls.
 local answers = {}
 
--- Per call: when the call is decided by the server's clock, the time by sluice's clock the keys of windows were built
--- for (batch.lua's timing), else nil.
+-- Per call: if the server's clock decides the call, the time by sluice's clock window keys were built for, else nil.
 local guess
 
--- The key of the window of `window` us that `now` is in, from `key`, the key sluice built for the window it expects:
--- the same, unless the call is decided by the server's clock and the server's window is another (the two clocks
--- across an edge).
+-- The key of the `window`-us window `now` is in, from `key`, built for the window sluice expects: the same, unless the
+-- call goes by the server's clock and the server's window is another (the clocks across an edge).
 local function window_at(key, now, window)
   local start = now - now % window
   if guess ~= nil and start ~= guess - guess % window then return window_of(key, start, window) end
   return key
 end
 
--- The time of a call (per call): `arg` in microseconds, or, for '', the server's clock (TIME), read once per script
--- call so that every descriptor of a batch is decided at the same instant.
+-- Per call: the time `arg` (us), or for '' the server's TIME, read once per call: a batch is decided at one instant.
 local server_now
 local function clock(arg)
   local now = tonumber(arg)
@@ -233,23 +197,18 @@ local function clock(arg)
   return server_now
 end
 
--- Reservation records: the text `<t> <x> <e>` at a reservation's key, t = when it was charged, x = when it expires by
--- the decision's clock, e = what each tier was charged, in tier order, as decimal integers joined by ',' (one value
--- for one tier); Redis expires it RESERVATION_GRACE_MS after x.
-
--- Writes the reservation record `rkey`: the estimates `e` (decimal integers joined by ','), charged at `now`, live
--- for `ttl` milliseconds by the decision's clock and RESERVATION_GRACE_MS more in Redis.
+-- Reservation records: the text `<t> <x> <e>`: t = when it was charged, x = when it expires by the decision's clock,
+-- e = what each tier was charged, in tier order, decimal integers joined by ','. Redis expires it RESERVATION_GRACE_MS
+-- after x. record_write writes one, charged at `now`, live for `ttl` ms.
 local function record_write(rkey, e, now, ttl)
   local record = string.format('%d %d ', now, now + ttl * 1000) .. e
   redis.call('SET', rkey, record, 'PX', px((ttl + RESERVATION_GRACE_MS) * 1000))
 end
 
--- The estimates (one per tier, in order) and charged-at time of the reservation record `rkey` for a settlement over
--- `tiers` tiers, or nil. A record is judged by the decision's clock: one whose x has come is gone, whether or not
--- Redis has expired the key yet (it expires by its own clock). A record that does not hold one estimate per tier
--- (the settlement names other tiers than the reservation did) is not this settlement's: nil, and it is left as it is.
--- With `expired`, the other way round: only a record whose x has come (kept RESERVATION_GRACE_MS past it) is found.
--- The estimates come in a table kept from call to call for a lone tier (the commonest), a new one for several.
+-- The estimates (one per tier, in order) and charged-at time of the record `rkey` for a settlement of `tiers` tiers, or
+-- nil. Judged by the decision's clock: a record whose x has come is gone, whether or not Redis expired it. One without
+-- one estimate per tier (other tiers than reserved) is not this settlement's: nil, left as it is. With `expired`, the
+-- other way round: only a record whose x has come is found. A lone tier's estimates reuse one table.
 local one_estimate = {}
 local function live_reservation(rkey, now, tiers, expired)
   local r = redis.call('GET', rkey)
@@ -275,16 +234,13 @@ local function live_reservation(rkey, now, tiers, expired)
   return estimates, at
 end
 
--- A window counted in every region (`global: true`; see `regions.rs`): each region counts its own hits in its packed
--- state, and learns what the others counted from what they ship: a hash per window, `<window key>@regions`, one field
--- per other region holding that region's own count of the window (written by merge.lua, the larger count kept). A
--- global tier is its algorithm decided against the limit less what the other regions counted, so that it admits a hit
--- only when the sum of every region's count, as known here, leaves room for it. The tier reports `used` as that sum
--- (this region's count + others); `remaining` is what the sum leaves. A global tier counts no denial (decide.lua never
--- counts one for it), and its retry time is its own window's: the regions' counts that expire with it are not known
--- here beyond what was shipped. It reads the regions' hashes, never writes them.
-
--- What the other regions counted in the window whose key is `wkey`: the sum of the hash's values.
+-- A window counted in every region (`global: true`, `regions.rs`): each region counts its own hits in its packed state
+-- and learns the others' from a hash per window, `<window key>@regions`, one field per other region with its count
+-- (written by merge.lua, the larger kept; only read here). A global tier is its algorithm against the limit less the
+-- others' count: it admits a hit only if the sum of all regions' counts, as known here, leaves room. It reports `used`
+-- as that sum and `remaining` as what the sum leaves; it counts no denial (decide.lua), and retries by its own window
+-- (the others' counts are known only as shipped).
+-- What the other regions counted in the window `wkey`.
 local function regions_count(wkey)
   local n, all = 0, redis.call('HGETALL', wkey .. '@regions')
   for i = 2, #all, 2 do n = n + (tonumber(all[i]) or 0) end
