@@ -11,6 +11,9 @@
 #   bucketed_window   an hour's window in 60 sub-windows
 #   three_windows     a second, a minute and an hour on one descriptor
 #   floor             the floor of benches/redis_cost.sh: INCRBY, and PEXPIRE on the first hit, per descriptor
+#   by_hand           a lone sliding window's hit written out for that one case (no loop, no algorithm interface):
+#                     the same GET, record, estimate and SET PX as the loop's, and the same answer; a bound for
+#                     what the loop's own work costs on top
 # BEFORE=<commit> adds a column for the scripts of that commit (8d38529 or later: the packed state, whose arguments
 # these rows spell), loaded beside this tree's on the same Redis, the two taking turns row by row.
 # ROUNDS (3) repeats the table; CALLS (60 000) calls a row after a warm-up pass of 20 000. Needs redis-server and
@@ -70,6 +73,33 @@ library() {
 library after . >"$work/after.lua"
 redis-cli -p "$redis_port" -x function load replace <"$work/after.lua" >/dev/null
 floor="local n = 0 for i = 1, #KEYS do if redis.call('INCRBY', KEYS[i], 1) == 1 then redis.call('PEXPIRE', KEYS[i], 3600000) end n = n + 1 end return n"
+# The lone sliding window by hand: ARGV the window (us), the limit, the record's tag and the time; answers as the loop.
+redis-cli -p "$redis_port" -x function load replace >/dev/null <<'LUA'
+#!lua name=by_hand
+local floor
+redis.register_function('by_hand', function(keys, argv)
+  floor = floor or math.floor
+  local window, limit, tag, now = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3]), tonumber(argv[4])
+  local out, start = {}, now - now % window
+  for i = 1, #keys do
+    local v = redis.call('GET', keys[i])
+    local s, c, q, t, x = 0, 0, 0, tag, 0
+    if v then t, x, s, c, q = struct.unpack('<ddddd', v) end
+    if x <= now or s < start - window then c, q = 0, 0 elseif s < start then c, q = 0, c end
+    local ok = floor(q * (window - now % window) / window) + c + 1 <= limit
+    if ok then
+      local record = struct.pack('<ddddd', t, start + 2 * window, start, c + 1, q)
+      if x == start + 2 * window then
+        redis.call('SET', keys[i], record, 'KEEPTTL')
+      else
+        redis.call('SET', keys[i], record, 'PX', string.format('%d', floor((start + 2 * window - now + 1000999) / 1000)))
+      end
+    end
+    out[#out + 1], out[#out + 2], out[#out + 3] = ok and 3 or 0, c, q
+  end
+  return out
+end)
+LUA
 if [ -n "$BEFORE" ]; then
   mkdir -p "$work/before"
   git archive "$BEFORE" crates/sluice-core/src/store | tar -x -C "$work/before"
@@ -95,6 +125,8 @@ cost() {
   local run=(redis-benchmark -p "$redis_port" -r 3125 -c 20 -P 8 -q)
   if [ "$function" = floor ]; then
     run+=(eval "$floor" $((32 * nk)) "${keys[@]}")
+  elif [ "$function" = by_hand ]; then
+    run+=(fcall by_hand 32 "${keys[@]}" "$@" "$now")
   else
     run+=(fcall "$function" $((32 * nk)) "${keys[@]}" "${args[@]}")
   fi
@@ -124,6 +156,7 @@ echo "Redis $unit per descriptor (${HOT:+one hot descriptor}${HOT:-100 000 descr
 for round in $(seq "$ROUNDS"); do
   echo "round $round"
   printf '  %-16s %s\n' floor "$(cost floor 1)"
+  printf '  %-16s %s\n' by_hand "$(cost by_hand 1 $hour 1000 7)"
   row fixed_window "1 $hour 1"
   row token_bucket "1 hit 1 token_bucket $hour 1000 1 7 1000"
   row sliding_window "1 hit 1 sliding_window $hour 1000 1 7"
