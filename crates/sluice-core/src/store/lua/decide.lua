@@ -445,6 +445,7 @@ local function decide(k, at, o)
   for i = 1, tiers do
     local A, made = impl[i], ''
     if committed and costs[i] > 0 then
+      -- commit(i, ...) written out: the call would cost Redis 1 to 2 % of a hit.
       local lives
       if A.slots then dirty = true end
       made, lives = A.commit(ats[i], now, costs[i], limits[i], windows[i], bursts[i], forced, seen_a[i], seen_b[i],
