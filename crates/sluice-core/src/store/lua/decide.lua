@@ -432,9 +432,10 @@ local function decide(k, at, o)
   local committed = forced or (positive and m.counting and
     (admitted or (not m.reserving and tiers == 1 and impl[1].counts_denials and costs[1] <= limits[1])))
   if committed and m.reserving then
-    local e = {}
-    for i = 1, tiers do e[i] = string.format('%d', costs[i]) end
-    record_write(K[k + nk - 1], table.concat(e, ','), now, ceil_ms(number(ARGV[tail])))
+    -- The estimates as the arguments spell them: decimal integers, as the record keeps them.
+    local e = texts[1]
+    if tiers > 1 then e = table.concat(texts, ',', 1, tiers) end
+    record_write(K[k + nk - 1], e, now, ceil_ms(number(ARGV[tail])))
   end
   -- The answer, each tier's written as it is committed.
   local flags, longest = 0, 0
