@@ -52,7 +52,7 @@ mod tick;
 mod vocabulary;
 mod watchers;
 
-use crate::store::{Announcements, Counters, Grants};
+use crate::store::{Announcements, Counters, Grants, STREAMS_EVERY_US};
 pub use demand::DEMAND_WINDOW_US;
 pub use grant::{RATE_BURST_PARTS, RATE_WINDOW_MAX_US};
 pub use stream::{Inbox, QuotaStream};
@@ -63,6 +63,12 @@ pub struct Quotas<S> {
     limiter: Arc<Limiter<S>>,
     caps: QuotaCaps,
     streams: AtomicUsize,
+    /// This instance's name in [`Notice::Streams`](crate::store::Notice::Streams).
+    instance: String,
+    /// The streams of the other instances on the store, as they last said, and when that was heard (us).
+    fleet: Mutex<HashMap<String, (u64, u64)>>,
+    /// Wakes the task that says how many streams this instance has ([`Quotas::listen`]).
+    changed: Arc<tokio::sync::Notify>,
     /// For each ledger (a bucket's quota), the inboxes of the streams of this instance that report it.
     watchers: Mutex<HashMap<String, Vec<Weak<Inbox>>>>,
     /// Buckets watched, summed over streams (the length of every list of `watchers`).
@@ -94,6 +100,9 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             limiter,
             caps,
             streams: AtomicUsize::new(0),
+            instance: crate::limiter::new_lease(),
+            fleet: Mutex::new(HashMap::new()),
+            changed: Arc::new(tokio::sync::Notify::new()),
             watchers: Mutex::new(HashMap::new()),
             watched: AtomicUsize::new(0),
             stats,
@@ -108,6 +117,18 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
         let mut all: Vec<Assigned> = lock(&self.board).values().cloned().collect();
         all.sort_by(|a, b| (&a.domain, &a.bucket, &a.holder).cmp(&(&b.domain, &b.bucket, &b.holder)));
         all
+    }
+
+    /// The RLQS streams connected to every instance on the store: this one's, and those the others said they have
+    /// within three of their periods ([`STREAMS_EVERY_US`]). At least 1 while a stream asks.
+    pub fn population(&self) -> u64 {
+        let now = self.limiter.now_us();
+        let others: u64 = lock(&self.fleet)
+            .values()
+            .filter(|(_, heard)| now.saturating_sub(*heard) < 3 * STREAMS_EVERY_US)
+            .map(|(count, _)| count)
+            .sum();
+        (self.streams.load(Ordering::Acquire) as u64).saturating_add(others).max(1)
     }
 
     /// Notes what a stream was just told.
@@ -155,6 +176,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             )));
         }
         self.listen();
+        self.changed.notify_one();
         self.stats.streams.increment(1.0);
         let inbox = Arc::new(Inbox::default());
         let quotas = Arc::downgrade(self);
@@ -166,6 +188,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             release: Some(Box::new(move |stream: &QuotaStream| {
                 if let Some(quotas) = quotas.upgrade() {
                     quotas.streams.fetch_sub(1, Ordering::AcqRel);
+                    quotas.changed.notify_one();
                     quotas.stats.streams.decrement(1.0);
                     for ledger in stream.buckets.values().filter_map(|w| w.ledger.as_ref()) {
                         quotas.unwatch(ledger, &stream.inbox);

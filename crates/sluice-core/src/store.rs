@@ -39,11 +39,17 @@ pub enum Notice {
     /// These RLQS buckets changed (grants or demand moved): their shares should be sized again. Each is named by a
     /// string the quota code chooses.
     Quota(Vec<String>),
+    /// An instance (named by a string it chooses) has this many RLQS streams connected. Said when the number changes,
+    /// and every [`STREAMS_EVERY_US`] while it is not 0: an instance not heard from for three times that has none.
+    Streams(String, u64),
     /// The run-time entries of these lists changed (each named by its store key): read them again.
     Lists(Vec<String>),
     /// Notices may have been missed (the subscription was lost and is back): treat everything as changed.
     Missed,
 }
+
+/// How often an instance with RLQS streams says how many it has ([`Notice::Streams`]), in microseconds.
+pub const STREAMS_EVERY_US: u64 = 1_000_000;
 
 /// How many notices a slow listener may fall behind before it is told [`Notice::Missed`] instead.
 pub const NOTICE_BACKLOG: usize = 4_096;
@@ -106,10 +112,9 @@ pub trait Grants: Send + Sync + 'static {
     /// shared out to the live holders by want ([`targets`]: max-min fair, and the surplus by want), it gets:
     /// - below its share: more, up to its share, from what no holder holds, the reserve left alone unless it is a
     ///   newcomer;
-    /// - above it: less, by what the others lack of their shares beyond what is free, and what a newcomer took of the
-    ///   reserve, never below its share;
-    /// - a newcomer to a budget with no other holder, at most half of what is left and the reserve; nothing once
-    ///   nothing is left ([`allot`]).
+    /// - above it: its share, at once (its entry keeps what it holds);
+    /// - a newcomer to a budget with no other holder, at most what is left divided by the streams connected
+    ///   ([`Grant::newcomer`]); nothing once nothing is left ([`allot`]).
     ///
     /// For a budget its entry becomes the larger of that and `held` (at most its entry before): tokens handed out are
     /// not taken back before the holder says it has not spent them. So, if every holder's amount only ever grows by a

@@ -21,12 +21,17 @@ fn ledger() -> CounterKey {
 }
 
 async fn grant(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64, want: u64) -> Granted {
-    claim(store, now, limit, (holder, held, want), false, None).await
+    claim(store, now, limit, (holder, held, want), None, None).await
 }
 
-/// A newcomer's grant: before its second report.
+/// A newcomer's grant: before its second report, with `streams` connected.
+async fn newcomer_of(store: &impl Store, now: u64, limit: u64, (holder, held, want): (&str, u64, u64), streams: u64) -> Granted {
+    claim(store, now, limit, (holder, held, want), Some(streams), None).await
+}
+
+/// A newcomer's grant, with more streams connected than hold anything.
 async fn newcomer(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64, want: u64) -> Granted {
-    claim(store, now, limit, (holder, held, want), true, None).await
+    newcomer_of(store, now, limit, (holder, held, want), 100).await
 }
 
 async fn claim(
@@ -34,7 +39,7 @@ async fn claim(
     now: u64,
     limit: u64,
     (holder, held, want): (&str, u64, u64),
-    newcomer: bool,
+    newcomer: Option<u64>,
     rate: Option<u64>,
 ) -> Granted {
     let g = Grant {
@@ -73,6 +78,7 @@ every_store!(
     holders_that_leave_or_lapse_count_for_nothing,
     an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve,
     a_rate_is_shared_whole_and_follows_each_grant_both_ways,
+    a_lone_newcomer_gets_its_part_of_what_is_left_among_the_streams_connected,
     amounts_at_the_ledger_cap_do_not_wrap,
 );
 
@@ -178,28 +184,28 @@ async fn an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve(store: i
     let a = grant(&store, t, 1_000, "a", 960, 1).await;
     assert_eq!(
         (a.held, a.share, a.entry),
-        (19, 18, 960),
-        "a gives back what c lacks and the reserve"
+        (18, 18, 960),
+        "a is shrunk to its share at once, and keeps its entry until it reports"
     );
-    let a = grant(&store, t, 1_000, "a", 19, 1).await;
-    assert_eq!((a.held, a.total_held), (19, 59));
+    let a = grant(&store, t, 1_000, "a", 18, 1).await;
+    assert_eq!((a.held, a.total_held), (18, 58));
     let c = newcomer(&store, t, 1_000, "c", 40, 50).await;
-    assert_eq!((c.held, c.total_held), (941, 960), "then its share, at once");
+    assert_eq!((c.held, c.total_held), (941, 959), "then its share, at once");
     let c = grant(&store, t, 1_000, "c", 941, 50).await;
-    assert_eq!((c.held, c.total_held), (941, 960), "and after its second report");
-    // Another newcomer takes the reserve, at once.
+    assert_eq!((c.held, c.total_held), (941, 959), "and after its second report");
+    // Another newcomer takes the reserve and what rounding left, at once.
     let e = newcomer(&store, t, 1_000, "e", 0, 50).await;
-    assert_eq!((e.held, e.total_held), (40, 1_000));
+    assert_eq!((e.held, e.total_held), (41, 1_000));
     // A huge want gets nothing while nothing is free.
     let d = grant(&store, t, 1_000, "d", 0, sluice_core::store::MAX_LEDGER_AMOUNT).await;
     assert_eq!((d.held, d.total_held), (0, 1_000), "nothing is free");
 }
 
-/// A rate of 100 a window: a lone newcomer gets all of it (no reserve, no half); a second newcomer gets what the first
-/// gives back, which the first does at once, its entry following its grant down.
+/// A rate of 100 a window: a lone newcomer gets all of it (no reserve, whatever the streams connected); a second
+/// newcomer gets what the first gives back, which the first does at once, its entry following its grant down.
 async fn a_rate_is_shared_whole_and_follows_each_grant_both_ways(store: impl Store) {
     let t = T0;
-    let rate = |h, held, want, new| claim(&store, t, 1_000_000, (h, held, want), new, Some(100));
+    let rate = |h, held, want, new: bool| claim(&store, t, 1_000_000, (h, held, want), new.then_some(2), Some(100));
     let a = rate("a", 0, 10, true).await;
     assert_eq!((a.held, a.share, a.left, a.entry), (100, 100, 100, 100));
     let b = rate("b", 0, 5, true).await;
@@ -214,9 +220,26 @@ async fn a_rate_is_shared_whole_and_follows_each_grant_both_ways(store: impl Sto
     assert_eq!((b.held, b.total_held), (50, 100));
     // Once b says its demand (5 a window), the surplus follows the wants: b 5 + 28, a 10 + 56, rounded down.
     let b = rate("b", 50, 5, false).await;
-    assert_eq!((b.held, b.share), (34, 33), "b gives back what a lacks, no more");
+    assert_eq!((b.held, b.share), (33, 33), "b gives back down to its share");
     let a = rate("a", 50, 10, false).await;
-    assert_eq!((a.held, a.share, a.total_held), (66, 66, 100));
+    assert_eq!((a.held, a.share, a.total_held), (66, 66, 99));
+}
+
+/// A newcomer with no other holder gets what is left divided by the streams connected to the fleet (as each may come
+/// for the bucket at once): all but the reserve when it is the only one, a quarter of 1 000 with four, the same again
+/// on its next grant; then, once it says its demand, all but the reserve.
+async fn a_lone_newcomer_gets_its_part_of_what_is_left_among_the_streams_connected(store: impl Store) {
+    let t = T0;
+    let alone = newcomer_of(&store, t, 1_000, ("a", 0, 1), 1).await;
+    assert_eq!((alone.held, alone.share, alone.total_held), (960, 960, 960), "all but the reserve");
+    let b = claim(&store, t, 1_000, ("a", 960, 0), None, None).await;
+    assert_eq!(b.total_held, 0, "a left");
+    let b = newcomer_of(&store, t, 1_000, ("b", 0, 5), 4).await;
+    assert_eq!((b.held, b.share), (250, 960), "a quarter, with four streams connected");
+    let b = newcomer_of(&store, t, 1_000, ("b", 250, 5), 4).await;
+    assert_eq!(b.held, 250, "no more before its demand is known");
+    let b = grant(&store, t, 1_000, "b", 250, 5).await;
+    assert_eq!(b.held, 960, "then all but the reserve");
 }
 
 /// Amounts and limits at their largest neither wrap nor lose exactness.
@@ -287,12 +310,12 @@ fn what_is_open_is_shared_by_all_that_lack() {
     // 100 left, a reserve of 4: a holds 80, b and c hold nothing, each is to hold 32. 16 are open past the reserve:
     // b takes its part, 8, and leaves c's 8 for c, rather than all 16.
     let others = [holder("a", 80, 50), holder("c", 0, 50)];
-    let b = allot(100, holder("b", 0, 50), &others, false, false);
+    let b = allot(100, holder("b", 0, 50), &others, None, false);
     assert_eq!((b.amount, b.share, b.entry), (8, 32, 8));
     // Then c: 8 are open, and it lacks 32 of the 56 lacking.
     let others = [holder("a", 80, 50), holder("b", 8, 50)];
-    assert_eq!(allot(100, holder("c", 0, 50), &others, false, false).amount, 4);
+    assert_eq!(allot(100, holder("c", 0, 50), &others, None, false).amount, 4);
     // One token open among many that lack: the first to ask gets it, rather than nobody.
     let others = [holder("a", 95, 50), holder("c", 0, 50)];
-    assert_eq!(allot(100, holder("b", 0, 50), &others, false, false).amount, 1);
+    assert_eq!(allot(100, holder("b", 0, 50), &others, None, false).amount, 1);
 }

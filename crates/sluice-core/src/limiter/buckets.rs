@@ -287,7 +287,8 @@ pub struct Claim<'a> {
     pub held: u64,
     pub want: u64,
     pub ttl_us: u64,
-    pub newcomer: bool,
+    /// See [`Grant::newcomer`].
+    pub newcomer: Option<u64>,
     /// A rate's limit per window, when the Envoys share the quota as a rate.
     pub rate: Option<u64>,
 }

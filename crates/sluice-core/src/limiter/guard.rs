@@ -355,7 +355,7 @@ async fn apply_notices(
         match notice {
             Ok(Notice::Freed(keys)) => cache.remove(&keys.iter().map(String::as_str).collect::<Vec<_>>()),
             Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => cache.clear(),
-            Ok(Notice::Quota(_) | Notice::Lists(_)) => {}
+            Ok(Notice::Quota(_) | Notice::Lists(_) | Notice::Streams(..)) => {}
             Err(RecvError::Closed) => return,
         }
         heard.fetch_add(1, Ordering::AcqRel);

@@ -41,6 +41,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
         if claimed.is_empty() {
             return actions;
         }
+        let streams = self.population();
         let claims: Vec<Claim<'_>> = claimed
             .iter()
             .map(|(bucket, state, want, rate)| {
@@ -55,7 +56,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                     held: held.min(MAX_LEDGER_AMOUNT),
                     want: *want,
                     ttl_us: (u64::from(state.settings.assignment_ttl_s) + 1) * 1_000_000,
-                    newcomer: watch.reports < 2,
+                    newcomer: (watch.reports < 2).then_some(streams),
                     rate: rate.map(|r| r.limit),
                 }
             })

@@ -3,34 +3,56 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use super::stream::Inbox;
 use super::{Quotas, lock};
-use crate::store::{Announcements, Counters, Grants, Notice};
+use crate::store::{Announcements, Counters, Grants, Notice, STREAMS_EVERY_US};
 
 impl<S: Counters + Announcements + Grants> Quotas<S> {
     /// Starts, once and inside a runtime, the task that hands the store's notices to the streams that watch the
-    /// ledgers they name.
+    /// ledgers they name, notes how many streams the other instances have, and says how many this one has: when
+    /// the number changes, and every [`STREAMS_EVERY_US`] while it is not 0.
     pub(super) fn listen(self: &Arc<Self>) {
         if tokio::runtime::Handle::try_current().is_err() || self.listening.swap(true, Ordering::AcqRel) {
             return;
         }
         let mut notices = self.limiter.store().notices();
         let quotas = Arc::downgrade(self);
+        let changed = self.changed.clone();
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
+            let mut every = tokio::time::interval(Duration::from_micros(STREAMS_EVERY_US));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut said = 0;
             loop {
-                let notice = notices.recv().await;
-                let Some(quotas) = quotas.upgrade() else { return };
-                match notice {
-                    Ok(Notice::Quota(ledgers)) => {
-                        for ledger in &ledgers {
-                            quotas.notify(ledger, None);
+                let event = tokio::select! {
+                    notice = notices.recv() => Some(notice),
+                    _ = every.tick() => None,
+                    () = changed.notified() => None,
+                };
+                let Some(strong) = quotas.upgrade() else { return };
+                match event {
+                    None => {
+                        let count = strong.streams.load(Ordering::Acquire) as u64;
+                        if count > 0 || said > 0 {
+                            said = count;
+                            let notice = Notice::Streams(strong.instance.clone(), count);
+                            strong.limiter.store().announce(notice).await;
                         }
                     }
-                    Ok(Notice::Missed) | Err(RecvError::Lagged(_)) => quotas.notify_all(),
-                    Ok(Notice::Freed(_) | Notice::Lists(_)) => {}
-                    Err(RecvError::Closed) => return,
+                    Some(Ok(Notice::Quota(ledgers))) => {
+                        for ledger in &ledgers {
+                            strong.notify(ledger, None);
+                        }
+                    }
+                    Some(Ok(Notice::Streams(instance, count))) if instance != strong.instance => {
+                        let now = strong.limiter.now_us();
+                        lock(&strong.fleet).insert(instance, (count, now));
+                    }
+                    Some(Ok(Notice::Missed) | Err(RecvError::Lagged(_))) => strong.notify_all(),
+                    Some(Ok(Notice::Freed(_) | Notice::Lists(_) | Notice::Streams(..))) => {}
+                    Some(Err(RecvError::Closed)) => return,
                 }
             }
         });

@@ -22,10 +22,11 @@ pub struct Grant {
     /// How long its entry lasts without another grant (an entry whose time has come counts for nothing and is
     /// removed).
     pub ttl_us: u64,
-    /// The holder has not said its demand yet (before its second report): it wants as much as any other wants, may
-    /// take the reserve, and, for a budget, gets at most half of what is left and the reserve while no other holds
-    /// any.
-    pub newcomer: bool,
+    /// `Some(streams)`: the holder has not said its demand yet (before its second report). It wants as much as any
+    /// other wants and may take the reserve; for a budget with no other holder, it gets at most what is left divided
+    /// by `streams`, the RLQS streams connected to every instance on the store (at least 1), as each may come for
+    /// the bucket at once.
+    pub newcomer: Option<u64>,
     /// A rate, not a budget: the holders share this many tokens per window of the quota's most constrained limit, as
     /// refilling token buckets; `held` is the holder's share now, and its entry follows its grant both ways.
     pub rate: Option<u64>,
@@ -116,12 +117,12 @@ pub struct Allotted {
 
 /// The rule of [`Grants::grant`](crate::store::Grants::grant), shared by both stores (`lua/ledger.lua`'s `grant` is
 /// its twin): what `me` may hold when the others hold and want `others` and the quota has `left` left (for a rate,
-/// `left` is the rate's limit per window, and nothing is kept in reserve).
-pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: bool, rate: bool) -> Allotted {
+/// `left` is the rate's limit per window, and nothing is kept in reserve). `newcomer`: see [`Grant::newcomer`].
+pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: Option<u64>, rate: bool) -> Allotted {
     let reserve = if rate { 0 } else { left / RESERVE_PARTS };
     let pool = left - reserve;
     let mut want = me.want;
-    if newcomer {
+    if newcomer.is_some() {
         // Its demand is not known yet: it wants as much as any other.
         want = others.iter().map(|o| o.want).fold(want, u64::max);
     }
@@ -132,7 +133,7 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
     let held = me.held;
     let others_held: u64 = others.iter().map(|o| o.held).sum();
     let free = left.saturating_sub(others_held).saturating_sub(held);
-    let open = if newcomer { free } else { free.saturating_sub(reserve) };
+    let open = if newcomer.is_some() { free } else { free.saturating_sub(reserve) };
     let lacking: u64 = others.iter().zip(&shares).map(|(o, &s)| s.saturating_sub(o.held)).sum();
     let mut amount = if left == 0 {
         0
@@ -143,19 +144,13 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: boo
         let part = (open as f64 * lack.min(WEIGHT_CAP) as f64 / (lacking + lack).min(WEIGHT_CAP) as f64).floor() as u64;
         held + lack.min(part.max(open.min(1)))
     } else {
-        // Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer
-        // took of the reserve, and what the holders hold past what is left (usage admitted outside any grant),
-        // never going below the share.
-        let back = lacking
-            .saturating_sub(free.saturating_sub(reserve))
-            .saturating_add(reserve.saturating_sub(free))
-            .saturating_add((others_held + held).saturating_sub(left));
-        share.max(held - back.min(held))
+        // Down to its share at once: what it holds past that is the others' (its entry keeps it until it reports).
+        share
     };
-    if newcomer && !rate && others.is_empty() {
-        // A lone newcomer's first grants stay within half of what is left and the reserve: its demand is not known
-        // yet, and another may come at once (with others, its share is the limit).
-        amount = amount.min(held.max(left / 2 + reserve));
+    if let Some(streams) = newcomer.filter(|_| !rate && others.is_empty()) {
+        // A lone newcomer's first grants stay within its part of what is left were every connected stream to come
+        // for the bucket at once: all of it when it is the only one (with others, its share is the limit).
+        amount = amount.min(held.max(left / streams.max(1)));
     }
     let entry = if rate { amount } else { amount.max(held) };
     Allotted {

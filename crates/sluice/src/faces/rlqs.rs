@@ -89,8 +89,11 @@ impl<S: Store> RateLimitQuotaService for QuotaService<S> {
                         let _ = tx.send(Err(Status::invalid_argument(message))).await;
                         break;
                     }
-                    // The client closed its side, or the connection is gone.
-                    Event::Message(Ok(None) | Err(_)) => break,
+                    // The Envoy closed its side or cancelled, or the connection is gone: it left with its tokens.
+                    Event::Message(Ok(None) | Err(_)) => {
+                        quotas.leave(&mut stream).await;
+                        break;
+                    }
                     Event::Tick => quotas.tick(&mut stream).await,
                     Event::Stop => {
                         let _ = tx.send(Err(Status::unavailable("sluice is shutting down"))).await;

@@ -20,9 +20,9 @@
 --           (the buckets' burst, the bucketed window's number of sub-windows)
 -- then      'l': the lease id; 'q': f, then f fields (name, value, ...); 'k': how many hit records to keep, and the
 --           value to record; 'reserve', 'reserve_report': the record's TTL (us); 'grant': the holder, what it holds,
---           what it wants, its entry's TTL (us), whether it is a newcomer (1/0), and a rate's limit per window when the
---           holders share a rate (-1: a budget); 'forget': the record's tag; 'count': the record's tag, the window's
---           start and its length (us)
+--           what it wants, its entry's TTL (us), the streams connected if it is a newcomer (else 0), and a rate's
+--           limit per window when the holders share a rate (-1: a budget); 'forget': the record's tag; 'count': the
+--           record's tag, the window's start and its length (us)
 -- Its keys, from K[k] on (in the node form after its arguments and probe, batch.lua): the packed state's if a tier is
 -- packed; per tier its algorithm's `keys` (a plain counter's window, built for the window sluice's clock expects; a
 -- global window's names, alike; none for another packed tier; else the counter's own); with 'k' the hit records'
@@ -397,7 +397,7 @@ local function give(k, g, lk, o)
   local rate = tonumber(ARGV[g + 5])
   if rate >= 0 then left = rate end
   local out = grant(K[lk], now, left or 0, ARGV[g], tonumber(ARGV[g + 1]), tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]),
-    ARGV[g + 4] == '1', rate >= 0)
+    tonumber(ARGV[g + 4]), rate >= 0)
   for j = 1, #out do answers[o + j - 1] = out[j] end
 end
 

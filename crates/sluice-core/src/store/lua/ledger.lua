@@ -43,11 +43,12 @@ local function targets(pool, names, wants)
   return shares
 end
 
--- `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left. `newcomer`: it
--- has not said its demand yet; `rate`: `left` is a rate's limit per window, shared as rates. Returns { what it may hold
--- now, its share, left, live holders, what they all hold, its entry } (`store::allot`). The entry lasts `ttl` us, the
--- key as long as its latest entry.
-local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
+-- `holder` of the ledger `lkey` holds `held` and wants `want` (0: it leaves); the quota has `left` left. `streams` > 0:
+-- it has not said its demand yet, and that many streams are connected; `rate`: `left` is a rate's limit per window,
+-- shared as rates. Returns { what it may hold now, its share, left, live holders, what they all hold, its entry }
+-- (`store::allot`). The entry lasts `ttl` us, the key as long as its latest entry.
+local function grant(lkey, now, left, holder, held, want, ttl, streams, rate)
+  local newcomer = streams > 0
   local flat = redis.call('HGETALL', lkey)
   local names, wants, helds, stale = {}, {}, {}, {}
   local others, latest, previous = 0, now + ttl, 0
@@ -97,13 +98,11 @@ local function grant(lkey, now, left, holder, held, want, ttl, newcomer, rate)
     local part = floor(open * min(lack, WEIGHT_CAP) / min(lacking + lack, WEIGHT_CAP))
     amount = held + min(lack, max(part, min(open, 1)))
   else
-    -- Give back what the others lack of their shares and cannot take from what is open to them, what a newcomer took of
-    -- the reserve, and what is held past what is left (usage admitted outside any grant); never below the share.
-    local back = max0(lacking - max0(free - reserve)) + max0(reserve - free) + max0(others + held - left)
-    amount = max(share, held - min(back, held))
+    -- Down to its share at once: what it holds past that is the others' (its entry keeps it until it reports).
+    amount = share
   end
-  -- A lone newcomer's first grants of a budget stay within half of what is left and the reserve.
-  if newcomer and not rate and n == 1 then amount = min(amount, max(held, floor(left / 2) + reserve)) end
+  -- A lone newcomer's first grants of a budget stay within its part of what is left among the connected streams.
+  if newcomer and not rate and n == 1 then amount = min(amount, max(held, floor(left / streams))) end
   -- Tokens of a budget handed out are not taken back before the holder reports them unspent.
   local entry = amount
   if not rate then entry = max(amount, held) end

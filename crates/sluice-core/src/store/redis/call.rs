@@ -132,7 +132,7 @@ impl Call {
     }
 
     /// One grant's keys and arguments: decide.lua's mode 'grant', its tiers read at cost 0, with the ledger as the
-    /// last key and the holder's entry, whether it is a newcomer and a rate's limit (-1: a budget) after the tiers.
+    /// last key and the holder's entry, the streams connected if it is a newcomer (else 0) and a rate's limit (-1: a budget) after the tiers.
     pub(super) fn grant(now_us: Option<u64>, grant: &Grant, routed: bool) -> Call {
         let amount = |n: u64| Value::Integer(n.min(MAX_LEDGER_AMOUNT) as i64);
         let tail = vec![
@@ -140,7 +140,7 @@ impl Call {
             amount(grant.held),
             amount(grant.want),
             amount(grant.ttl_us),
-            Value::Integer(i64::from(grant.newcomer)),
+            grant.newcomer.map_or(Value::Integer(0), |streams| amount(streams.max(1))),
             grant.rate.map_or(Value::Integer(-1), amount),
         ];
         Call::build(

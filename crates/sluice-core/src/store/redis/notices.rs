@@ -5,7 +5,7 @@
 //! What is published while an instance's subscription is down is never heard by it, so the instance does not trust
 //! what the notices protect meanwhile: [`Notices::hearing`] is false from the moment the connection fails until it is
 //! subscribed again, and then the listeners are told [`Notice::Missed`] (everything may have changed). A message is a
-//! JSON array: `["freed", key…]`, `["quota", name…]`, or `["hello"]`, which an instance publishes when it starts and
+//! JSON array: `["freed", key…]`, `["quota", name…]`, `["streams", instance, count]`, or `["hello"]`, which an instance publishes when it starts and
 //! nobody acts on (and `["lists", key…]`); one that does not parse is logged and ignored.
 //!
 //! Redis answers a SUBSCRIBE to a channel the user may not use with an error that the subscriber does not report, so
@@ -233,7 +233,12 @@ pub(super) fn refused(error: &fred::error::Error) -> bool {
 
 /// The message that carries `notice`.
 pub(super) fn encode(notice: &Notice) -> String {
+    let count;
     let (kind, names): (&str, &[String]) = match notice {
+        Notice::Streams(instance, n) => {
+            count = [instance.clone(), n.to_string()];
+            ("streams", &count)
+        }
         Notice::Freed(keys) => ("freed", keys),
         Notice::Quota(names) => ("quota", names),
         Notice::Lists(names) => ("lists", names),
@@ -258,6 +263,10 @@ fn decode(value: &Value) -> Option<Option<Notice>> {
         "quota" => Some(Some(Notice::Quota(parts))),
         "lists" => Some(Some(Notice::Lists(parts))),
         "missed" => Some(Some(Notice::Missed)),
+        "streams" => match &parts[..] {
+            [instance, n] => Some(Some(Notice::Streams(instance.clone(), n.parse().ok()?))),
+            _ => None,
+        },
         "hello" => Some(None),
         _ => None,
     }
@@ -294,6 +303,7 @@ mod tests {
             Notice::Freed(vec!["a\n\"b\"".into(), "c".into()]),
             Notice::Quota(vec!["q".into()]),
             Notice::Lists(vec!["l".into()]),
+            Notice::Streams("i".into(), 15),
             Notice::Missed,
         ] {
             assert_eq!(decode(&Value::from(encode(&notice))), Some(Some(notice)));
