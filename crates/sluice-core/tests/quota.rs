@@ -364,9 +364,69 @@ async fn bad_messages_and_caps(store: impl Store) {
     assert!(quotas.open().is_ok(), "a closed stream gives its place back");
 }
 
+/// Two Envoys share a quota; one ends its stream (it closed it, or went away): its grant goes back at once, and the
+/// one left, told at once, holds all that is left but the reserve. A stream sluice drops without its Envoy leaving
+/// (a shutdown) keeps its entry.
+async fn a_stream_its_envoy_ends_gives_its_grant_back(store: impl Store) {
+    let (quotas, _clock, _) = setup(store).await;
+    let (mut a, mut b) = (open(&quotas).await, open(&quotas).await);
+    let erin = user("erin");
+    assert_eq!(tokens(&quotas.report(&mut a, report("q", &[(&erin, 1, 0)])).await.unwrap()), 49);
+    assert_eq!(tokens(&quotas.report(&mut b, report("q", &[(&erin, 1, 0)])).await.unwrap()), 47);
+    assert!(woken(&a).await, "a is woken");
+    assert_eq!(bucket(&quotas.tick(&mut a).await.unwrap()), (47, false), "a shrinks to its share");
+    quotas.leave(&mut b).await;
+    drop(b);
+    assert!(woken(&a).await, "a is told b left");
+    let (alone, _) = bucket(&quotas.tick(&mut a).await.unwrap());
+    assert!(alone >= 98 * 9 / 10, "all of the 98 left but the reserve: {alone}");
+    // A stream dropped without leaving (sluice shuts down) keeps its grant until its TTL lapses.
+    let mut c = open(&quotas).await;
+    let frank = user("frank");
+    assert_eq!(tokens(&quotas.report(&mut c, report("q", &[(&frank, 1, 0)])).await.unwrap()), 49);
+    drop(c);
+    let d = quotas.report(&mut a, report("q", &[(&frank, 1, 0)])).await.unwrap();
+    assert_eq!(tokens(&d), 47, "c's entry stays: a gets its share, half of the 95 past the reserve: {d:?}");
+}
+
+/// The streams connected to every instance on one Redis size a lone newcomer's first grant: three on one instance
+/// and one on another, each instance hears of the other's within moments, and a first report gets a quarter of what
+/// is left; as streams end, the others hear of it.
+#[tokio::test]
+async fn first_grants_are_sized_by_the_streams_of_every_instance() {
+    let redis = crate::harness::RedisServer::start();
+    let one = Quotas::new(limiter(RULES, crate::harness::redis_store(&redis.url()).await).0, QuotaCaps::default());
+    let two = Quotas::new(limiter(RULES, crate::harness::redis_store(&redis.url()).await).0, QuotaCaps::default());
+    let mut here: Vec<QuotaStream> = Vec::new();
+    for _ in 0..3 {
+        here.push(open(&one).await);
+    }
+    let mut there = open(&two).await;
+    heard(&two, 4).await;
+    heard(&one, 4).await;
+    let first = quotas_report(&two, &mut there, "gina").await;
+    assert_eq!(tokens(&first), 24, "a quarter of the 99 left, rounded down");
+    here.truncate(1);
+    heard(&two, 2).await;
+}
+
+async fn quotas_report<S: Store>(quotas: &Quotas<S>, stream: &mut QuotaStream, name: &'static str) -> Vec<Action> {
+    quotas.report(stream, report("q", &[(&user(name), 1, 0)])).await.unwrap()
+}
+
+/// Waits, up to 10 s, for an instance to count `streams` streams connected.
+async fn heard<S: Store>(quotas: &Quotas<S>, streams: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while quotas.population() != streams {
+        assert!(std::time::Instant::now() < deadline, "{} streams, not {streams}", quotas.population());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 every_store!(
     usage_is_charged_and_exhaustion_denies_until_the_window_ends,
     grants_are_given_back_when_another_envoy_lacks_its_share,
+    a_stream_its_envoy_ends_gives_its_grant_back,
     ttl_refresh_and_abandonment,
     strategies_per_rule,
     rates_are_shared_as_refilling_token_buckets,
