@@ -78,6 +78,8 @@ pub const RULE_COST: &str = "sluice_rule_cost_total";
 
 /// Open RLQS streams (one per Envoy and filter configuration).
 pub const RLQS_STREAMS: &str = "sluice_rlqs_streams";
+/// RLQS streams open on every instance sharing the store, as this one counts them.
+pub const RLQS_FLEET_STREAMS: &str = "sluice_rlqs_fleet_streams";
 /// RLQS buckets the open streams report, summed over streams.
 pub const RLQS_BUCKETS: &str = "sluice_rlqs_buckets";
 /// RLQS assignments sent, by strategy (`allow_all`, `deny_all`, `token_bucket`).
@@ -166,6 +168,7 @@ pub struct DomainStats {
 #[derive(Debug, Clone)]
 pub struct QuotaStats {
     pub streams: metrics::Gauge,
+    pub fleet_streams: metrics::Gauge,
     pub buckets: metrics::Gauge,
     pub allow_all: Counter,
     pub deny_all: Counter,
@@ -278,10 +281,13 @@ impl Metrics {
         };
         let streams = gauge(RLQS_STREAMS);
         streams.set(0.0);
+        let fleet_streams = gauge(RLQS_FLEET_STREAMS);
+        fleet_streams.set(0.0);
         let buckets = gauge(RLQS_BUCKETS);
         buckets.set(0.0);
         QuotaStats {
             streams,
+            fleet_streams,
             buckets,
             allow_all: counter(RLQS_ASSIGNMENTS, Some(("strategy", "allow_all"))),
             deny_all: counter(RLQS_ASSIGNMENTS, Some(("strategy", "deny_all"))),

@@ -120,7 +120,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
     }
 
     /// The RLQS streams connected to every instance on the store: this one's, and those the others said they have
-    /// within three of their periods ([`STREAMS_EVERY_US`]). At least 1 while a stream asks.
+    /// within three of their periods ([`STREAMS_EVERY_US`]).
     pub fn population(&self) -> u64 {
         let now = self.limiter.now_us();
         let others: u64 = lock(&self.fleet)
@@ -128,7 +128,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             .filter(|(_, heard)| now.saturating_sub(*heard) < 3 * STREAMS_EVERY_US)
             .map(|(count, _)| count)
             .sum();
-        (self.streams.load(Ordering::Acquire) as u64).saturating_add(others).max(1)
+        (self.streams.load(Ordering::Acquire) as u64).saturating_add(others)
     }
 
     /// Notes what a stream was just told.

@@ -79,6 +79,7 @@ every_store!(
     an_idle_holder_gives_way_to_a_newcomer_served_from_the_reserve,
     a_rate_is_shared_whole_and_follows_each_grant_both_ways,
     a_lone_newcomer_gets_its_part_of_what_is_left_among_the_streams_connected,
+    a_newcomer_wants_as_much_as_any_other_until_it_says_its_demand,
     amounts_at_the_ledger_cap_do_not_wrap,
 );
 
@@ -242,6 +243,18 @@ async fn a_lone_newcomer_gets_its_part_of_what_is_left_among_the_streams_connect
     assert_eq!(b.held, 960, "then all but the reserve");
 }
 
+/// A newcomer's entry says it has not said its demand yet: a holder that then says a larger demand shares with it as
+/// with an equal, not by the want the newcomer had when it came.
+async fn a_newcomer_wants_as_much_as_any_other_until_it_says_its_demand(store: impl Store) {
+    let t = T0;
+    assert_eq!(newcomer_of(&store, t, 1_000, ("a", 0, 1), 2).await.held, 500);
+    assert_eq!(newcomer_of(&store, t, 1_000, ("b", 0, 1), 2).await.held, 480);
+    let a = grant(&store, t, 1_000, "a", 500, 256).await;
+    assert_eq!((a.held, a.share), (480, 480), "b wants as much as a");
+    let b = grant(&store, t, 1_000, "b", 480, 16).await;
+    assert_eq!(b.share, 56, "once b says its demand, the shares follow the wants");
+}
+
 /// Amounts and limits at their largest neither wrap nor lose exactness.
 async fn amounts_at_the_ledger_cap_do_not_wrap(store: impl Store) {
     let max = sluice_core::store::MAX_LEDGER_AMOUNT;
@@ -306,7 +319,12 @@ fn targets_hand_out_the_surplus_by_want_and_never_more_than_the_pool() {
 
 #[test]
 fn what_is_open_is_shared_by_all_that_lack() {
-    let holder = |name, held, want| Claimant { name, held, want };
+    let holder = |name, held, want| Claimant {
+        name,
+        held,
+        want,
+        newcomer: false,
+    };
     // 100 left, a reserve of 4: a holds 80, b and c hold nothing, each is to hold 32. 16 are open past the reserve:
     // b takes its part, 8, and leaves c's 8 for c, rather than all 16.
     let others = [holder("a", 80, 50), holder("c", 0, 50)];

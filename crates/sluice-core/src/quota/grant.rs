@@ -41,7 +41,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
         if claimed.is_empty() {
             return actions;
         }
-        let streams = self.population();
+        let streams = self.population().max(1);
         let claims: Vec<Claim<'_>> = claimed
             .iter()
             .map(|(bucket, state, want, rate)| {
@@ -77,6 +77,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             let Some(watch) = stream.buckets.get_mut(&bucket) else {
                 continue;
             };
+            tracing::info!(holder = %stream.holder, want, exposure = watch.holding.exposure(), reports = watch.reports, ?granted, "TRACE grant");
             let grant = (&state, want, rate, granted);
             actions.extend(self.apply(watch, bucket, grant, (now, reported), &mut announce));
         }

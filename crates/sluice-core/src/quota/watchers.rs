@@ -54,6 +54,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                     Some(Ok(Notice::Freed(_) | Notice::Lists(_) | Notice::Streams(..))) => {}
                     Some(Err(RecvError::Closed)) => return,
                 }
+                strong.stats.fleet_streams.set(strong.population() as f64);
             }
         });
     }

@@ -99,6 +99,8 @@ pub struct Claimant<'a> {
     /// What it holds by its entry: for a rate, its share of the rate now.
     pub held: u64,
     pub want: u64,
+    /// It has not said its demand yet: it wants as much as any other.
+    pub newcomer: bool,
 }
 
 /// What [`allot`] decided for a holder.
@@ -108,8 +110,6 @@ pub struct Allotted {
     pub amount: u64,
     /// What it is to hold ([`targets`]).
     pub share: u64,
-    /// The want its entry records: a newcomer's, raised to the largest of the others'.
-    pub want: u64,
     /// Its entry: `amount`, or for a budget what it holds if that is more (tokens handed out are not taken back
     /// before the holder reports them unspent).
     pub entry: u64,
@@ -121,12 +121,13 @@ pub struct Allotted {
 pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: Option<u64>, rate: bool) -> Allotted {
     let reserve = if rate { 0 } else { left / RESERVE_PARTS };
     let pool = left - reserve;
-    let mut want = me.want;
-    if newcomer.is_some() {
-        // Its demand is not known yet: it wants as much as any other.
-        want = others.iter().map(|o| o.want).fold(want, u64::max);
-    }
-    let mut wants: Vec<(&str, u64)> = others.iter().map(|o| (o.name, o.want)).collect();
+    // A newcomer's demand is not known yet (its entry says so): it wants as much as any other.
+    let top = others.iter().map(|o| o.want).fold(me.want, u64::max);
+    let want = if newcomer.is_some() { top } else { me.want };
+    let mut wants: Vec<(&str, u64)> = others
+        .iter()
+        .map(|o| (o.name, if o.newcomer { top } else { o.want }))
+        .collect();
     wants.push((me.name, want));
     let shares = targets(pool, &wants);
     let share = shares[others.len()];
@@ -153,10 +154,5 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: Opt
         amount = amount.min(held.max(left / streams.max(1)));
     }
     let entry = if rate { amount } else { amount.max(held) };
-    Allotted {
-        amount,
-        share,
-        want,
-        entry,
-    }
+    Allotted { amount, share, entry }
 }

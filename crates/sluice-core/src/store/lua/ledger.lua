@@ -1,7 +1,8 @@
 -- ledger.lua: the grant ledger of an RLQS bucket's quota (decide.lua's mode 'grant'; `Store::grant`): a hash, one
 -- field per holder (an Envoy's stream), 'held,want,until': what the holder was granted and has not reported used, how
--- many tokens it wants, and when the entry lapses (us, by the decision's clock). Every instance on one Redis reads and
--- writes it in the same atomic call that reads what the quota has left, so holdings never add up to more than that.
+-- many tokens it wants, and when the entry lapses (us, by the decision's clock), then ',n' for a newcomer (it has not
+-- said its demand yet, and wants as much as any other). Every instance on one Redis reads and writes it in the same atomic call that reads what the quota
+-- has left, so holdings never add up to more than that.
 
 -- Max-min fair shares of `capacity` among holders wanting wants[i] (names[i] breaks ties): from the least wanting up,
 -- each gets what it wants or an equal part, rounded down, of what is left, whichever is less (`store::fair_shares`).
@@ -50,18 +51,19 @@ end
 local function grant(lkey, now, left, holder, held, want, ttl, streams, rate)
   local newcomer = streams > 0
   local flat = redis.call('HGETALL', lkey)
-  local names, wants, helds, stale = {}, {}, {}, {}
+  local names, wants, helds, news, stale = {}, {}, {}, {}, {}
   local others, latest, previous = 0, now + ttl, 0
   for i = 1, #flat, 2 do
     local name = flat[i]
-    local h, w, u = string.match(flat[i + 1], '^(%d+),(%d+),(%d+)$')
+    local h, w, u, new = string.match(flat[i + 1], '^(%d+),(%d+),(%d+)(,?n?)$')
     h, w, u = tonumber(h), tonumber(w), tonumber(u)
     if h == nil or u <= now then
       stale[#stale + 1] = name
     elseif name == holder then
       previous = h
     else
-      names[#names + 1], wants[#wants + 1], helds[#helds + 1] = name, w, h
+      local k = #names + 1
+      names[k], wants[k], helds[k], news[k] = name, w, h, new == ',n'
       others = others + h
       if u > latest then latest = u end
     end
@@ -76,10 +78,13 @@ local function grant(lkey, now, left, holder, held, want, ttl, streams, rate)
   local reserve = 0
   if not rate then reserve = floor(left / RESERVE_PARTS) end
   local n = #names + 1
-  if newcomer then
-    -- Its demand is not known yet: it wants as much as any other.
-    for i = 1, #wants do want = max(want, wants[i]) end
+  -- A newcomer's demand is not known yet (its entry says so): it wants as much as any other.
+  local recorded, top = want, want
+  for i = 1, #wants do top = max(top, wants[i]) end
+  for i = 1, #wants do
+    if news[i] then wants[i] = top end
   end
+  if newcomer then want = top end
   names[n], wants[n], helds[n] = holder, want, held
   local shares = targets(left - reserve, names, wants)
   local share = shares[n]
@@ -106,7 +111,9 @@ local function grant(lkey, now, left, holder, held, want, ttl, streams, rate)
   -- Tokens of a budget handed out are not taken back before the holder reports them unspent.
   local entry = amount
   if not rate then entry = max(amount, held) end
-  redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, want, now + ttl))
+  local mark = ''
+  if newcomer then mark = ',n' end
+  redis.call('HSET', lkey, holder, string.format('%d,%d,%d', entry, recorded, now + ttl) .. mark)
   redis.call('PEXPIRE', lkey, px(latest - now))
   return { amount, share, left, n, others + entry, entry }
 end

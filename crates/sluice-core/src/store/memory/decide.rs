@@ -228,12 +228,14 @@ impl MemoryStore {
                     name,
                     held: e.0,
                     want: e.1,
+                    newcomer: e.3,
                 })
                 .collect();
             let me = Claimant {
                 name: &grant.holder,
                 held,
                 want,
+                newcomer: grant.newcomer.is_some(),
             };
             let allotted = allot(left, me, &others, grant.newcomer, grant.rate.is_some());
             granted = Granted {
@@ -246,7 +248,7 @@ impl MemoryStore {
             };
             entries.insert(
                 grant.holder.clone(),
-                (allotted.entry, allotted.want, now + grant.ttl_us),
+                (allotted.entry, want, now + grant.ttl_us, grant.newcomer.is_some()),
             );
         }
         let until = entries.values().map(|e| e.2).max().unwrap_or(now);

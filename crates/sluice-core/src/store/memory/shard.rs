@@ -40,9 +40,9 @@ pub(super) struct Reservation {
     pub(super) expires_at: u64,
 }
 
-/// An RLQS bucket's grant ledger: per holder, (held, want, until), the hash of `lua/ledger.lua`.
+/// An RLQS bucket's grant ledger: per holder, (held, want, until, newcomer), the hash of `lua/ledger.lua`.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Ledger(pub(super) BTreeMap<String, (u64, u64, u64)>);
+pub(super) struct Ledger(pub(super) BTreeMap<String, (u64, u64, u64, bool)>);
 
 /// One shape of [`State`]: what [`Shard::upsert`] finds in, or makes into, a key's state.
 pub(super) trait Shape: Default {
