@@ -19,7 +19,9 @@ on its own, each bounded.
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
+import struct
 import threading
 import time
 import urllib.request
@@ -200,10 +202,12 @@ quota_buckets:
 """
 
 
-def instances(stack: contextlib.ExitStack, binary: Path, config: Path, workdir: Path, count: int, redis_url=None):
-    """`count` sluice processes on `config`, each in a directory of its own, over one Redis when `redis_url` is given;
-    stopped (and their shutdown checked) when `stack` closes."""
-    args = ("--redis-url", redis_url) if redis_url else ()
+def instances(
+    stack: contextlib.ExitStack, binary: Path, config: Path, workdir: Path, count: int, redis_url=None, extra=()
+):
+    """`count` sluice processes on `config` (with `extra` flags), each in a directory of its own, over one Redis when
+    `redis_url` is given; stopped (and their shutdown checked) when `stack` closes."""
+    args = (("--redis-url", redis_url) if redis_url else ()) + tuple(extra)
     servers = []
     for i in range(count):
         directory = workdir / f"sluice-{i}"
@@ -411,6 +415,119 @@ def test_a_push_reaches_the_streams_of_another_instance_within_100ms(sluice_bin:
         assert elapsed < 0.1 + 2 * own, f"pushed {elapsed * 1000:.0f} ms after the other instance's report"
 
 
+LONE_CONFIG = """\
+domain: rlqs-fleet
+quota_buckets:
+  - bucket: {name: per_user, user: }
+    rate_limit: {unit: day, requests_per_unit: 1000}
+    assignment_ttl_seconds: 30
+"""
+
+
+def granted(response, bucket: dict) -> tuple:
+    """The last strategy a response assigns `bucket`."""
+    key = tuple(sorted(bucket.items()))
+    mine = [a for a in response.bucket_action if tuple(sorted(a.bucket_id.bucket.items())) == key]
+    assert mine, response
+    return assigned(mine[-1])
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["memory", "two-instances-over-redis"])
+def test_a_lone_stream_is_granted_what_is_left(sluice_bin: Path, tmp_path: Path, count):
+    """The only stream connected to the fleet is granted all that is left but the reserve (a twenty-fifth) on its first
+    report of a bucket, at least 90 %; and so is each of 2 500 buckets it reports at once."""
+    config = tmp_path / "lone.yaml"
+    config.write_text(LONE_CONFIG)
+    with contextlib.ExitStack() as stack:
+        redis_url = stack.enter_context(redis_server(tmp_path)) if count == 2 else None
+        # Envoy reports every bucket in one message: 2 500 of them need more than the default 64 KiB.
+        servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url, ("--max-request-bytes", "1048576"))
+        stream = QuotaStream(servers[-1].grpc_target)
+        stack.callback(stream.close)
+        user = lambda i: {"name": "per_user", "user": f"u{i}"}  # noqa: E731
+        stream.send("rlqs-fleet", [(user(0), 10, 0)])
+        kind, tokens = granted(stream.receive(), user(0))
+        assert kind == "token_bucket" and tokens >= 0.9 * 990, (kind, tokens)
+        many = [user(i) for i in range(1, 2501)]
+        stream.send("rlqs-fleet", [(u, 1, 0) for u in many])
+        response = stream.receive(timeout=30)
+        sizes = [granted(response, u) for u in many]
+        assert all(kind == "token_bucket" and size >= 0.9 * 999 for kind, size in sizes), sorted(set(sizes))[:5]
+        print(f"one bucket: {tokens} of 990 left; 2 500 buckets: {min(s for _, s in sizes)} of 999 at least")
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["memory", "two-instances-over-redis"])
+def test_an_idle_stream_left_alone_is_granted_what_is_left(sluice_bin: Path, tmp_path: Path, count):
+    """Two idle streams share a quota; one ends its stream (its Envoy goes away): the one left is granted at least 90 %
+    of what is left at once, pushed without waiting for its own report."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(LONE_CONFIG.replace("per_user, user: ", "api"))
+    with contextlib.ExitStack() as stack:
+        redis_url = stack.enter_context(redis_server(tmp_path)) if count == 2 else None
+        servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url)
+        fleet = Fleet(1000)
+        stack.callback(fleet.close)
+        stay, leave = fleet.join(servers[0].grpc_target), fleet.join(servers[-1].grpc_target)
+        for envoy in (stay, leave, stay, leave):
+            envoy.serve(2)
+            envoy.report()
+            envoy.apply(envoy.stream.receive())
+        wait_until(lambda: (fleet.pump(), stay.tokens() + leave.tokens() >= 900)[1], 5, "the idle streams share it")
+        assert stay.tokens() < 600, f"shared: {stay.tokens()}, {leave.tokens()}"
+        left = 1000 - stay.admitted - leave.admitted
+        leave.leave()
+        wait_until(lambda: (fleet.pump(), stay.tokens() >= 0.9 * left)[1], 5, f"90 % of the {left} left")
+        assert fleet.peak <= 1000
+
+
+def test_holdings_never_exceed_what_is_left(sluice_bin: Path, tmp_path: Path):
+    """Two streams with equal demand on two instances over one Redis, reporting alternately every 0.5 s: the bucket's
+    ledger, sampled every 100 ms in one atomic read with its counter, never holds more than what is left, but a token
+    per stream of rounding."""
+    import redis as redis_client
+
+    config = tmp_path / "fleet.yaml"
+    config.write_text(LONE_CONFIG.replace("per_user, user: ", "api"))
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = instances(stack, sluice_bin, config, tmp_path, 2, redis_url)
+        fleet = Fleet(1000)
+        stack.callback(fleet.close)
+        envoys = [fleet.join(servers[i].grpc_target) for i in range(2)]
+        r = redis_client.Redis.from_url(redis_url)
+        for envoy in envoys:
+            envoy.serve(1)
+            envoy.report()
+            envoy.apply(envoy.stream.receive())
+        (ledger,) = [k for k in r.keys("*") if k.endswith(b"|grants")]
+        (counter,) = [k for k in r.keys("*#*") if r.type(k) == b"string"]
+        read = r.register_script(
+            "return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('TIME')}"
+        )
+        worst, samples, started, turn = -1000.0, 0, time.monotonic(), 0
+        next_report = started
+        while time.monotonic() - started < 12:
+            if time.monotonic() >= next_report:
+                envoy = envoys[turn % 2]
+                envoy.serve(15)
+                envoy.report()
+                turn, next_report = turn + 1, next_report + 0.5
+            fleet.pump()
+            flat, packed, (secs, micros) = read(keys=[ledger, counter])
+            now_us = int(secs) * 1_000_000 + int(micros)
+            held = 0
+            for value in flat[1::2]:
+                h, _, until = value.decode().split(",")[:3]
+                held += int(h) if int(until) > now_us else 0
+            used = struct.unpack("<5d", packed[:40])[3]
+            worst = max(worst, held - (1000 - used))
+            samples += 1
+            time.sleep(0.1)
+        print(f"{samples} samples: holdings past what is left at worst {worst:.0f}")
+        assert samples >= 60
+        assert worst <= len(envoys), f"held {worst:.0f} past what is left"
+        assert fleet.peak <= 1000
+
+
 # ---- end to end with two Envoys ----
 
 def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int, deny_first=False) -> dict:
@@ -505,15 +622,30 @@ class Load:
 
 
 @contextlib.contextmanager
-def envoys_on_sluice(sluice_bin: Path, upstream: Upstream, tmp_path: Path, config_text: str, count: int, deny_first):
+def envoys_on_sluice(
+    sluice_bin: Path, upstream: Upstream, tmp_path: Path, config_text: str, count: int, deny_first, connected=True
+):
     """Two Envoys 1.40 with the rate limit quota filter, on one sluice in memory (`count` 1) or each on its own sluice
-    over one Redis (`count` 2); `deny_first`: `no_assignment_behavior` DENY_ALL, else ALLOW_ALL."""
+    over one Redis (`count` 2); `deny_first`: `no_assignment_behavior` DENY_ALL, else ALLOW_ALL. `connected`: each
+    Envoy has sent a request of another user first, so that both streams are open (Envoy opens its stream with its
+    first report) and every instance has heard of both; else an Envoy's stream opens with the test's first request.
+    Yields the Envoys and the sluice processes."""
     config = tmp_path / "rlqs.yaml"
     config.write_text(config_text)
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(redis_server(tmp_path)) if count == 2 else None
-        ports = [s.grpc_port for s in instances(stack, sluice_bin, config, tmp_path, count, redis_url)]
-        yield [stack.enter_context(rlqs_envoy(tmp_path, upstream, ports[i % count], deny_first=deny_first)) for i in range(2)]
+        servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url)
+        envoys = [
+            stack.enter_context(rlqs_envoy(tmp_path, upstream, servers[i % count].grpc_port, deny_first=deny_first))
+            for i in range(2)
+        ]
+        if connected:
+            for envoy in envoys:
+                envoy.get("/q", {"x-user": "warm-up"})
+            wait_until(
+                lambda: all(gauge(s, "sluice_rlqs_fleet_streams") == 2 for s in servers), 10, "both streams heard of"
+            )
+        yield envoys, servers
 
 
 def bound(limit: int, deny_first: bool) -> int:
@@ -538,7 +670,7 @@ def test_equal_load_from_the_start_is_shared_about_half_each(
     the limit (plus the first round trip with ALLOW_ALL)."""
     limit = 200
     config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
-    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as (envoys, _):
         with Load(envoys[0], "dave", 25) as a, Load(envoys[1], "dave", 25) as b:
             time.sleep(2 * REPORT_INTERVAL_S + 3)
         asking = max(a.first_at, b.first_at)
@@ -557,7 +689,7 @@ def test_steady_then_burst_uses_what_is_left(sluice_bin: Path, upstream: Upstrea
     left when the burst began is admitted during it."""
     limit = 200
     config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
-    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as (envoys, _):
         with Load(envoys[0], "erin", 4, workers=2) as a, Load(envoys[1], "erin", 4, workers=2) as b:
             time.sleep(12)
             burst = time.monotonic()
@@ -579,7 +711,7 @@ def test_a_lone_envoy_bursting_admits_what_is_left(
     within one report interval of the burst it admits at least 95 % of what was left."""
     limit = 200
     config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
-    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as (envoys, _):
         with Load(envoys[0], "finn", 1, workers=4) as a:
             time.sleep(11)
             burst = time.monotonic()
@@ -602,7 +734,7 @@ def test_an_idle_holder_gives_way_to_a_newcomer(
     the idle holder's report that frees the tokens may come at the end of the interval)."""
     limit = 100
     config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
-    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as (envoys, _):
         with Load(envoys[0], "gail", 5) as a:
             time.sleep(1.2)
             a.per_second = 0
@@ -626,7 +758,7 @@ def test_a_per_second_limit_is_shared_every_second(
     limit on average, from the third second on."""
     limit = 20
     config = BUDGET_CONFIG.replace("UNIT", "second").replace("LIMIT", str(limit))
-    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as envoys:
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, deny_first) as (envoys, _):
         with Load(envoys[0], "hana", 20, workers=2) as a, Load(envoys[1], "hana", 20, workers=2) as b:
             time.sleep(14)
         start = max(a.first_at, b.first_at) + 3
@@ -634,6 +766,90 @@ def test_a_per_second_limit_is_shared_every_second(
         print(f"admitted each second: {seconds}")
         assert max(seconds) <= limit + limit // 4 + 2, seconds
         assert sum(seconds) >= 0.8 * limit * len(seconds), seconds
+
+
+def assigned_to(servers, domain: str, user: str) -> dict[str, int]:
+    """What each stream was last assigned for `user`'s bucket, over every instance (from the dashboard): its token
+    bucket's size, 0 for DENY_ALL."""
+    out = {}
+    for server in servers:
+        url = f"http://127.0.0.1:{server.http_port}/ui/api/overview?domain={domain}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for a in json.load(r)["rlqs_assignments"]:
+                if a["bucket"] == f"name=per_user, user={user}":
+                    out[a["stream"]] = a["tokens"] or 0
+    return out
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["one-sluice", "two-sluices"])
+def test_a_late_joiner_gets_an_equal_share_and_a_burst_uses_the_quota(
+    sluice_bin: Path, upstream: Upstream, tmp_path: Path, count
+):
+    """Two Envoys at 4 requests a second, the second joining 2.5 s after the first, against 200 a day: from the second
+    report interval after the join each holds 40 % to 60 % of what is assigned; after 12 s both burst at 60 a second
+    for 6 s, which admits at least 90 % of what was left, each Envoy at least 30 % of it."""
+    limit = 200
+    config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, True) as (envoys, servers):
+        parts = []
+        with Load(envoys[0], "ivy", 4, workers=2) as a:
+            time.sleep(2.5)
+            with Load(envoys[1], "ivy", 4, workers=2) as b:
+                started = time.monotonic()
+                while time.monotonic() - started < 9.5:
+                    held = assigned_to(servers, "rlqs-e2e", "ivy")
+                    if b.first_at and time.monotonic() >= b.first_at + REPORT_INTERVAL_S and len(held) == 2:
+                        parts.append(sorted(held.values()))
+                    time.sleep(0.25)
+                burst = time.monotonic()
+                left = limit - a.count() - b.count()
+                a.per_second = b.per_second = 60
+                time.sleep(6)
+        during = [a.count(since=burst), b.count(since=burst)]
+        total = a.count() + b.count()
+        print(f"assigned from the second interval after the join: {parts}")
+        print(f"{left} left at the burst, {during} admitted during it, {total} in all")
+        assert total <= limit, total
+        assert parts, "no samples"
+        for low, high in parts:
+            assert 0.4 * (low + high) <= low, parts
+        assert sum(during) >= 0.9 * left, f"{during} of the {left} left admitted during the burst"
+        assert min(during) >= 0.3 * sum(during), during
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["one-sluice", "two-sluices"])
+def test_a_lone_envoy_then_one_left_alone_holds_what_is_left(
+    sluice_bin: Path, upstream: Upstream, tmp_path: Path, count
+):
+    """An Envoy whose stream is the only one connected is granted at least 90 % of what is left at its first report;
+    a second one comes and both go idle; the second Envoy stops: within two report intervals the first holds at least
+    90 % of what is left again."""
+    limit = 200
+    config = BUDGET_CONFIG.replace("UNIT", "day").replace("LIMIT", str(limit))
+    with envoys_on_sluice(sluice_bin, upstream, tmp_path, config, count, True, connected=False) as (envoys, servers):
+        with Load(envoys[0], "jo", 2) as a:
+            wait_until(lambda: a.count() > 0, 10, "the first Envoy admits")
+            a.per_second = 0
+            (first,) = assigned_to(servers, "rlqs-e2e", "jo").values()
+            assert first >= 0.9 * (limit - 1), f"the lone Envoy's first grant: {first}"
+            with Load(envoys[1], "jo", 2) as b:
+                wait_until(lambda: b.count() > 0, 10, "the second Envoy admits")
+                b.per_second = 0
+                time.sleep(1)
+        left = limit - a.count() - b.count()
+        shared = assigned_to(servers, "rlqs-e2e", "jo")
+        assert len(shared) == 2 and max(shared.values()) < 0.9 * left, shared
+        with urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{envoys[1].admin_port}/quitquitquit", method="POST"), timeout=5
+        ):
+            pass
+        stopped = time.monotonic()
+        wait_until(
+            lambda: list(assigned_to(servers, "rlqs-e2e", "jo").values()) >= [0.9 * left],
+            2 * REPORT_INTERVAL_S,
+            f"the Envoy left alone holds 90 % of the {left} left",
+        )
+        print(f"first grant {first}; alone again after {time.monotonic() - stopped:.1f} s with {left} left")
 
 
 def test_envoys_survive_a_sluice_restart(sluice_bin: Path, upstream: Upstream, tmp_path: Path):

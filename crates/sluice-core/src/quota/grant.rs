@@ -77,7 +77,6 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             let Some(watch) = stream.buckets.get_mut(&bucket) else {
                 continue;
             };
-            tracing::info!(holder = %stream.holder, want, exposure = watch.holding.exposure(), reports = watch.reports, ?granted, "TRACE grant");
             let grant = (&state, want, rate, granted);
             actions.extend(self.apply(watch, bucket, grant, (now, reported), &mut announce));
         }
