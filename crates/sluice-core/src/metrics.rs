@@ -177,7 +177,6 @@ pub struct QuotaStats {
     pub allowed: Counter,
     pub denied: Counter,
     pub exhausted: Counter,
-    pub wrongful_denials: Counter,
 }
 
 /// Hit counters of one rule (or one detailed label of it).
@@ -296,8 +295,13 @@ impl Metrics {
             allowed: counter(RLQS_USAGE, Some(("result", "allowed"))),
             denied: counter(RLQS_USAGE, Some(("result", "denied"))),
             exhausted: counter(RLQS_EXHAUSTED, None),
-            wrongful_denials: counter(RLQS_WRONGFUL_DENIALS, None),
         }
+    }
+
+    /// The RLQS requests denied while quota was left, of one domain's bucket rule (registered on first use).
+    pub fn rlqs_wrongful_denials(&self, domain: &str, rule: &str) -> Counter {
+        let labels = vec![Label::new("domain", domain.to_string()), Label::new("rule", rule.to_string())];
+        self.counter(RLQS_WRONGFUL_DENIALS, labels)
     }
 
     /// The latency histogram of one store and operation; register once, record per call.

@@ -11,8 +11,9 @@
 //!   whose limits all have windows of a minute or less is shared as a rate (`quota/grant.rs`, [`RATE_WINDOW_MAX_US`]): refilling token buckets whose
 //!   rates add up to its most constrained limit. Any other is a budget: what is left, but a reserve for newcomers, is
 //!   handed out, max-min fair by demand and the surplus by demand (its demand: its requests, allowed or denied, over
-//!   the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share gives back what the
-//!   others lack. So the tokens all Envoys hold never add up to more than what is left;
+//!   the last [`DEMAND_WINDOW_US`], two report intervals; at least 1); an Envoy above its share is shrunk to it at
+//!   once. A bucket's first grant goes by the streams connected to every instance ([`Quotas::population`]). So the
+//!   tokens all Envoys hold never add up to more than what is left;
 //! - a budget's grant reaches Envoy as a token bucket that does not refill (one token per [`NO_REFILL_S`]), sized
 //!   from what sluice knows the Envoy holds (`quota/holding.rs`: Envoy 1.40 keeps a bucket whose settings did not
 //!   change, starts one whose settings changed at the old one's fill fraction, and one after a DENY_ALL full). Tokens
@@ -24,7 +25,7 @@
 //!   ([`Notice::Quota`](crate::store::Notice::Quota), through the store) and sizes its grant again at once;
 //! - assignments carry a TTL and are refreshed before it lapses (a third of it, and at least two seconds plus one
 //!   tick, before); buckets reported with no requests for `abandon_after_seconds` are abandoned, and their grants
-//!   given back.
+//!   given back, as are all of a stream's when its Envoy ends it ([`Quotas::leave`]).
 //!
 //! The overshoot this allows is bounded and stated in the docs (`docs/src/rlqs.md`).
 //!
@@ -88,6 +89,11 @@ pub struct Assigned {
     pub domain: String,
     pub bucket: BucketId,
     pub strategy: Strategy,
+    /// What its grant means the Envoy to hold of the bucket's quota (a rate: its tokens per window); `None` when the
+    /// assignment is not sized from the quota (an ALLOW_ALL, or a rule's initial assignment).
+    pub granted: Option<u64>,
+    /// The stream's requests for the bucket reported denied while its budget had quota left, so far.
+    pub wrongful: u64,
     /// When it was sent, in microseconds since the Unix epoch, and for how long it holds.
     pub sent_us: u64,
     pub ttl_s: u32,
@@ -147,6 +153,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                     ttl_s,
                     ..
                 } => {
+                    let watch = stream.buckets.get(bucket);
                     board.insert(
                         (stream.holder.clone(), bucket.clone()),
                         Assigned {
@@ -154,6 +161,8 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                             domain: domain.to_string(),
                             bucket: bucket.clone(),
                             strategy: *strategy,
+                            granted: watch.filter(|w| w.ledger.is_some() && *strategy != Strategy::AllowAll).map(|w| w.granted),
+                            wrongful: watch.map_or(0, |w| w.wrongful),
                             sent_us: now,
                             ttl_s: *ttl_s,
                         },

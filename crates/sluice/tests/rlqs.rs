@@ -91,17 +91,17 @@ async fn reports_are_answered_and_counted_in_metrics() {
     let server = TestServer::start(l).await;
     let mut stream = Stream::open(&server).await.unwrap();
     stream.report("q", "ann", 4, 0).await;
-    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then half of the 6
-    // left (its demand is not known yet).
+    // A bucket that starts full: a DENY_ALL first, so that Envoy carries no fill fraction over; then all of the 6
+    // left (too few to keep a reserve), as the only stream connected.
     match &strategies(&stream.next().await.unwrap().unwrap())[..] {
-        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 3),
+        [Strategy::BlanketRule(1), Strategy::TokenBucket(bucket)] => assert_eq!(bucket.max_tokens, 6),
         other => panic!("{other:?}"),
     }
     let (_, overview) = server
         .http_get("/ui/api/overview?domain=q&token=test-admin-token")
         .await;
     assert!(
-        overview.contains("\"strategy\":\"token_bucket\"") && overview.contains("\"tokens\":3"),
+        overview.contains("\"strategy\":\"token_bucket\"") && overview.contains("\"tokens\":6"),
         "{overview}"
     );
     stream.report("", "ann", 7, 2).await;
@@ -131,7 +131,7 @@ async fn reports_are_answered_and_counted_in_metrics() {
         "sluice_rlqs_usage_total{result=\"allowed\"} 12",
         "sluice_rlqs_usage_total{result=\"denied\"} 5",
         "sluice_rlqs_quota_exhausted_total 1",
-        "sluice_rlqs_wrongful_denials_total 3",
+        "sluice_rlqs_wrongful_denials_total{domain=\"q\",rule=\"q.bucket.name_per_user.user\"} 3",
         "sluice_rule_hits_total{domain=\"q\",rule=\"q.bucket.name_per_user.user\"} 17",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");

@@ -39,6 +39,8 @@ pub enum Charged {
 /// A limited bucket's quota, shared by every Envoy that reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuotaState {
+    /// The rule's name in metrics.
+    pub rule: Arc<str>,
     pub settings: BucketSettings,
     pub shadow: bool,
     /// One per limit of the rule, after the charge.
@@ -163,6 +165,7 @@ impl<S: Counters + Announcements> Buckets<S> {
             })
             .collect();
         QuotaState {
+            rule: rule.path.clone(),
             settings: rule.bucket.as_deref().copied().unwrap_or_default(),
             shadow: rule.shadow_mode,
             tiers,

@@ -171,6 +171,7 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             || granted.entry < watch.entry
             || (reported && granted.held < granted.share);
         watch.entry = granted.entry;
+        watch.granted = granted.held;
         let action = match rate {
             Some(rate) => self.deliver_rate(watch, bucket, rate, granted),
             None => self.deliver(watch, bucket, state, granted, now, reported),
@@ -202,7 +203,11 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
         reported: bool,
     ) -> Action {
         let ttl = watch.settings.assignment_ttl_s;
-        let (size, fresh) = match (watch.holding.resize(granted.held, reported), watch.holding.size()) {
+        // What its demand likely spent since its report, or since its last assignment if that came later.
+        let from = watch.sent.map_or(watch.reported_us, |(_, at, _)| at.max(watch.reported_us));
+        let since = now.saturating_sub(from) as f64 / DEMAND_WINDOW_US as f64;
+        let likely_spent = watch.demand.estimate(now) as f64 * since;
+        let (size, fresh) = match (watch.holding.resize(granted.held, reported, likely_spent), watch.holding.size()) {
             (Change::Resize(size), _) | (Change::Keep, Some(size)) => (size, false),
             (Change::Fresh(size), _) => (size, true),
             (Change::Deny, _) | (Change::Keep, None) => {

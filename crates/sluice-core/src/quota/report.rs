@@ -46,8 +46,15 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
         let mut due = Vec::with_capacity(usages.len());
         for (usage, charged) in usages.into_iter().zip(charged) {
             let Some(charged) = charged else { continue };
-            self.stats.wrongful_denials.increment(wrongful(&usage, &charged));
-            match self.take_usage(stream, &usage, &charged, now) {
+            let refused = wrongful(&usage, &charged);
+            if let (Charged::Limited(state), true) = (&charged, refused > 0) {
+                self.limiter.metrics().rlqs_wrongful_denials(&domain, &state.rule).increment(refused);
+            }
+            let action = self.take_usage(stream, &usage, &charged, now);
+            if let Some(watch) = stream.buckets.get_mut(&usage.bucket) {
+                watch.wrongful = watch.wrongful.saturating_add(refused);
+            }
+            match action {
                 Some(action) => actions.push(action),
                 None => due.push(Due {
                     bucket: usage.bucket,

@@ -53,6 +53,8 @@ pub(super) struct Watch {
     pub(super) ledger: Option<String>,
     /// The last report with requests in it (or the first report).
     pub(super) active_us: u64,
+    /// The last report.
+    pub(super) reported_us: u64,
     /// The last assignment sent, when, and the TTL it carried (seconds); `None` before the first.
     pub(super) sent: Option<(Strategy, u64, u32)>,
     /// A DENY_ALL holds until then; a new assignment is due.
@@ -68,6 +70,10 @@ pub(super) struct Watch {
     pub(super) reports: u32,
     /// Its share of a quota shared as a rate: tokens per window.
     pub(super) rate_share: u64,
+    /// What its last grant meant it to hold (a rate: its tokens per window).
+    pub(super) granted: u64,
+    /// Its requests reported denied while the bucket's budget had quota left.
+    pub(super) wrongful: u64,
 }
 
 impl QuotaStream {
@@ -94,6 +100,7 @@ impl Watch {
             settings,
             ledger: None,
             active_us: now,
+            reported_us: now,
             sent: None,
             retry_at_us: None,
             demand: Demand::default(),
@@ -102,12 +109,15 @@ impl Watch {
             announced_want: 0,
             reports: 0,
             rate_share: 0,
+            granted: 0,
+            wrongful: 0,
         }
     }
 
     /// A report: what the Envoy admitted came out of what it held, and a denial says it had less than a token.
     pub(super) fn consume(&mut self, now: u64, allowed: u64, denied: u64) {
         self.reports = self.reports.saturating_add(1);
+        self.reported_us = now;
         self.lapse(now);
         self.holding.report(allowed, denied);
     }

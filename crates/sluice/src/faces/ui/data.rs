@@ -186,8 +186,9 @@ pub fn rules(domain: &Domain) -> Vec<Value> {
 }
 
 /// The assignments this instance's RLQS streams last sent for `domain`'s buckets: per bucket and stream, the
-/// strategy, a token bucket's size, the stream's share of what the bucket's streams hold, how long ago it was sent,
-/// and all of it in a sentence.
+/// strategy, a token bucket's size, what its grant means it to hold and its part of what the bucket's streams were
+/// granted, its requests denied while the bucket had quota left, how long ago it was sent, and all of it in a
+/// sentence.
 pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
     let ours: Vec<&Assigned> = assigned.iter().filter(|a| a.domain == domain).collect();
     let bucket_name = |a: &Assigned| -> String {
@@ -201,7 +202,7 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
     let mut held: HashMap<String, (u64, usize)> = HashMap::new();
     for a in &ours {
         let entry = held.entry(bucket_name(a)).or_default();
-        entry.0 += tokens(a).unwrap_or(0);
+        entry.0 += a.granted.unwrap_or(0);
         entry.1 += 1;
     }
     ours.iter()
@@ -210,7 +211,7 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
             let (total, streams) = held.get(&bucket).copied().unwrap_or((0, 1));
             let stream: String = a.holder.chars().take(8).collect();
             let age_s = now_us.saturating_sub(a.sent_us) / 1_000_000;
-            let share = tokens(a).filter(|_| total > 0).map(|t| t as f64 / total as f64);
+            let share = a.granted.filter(|_| total > 0).map(|g| g as f64 / total as f64);
             let what = match a.strategy {
                 Strategy::AllowAll => "to allow every request".to_string(),
                 Strategy::DenyAll => "to deny every request".to_string(),
@@ -229,15 +230,21 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
                 ),
             };
             let mut words = format!("Envoy stream {stream} was told {what} for {bucket}");
-            match share {
-                Some(share) if streams > 1 => {
+            match (a.granted, share) {
+                (Some(granted), Some(share)) if streams > 1 => {
                     words += &format!(
-                        ", {:.0} % of the tokens the bucket's {streams} streams hold",
+                        ", granted {granted}: {:.0} % of what the bucket's {streams} streams were granted",
                         share * 100.0
                     )
                 }
-                Some(_) => words += ", the only stream holding its tokens",
-                None => {}
+                (Some(granted), Some(_)) => words += &format!(", granted {granted}, the only stream granted any"),
+                _ => {}
+            }
+            if a.wrongful > 0 {
+                words += &format!(
+                    "; {} denied while the bucket still had quota",
+                    if a.wrongful == 1 { "1 of its requests was".to_string() } else { format!("{} of its requests were", a.wrongful) }
+                );
             }
             words += &format!(
                 "; sent {} ago, good for {}.",
@@ -249,7 +256,9 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
                 "stream": a.holder,
                 "strategy": a.strategy.name(),
                 "tokens": tokens(a),
+                "granted": a.granted,
                 "share": share,
+                "wrongful": a.wrongful,
                 "ttl_s": a.ttl_s,
                 "age_s": age_s,
                 "words": words,
@@ -330,8 +339,18 @@ pub fn rlqs_in_words(text: &str) -> Vec<String> {
         ));
     }
     if let Some(v) = sum(RLQS_WRONGFUL_DENIALS) {
+        // Per bucket rule, the most first.
+        let mut rules: BTreeMap<String, f64> = BTreeMap::new();
+        for s in samples(text, RLQS_WRONGFUL_DENIALS, None) {
+            let rule = s["labels"]["rule"].as_str().unwrap_or_default().to_string();
+            *rules.entry(rule).or_default() += s["value"].as_f64().unwrap_or(0.0);
+        }
+        let mut rules: Vec<(String, f64)> = rules.into_iter().filter(|(r, _)| !r.is_empty()).collect();
+        rules.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let by_rule: Vec<String> = rules.iter().map(|(r, v)| format!("{r} {}", n(*v))).collect();
+        let by_rule = if by_rule.is_empty() { String::new() } else { format!(" ({})", by_rule.join(", ")) };
         words.push(format!(
-            "{} denied while their bucket still had quota.",
+            "{} denied while their bucket still had quota{by_rule}.",
             plural(v, "request was", "requests were")
         ));
     }
@@ -504,10 +523,13 @@ mod tests {
                 "A bucket's quota ran out 1 time.",
             ]
         );
-        let wrongful = format!("{text}sluice_rlqs_wrongful_denials_total 4\n");
+        let wrongful = format!(
+            "{text}sluice_rlqs_wrongful_denials_total{{domain=\"q\",rule=\"q.a\"}} 1\n\
+             sluice_rlqs_wrongful_denials_total{{domain=\"q\",rule=\"q.b\"}} 3\n"
+        );
         assert_eq!(
             rlqs_in_words(&wrongful).last().unwrap(),
-            "4 requests were denied while their bucket still had quota."
+            "4 requests were denied while their bucket still had quota (q.b 3, q.a 1)."
         );
         assert_eq!(
             rlqs_in_words(""),
@@ -527,6 +549,8 @@ mod tests {
                 tokens_per_fill: max_tokens,
                 fill_interval_s: 60,
             },
+            granted: Some(u64::from(max_tokens)),
+            wrongful: 0,
             sent_us: 10_000_000,
             ttl_s: 15,
         };
@@ -537,7 +561,7 @@ mod tests {
         assert_eq!(
             shares[0]["words"],
             "Envoy stream aaaaaaaa was told a token bucket of 30, refilled by 30 every 60 s for name=per_user, \
-             75 % of the tokens the bucket's 2 streams hold; sent 2 s ago, good for 15 s."
+             granted 30: 75 % of what the bucket's 2 streams were granted; sent 2 s ago, good for 15 s."
         );
         assert!(super::shares(&all, "other", 0).is_empty());
         let grant = Assigned {
@@ -546,12 +570,15 @@ mod tests {
                 tokens_per_fill: 1,
                 fill_interval_s: NO_REFILL_S,
             },
+            granted: Some(5),
+            wrongful: 4,
             ..assigned("cccccccccccc", 0)
         };
         assert_eq!(
             super::shares(&[grant], "q", 12_000_000)[0]["words"],
             "Envoy stream cccccccc was told to spend at most 5 (a token bucket that does not refill) for \
-             name=per_user, the only stream holding its tokens; sent 2 s ago, good for 15 s."
+             name=per_user, granted 5, the only stream granted any; 4 of its requests were denied while the bucket \
+             still had quota; sent 2 s ago, good for 15 s."
         );
     }
 
