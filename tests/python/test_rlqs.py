@@ -290,7 +290,8 @@ class Fleet:
         return envoy
 
     def used(self) -> int:
-        return sum(e.tokens() + e.admitted for e in self.envoys)
+        """The tokens the Envoys hold (one that left has none: they went with it) and the requests they admitted."""
+        return sum((0 if e.gone else e.tokens()) + e.admitted for e in self.envoys)
 
     def pump(self) -> None:
         for envoy in self.envoys:
@@ -494,7 +495,7 @@ def test_holdings_never_exceed_what_is_left(sluice_bin: Path, tmp_path: Path):
         stack.callback(fleet.close)
         envoys = [fleet.join(servers[i].grpc_target) for i in range(2)]
         r = redis_client.Redis.from_url(redis_url)
-        for envoy in envoys:
+        for envoy in envoys * 2:
             envoy.serve(1)
             envoy.report()
             envoy.apply(envoy.stream.receive())
