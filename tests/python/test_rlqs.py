@@ -530,6 +530,52 @@ def test_holdings_never_exceed_what_is_left(sluice_bin: Path, tmp_path: Path):
         assert fleet.peak <= 1000
 
 
+def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unused(sluice_bin: Path, tmp_path: Path):
+    """Fifteen model Envoys join three instances over one Redis within a second (a fleet's cold start), each reporting
+    every 5 s as Envoy does, together asking about a third more than the quota over the run: no Envoy with demand goes
+    more than one report interval without a token while a tenth of the quota is neither admitted nor held, and at no
+    push do the tokens held and the requests admitted exceed the quota."""
+    import random
+
+    rng = random.Random(11)
+    limit, run_s, step_s, report_s = 1500, 16.0, 0.1, 5.0
+    config = tmp_path / "fleet.yaml"
+    config.write_text(FLEET_CONFIG.replace(f"requests_per_unit: {BIG}", f"requests_per_unit: {limit}"))
+    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
+        servers = instances(stack, sluice_bin, config, tmp_path, 3, redis_url)
+        fleet = Fleet(limit)
+        stack.callback(fleet.close)
+        joins = sorted(rng.uniform(0, 1) for _ in range(15))
+        rates = [2 + (i * 7) % 13 for i in range(15)]
+        envoys, last_report, starving, longest = {}, {}, {}, 0.0
+        started = time.monotonic()
+        while (now := time.monotonic() - started) < run_s:
+            for i, at in enumerate(joins):
+                if i not in envoys and now >= at:
+                    envoys[i] = fleet.join(servers[i % 3].grpc_target)
+            for i, envoy in envoys.items():
+                wanted = rates[i] * step_s
+                envoy.serve(int(wanted) + (rng.random() < wanted - int(wanted)))
+                if now - last_report.get(i, -report_s) >= report_s:
+                    envoy.report()
+                    last_report[i] = now
+            time.sleep(step_s)
+            fleet.pump()
+            unused = limit - sum(e.tokens() + e.admitted for e in fleet.envoys)
+            for i, envoy in envoys.items():
+                if envoy.tokens() == 0 and unused >= limit / 10:
+                    starving.setdefault(i, now)
+                    longest = max(longest, now - starving[i])
+                else:
+                    starving.pop(i, None)
+        admitted = sum(e.admitted for e in fleet.envoys)
+        print(f"admitted {admitted} of {limit}; longest refused while a tenth was unused {longest:.1f} s")
+        assert admitted <= limit and fleet.peak <= limit
+        # One report interval: the first Envoy's report frees what it was granted alone. The measure is taken every
+        # step, and that report may come a step late.
+        assert longest <= report_s + 0.5, f"an Envoy was refused {longest:.1f} s while a tenth was unused"
+
+
 # ---- end to end with two Envoys ----
 
 def rlqs_envoy_config(listener_port: int, admin_port: int, upstream_port: int, sluice_port: int, deny_first=False) -> dict:

@@ -99,21 +99,35 @@ impl Holding {
 
     /// Sizes the Envoy's bucket for a grant of `granted` tokens (its ledger entry is then the larger of the grant and
     /// its exposure): the change to send. `reported`: in the answer to a report, when what the bucket holds is known
-    /// (only the requests in flight meanwhile are not); else `likely_spent`: what its demand likely spent since.
-    pub(crate) fn resize(&mut self, granted: u64, reported: bool, likely_spent: f64) -> Change {
+    /// (only the requests in flight meanwhile are not); else `likely_spent`: what its demand likely spent since, when
+    /// its demand is known.
+    pub(crate) fn resize(&mut self, granted: u64, reported: bool, likely_spent: Option<f64>) -> Change {
         let target = granted as f64;
         let now = self.exposure();
+        // Between reports a resize leaves unknown whether the tokens spent meanwhile came before or after it, and the
+        // bounds count the worse: a bucket within a tenth of its grant (and a token) is left as it is.
+        let band = if reported { 0.0 } else { target / 10.0 + 1.0 };
         if granted == 0 {
             self.drop_bucket();
             Change::Deny
         } else if granted > now {
             let more = target - self.exposure;
+            if more < band {
+                return Change::Keep;
+            }
             // Scaled while the Envoy holds a token (a new bucket would drop it, and leave unknown which of the two
             // its next report's requests came from), else a new bucket of what is added. Between reports what it
             // holds is not known: scaled while what it likely holds (its bound, less what its demand likely spent),
-            // scaled, gives it at least what is added, as scaling a bucket it has spent adds nothing.
-            let likely = if reported { self.remaining } else { self.remaining - likely_spent };
-            let worth = likely >= 1.0 && (reported || likely * (self.remaining + more) >= more * self.remaining);
+            // scaled, gives it at least what is added, as scaling a bucket it has spent adds nothing; with its demand
+            // unknown, while it may hold at least what is added.
+            let worth = match (reported, likely_spent) {
+                (true, _) => self.remaining >= 1.0,
+                (false, Some(spent)) => {
+                    let likely = self.remaining - spent;
+                    likely >= 1.0 && likely * (self.remaining + more) >= more * self.remaining
+                }
+                (false, None) => self.remaining >= more.max(1.0),
+            };
             // A bucket run dry is replaced by a fresh one: scaled, the fraction of a token it holds would stay one.
             if let Some(size) = self.size.filter(|_| worth && !self.dry) {
                 // Rounded down to a whole size: the Envoy gains `more` at most.
@@ -135,7 +149,7 @@ impl Holding {
             Change::Fresh(fresh as u32)
         } else if granted < now {
             match self.size {
-                Some(size) if self.remaining > target + SLACK => {
+                Some(size) if self.remaining > target + band + SLACK => {
                     let scaled = (f64::from(size) * target / self.remaining).floor();
                     if scaled < 1.0 {
                         self.drop_bucket();
@@ -231,14 +245,14 @@ mod tests {
     #[test]
     fn a_first_grant_starts_full_and_a_report_takes_what_was_spent() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(10, false, 0.0));
+        e.apply(h.resize(10, false, Some(0.0)));
         assert_eq!((e.size, h.exposure()), (Some(10), 10));
         e.spend(4);
         e.report(&mut h);
         assert_eq!(h.exposure(), 6);
-        assert_eq!(h.resize(6, false, 0.0), Change::Keep);
+        assert_eq!(h.resize(6, false, Some(0.0)), Change::Keep);
         // Growing a bucket that may hold more than is added scales it: 6 → 10 tokens, a size of 10 * 10 / 6.
-        let grow = h.resize(10, false, 0.0);
+        let grow = h.resize(10, false, Some(0.0));
         assert_eq!(grow, Change::Resize(16));
         e.apply(grow);
         e.check(&h);
@@ -248,7 +262,7 @@ mod tests {
         e.report(&mut h);
         assert_eq!(h.exposure(), 0, "{h:?}");
         assert_eq!(
-            h.resize(30, false, 0.0),
+            h.resize(30, false, Some(0.0)),
             Change::Fresh(29),
             "its last fraction of a token still counts"
         );
@@ -257,16 +271,16 @@ mod tests {
     #[test]
     fn a_bucket_spent_to_empty_is_refilled_not_scaled() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(10, false, 0.0));
+        e.apply(h.resize(10, false, Some(0.0)));
         e.spend(3);
         // Shrunk to 4 tokens: the Envoy's 7 become 7 * 4 / 10 = 2.8.
-        let shrink = h.resize(4, false, 0.0);
+        let shrink = h.resize(4, false, Some(0.0));
         e.apply(shrink);
         e.spend(5);
         e.report(&mut h);
         assert!(e.tokens < 1.0 && e.tokens > 0.0, "{}", e.tokens);
         // It denied requests: its bucket holds a fraction of a token, which scaling would only multiply.
-        let grow = h.resize(20, true, 0.0);
+        let grow = h.resize(20, true, Some(0.0));
         assert!(matches!(grow, Change::Fresh(_)), "{grow:?}");
         e.apply(grow);
         e.check(&h);
@@ -277,10 +291,10 @@ mod tests {
     #[test]
     fn a_shrink_keeps_the_exposure_until_the_next_report() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(100, false, 0.0));
+        e.apply(h.resize(100, false, Some(0.0)));
         e.spend(30);
         // Told to hold 40: its bucket shrinks, but the 30 it may have admitted stay exposed.
-        let shrink = h.resize(40, false, 0.0);
+        let shrink = h.resize(40, false, Some(0.0));
         assert_eq!(shrink, Change::Resize(40));
         e.apply(shrink);
         e.check(&h);
@@ -293,13 +307,13 @@ mod tests {
     #[test]
     fn growing_a_spent_bucket_starts_a_new_one_of_what_is_added() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(5, false, 0.0));
+        e.apply(h.resize(5, false, Some(0.0)));
         e.spend(5);
         e.report(&mut h);
         e.spend(1);
         // Spent and denied: a new bucket.
         e.report(&mut h);
-        let grow = h.resize(7, false, 0.0);
+        let grow = h.resize(7, false, Some(0.0));
         assert_eq!(grow, Change::Fresh(7));
         e.apply(grow);
         e.check(&h);
@@ -312,9 +326,9 @@ mod tests {
     #[test]
     fn nothing_granted_is_a_deny_all() {
         let (mut h, mut e) = (Holding::default(), Envoy::default());
-        e.apply(h.resize(8, false, 0.0));
+        e.apply(h.resize(8, false, Some(0.0)));
         e.spend(2);
-        assert_eq!(h.resize(0, false, 0.0), Change::Deny);
+        assert_eq!(h.resize(0, false, Some(0.0)), Change::Deny);
         e.apply(Change::Deny);
         e.check(&h);
         e.report(&mut h);
@@ -348,7 +362,7 @@ mod tests {
                     }
                     2 => {
                         let (g, reported) = (next(200), next(2) == 0);
-                        let change = h.resize(g, reported, next(50) as f64);
+                        let change = h.resize(g, reported, (next(3) > 0).then(|| next(50) as f64));
                         e.apply(change);
                         history.push(format!("grant {g}: {change:?}"));
                     }
