@@ -374,7 +374,8 @@ async fn a_stream_its_envoy_ends_gives_its_grant_back(store: impl Store) {
     assert_eq!(tokens(&quotas.report(&mut a, report("q", &[(&erin, 1, 0)])).await.unwrap()), 49);
     assert_eq!(tokens(&quotas.report(&mut b, report("q", &[(&erin, 1, 0)])).await.unwrap()), 47);
     assert!(woken(&a).await, "a is woken");
-    assert_eq!(bucket(&quotas.tick(&mut a).await.unwrap()), (47, false), "a shrinks to its share");
+    // a's 49 are within a tenth of its share of 47: its bucket is left as it is.
+    assert!(quotas.tick(&mut a).await.unwrap().is_empty());
     quotas.leave(&mut b).await;
     drop(b);
     assert!(woken(&a).await, "a is told b left");
