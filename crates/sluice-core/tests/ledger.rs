@@ -1,6 +1,6 @@
 //! The grant ledger of an RLQS bucket ([`Grants::grant`]) over every store: the tokens all holders hold never add up
 //! to more than the quota has left, what is left is handed out (max-min fair by want, the surplus by want) but for a
-//! reserve only newcomers take, a holder above its share gives back what the others lack, rates are shared whole, and
+//! reserve only newcomers take, a holder above its share is shrunk to it at once, a lone newcomer gets its part among the streams connected, rates are shared whole, and
 //! holders that leave or lapse count for nothing.
 
 use sluice_core::rules::Algorithm;
