@@ -300,7 +300,10 @@ impl Metrics {
 
     /// The RLQS requests denied while quota was left, of one domain's bucket rule (registered on first use).
     pub fn rlqs_wrongful_denials(&self, domain: &str, rule: &str) -> Counter {
-        let labels = vec![Label::new("domain", domain.to_string()), Label::new("rule", rule.to_string())];
+        let labels = vec![
+            Label::new("domain", domain.to_string()),
+            Label::new("rule", rule.to_string()),
+        ];
         self.counter(RLQS_WRONGFUL_DENIALS, labels)
     }
 

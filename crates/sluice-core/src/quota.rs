@@ -161,7 +161,9 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                             domain: domain.to_string(),
                             bucket: bucket.clone(),
                             strategy: *strategy,
-                            granted: watch.filter(|w| w.ledger.is_some() && *strategy != Strategy::AllowAll).map(|w| w.granted),
+                            granted: watch
+                                .filter(|w| w.ledger.is_some() && *strategy != Strategy::AllowAll)
+                                .map(|w| w.granted),
                             wrongful: watch.map_or(0, |w| w.wrongful),
                             sent_us: now,
                             ttl_s: *ttl_s,

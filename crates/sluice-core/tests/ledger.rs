@@ -25,7 +25,13 @@ async fn grant(store: &impl Store, now: u64, limit: u64, holder: &str, held: u64
 }
 
 /// A newcomer's grant: before its second report, with `streams` connected.
-async fn newcomer_of(store: &impl Store, now: u64, limit: u64, (holder, held, want): (&str, u64, u64), streams: u64) -> Granted {
+async fn newcomer_of(
+    store: &impl Store,
+    now: u64,
+    limit: u64,
+    (holder, held, want): (&str, u64, u64),
+    streams: u64,
+) -> Granted {
     claim(store, now, limit, (holder, held, want), Some(streams), None).await
 }
 
@@ -232,7 +238,11 @@ async fn a_rate_is_shared_whole_and_follows_each_grant_both_ways(store: impl Sto
 async fn a_lone_newcomer_gets_its_part_of_what_is_left_among_the_streams_connected(store: impl Store) {
     let t = T0;
     let alone = newcomer_of(&store, t, 1_000, ("a", 0, 1), 1).await;
-    assert_eq!((alone.held, alone.share, alone.total_held), (960, 960, 960), "all but the reserve");
+    assert_eq!(
+        (alone.held, alone.share, alone.total_held),
+        (960, 960, 960),
+        "all but the reserve"
+    );
     let b = claim(&store, t, 1_000, ("a", 960, 0), None, None).await;
     assert_eq!(b.total_held, 0, "a left");
     let b = newcomer_of(&store, t, 1_000, ("b", 0, 5), 4).await;

@@ -371,8 +371,14 @@ async fn a_stream_its_envoy_ends_gives_its_grant_back(store: impl Store) {
     let (quotas, _clock, _) = setup(store).await;
     let (mut a, mut b) = (open(&quotas).await, open(&quotas).await);
     let erin = user("erin");
-    assert_eq!(tokens(&quotas.report(&mut a, report("q", &[(&erin, 1, 0)])).await.unwrap()), 49);
-    assert_eq!(tokens(&quotas.report(&mut b, report("q", &[(&erin, 1, 0)])).await.unwrap()), 47);
+    assert_eq!(
+        tokens(&quotas.report(&mut a, report("q", &[(&erin, 1, 0)])).await.unwrap()),
+        49
+    );
+    assert_eq!(
+        tokens(&quotas.report(&mut b, report("q", &[(&erin, 1, 0)])).await.unwrap()),
+        47
+    );
     assert!(woken(&a).await, "a is woken");
     // a's 49 are within a tenth of its share of 47: its bucket is left as it is.
     assert!(quotas.tick(&mut a).await.unwrap().is_empty());
@@ -384,10 +390,17 @@ async fn a_stream_its_envoy_ends_gives_its_grant_back(store: impl Store) {
     // A stream dropped without leaving (sluice shuts down) keeps its grant until its TTL lapses.
     let mut c = open(&quotas).await;
     let frank = user("frank");
-    assert_eq!(tokens(&quotas.report(&mut c, report("q", &[(&frank, 1, 0)])).await.unwrap()), 49);
+    assert_eq!(
+        tokens(&quotas.report(&mut c, report("q", &[(&frank, 1, 0)])).await.unwrap()),
+        49
+    );
     drop(c);
     let d = quotas.report(&mut a, report("q", &[(&frank, 1, 0)])).await.unwrap();
-    assert_eq!(tokens(&d), 47, "c's entry stays: a gets its share, half of the 95 past the reserve: {d:?}");
+    assert_eq!(
+        tokens(&d),
+        47,
+        "c's entry stays: a gets its share, half of the 95 past the reserve: {d:?}"
+    );
 }
 
 /// The streams connected to every instance on one Redis size a lone newcomer's first grant: three on one instance
@@ -396,8 +409,14 @@ async fn a_stream_its_envoy_ends_gives_its_grant_back(store: impl Store) {
 #[tokio::test]
 async fn first_grants_are_sized_by_the_streams_of_every_instance() {
     let redis = crate::harness::RedisServer::start();
-    let one = Quotas::new(limiter(RULES, crate::harness::redis_store(&redis.url()).await).0, QuotaCaps::default());
-    let two = Quotas::new(limiter(RULES, crate::harness::redis_store(&redis.url()).await).0, QuotaCaps::default());
+    let one = Quotas::new(
+        limiter(RULES, crate::harness::redis_store(&redis.url()).await).0,
+        QuotaCaps::default(),
+    );
+    let two = Quotas::new(
+        limiter(RULES, crate::harness::redis_store(&redis.url()).await).0,
+        QuotaCaps::default(),
+    );
     let mut here: Vec<QuotaStream> = Vec::new();
     for _ in 0..3 {
         here.push(open(&one).await);
@@ -412,14 +431,21 @@ async fn first_grants_are_sized_by_the_streams_of_every_instance() {
 }
 
 async fn quotas_report<S: Store>(quotas: &Quotas<S>, stream: &mut QuotaStream, name: &'static str) -> Vec<Action> {
-    quotas.report(stream, report("q", &[(&user(name), 1, 0)])).await.unwrap()
+    quotas
+        .report(stream, report("q", &[(&user(name), 1, 0)]))
+        .await
+        .unwrap()
 }
 
 /// Waits, up to 10 s, for an instance to count `streams` streams connected.
 async fn heard<S: Store>(quotas: &Quotas<S>, streams: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while quotas.population() != streams {
-        assert!(std::time::Instant::now() < deadline, "{} streams, not {streams}", quotas.population());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} streams, not {streams}",
+            quotas.population()
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

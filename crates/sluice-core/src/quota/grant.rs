@@ -204,10 +204,15 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
     ) -> Action {
         let ttl = watch.settings.assignment_ttl_s;
         // What its demand likely spent since its report, or since its last assignment if that came later.
-        let from = watch.sent.map_or(watch.reported_us, |(_, at, _)| at.max(watch.reported_us));
+        let from = watch
+            .sent
+            .map_or(watch.reported_us, |(_, at, _)| at.max(watch.reported_us));
         let since = now.saturating_sub(from) as f64 / DEMAND_WINDOW_US as f64;
         let likely_spent = (watch.reports >= 2).then(|| watch.demand.estimate(now) as f64 * since);
-        let (size, fresh) = match (watch.holding.resize(granted.held, reported, likely_spent), watch.holding.size()) {
+        let (size, fresh) = match (
+            watch.holding.resize(granted.held, reported, likely_spent),
+            watch.holding.size(),
+        ) {
             (Change::Resize(size), _) | (Change::Keep, Some(size)) => (size, false),
             (Change::Fresh(size), _) => (size, true),
             (Change::Deny, _) | (Change::Keep, None) => {

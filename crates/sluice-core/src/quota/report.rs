@@ -48,7 +48,10 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
             let Some(charged) = charged else { continue };
             let refused = wrongful(&usage, &charged);
             if let (Charged::Limited(state), true) = (&charged, refused > 0) {
-                self.limiter.metrics().rlqs_wrongful_denials(&domain, &state.rule).increment(refused);
+                self.limiter
+                    .metrics()
+                    .rlqs_wrongful_denials(&domain, &state.rule)
+                    .increment(refused);
             }
             let action = self.take_usage(stream, &usage, &charged, now);
             if let Some(watch) = stream.buckets.get_mut(&usage.bucket) {

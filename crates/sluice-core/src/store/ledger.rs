@@ -134,7 +134,11 @@ pub fn allot(left: u64, me: Claimant<'_>, others: &[Claimant<'_>], newcomer: Opt
     let held = me.held;
     let others_held: u64 = others.iter().map(|o| o.held).sum();
     let free = left.saturating_sub(others_held).saturating_sub(held);
-    let open = if newcomer.is_some() { free } else { free.saturating_sub(reserve) };
+    let open = if newcomer.is_some() {
+        free
+    } else {
+        free.saturating_sub(reserve)
+    };
     let lacking: u64 = others.iter().zip(&shares).map(|(o, &s)| s.saturating_sub(o.held)).sum();
     let mut amount = if left == 0 {
         0

@@ -140,7 +140,9 @@ impl Call {
             amount(grant.held),
             amount(grant.want),
             amount(grant.ttl_us),
-            grant.newcomer.map_or(Value::Integer(0), |streams| amount(streams.max(1))),
+            grant
+                .newcomer
+                .map_or(Value::Integer(0), |streams| amount(streams.max(1))),
             grant.rate.map_or(Value::Integer(-1), amount),
         ];
         Call::build(

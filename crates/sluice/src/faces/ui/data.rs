@@ -243,7 +243,11 @@ pub fn shares(assigned: &[Assigned], domain: &str, now_us: u64) -> Vec<Value> {
             if a.wrongful > 0 {
                 words += &format!(
                     "; {} denied while the bucket still had quota",
-                    if a.wrongful == 1 { "1 of its requests was".to_string() } else { format!("{} of its requests were", a.wrongful) }
+                    if a.wrongful == 1 {
+                        "1 of its requests was".to_string()
+                    } else {
+                        format!("{} of its requests were", a.wrongful)
+                    }
                 );
             }
             words += &format!(
@@ -348,7 +352,11 @@ pub fn rlqs_in_words(text: &str) -> Vec<String> {
         let mut rules: Vec<(String, f64)> = rules.into_iter().filter(|(r, _)| !r.is_empty()).collect();
         rules.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         let by_rule: Vec<String> = rules.iter().map(|(r, v)| format!("{r} {}", n(*v))).collect();
-        let by_rule = if by_rule.is_empty() { String::new() } else { format!(" ({})", by_rule.join(", ")) };
+        let by_rule = if by_rule.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", by_rule.join(", "))
+        };
         words.push(format!(
             "{} denied while their bucket still had quota{by_rule}.",
             plural(v, "request was", "requests were")
