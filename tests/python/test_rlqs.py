@@ -531,19 +531,23 @@ def test_holdings_never_exceed_what_is_left(sluice_bin: Path, tmp_path: Path):
         assert fleet.peak <= 1000
 
 
-def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unused(sluice_bin: Path, tmp_path: Path):
-    """Fifteen model Envoys join three instances over one Redis within a second (a fleet's cold start), each reporting
-    every 5 s as Envoy does, together asking about a third more than the quota over the run: no Envoy with demand goes
-    more than one report interval without a token while a tenth of the quota is neither admitted nor held, and at no
-    push do the tokens held and the requests admitted exceed the quota."""
+@pytest.mark.parametrize("count", [1, 3], ids=["memory", "three-instances-over-redis"])
+def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unused(
+    sluice_bin: Path, tmp_path: Path, count
+):
+    """Fifteen model Envoys join within a second (a fleet's cold start), on one sluice in memory or on three instances
+    over one Redis, each reporting every 5 s as Envoy does, together asking about a third more than the quota over the
+    run: no Envoy with demand goes more than one report interval without a token while a tenth of the quota is neither
+    admitted nor held, and at no push do the tokens held and the requests admitted exceed the quota."""
     import random
 
     rng = random.Random(11)
     limit, run_s, step_s, report_s = 1500, 16.0, 0.1, 5.0
     config = tmp_path / "fleet.yaml"
     config.write_text(FLEET_CONFIG.replace(f"requests_per_unit: {BIG}", f"requests_per_unit: {limit}"))
-    with redis_server(tmp_path) as redis_url, contextlib.ExitStack() as stack:
-        servers = instances(stack, sluice_bin, config, tmp_path, 3, redis_url)
+    with contextlib.ExitStack() as stack:
+        redis_url = stack.enter_context(redis_server(tmp_path)) if count > 1 else None
+        servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url)
         fleet = Fleet(limit)
         stack.callback(fleet.close)
         joins = sorted(rng.uniform(0, 1) for _ in range(15))
@@ -553,7 +557,7 @@ def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unu
         while (now := time.monotonic() - started) < run_s:
             for i, at in enumerate(joins):
                 if i not in envoys and now >= at:
-                    envoys[i] = fleet.join(servers[i % 3].grpc_target)
+                    envoys[i] = fleet.join(servers[i % count].grpc_target)
             for i, envoy in envoys.items():
                 wanted = rates[i] * step_s
                 envoy.serve(int(wanted) + (rng.random() < wanted - int(wanted)))
@@ -575,6 +579,49 @@ def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unu
         # One report interval: the first Envoy's report frees what it was granted alone. The measure is taken every
         # step, and that report may come a step late.
         assert longest <= report_s + 0.5, f"an Envoy was refused {longest:.1f} s while a tenth was unused"
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["memory", "two-instances-over-redis"])
+def test_a_late_model_envoy_gets_an_equal_share_and_a_burst_uses_the_quota(sluice_bin: Path, tmp_path: Path, count):
+    """Two model Envoys at 4 requests a second reporting every 5 s, the second joining 2.5 s after the first, against
+    200 a day: from the second report interval after the join each one's grant is 40 % to 60 % of both; then both ask
+    60 a second for 6 s, which admits at least 90 % of what was left, each at least 30 % of it."""
+    limit, step_s, report_s = 200, 0.1, 5.0
+    config = tmp_path / "budget.yaml"
+    budget = LONE_CONFIG.replace("requests_per_unit: 1000", f"requests_per_unit: {limit}")
+    config.write_text(budget.replace("per_user, user: ", "api"))
+    with contextlib.ExitStack() as stack:
+        redis_url = stack.enter_context(redis_server(tmp_path)) if count > 1 else None
+        servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url)
+        fleet = Fleet(limit)
+        stack.callback(fleet.close)
+        envoys, joins, last, parts = [], [0.0, 2.5], {}, []
+        burst_at, rate = 12.0, 4.0
+        admitted_at_burst, left = None, None
+        started = time.monotonic()
+        while (now := time.monotonic() - started) < burst_at + 6:
+            if len(envoys) < 2 and now >= joins[len(envoys)]:
+                envoys.append(fleet.join(servers[len(envoys) % count].grpc_target))
+            if now >= burst_at and admitted_at_burst is None:
+                admitted_at_burst = [e.admitted for e in envoys]
+                left, rate = limit - sum(admitted_at_burst), 60.0
+            for i, envoy in enumerate(envoys):
+                envoy.serve(int(rate * step_s))
+                if now - last.get(i, -report_s) >= report_s:
+                    envoy.report()
+                    last[i] = now
+            time.sleep(step_s)
+            fleet.pump()
+            if len(envoys) == 2 and joins[1] + report_s <= now < burst_at:
+                grants = sorted(assigned_to(servers, "rlqs-fleet", None).values())
+                if len(grants) == 2:
+                    parts.append(grants)
+        during = [e.admitted - a for e, a in zip(envoys, admitted_at_burst)]
+        print(f"grants from the second interval after the join: {parts[::5]}; {left} left, {during} in the burst")
+        assert parts and all(0.4 * (low + high) <= low for low, high in parts), parts
+        assert sum(during) >= 0.9 * left, f"{during} of the {left} left admitted during the burst"
+        assert min(during) >= 0.3 * sum(during), during
+        assert fleet.peak <= limit
 
 
 # ---- end to end with two Envoys ----
@@ -817,15 +864,15 @@ def test_a_per_second_limit_is_shared_every_second(
         assert sum(seconds) >= 0.8 * limit * len(seconds), seconds
 
 
-def assigned_to(servers, domain: str, user: str) -> dict[str, int]:
-    """What each stream's last assignment for `user`'s bucket means it to hold, over every instance (from the
-    dashboard): its grant, 0 for DENY_ALL."""
+def assigned_to(servers, domain: str, user: str | None) -> dict[str, int]:
+    """What each stream's last assignment for `user`'s bucket (None: the bucket `name=api`) means it to hold, over every
+    instance (from the dashboard): its grant, 0 for DENY_ALL."""
     out = {}
     for server in servers:
         url = f"http://127.0.0.1:{server.http_port}/ui/api/overview?domain={domain}"
         with urllib.request.urlopen(url, timeout=5) as r:
             for a in json.load(r)["rlqs_assignments"]:
-                if a["bucket"] == f"name=per_user, user={user}":
+                if a["bucket"] == (f"name=per_user, user={user}" if user else "name=api"):
                     out[a["stream"]] = a["granted"] or 0
     return out
 
