@@ -616,7 +616,7 @@ def test_a_late_model_envoy_gets_an_equal_share_and_a_burst_uses_the_quota(sluic
         servers = instances(stack, sluice_bin, config, tmp_path, count, redis_url)
         fleet = Fleet(limit)
         stack.callback(fleet.close)
-        envoys, joins, last, parts = [], [0.0, 2.5], {}, []
+        envoys, joins, last, parts, owed = [], [0.0, 2.5], {}, [], [0.0, 0.0]
         burst_at, rate = 12.0, 4.0
         admitted_at_burst, left = None, None
         started = time.monotonic()
@@ -627,7 +627,9 @@ def test_a_late_model_envoy_gets_an_equal_share_and_a_burst_uses_the_quota(sluic
                 admitted_at_burst = [e.admitted for e in envoys]
                 left, rate = limit - sum(admitted_at_burst), 60.0
             for i, envoy in enumerate(envoys):
-                envoy.serve(int(rate * step_s))
+                owed[i] += rate * step_s
+                envoy.serve(int(owed[i]))
+                owed[i] -= int(owed[i])
                 if now - last.get(i, -report_s) >= report_s:
                     envoy.report()
                     last[i] = now
