@@ -48,7 +48,10 @@ impl<S: Counters + Announcements + Grants> Quotas<S> {
                     }
                     Some(Ok(Notice::Streams(instance, count))) if instance != strong.instance => {
                         let now = strong.limiter.now_us();
-                        lock(&strong.fleet).insert(instance, (count, now));
+                        let mut fleet = lock(&strong.fleet);
+                        // Instances gone quiet (stopped, or restarted under another name) are forgotten.
+                        fleet.retain(|_, (_, heard)| now.saturating_sub(*heard) < 3 * STREAMS_EVERY_US);
+                        fleet.insert(instance, (count, now));
                     }
                     Some(Ok(Notice::Missed) | Err(RecvError::Lagged(_))) => strong.notify_all(),
                     Some(Ok(Notice::Freed(_) | Notice::Lists(_) | Notice::Streams(..))) => {}
