@@ -575,7 +575,9 @@ def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unu
         rates = [2 + (i * 7) % 13 for i in range(15)]
         envoys, last_report, starving, longest = {}, {}, {}, 0.0
         started = time.monotonic()
+        previous, slowest = started, step_s
         while (now := time.monotonic() - started) < run_s:
+            slowest, previous = max(slowest, time.monotonic() - previous), time.monotonic()
             for i, at in enumerate(joins):
                 if i not in envoys and now >= at:
                     envoys[i] = fleet.join(servers[i % count].grpc_target)
@@ -597,9 +599,10 @@ def test_a_cold_start_of_fifteen_envoys_leaves_nobody_refused_while_quota_is_unu
         admitted = sum(e.admitted for e in fleet.envoys)
         print(f"admitted {admitted} of {limit}; longest refused while a tenth was unused {longest:.1f} s")
         assert admitted <= limit and fleet.peak <= limit
-        # One report interval: the first Envoy's report frees what it was granted alone. The measure is taken every
-        # step, and that report may come a step late.
-        assert longest <= report_s + 0.5, f"an Envoy was refused {longest:.1f} s while a tenth was unused"
+        # One report interval: the first Envoy's report frees what it was granted alone. The measure is taken once a
+        # step, and that report may come a step late: two of the run's slowest steps, and the push's round trip.
+        bound = report_s + 2 * slowest + 0.2
+        assert longest <= bound, f"an Envoy was refused {longest:.1f} s while a tenth was unused (bound {bound:.1f} s)"
 
 
 @pytest.mark.parametrize("count", [1, 2], ids=["memory", "two-instances-over-redis"])
