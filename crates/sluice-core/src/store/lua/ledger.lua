@@ -1,8 +1,8 @@
 -- ledger.lua: the grant ledger of an RLQS bucket's quota (decide.lua's mode 'grant'; `Store::grant`): a hash, one
 -- field per holder (an Envoy's stream), 'held,want,until': what the holder was granted and has not reported used, how
 -- many tokens it wants, and when the entry lapses (us, by the decision's clock), then ',n' for a newcomer (it has not
--- said its demand yet, and wants as much as any other). Every instance on one Redis reads and writes it in the same atomic call that reads what the quota
--- has left, so holdings never add up to more than that.
+-- said its demand yet, and wants as much as any other). Every instance on one Redis reads and writes it in the same
+-- atomic call that reads what the quota has left, so holdings never add up to more than that.
 
 -- Max-min fair shares of `capacity` among holders wanting wants[i] (names[i] breaks ties): from the least wanting up,
 -- each gets what it wants or an equal part, rounded down, of what is left, whichever is less (`store::fair_shares`).
